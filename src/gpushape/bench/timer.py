@@ -1,0 +1,150 @@
+"""The one timing primitive gpushape uses.
+
+CUDA events around each repeat on a GPU, `perf_counter` after a synchronisation on the CPU; a
+warm-up first; N repeats; median and quantiles. Optionally the L2 is flushed before every repeat
+(a buffer of twice the L2 size, from the GPUSpec, is overwritten outside the timed region), and
+the inputs rotate over several sets so that a cached input does not flatter the result.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..hardware import GPUSpec, current_gpu, get_gpu
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call over `repeats` timed calls."""
+
+    times_s: tuple[float, ...]
+    method: str  # "cuda-events" or "perf_counter"
+    warmup: int
+    flushed_l2: bool
+    input_sets: int
+
+    @property
+    def repeats(self) -> int:
+        return len(self.times_s)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def mean_s(self) -> float:
+        return statistics.fmean(self.times_s)
+
+    @property
+    def min_s(self) -> float:
+        return min(self.times_s)
+
+    def quantile(self, q: float) -> float:
+        """Linear-interpolated quantile, q in [0, 1]."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile q must lie in [0, 1], got {q}")
+        ordered = sorted(self.times_s)
+        pos = q * (len(ordered) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    @property
+    def p10_s(self) -> float:
+        return self.quantile(0.1)
+
+    @property
+    def p90_s(self) -> float:
+        return self.quantile(0.9)
+
+    def describe(self) -> str:
+        return (f"median {self.median_s * 1e3:.4f} ms (p10 {self.p10_s * 1e3:.4f}, "
+                f"p90 {self.p90_s * 1e3:.4f}) of {self.repeats} by {self.method}")
+
+
+def _is_cuda(device: torch.device | str | None) -> bool:
+    return device is not None and torch.device(device).type == "cuda"
+
+
+def _l2_flusher(cuda: bool, gpu: GPUSpec | str | None, device: Any) -> Callable[[], None]:
+    if gpu is None and cuda:
+        gpu = current_gpu()
+    if gpu is None:
+        raise ValueError("flush_l2=True needs a GPUSpec (gpu=...) to size the flush buffer")
+    spec = get_gpu(gpu)
+    buffer = torch.empty(2 * spec.l2_bytes // 4, dtype=torch.int32, device=device)
+    return lambda: buffer.fill_(1)
+
+
+def time_fn(
+    fn: Callable[..., Any],
+    *,
+    inputs: Sequence[Sequence[Any]] | None = None,
+    warmup: int = 3,
+    repeats: int = 20,
+    flush_l2: bool = False,
+    gpu: GPUSpec | str | None = None,
+    device: torch.device | str | None = None,
+) -> Timing:
+    """Time `fn(*inputs[i % len(inputs)])` (or `fn()`), `repeats` times after `warmup` calls.
+
+    `device` defaults to the device of the first tensor in `inputs`, else CUDA when available.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    sets = [tuple(s) for s in inputs] if inputs else [()]
+    if device is None:
+        first = next((a for s in sets for a in s if isinstance(a, torch.Tensor)), None)
+        device = first.device if first is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = _is_cuda(device)
+    flush = _l2_flusher(cuda, gpu, device) if flush_l2 else None
+    for i in range(warmup):
+        fn(*sets[i % len(sets)])
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    times: list[float] = []
+    for i in range(repeats):
+        args = sets[i % len(sets)]
+        if flush is not None:
+            flush()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*args)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            sync()
+            t0 = time.perf_counter()
+            fn(*args)
+            sync()
+            times.append(time.perf_counter() - t0)
+    return Timing(tuple(times), "cuda-events" if cuda else "perf_counter", warmup,
+                  flush is not None, len(sets))
+
+
+def compare(
+    variants: Mapping[str, Callable[..., Any]],
+    *,
+    rounds: int = 5,
+    repeats_per_round: int = 10,
+    **kwargs: Any,
+) -> dict[str, Timing]:
+    """Time several variants of one job alternately: round r times every variant in turn, so a
+    clock or thermal drift touches all of them alike. Returns each variant's pooled timings."""
+    pooled: dict[str, list[float]] = {name: [] for name in variants}
+    last: dict[str, Timing] = {}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            timing = time_fn(fn, repeats=repeats_per_round, **kwargs)
+            pooled[name].extend(timing.times_s)
+            last[name] = timing
+    return {name: Timing(tuple(pooled[name]), last[name].method, last[name].warmup,
+                         last[name].flushed_l2, last[name].input_sets) for name in variants}

@@ -1,0 +1,1 @@
+"""The `gpushape` command line."""

@@ -1,0 +1,94 @@
+"""Calibrated profiles: what `gpushape probe` measured, applied over the datasheet.
+
+Format (JSON, `"format": "gpushape-profile"`, `"version": 1`)::
+
+    {
+      "format": "gpushape-profile", "version": 1,
+      "gpu": "h200-sxm",                 # catalog name the measurements belong to
+      "device_name": "NVIDIA H200",      # as the driver reported it
+      "measured_at": "2026-11-30T07:00:00Z",
+      "software": {"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0"},
+      "device": {"sm_count": 132, "memory_bytes": ..., "l2_bytes": ...},   # driver facts
+      "ceilings": {
+        "copy_bytes_per_s": 4.22e12,                  # read + written bytes / time
+        "gemm_flops": {"bf16": 7.9e14, "tf32": ...},  # large aligned GEMM, by dtype key
+        "launch_overhead_s": 6.9e-6,                  # one tiny kernel, eager
+        "graph_launch_overhead_s": 1.1e-6             # the same, replayed from a CUDA graph
+      },
+      "tc_align_elems": {"bf16": 8, "fp16": 8, ...},  # measured cliff granularity, elements
+      "sweeps": {...}                                 # raw sweep data (optional, free-form)
+    }
+
+Every key but "format", "version" and "gpu" is optional: what is absent keeps the datasheet.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import ProfileError
+from .lookup import get_gpu
+from .spec import Achievable, GPUSpec, dtype_key
+
+PROFILE_FORMAT = "gpushape-profile"
+PROFILE_VERSION = 1
+_DEVICE_FIELDS = ("sm_count", "memory_bytes", "l2_bytes")
+
+
+def read_profile(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile {str(path)!r}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"profile {str(path)!r} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+        raise ProfileError(f"{str(path)!r} is not a gpushape profile (no \"format\": \"{PROFILE_FORMAT}\")")
+    if data.get("version") != PROFILE_VERSION:
+        raise ProfileError(f"profile {str(path)!r} has version {data.get('version')!r}; "
+                           f"this gpushape reads version {PROFILE_VERSION}")
+    if "gpu" not in data:
+        raise ProfileError(f"profile {str(path)!r} names no \"gpu\"")
+    return data
+
+
+def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile") -> GPUSpec:
+    """`spec` with the profile's measurements in place of datasheet assumptions."""
+    note = f"measured ({origin})"
+    device = {k: int(v) for k, v in profile.get("device", {}).items() if k in _DEVICE_FIELDS}
+    if device:
+        spec = spec.replace(note=note, **device)
+    ceilings = profile.get("ceilings", {})
+    old = spec.achievable
+    fields: dict[str, Any] = {}
+    if "copy_bytes_per_s" in ceilings:
+        fields["memory_bandwidth_fraction"] = ceilings["copy_bytes_per_s"] / spec.memory_bandwidth_bytes_per_s
+    if "gemm_flops" in ceilings:
+        fractions = dict(old.gemm_fraction)
+        for dtype, flops in ceilings["gemm_flops"].items():
+            key = dtype_key(dtype)
+            fractions[key] = flops / spec.peak_flops(key)
+        fields["gemm_fraction"] = fractions
+    for key in ("launch_overhead_s", "graph_launch_overhead_s"):
+        if key in ceilings:
+            fields[key] = float(ceilings[key])
+    if fields:
+        measured = tuple(sorted(set(old.measured) | set(fields)))
+        achievable = Achievable(**{**{f: getattr(old, f) for f in (
+            "gemm_fraction", "memory_bandwidth_fraction", "launch_overhead_s",
+            "graph_launch_overhead_s")}, **fields}, source=note, measured=measured)
+        spec = spec.replace(note=note, achievable=achievable)
+    if profile.get("tc_align_elems"):
+        align = dict(spec.tc_align_elems)
+        align.update({dtype_key(k): int(v) for k, v in profile["tc_align_elems"].items()})
+        spec = spec.replace(note=note, tc_align_elems=align)
+    return spec
+
+
+def load_profile(path: str | Path) -> GPUSpec:
+    """The catalog chip a profile names, calibrated by it."""
+    profile = read_profile(path)
+    return apply_profile(get_gpu(profile["gpu"]), profile, origin=str(path))

@@ -1,0 +1,157 @@
+"""`GPUSpec`: what a chip is, as numbers with units in their names.
+
+Theoretical peaks (datasheet) and achievable fractions (assumed, or measured by `gpushape probe`)
+are kept apart: `peak_flops()` is the datasheet, `attainable_flops()` applies the fraction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+# Canonical dtype keys used in every per-dtype table of this package.
+DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+
+_DTYPE_ALIASES = {
+    "float64": "fp64", "double": "fp64", "f64": "fp64",
+    "float32": "fp32", "float": "fp32", "f32": "fp32",
+    "tensorfloat32": "tf32",
+    "float16": "fp16", "half": "fp16", "f16": "fp16",
+    "bfloat16": "bf16",
+    "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8",
+    "int8": "int8", "uint8": "int8",
+}
+
+
+def dtype_key(dtype: Any) -> str:
+    """'bf16' for torch.bfloat16, 'bfloat16', 'BF16'...; raises ValueError for anything else."""
+    text = str(dtype).lower().removeprefix("torch.")
+    key = text if text in DTYPES else _DTYPE_ALIASES.get(text)
+    if key is None:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+    return key
+
+
+def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SMLimits:
+    """Per-SM resource limits (CUDA programming guide, table of compute-capability features)."""
+
+    max_threads: int
+    max_warps: int
+    max_blocks: int
+    registers: int  # 32-bit registers per SM
+    shared_mem_bytes: int  # configurable shared memory per SM, at its largest
+    max_shared_mem_per_block_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Achievable:
+    """What real kernels reach, as fractions of the datasheet, plus launch costs.
+
+    Defaults are assumptions (`source="assumed"`); `gpushape probe` replaces them with
+    measurements and names the fields it measured in `measured`.
+    """
+
+    gemm_fraction: Mapping[str, float] = field(
+        default_factory=lambda: _frozen({"default": 0.75})
+    )  # large aligned GEMM / tensor-core peak, by dtype key or "default"
+    memory_bandwidth_fraction: float = 0.88  # device-to-device copy / datasheet bandwidth
+    launch_overhead_s: float = 5e-6  # one eager kernel launch, CPU side, PyTorch dispatch incl.
+    graph_launch_overhead_s: float = 1.5e-6  # one kernel replayed from a CUDA graph
+    source: str = "assumed"
+    measured: tuple[str, ...] = ()
+
+    def gemm(self, dtype: str) -> float:
+        return self.gemm_fraction.get(dtype, self.gemm_fraction.get("default", 0.75))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPUSpec:
+    name: str  # canonical catalog id, e.g. "h200-sxm"
+    full_name: str  # "NVIDIA H200 SXM 141GB"
+    aliases: tuple[str, ...] = ()
+    arch: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    boost_clock_hz: float
+    memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    l2_bytes: int
+    # Dense (no 2:4 sparsity) peak rates in FLOP/s (OP/s for int8), by dtype key.
+    tensor_core_flops: Mapping[str, float]
+    cuda_core_flops: Mapping[str, float]
+    # Elements a GEMM dimension must be a multiple of for the tensor-core fast path, by dtype.
+    tc_align_elems: Mapping[str, int]
+    sm_limits: SMLimits
+    nvlink_bandwidth_bytes_per_s: float | None  # total, both directions; None: no NVLink
+    pcie_bandwidth_bytes_per_s: float  # x16, total, both directions
+    achievable: Achievable = field(default_factory=Achievable)
+    sources: tuple[str, ...] = ()
+    # Where numbers were replaced after the catalog: "driver" facts, a "profile" path.
+    overridden: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_core_flops", "cuda_core_flops", "tc_align_elems", "overridden"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+
+    # ---- rates -------------------------------------------------------------------------------
+    def has_tensor_cores(self, dtype: Any) -> bool:
+        return dtype_key(dtype) in self.tensor_core_flops
+
+    def peak_flops(self, dtype: Any, tensor_cores: bool = True) -> float:
+        """Datasheet dense peak in FLOP/s. fp32 with `tensor_cores=True` means TF32."""
+        key = dtype_key(dtype)
+        if tensor_cores:
+            tc_key = "tf32" if key == "fp32" else key
+            if tc_key in self.tensor_core_flops:
+                return self.tensor_core_flops[tc_key]
+        if key == "tf32":
+            key = "fp32"
+        if key in self.cuda_core_flops:
+            return self.cuda_core_flops[key]
+        if key in ("fp16", "bf16", "fp8", "int8"):  # no native path: runs at fp32 rate
+            return self.cuda_core_flops["fp32"]
+        raise ValueError(f"{self.name} has no {key} rate")
+
+    def attainable_flops(self, dtype: Any, tensor_cores: bool = True) -> float:
+        fraction = self.achievable.gemm(dtype_key(dtype)) if tensor_cores else 1.0
+        return self.peak_flops(dtype, tensor_cores) * fraction
+
+    def attainable_bandwidth_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_bytes_per_s * self.achievable.memory_bandwidth_fraction
+
+    def ridge_point(self, dtype: Any = "bf16", tensor_cores: bool = True) -> float:
+        """FLOP per byte above which a kernel is compute-bound (datasheet roofline)."""
+        return self.peak_flops(dtype, tensor_cores) / self.memory_bandwidth_bytes_per_s
+
+    def tc_alignment(self, dtype: Any) -> int | None:
+        """Elements per GEMM dimension for the tensor-core fast path; None: no tensor cores."""
+        return self.tc_align_elems.get(dtype_key(dtype))
+
+    # ---- copies ------------------------------------------------------------------------------
+    def replace(self, *, note: str | None = None, **changes: Any) -> GPUSpec:
+        """A copy with fields changed; `note` records where the new numbers came from."""
+        if note is not None:
+            overridden = dict(self.overridden)
+            overridden.update({k: note for k in changes})
+            changes["overridden"] = overridden
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        def plain(value: Any) -> Any:
+            if isinstance(value, Mapping):
+                return {k: plain(v) for k, v in value.items()}
+            if dataclasses.is_dataclass(value):
+                return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+            if isinstance(value, tuple):
+                return [plain(v) for v in value]
+            return value
+
+        return plain(self)

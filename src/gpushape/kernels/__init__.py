@@ -1,0 +1,1 @@
+"""Fused Triton kernels, one op per file, each registered as a torch.library custom op."""
