@@ -48,7 +48,9 @@ def write_results(path: str | Path, results: Any, **meta: Any) -> Path:
     return path
 
 
-def copy_bandwidth_bytes_per_s(nbytes: int = 2**30, device: str = "cuda", repeats: int = 20) -> float:
+def copy_bandwidth_bytes_per_s(
+    nbytes: int = 2**30, device: str = "cuda", repeats: int = 20
+) -> float:
     """Device-to-device copy rate, counting bytes read plus bytes written (median of repeats)."""
     from .timer import time_fn
 

@@ -101,7 +101,10 @@ def time_fn(
     sets = [tuple(s) for s in inputs] if inputs else [()]
     if device is None:
         first = next((a for s in sets for a in s if isinstance(a, torch.Tensor)), None)
-        device = first.device if first is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+        if first is not None:
+            device = first.device
+        else:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
     cuda = _is_cuda(device)
     flush = _l2_flusher(cuda, gpu, device) if flush_l2 else None
     for i in range(warmup):

@@ -87,7 +87,8 @@ def _show_one(console: Console, s: GPUSpec, is_current: bool) -> None:
         return f"  [dim]({s.overridden[field]})[/dim]" if field in s.overridden else ""
 
     table.add_row("aliases", ", ".join(s.aliases))
-    table.add_row("architecture", f"{s.arch}, compute capability {s.compute_capability[0]}.{s.compute_capability[1]}")
+    major, minor = s.compute_capability
+    table.add_row("architecture", f"{s.arch}, compute capability {major}.{minor}")
     table.add_row("SMs", f"{s.sm_count}{src('sm_count')}")
     table.add_row("boost clock", f"{s.boost_clock_hz / 1e6:,.0f} MHz")
     table.add_row("memory", f"{s.memory_bytes / 1e9:,.1f} GB{src('memory_bytes')}")
@@ -97,13 +98,15 @@ def _show_one(console: Console, s: GPUSpec, is_current: bool) -> None:
         tc, cc = s.tensor_core_flops.get(d), s.cuda_core_flops.get(d)
         if tc or cc:
             unit = "TOP/s" if d == "int8" else "TFLOP/s"
-            table.add_row(f"{d} peak", f"tensor cores {_tflops(tc)}, CUDA cores {_tflops(cc)} {unit}")
+            table.add_row(f"{d} peak",
+                          f"tensor cores {_tflops(tc)}, CUDA cores {_tflops(cc)} {unit}")
     table.add_row("tensor-core alignment",
                   ", ".join(f"{d}: {n}" for d, n in s.tc_align_elems.items()) + " elements")
     lim = s.sm_limits
-    table.add_row("per SM", f"{lim.max_threads} threads, {lim.max_warps} warps, {lim.max_blocks} "
-                            f"blocks, {lim.registers} registers, {lim.shared_mem_bytes // 1024} KiB "
-                            f"shared ({lim.max_shared_mem_per_block_bytes // 1024} KiB per block)")
+    table.add_row("per SM", f"{lim.max_threads} threads, {lim.max_warps} warps, "
+                            f"{lim.max_blocks} blocks, {lim.registers} registers, "
+                            f"{lim.shared_mem_bytes // 1024} KiB shared "
+                            f"({lim.max_shared_mem_per_block_bytes // 1024} KiB per block)")
     nvlink = s.nvlink_bandwidth_bytes_per_s
     links = f"NVLink {nvlink / 1e9:,.0f} GB/s" if nvlink else "no NVLink"
     table.add_row("interconnect", f"{links}, PCIe {s.pcie_bandwidth_bytes_per_s / 1e9:,.0f} GB/s "

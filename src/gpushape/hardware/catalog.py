@@ -50,11 +50,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         memory_bytes=32 * 10**9, memory_bandwidth_bytes_per_s=900 * GB, l2_bytes=6 * MiB,
         # V100 datasheet, SXM2: FP64 7.8, FP32 15.7, Tensor 125 TFLOPS; FP16 non-tensor 2x FP32.
         tensor_core_flops={"fp16": 125 * T},
-        cuda_core_flops={"fp64": 7.8 * T, "fp32": 15.7 * T, "fp16": 31.4 * T},
+        cuda_core_flops={"fp64": 7.8 * T, "fp32": 15.7 * T,
+                         "fp16": 31.4 * T},
         tc_align_elems=_ALIGN_VOLTA, sm_limits=_SM_LIMITS[(7, 0)],
         # V100 datasheet: NVLink 300 GB/s; PCIe Gen3 x16 32 GB/s.
         nvlink_bandwidth_bytes_per_s=300 * GB, pcie_bandwidth_bytes_per_s=32 * GB,
-        sources=("NVIDIA V100 Tensor Core GPU datasheet", "NVIDIA Tesla V100 GPU architecture whitepaper"),
+        sources=("NVIDIA V100 Tensor Core GPU datasheet",
+                 "NVIDIA Tesla V100 GPU architecture whitepaper"),
     ),
     GPUSpec(
         name="a100-40gb", full_name="NVIDIA A100 SXM4 40GB",
@@ -66,11 +68,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         # A100 whitepaper table 1: FP16 non-tensor 78, BF16 non-tensor 39 TFLOPS.
         tensor_core_flops={"fp64": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T, "bf16": 312 * T,
                            "int8": 624 * T},
-        cuda_core_flops={"fp64": 9.7 * T, "fp32": 19.5 * T, "fp16": 78 * T, "bf16": 39 * T},
+        cuda_core_flops={"fp64": 9.7 * T, "fp32": 19.5 * T,
+                         "fp16": 78 * T, "bf16": 39 * T},
         tc_align_elems=_ALIGN_AMPERE, sm_limits=_SM_LIMITS[(8, 0)],
         # A100 datasheet: NVLink 600 GB/s; PCIe Gen4 64 GB/s.
         nvlink_bandwidth_bytes_per_s=600 * GB, pcie_bandwidth_bytes_per_s=64 * GB,
-        sources=("NVIDIA A100 Tensor Core GPU datasheet", "NVIDIA A100 Tensor Core GPU architecture whitepaper"),
+        sources=("NVIDIA A100 Tensor Core GPU datasheet",
+                 "NVIDIA A100 Tensor Core GPU architecture whitepaper"),
     ),
     GPUSpec(
         name="a100-80gb", full_name="NVIDIA A100 SXM4 80GB",
@@ -81,10 +85,12 @@ CATALOG: tuple[GPUSpec, ...] = (
         # A100 datasheet and whitepaper, as the 40 GB part.
         tensor_core_flops={"fp64": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T, "bf16": 312 * T,
                            "int8": 624 * T},
-        cuda_core_flops={"fp64": 9.7 * T, "fp32": 19.5 * T, "fp16": 78 * T, "bf16": 39 * T},
+        cuda_core_flops={"fp64": 9.7 * T, "fp32": 19.5 * T,
+                         "fp16": 78 * T, "bf16": 39 * T},
         tc_align_elems=_ALIGN_AMPERE, sm_limits=_SM_LIMITS[(8, 0)],
         nvlink_bandwidth_bytes_per_s=600 * GB, pcie_bandwidth_bytes_per_s=64 * GB,
-        sources=("NVIDIA A100 Tensor Core GPU datasheet", "NVIDIA A100 Tensor Core GPU architecture whitepaper"),
+        sources=("NVIDIA A100 Tensor Core GPU datasheet",
+                 "NVIDIA A100 Tensor Core GPU architecture whitepaper"),
     ),
     GPUSpec(
         name="a10", full_name="NVIDIA A10 24GB",
@@ -95,11 +101,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         # A10 datasheet: FP32 31.2, TF32 62.5 (125*), BF16/FP16 125 (250*), INT8 250 (500*).
         # GA102 whitepaper: FP64 at 1/64 of FP32; FP16/BF16 non-tensor at the FP32 rate.
         tensor_core_flops={"tf32": 62.5 * T, "fp16": 125 * T, "bf16": 125 * T, "int8": 250 * T},
-        cuda_core_flops={"fp64": 31.2 * T / 64, "fp32": 31.2 * T, "fp16": 31.2 * T, "bf16": 31.2 * T},
+        cuda_core_flops={"fp64": 31.2 * T / 64, "fp32": 31.2 * T,
+                         "fp16": 31.2 * T, "bf16": 31.2 * T},
         tc_align_elems=_ALIGN_AMPERE, sm_limits=_SM_LIMITS[(8, 6)],
         # A10 datasheet: PCIe Gen4 64 GB/s; no NVLink.
         nvlink_bandwidth_bytes_per_s=None, pcie_bandwidth_bytes_per_s=64 * GB,
-        sources=("NVIDIA A10 Tensor Core GPU datasheet", "NVIDIA Ampere GA102 GPU architecture whitepaper"),
+        sources=("NVIDIA A10 Tensor Core GPU datasheet",
+                 "NVIDIA Ampere GA102 GPU architecture whitepaper"),
     ),
     GPUSpec(
         name="l4", full_name="NVIDIA L4 24GB",
@@ -111,10 +119,12 @@ CATALOG: tuple[GPUSpec, ...] = (
         # Ada whitepaper: FP64 at 1/64 of FP32; FP16 non-tensor at the FP32 rate.
         tensor_core_flops={"tf32": 60 * T, "fp16": 121 * T, "bf16": 121 * T, "fp8": 242.5 * T,
                            "int8": 242.5 * T},
-        cuda_core_flops={"fp64": 30.3 * T / 64, "fp32": 30.3 * T, "fp16": 30.3 * T, "bf16": 30.3 * T},
+        cuda_core_flops={"fp64": 30.3 * T / 64, "fp32": 30.3 * T,
+                         "fp16": 30.3 * T, "bf16": 30.3 * T},
         tc_align_elems=_ALIGN_16B, sm_limits=_SM_LIMITS[(8, 9)],
         nvlink_bandwidth_bytes_per_s=None, pcie_bandwidth_bytes_per_s=64 * GB,
-        sources=("NVIDIA L4 Tensor Core GPU datasheet", "NVIDIA Ada GPU architecture whitepaper"),
+        sources=("NVIDIA L4 Tensor Core GPU datasheet",
+                 "NVIDIA Ada GPU architecture whitepaper"),
     ),
     GPUSpec(
         name="l40s", full_name="NVIDIA L40S 48GB",
@@ -126,10 +136,12 @@ CATALOG: tuple[GPUSpec, ...] = (
         # INT8 733 (1,466*) TOPS. FP64 at 1/64 of FP32 (Ada whitepaper).
         tensor_core_flops={"tf32": 183 * T, "fp16": 362.05 * T, "bf16": 362.05 * T,
                            "fp8": 733 * T, "int8": 733 * T},
-        cuda_core_flops={"fp64": 91.6 * T / 64, "fp32": 91.6 * T, "fp16": 91.6 * T, "bf16": 91.6 * T},
+        cuda_core_flops={"fp64": 91.6 * T / 64, "fp32": 91.6 * T,
+                         "fp16": 91.6 * T, "bf16": 91.6 * T},
         tc_align_elems=_ALIGN_16B, sm_limits=_SM_LIMITS[(8, 9)],
         nvlink_bandwidth_bytes_per_s=None, pcie_bandwidth_bytes_per_s=64 * GB,
-        sources=("NVIDIA L40S GPU datasheet", "NVIDIA Ada GPU architecture whitepaper"),
+        sources=("NVIDIA L40S GPU datasheet",
+                 "NVIDIA Ada GPU architecture whitepaper"),
     ),
     GPUSpec(
         name="rtx-3090", full_name="NVIDIA GeForce RTX 3090 24GB",
@@ -140,7 +152,8 @@ CATALOG: tuple[GPUSpec, ...] = (
         # GA102 whitepaper: FP32 35.6; tensor FP16/BF16 with FP32 accumulate 71 (142 with FP16
         # accumulate; training uses FP32 accumulate), TF32 35.6, INT8 284 TOPS.
         tensor_core_flops={"tf32": 35.6 * T, "fp16": 71 * T, "bf16": 71 * T, "int8": 284 * T},
-        cuda_core_flops={"fp64": 35.6 * T / 64, "fp32": 35.6 * T, "fp16": 35.6 * T, "bf16": 35.6 * T},
+        cuda_core_flops={"fp64": 35.6 * T / 64, "fp32": 35.6 * T,
+                         "fp16": 35.6 * T, "bf16": 35.6 * T},
         tc_align_elems=_ALIGN_AMPERE, sm_limits=_SM_LIMITS[(8, 6)],
         # GA102 whitepaper: NVLink bridge 112.5 GB/s total; PCIe Gen4 64 GB/s.
         nvlink_bandwidth_bytes_per_s=112.5 * GB, pcie_bandwidth_bytes_per_s=64 * GB,
@@ -156,7 +169,8 @@ CATALOG: tuple[GPUSpec, ...] = (
         # FP8 with FP32 accumulate 330.3, INT8 660.6 TOPS.
         tensor_core_flops={"tf32": 82.6 * T, "fp16": 165.2 * T, "bf16": 165.2 * T,
                            "fp8": 330.3 * T, "int8": 660.6 * T},
-        cuda_core_flops={"fp64": 82.6 * T / 64, "fp32": 82.6 * T, "fp16": 82.6 * T, "bf16": 82.6 * T},
+        cuda_core_flops={"fp64": 82.6 * T / 64, "fp32": 82.6 * T,
+                         "fp16": 82.6 * T, "bf16": 82.6 * T},
         tc_align_elems=_ALIGN_16B, sm_limits=_SM_LIMITS[(8, 9)],
         nvlink_bandwidth_bytes_per_s=None, pcie_bandwidth_bytes_per_s=64 * GB,
         sources=("NVIDIA Ada GPU architecture whitepaper",),
@@ -171,11 +185,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         # non-tensor 133.8, TF32 494.7, FP16/BF16 989.4, FP8 1,978.9, INT8 1,978.9 TOPS.
         tensor_core_flops={"fp64": 66.9 * T, "tf32": 494.7 * T, "fp16": 989.4 * T,
                            "bf16": 989.4 * T, "fp8": 1978.9 * T, "int8": 1978.9 * T},
-        cuda_core_flops={"fp64": 33.5 * T, "fp32": 66.9 * T, "fp16": 133.8 * T, "bf16": 133.8 * T},
+        cuda_core_flops={"fp64": 33.5 * T, "fp32": 66.9 * T,
+                         "fp16": 133.8 * T, "bf16": 133.8 * T},
         tc_align_elems=_ALIGN_16B, sm_limits=_SM_LIMITS[(9, 0)],
         # H100 datasheet: NVLink 900 GB/s; PCIe Gen5 128 GB/s.
         nvlink_bandwidth_bytes_per_s=900 * GB, pcie_bandwidth_bytes_per_s=128 * GB,
-        sources=("NVIDIA H100 Tensor Core GPU datasheet", "NVIDIA H100 Tensor Core GPU architecture whitepaper"),
+        sources=("NVIDIA H100 Tensor Core GPU datasheet",
+                 "NVIDIA H100 Tensor Core GPU architecture whitepaper"),
     ),
     GPUSpec(
         name="h100-pcie", full_name="NVIDIA H100 PCIe 80GB",
@@ -187,11 +203,13 @@ CATALOG: tuple[GPUSpec, ...] = (
         # non-tensor 102.4, TF32 378, FP16/BF16 756, FP8 1,513, INT8 1,513 TOPS.
         tensor_core_flops={"fp64": 51.2 * T, "tf32": 378 * T, "fp16": 756 * T, "bf16": 756 * T,
                            "fp8": 1513 * T, "int8": 1513 * T},
-        cuda_core_flops={"fp64": 25.6 * T, "fp32": 51.2 * T, "fp16": 102.4 * T, "bf16": 102.4 * T},
+        cuda_core_flops={"fp64": 25.6 * T, "fp32": 51.2 * T,
+                         "fp16": 102.4 * T, "bf16": 102.4 * T},
         tc_align_elems=_ALIGN_16B, sm_limits=_SM_LIMITS[(9, 0)],
         # H100 datasheet (PCIe): NVLink bridge 600 GB/s; PCIe Gen5 128 GB/s.
         nvlink_bandwidth_bytes_per_s=600 * GB, pcie_bandwidth_bytes_per_s=128 * GB,
-        sources=("NVIDIA H100 Tensor Core GPU datasheet", "NVIDIA H100 Tensor Core GPU architecture whitepaper"),
+        sources=("NVIDIA H100 Tensor Core GPU datasheet",
+                 "NVIDIA H100 Tensor Core GPU architecture whitepaper"),
     ),
     GPUSpec(
         name="h200-sxm", full_name="NVIDIA H200 SXM 141GB",
@@ -204,7 +222,8 @@ CATALOG: tuple[GPUSpec, ...] = (
         # FP8 3,958*, INT8 3,958* TOPS: the GH100 rates of the H100 SXM5 (whitepaper values).
         tensor_core_flops={"fp64": 66.9 * T, "tf32": 494.7 * T, "fp16": 989.4 * T,
                            "bf16": 989.4 * T, "fp8": 1978.9 * T, "int8": 1978.9 * T},
-        cuda_core_flops={"fp64": 33.5 * T, "fp32": 66.9 * T, "fp16": 133.8 * T, "bf16": 133.8 * T},
+        cuda_core_flops={"fp64": 33.5 * T, "fp32": 66.9 * T,
+                         "fp16": 133.8 * T, "bf16": 133.8 * T},
         tc_align_elems=_ALIGN_16B, sm_limits=_SM_LIMITS[(9, 0)],
         # H200 datasheet: NVLink 900 GB/s; PCIe Gen5 128 GB/s.
         nvlink_bandwidth_bytes_per_s=900 * GB, pcie_bandwidth_bytes_per_s=128 * GB,
@@ -219,7 +238,8 @@ CATALOG: tuple[GPUSpec, ...] = (
             measured=("gemm_fraction", "memory_bandwidth_fraction", "launch_overhead_s",
                       "graph_launch_overhead_s"),
         ),
-        sources=("NVIDIA H200 Tensor Core GPU datasheet", "NVIDIA H100 Tensor Core GPU architecture whitepaper"),
+        sources=("NVIDIA H200 Tensor Core GPU datasheet",
+                 "NVIDIA H100 Tensor Core GPU architecture whitepaper"),
     ),
     GPUSpec(
         name="b200", full_name="NVIDIA B200 (HGX, 1000 W)",
@@ -232,10 +252,12 @@ CATALOG: tuple[GPUSpec, ...] = (
         # FP8 9 PF*, INT8 9 POPS*. FP16 non-tensor assumed 2x FP32 (not on the datasheet).
         tensor_core_flops={"fp64": 40 * T, "tf32": 1100 * T, "fp16": 2250 * T, "bf16": 2250 * T,
                            "fp8": 4500 * T, "int8": 4500 * T},
-        cuda_core_flops={"fp64": 40 * T, "fp32": 80 * T, "fp16": 160 * T, "bf16": 160 * T},
+        cuda_core_flops={"fp64": 40 * T, "fp32": 80 * T,
+                         "fp16": 160 * T, "bf16": 160 * T},
         tc_align_elems=_ALIGN_16B, sm_limits=_SM_LIMITS[(10, 0)],
         # HGX B200 datasheet: NVLink 5 at 1.8 TB/s per GPU; PCIe Gen5 x16 128 GB/s host links.
         nvlink_bandwidth_bytes_per_s=1800 * GB, pcie_bandwidth_bytes_per_s=128 * GB,
-        sources=("NVIDIA HGX B200 datasheet", "NVIDIA Blackwell architecture technical brief"),
+        sources=("NVIDIA HGX B200 datasheet",
+                 "NVIDIA Blackwell architecture technical brief"),
     ),
 )

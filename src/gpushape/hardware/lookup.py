@@ -67,7 +67,8 @@ def current_gpu(device: int | None = None) -> GPUSpec | None:
         return None
     if not torch.cuda.is_available():
         return None
-    props = torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device)
+    index = torch.cuda.current_device() if device is None else device
+    props = torch.cuda.get_device_properties(index)
     spec = get_gpu(props.name)
     driver = {"sm_count": props.multi_processor_count, "memory_bytes": props.total_memory}
     l2 = getattr(props, "L2_cache_size", 0)

@@ -46,7 +46,8 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ProfileError(f"profile {str(path)!r} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
-        raise ProfileError(f"{str(path)!r} is not a gpushape profile (no \"format\": \"{PROFILE_FORMAT}\")")
+        raise ProfileError(f"{str(path)!r} is not a gpushape profile "
+                           f"(no \"format\": \"{PROFILE_FORMAT}\")")
     if data.get("version") != PROFILE_VERSION:
         raise ProfileError(f"profile {str(path)!r} has version {data.get('version')!r}; "
                            f"this gpushape reads version {PROFILE_VERSION}")
@@ -65,7 +66,8 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
     old = spec.achievable
     fields: dict[str, Any] = {}
     if "copy_bytes_per_s" in ceilings:
-        fields["memory_bandwidth_fraction"] = ceilings["copy_bytes_per_s"] / spec.memory_bandwidth_bytes_per_s
+        copy_rate = ceilings["copy_bytes_per_s"]
+        fields["memory_bandwidth_fraction"] = copy_rate / spec.memory_bandwidth_bytes_per_s
     if "gemm_flops" in ceilings:
         fractions = dict(old.gemm_fraction)
         for dtype, flops in ceilings["gemm_flops"].items():

@@ -21,7 +21,8 @@ _DTYPE_ALIASES = {
     "tensorfloat32": "tf32",
     "float16": "fp16", "half": "fp16", "f16": "fp16",
     "bfloat16": "bf16",
-    "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8",
+    "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
+    "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8",
     "int8": "int8", "uint8": "int8",
 }
 

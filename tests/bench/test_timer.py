@@ -1,0 +1,71 @@
+import time
+
+import pytest
+import torch
+
+from gpushape.bench import Timing, compare, time_fn
+from gpushape.hardware import get_gpu
+
+
+def test_times_a_sleep_on_the_cpu():
+    timing = time_fn(lambda: time.sleep(0.002), warmup=1, repeats=5)
+    assert timing.method == "perf_counter" and timing.repeats == 5
+    assert 0.0015 < timing.median_s < 0.05
+    assert timing.min_s <= timing.p10_s <= timing.median_s <= timing.p90_s
+
+
+def test_warmup_and_rotation_over_input_sets():
+    seen = []
+    sets = [(torch.full((2,), float(i)),) for i in range(3)]
+    timing = time_fn(lambda x: seen.append(int(x[0])), inputs=sets, warmup=2, repeats=6)
+    assert seen == [0, 1, 0, 1, 2, 0, 1, 2]  # 2 warm-up calls, then 6 rotating repeats
+    assert timing.input_sets == 3 and timing.warmup == 2
+
+
+def test_l2_flush_runs_before_every_repeat(monkeypatch):
+    fills = []
+    original = torch.Tensor.fill_
+
+    def spy(self, value):
+        fills.append(self.numel())
+        return original(self, value)
+
+    monkeypatch.setattr(torch.Tensor, "fill_", spy)
+    spec = get_gpu("a10")  # 6 MiB of L2 -> a 12 MiB flush buffer of int32
+    timing = time_fn(lambda: None, warmup=0, repeats=4, flush_l2=True, gpu=spec, device="cpu")
+    assert timing.flushed_l2
+    assert fills == [2 * spec.l2_bytes // 4] * 4
+
+
+def test_l2_flush_needs_a_spec_on_cpu():
+    with pytest.raises(ValueError, match="GPUSpec"):
+        time_fn(lambda: None, repeats=1, flush_l2=True, device="cpu")
+
+
+def test_quantiles_interpolate():
+    timing = Timing((4.0, 1.0, 3.0, 2.0), "perf_counter", 0, False, 1)
+    assert timing.median_s == 2.5
+    assert timing.quantile(0.0) == 1.0 and timing.quantile(1.0) == 4.0
+    assert timing.quantile(0.5) == pytest.approx(2.5)
+    with pytest.raises(ValueError):
+        timing.quantile(1.5)
+
+
+def test_bad_repeats():
+    with pytest.raises(ValueError):
+        time_fn(lambda: None, repeats=0)
+
+
+def test_compare_alternates_variants():
+    order = []
+    result = compare({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                     rounds=3, repeats_per_round=2, warmup=0, device="cpu")
+    assert order == (["a"] * 2 + ["b"] * 2) * 3
+    assert result["a"].repeats == 6 and result["b"].repeats == 6
+
+
+@pytest.mark.gpu
+def test_cuda_events_time_a_gpu_matmul():
+    x = torch.randn(2048, 2048, device="cuda")
+    timing = time_fn(lambda: x @ x, warmup=2, repeats=5, flush_l2=True)
+    assert timing.method == "cuda-events" and timing.median_s > 0
