@@ -10,6 +10,7 @@ Importing this package registers every zoo model (one module per architecture).
 from __future__ import annotations
 
 from . import bert, gpt2, llama, resnet, vit  # noqa: F401  (each registers its models)
+from .input_spec import parse_input_spec
 from .registry import (
     ModelEntry,
     UnknownModelError,
@@ -19,13 +20,17 @@ from .registry import (
     list_models,
     register_model,
 )
+from .resolve import ResolvedModel, resolve_model
 
 __all__ = [
     "ModelEntry",
+    "ResolvedModel",
     "UnknownModelError",
     "create_model",
     "get_model_entry",
     "known_model_names",
     "list_models",
+    "parse_input_spec",
     "register_model",
+    "resolve_model",
 ]

@@ -45,13 +45,13 @@ def normalize_model_name(name: str) -> str:
     return re.sub(r"[\s_]+", "-", str(name).strip().lower())
 
 
-def _check_batch(batch: Any) -> int:
+def check_batch(batch: Any) -> int:
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise GpushapeError(f"batch must be a positive integer, got {batch!r}")
     return batch
 
 
-def _check_dtype(dtype: Any) -> torch.dtype:
+def check_dtype(dtype: Any) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise GpushapeError(
             f"dtype must be a floating-point torch.dtype (e.g. torch.bfloat16), got {dtype!r}"
@@ -68,7 +68,7 @@ def register_model(
     device into a `torch.device` before calling `fn`.
     """
     key = normalize_model_name(name)
-    _check_batch(default_batch)
+    check_batch(default_batch)
 
     def decorate(fn: Callable[..., ModelAndInputs]) -> ModelFactory:
         @functools.wraps(fn)
@@ -78,8 +78,8 @@ def register_model(
             device: str | torch.device = "meta",
             **options: Any,
         ) -> ModelAndInputs:
-            batch = default_batch if batch is None else _check_batch(batch)
-            dtype = _check_dtype(dtype)
+            batch = default_batch if batch is None else check_batch(batch)
+            dtype = check_dtype(dtype)
             return fn(batch=batch, dtype=dtype, device=torch.device(device), **options)
 
         if key in _REGISTRY:
