@@ -29,14 +29,13 @@ def parse_input_spec(
     Dimensions are positive integers joined by 'x'; dtypes: fp32, fp16, bf16, fp64 (or their
     torch names), int64/long, int32, bool. Case and surrounding spaces are ignored.
     """
-    text = str(spec).strip().lower()
-    shape_text, _, dtype_text = text.partition(":")
-    if not _SHAPE.fullmatch(shape_text):
+    shape_text, colon, dtype_text = (part.strip() for part in str(spec).lower().partition(":"))
+    if not _SHAPE.fullmatch(shape_text) or (colon and not dtype_text):
         raise GpushapeError(f"bad --input {spec!r}: expected {INPUT_FORM}")
     shape = tuple(int(dim) for dim in shape_text.split("x"))
     if 0 in shape:
         raise GpushapeError(f"bad --input {spec!r}: every dimension must be at least 1")
-    if not dtype_text:
+    if not colon:
         return shape, default_dtype
     if dtype_text not in DTYPE_NAMES:
         raise GpushapeError(

@@ -203,7 +203,7 @@ def _build(factory: Any, label: str, *, batch, dtype, device):
         return factory, None, set()
     if not callable(factory):
         raise GpushapeError(
-            f"{label} is a {type(factory).__name__}, not a factory; name a function or class "
+            f"{label} is {_describe(factory)}, not a factory; name a function or class "
             f"that returns an nn.Module or (module, example_inputs)"
         )
     accepted = _accepted_args(factory, label)
@@ -262,7 +262,7 @@ def _split_result(result: Any, label: str) -> tuple[nn.Module, tuple[torch.Tenso
         if isinstance(inputs, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in inputs):
             return model, tuple(inputs)
         raise GpushapeError(
-            f"factory {label} returned example inputs of type {_describe(inputs)}; "
+            f"factory {label} returned example inputs that are {_describe(inputs)}; "
             f"expected a tensor or a tuple of tensors"
         )
     raise GpushapeError(
@@ -275,7 +275,7 @@ def _describe(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         inner = ", ".join(type(v).__name__ for v in value[:4])
         return f"a {type(value).__name__} of ({inner}{', ...' if len(value) > 4 else ''})"
-    return f"a {type(value).__name__}"
+    return f"an object of type {type(value).__name__!r}"
 
 
 def _place(model, example_inputs, label, *, device, dtype, cast_inputs):
