@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -52,6 +54,14 @@ def test_every_model_has_a_description_and_a_forward_on_meta(name):
     with torch.no_grad():
         out = model(*inputs)
     assert out.is_meta and out.shape[0] == 1
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_every_factory_shows_the_common_signature(name):
+    params = list(inspect.signature(get_model_entry(name).factory).parameters.values())
+    assert [(p.name, p.default) for p in params[:3]] == [
+        ("batch", None), ("dtype", torch.bfloat16), ("device", "meta")
+    ]
 
 
 def test_list_models_is_sorted_entries_with_the_issue_defaults():

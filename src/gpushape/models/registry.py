@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ def register_model(
             dtype = check_dtype(dtype)
             return fn(batch=batch, dtype=dtype, device=torch.device(device), **options)
 
+        factory.__signature__ = _public_signature(fn)  # type: ignore[attr-defined]
         if key in _REGISTRY:
             raise ValueError(f"model {key!r} is registered twice")
         _REGISTRY[key] = ModelEntry(
@@ -90,6 +92,20 @@ def register_model(
         return factory
 
     return decorate
+
+
+def _public_signature(fn: Callable[..., ModelAndInputs]) -> inspect.Signature:
+    """`(batch=None, dtype=torch.bfloat16, device='meta', *, <fn's own options>)`: what callers
+    (and `resolve_model`, which passes only the arguments a factory names) should see."""
+    kw = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    placed = [
+        inspect.Parameter("batch", kw, default=None),
+        inspect.Parameter("dtype", kw, default=torch.bfloat16),
+        inspect.Parameter("device", kw, default="meta"),
+    ]
+    own = [p for name, p in inspect.signature(fn).parameters.items()
+           if name not in ("batch", "dtype", "device")]
+    return inspect.Signature([*placed, *own], return_annotation=ModelAndInputs)
 
 
 def list_models() -> list[ModelEntry]:
