@@ -1,0 +1,383 @@
+"""What the row-normalisation ops share: input checks, launch configuration, the Triton launchers
+and the plain-PyTorch reference used for CPU tensors.
+
+Every op here normalises over the last dimension of x, seen as M rows of N features:
+    layer_norm_gelu: y = gelu(LN(x) * w + b)          (act=GELU_ERF / GELU_TANH, rms=False)
+    add_layer_norm:  s = x + r; y = LN(s) * w + b     (residual given)
+    rms_norm:        y = x * rstd(x) * w              (rms=True)
+The forward saves only the (M,) statistics; the backward recomputes x_hat (and the activation's
+input) from x, mean, rstd, weight and bias.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from ._dispatch import check_float, check_same_device, use_triton
+
+ACT_NONE, GELU_ERF, GELU_TANH = 0, 1, 2
+
+_SUPPORTED_DEVICES = ("cpu", "cuda", "meta")
+
+
+# ---------------------------------------------------------------------------------------------
+# input checks (run by the functional forms, before the custom op, so errors read plainly)
+# ---------------------------------------------------------------------------------------------
+def check_norm_inputs(op: str, x: torch.Tensor, weight: torch.Tensor | None,
+                      bias: torch.Tensor | None, eps: float,
+                      residual: torch.Tensor | None = None) -> None:
+    tensors = {"x": x, "residual": residual, "weight": weight, "bias": bias}
+    for name, t in tensors.items():
+        if t is not None and t.device.type not in _SUPPORTED_DEVICES:
+            raise RuntimeError(f"{op}: {name} is on {t.device}; expected CPU or CUDA tensors")
+    check_same_device(op, **tensors)
+    check_float(op, **tensors)
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"{op}: x of shape {tuple(x.shape)} has no features to normalise; "
+                         f"the last dimension must hold at least one element")
+    n = x.shape[-1]
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != (n,):
+            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)}, expected ({n},) to match "
+                             f"the last dimension of x {tuple(x.shape)}")
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ValueError(f"{op}: residual has shape {tuple(residual.shape)}, expected x's "
+                             f"shape {tuple(x.shape)}")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"{op}: residual is {residual.dtype} but x is {x.dtype}; "
+                            f"cast one so both match")
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"{op}: eps must be a finite number >= 0, got {eps!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# launch configuration
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class NormTuning:
+    """Launch heuristics. Chosen from register budgets, not measured on every GPU:
+    benchmarks may override them with `norm_tuning(...)` to try alternatives in one run."""
+
+    fwd_max_block_n: int = 16384  # widest row the forward holds in registers at once
+    bwd_max_block_n: int = 8192  # the backward keeps x, dy, w, b and two accumulators live
+    fwd_tile_elems: int = 4096  # rows are batched until a program moves at least this many
+    bwd_tile_elems: int = 2048
+    # Register tile per thread, which sets num_warps. Forward: 16 (two 16-byte bf16 loads, about
+    # 48 registers). Backward: 8 keeps it near 85-100 registers on sm_90 (ptxas, no spills), so
+    # 16 warps stay resident per SM.
+    fwd_elems_per_thread: int = 16
+    bwd_elems_per_thread: int = 8
+    max_warps: int = 16
+    looped_block_n: int = 4096  # chunk width of the multi-block (looped) path
+    bwd_warps_per_sm: int = 16  # persistent backward: programs = SMs * this / num_warps
+
+
+_TUNING = NormTuning()
+
+
+def tuning() -> NormTuning:
+    return _TUNING
+
+
+@contextlib.contextmanager
+def norm_tuning(**changes: int) -> Iterator[NormTuning]:
+    """Temporarily change launch heuristics (tests use it to reach the looped path at small N)."""
+    global _TUNING
+    saved = _TUNING
+    _TUNING = dataclasses.replace(saved, **changes)
+    try:
+        yield _TUNING
+    finally:
+        _TUNING = saved
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _num_warps(tile_elems: int, elems_per_thread: int, t: NormTuning) -> int:
+    return max(1, min(t.max_warps, _pow2(max(1, tile_elems // (32 * elems_per_thread)))))
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+def row_tile(m: int, n: int, tile_elems: int, elems_per_thread: int, t: NormTuning) -> Tile:
+    """Whole rows (BLOCK_N >= n), batched BLOCK_M at a time when rows are short."""
+    block_n = _pow2(n)
+    block_m = max(1, min(tile_elems // block_n, _pow2(max(m, 1))))
+    return Tile(block_m, block_n, _num_warps(block_m * block_n, elems_per_thread, t))
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`, read from the device. The Triton interpreter runs
+    programs one by one: a small count there makes each persistent program loop over tiles."""
+    if device.type == "cuda":
+        return _cuda_sm_count(device.index if device.index is not None else
+                              torch.cuda.current_device())
+    return 2
+
+
+def stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Statistics and accumulators: float32, or float64 for float64 inputs."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _tl_acc(dtype: torch.dtype):
+    import triton.language as tl
+
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+class NormForward(NamedTuple):
+    y: torch.Tensor  # x's shape and dtype
+    s: torch.Tensor | None  # x + residual, when a residual was given
+    mean: torch.Tensor | None  # x.shape[:-1], stat_dtype; None for RMSNorm
+    rstd: torch.Tensor  # x.shape[:-1], stat_dtype
+
+
+class NormBackward(NamedTuple):
+    dx: torch.Tensor
+    dweight: torch.Tensor | None
+    dbias: torch.Tensor | None
+
+
+def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if t is None else t.contiguous().view(-1, n)
+
+
+def norm_forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
+                 bias: torch.Tensor | None, eps: float, *, act: int, rms: bool) -> NormForward:
+    """Forward of every norm op: Triton on CUDA (and under TRITON_INTERPRET=1), else reference."""
+    if not use_triton(x):
+        return reference_forward(x, residual, weight, bias, eps, act=act, rms=rms)
+    n = x.shape[-1]
+    x2, r2 = _rows(x, n), _rows(residual, n)
+    w, b = _rows(weight, n), _rows(bias, n)
+    m = x2.shape[0]
+    acc = stat_dtype(x.dtype)
+    y = torch.empty_like(x2)
+    s = torch.empty_like(x2) if residual is not None else None
+    mean = None if rms else torch.empty(m, dtype=acc, device=x.device)
+    rstd = torch.empty(m, dtype=acc, device=x.device)
+    if m > 0:
+        _launch_forward(x2, r2, s, y, w, b, mean, rstd, eps, act=act, rms=rms)
+    lead = x.shape[:-1]
+    return NormForward(y.view(x.shape), None if s is None else s.view(x.shape),
+                       None if mean is None else mean.view(lead), rstd.view(lead))
+
+
+def _launch_forward(x2, r2, s, y, w, b, mean, rstd, eps, *, act, rms) -> None:
+    from ._norm_kernels import _norm_fwd_looped_kernel, _norm_fwd_tile_kernel
+
+    m, n = x2.shape
+    t = tuning()
+    # Unused pointer arguments get x2: Triton needs a tensor there, the kernel never touches it.
+    ptrs = [x2, r2 if r2 is not None else x2, s if s is not None else x2, y,
+            w if w is not None else x2, b if b is not None else x2,
+            mean if mean is not None else rstd, rstd]
+    flags = dict(ACT=act, IS_RMS=rms, HAS_RESIDUAL=r2 is not None, HAS_W=w is not None,
+                 HAS_B=b is not None, ACC=_tl_acc(x2.dtype))
+    if _pow2(n) <= t.fwd_max_block_n:
+        tile = row_tile(m, n, t.fwd_tile_elems, t.fwd_elems_per_thread, t)
+        grid = (_cdiv(m, tile.block_m),)
+        _norm_fwd_tile_kernel[grid](*ptrs, m, n, eps, **flags, BLOCK_M=tile.block_m,
+                                    BLOCK_N=tile.block_n, num_warps=tile.num_warps)
+    else:
+        block_n = min(t.looped_block_n, _pow2(n))
+        _norm_fwd_looped_kernel[(m,)](*ptrs, n, eps, **flags, BLOCK_N=block_n,
+                                      num_warps=_num_warps(block_n, t.fwd_elems_per_thread, t))
+
+
+def norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, xs: torch.Tensor,
+                  weight: torch.Tensor | None, bias: torch.Tensor | None,
+                  mean: torch.Tensor | None, rstd: torch.Tensor, *, act: int,
+                  rms: bool) -> NormBackward:
+    """Backward of every norm op. xs is the normalised input (x + residual for add_layer_norm);
+    ds, when given, is the gradient reaching that sum directly and is added to dx."""
+    if not use_triton(xs):
+        return reference_backward(dy, ds, xs, weight, bias, mean, rstd, act=act, rms=rms)
+    n = xs.shape[-1]
+    x2, dy2, ds2 = _rows(xs, n), _rows(dy, n), _rows(ds, n)
+    w, b = _rows(weight, n), _rows(bias, n)
+    m = x2.shape[0]
+    dx = torch.empty_like(x2)
+    if m == 0:
+        return NormBackward(dx.view(xs.shape), None if w is None else torch.zeros_like(weight),
+                            None if b is None else torch.zeros_like(bias))
+    mean1 = None if mean is None else mean.reshape(-1)  # (M,)
+    dw_part, db_part = _launch_backward(dy2, ds2, x2, w, b, mean1, rstd.reshape(-1), dx,
+                                        act=act, rms=rms)
+    dw = None if w is None else dw_part.sum(0).to(weight.dtype)
+    db = None if b is None else db_part.sum(0).to(bias.dtype)
+    return NormBackward(dx.view(xs.shape), dw, db)
+
+
+def _launch_backward(dy2, ds2, x2, w, b, mean, rstd, dx, *, act, rms):
+    from ._norm_kernels import _norm_bwd_kernel, _norm_bwd_row_sums_kernel
+
+    m, n = x2.shape
+    t = tuning()
+    acc = stat_dtype(x2.dtype)
+    mean = mean if mean is not None else rstd  # RMSNorm: never read
+    flags = dict(ACT=act, IS_RMS=rms, HAS_W=w is not None, HAS_B=b is not None,
+                 ACC=_tl_acc(x2.dtype))
+    w_ptr = w if w is not None else x2
+    b_ptr = b if b is not None else x2
+    single = _pow2(n) <= t.bwd_max_block_n
+    if single:
+        tile = row_tile(m, n, t.bwd_tile_elems, t.bwd_elems_per_thread, t)
+        col_blocks = 1
+        c1 = c2 = rstd  # unused
+    else:
+        block_n = min(t.looped_block_n, _pow2(n))
+        tile = Tile(1, block_n, _num_warps(block_n, t.bwd_elems_per_thread, t))
+        col_blocks = _cdiv(n, block_n)
+        c1 = torch.empty(m, dtype=acc, device=x2.device)
+        c2 = torch.empty(m, dtype=acc, device=x2.device)
+        _norm_bwd_row_sums_kernel[(m,)](dy2, x2, w_ptr, b_ptr, mean, rstd, c1, c2, n, **flags,
+                                        BLOCK_N=block_n, num_warps=tile.num_warps)
+    tiles = _cdiv(m, tile.block_m)
+    per_sm = max(1, t.bwd_warps_per_sm // tile.num_warps)
+    programs = max(1, min(tiles, sm_count(x2.device) * per_sm // col_blocks))
+    tiles_per_program = _cdiv(tiles, programs)
+    dw_part = torch.empty((programs, n), dtype=acc, device=x2.device) if w is not None else None
+    db_part = torch.empty((programs, n), dtype=acc, device=x2.device) if b is not None else None
+    _norm_bwd_kernel[(programs, col_blocks)](
+        dy2, ds2 if ds2 is not None else dy2, x2, w_ptr, b_ptr, mean, rstd, c1, c2, dx,
+        dw_part if dw_part is not None else rstd, db_part if db_part is not None else rstd,
+        m, n, tiles_per_program, **flags, HAS_DS=ds2 is not None, STATS_GIVEN=not single,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps)
+    return dw_part, db_part
+
+
+# ---------------------------------------------------------------------------------------------
+# plain-PyTorch reference (CPU tensors without the interpreter; also the fake's shape contract)
+# ---------------------------------------------------------------------------------------------
+def _act_fn(h: torch.Tensor, act: int) -> torch.Tensor:
+    if act == ACT_NONE:
+        return h
+    return F.gelu(h, approximate="tanh" if act == GELU_TANH else "none")
+
+
+def _act_grad(h: torch.Tensor, act: int) -> torch.Tensor:
+    if act == GELU_ERF:
+        cdf = 0.5 * (1.0 + torch.erf(h * math.sqrt(0.5)))
+        return cdf + h * torch.exp(-0.5 * h * h) / math.sqrt(2.0 * math.pi)
+    k0, k1 = math.sqrt(2.0 / math.pi), 0.044715
+    th = torch.tanh(k0 * (h + k1 * h ** 3))
+    return 0.5 * (1.0 + th) + 0.5 * h * (1.0 - th * th) * k0 * (1.0 + 3.0 * k1 * h * h)
+
+
+def _xhat(xf: torch.Tensor, mean: torch.Tensor | None, rstd: torch.Tensor) -> torch.Tensor:
+    centred = xf if mean is None else xf - mean.unsqueeze(-1)
+    return centred * rstd.unsqueeze(-1)
+
+
+def _affine(xhat, weight, bias, acc):
+    h = xhat if weight is None else xhat * weight.to(acc)
+    return h if bias is None else h + bias.to(acc)
+
+
+def reference_forward(x, residual, weight, bias, eps, *, act, rms) -> NormForward:
+    acc = stat_dtype(x.dtype)
+    s = None if residual is None else x + residual  # rounded to x's dtype, as the kernel does
+    xf = (x if s is None else s).to(acc)
+    mean = None if rms else xf.mean(-1)
+    centred = xf if mean is None else xf - mean.unsqueeze(-1)
+    rstd = torch.rsqrt(centred.square().mean(-1) + eps)
+    y = _act_fn(_affine(_xhat(xf, mean, rstd), weight, bias, acc), act)
+    return NormForward(y.to(x.dtype), s, mean, rstd)
+
+
+def reference_backward(dy, ds, xs, weight, bias, mean, rstd, *, act, rms) -> NormBackward:
+    acc = stat_dtype(xs.dtype)
+    n = xs.shape[-1]
+    xhat = _xhat(xs.to(acc), mean, rstd)
+    dh = dy.to(acc)
+    if act != ACT_NONE:
+        dh = dh * _act_grad(_affine(xhat, weight, bias, acc), act)
+    g = dh if weight is None else dh * weight.to(acc)
+    dx = g - xhat * (g * xhat).mean(-1, keepdim=True)
+    if not rms:
+        dx = dx - g.mean(-1, keepdim=True)
+    dx = dx * rstd.unsqueeze(-1)
+    if ds is not None:
+        dx = dx + ds.to(acc)
+    dw = None if weight is None else (dh * xhat).reshape(-1, n).sum(0).to(weight.dtype)
+    db = None if bias is None else dh.reshape(-1, n).sum(0).to(bias.dtype)
+    return NormBackward(dx.to(xs.dtype), dw, db)
+
+
+# ---------------------------------------------------------------------------------------------
+# module base: the parameters of nn.LayerNorm / nn.RMSNorm, under the same names
+# ---------------------------------------------------------------------------------------------
+class AffineNorm(torch.nn.Module):
+    """weight (ones) and optional bias (zeros) over the last dimension, named as in nn.LayerNorm,
+    so a stock LayerNorm / RMSNorm state_dict loads into the fused module unchanged."""
+
+    def __init__(self, normalized_shape: int | tuple[int, ...], eps: float, *,
+                 elementwise_affine: bool = True, bias: bool = True,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        shape = ((normalized_shape,) if isinstance(normalized_shape, int)
+                 else tuple(normalized_shape))
+        if len(shape) != 1:
+            raise ValueError(f"{type(self).__name__} normalises the last dimension only; "
+                             f"normalized_shape must be one int, got {normalized_shape!r}")
+        self.normalized_shape = shape
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        factory = {"device": device, "dtype": dtype}
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.empty(shape, **factory))
+            self.bias = torch.nn.Parameter(torch.empty(shape, **factory)) if bias else None
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            torch.nn.init.ones_(self.weight)
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")
+
+
+def contiguous_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
+
+
+def empty_if_none(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """Custom ops cannot return None: an absent weight's gradient travels as a 0-element tensor."""
+    return like.new_empty(0) if t is None else t
