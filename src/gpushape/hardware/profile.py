@@ -20,6 +20,24 @@ Format (JSON, `"format": "gpushape-profile"`, `"version": 1`)::
     }
 
 Every key but "format", "version" and "gpu" is optional: what is absent keeps the datasheet.
+
+Keys `gpushape probe` adds as evidence (reports read them; `apply_profile` does not)::
+
+      "ceilings": {...,
+        "gemm_flops_cuda_cores": {"fp32": 5.1e13},    # fp32 GEMM with TF32 off (CUDA cores)
+        "gemm_peak_sizes": [4096, 8192]},             # square GEMMs the peaks are the best of
+      "tc_align_elems": {"fp32": 4, ...},             # fp32: the cliff of the TF32-off sweep
+      "cliffs": {"gemm": {layout: {dtype: {dim: {"granularity": 8, "evidence": ..., ...}}}},
+                 "conv": {dtype: {"3x3 cin": {...}}}, "batch": {"conv_batch": {...}}},
+      "wave_quantization": {"tile": [128, 256], "correlation": 0.93, "found": true, ...},
+      "guide_claims": [{"id": ..., "says": ..., "claimed": ..., "gain": ..., "verdict": ...}],
+      "probe": {"mode": "full", "command": ..., "method": ..., "timing": {...}},
+      "sweeps": {"gemm_align": [{"dtype": "bf16", "layout": "nn", "m": 8192, "n": 8192,
+                                 "k": 4095, "dim": "K", "base": 4096, "size": 4095,
+                                 "time_s": ..., "flops_per_s": ...}, ...], ...}
+
+A profile shipped with gpushape for a catalog chip lives in `hardware/profiles/<name>.json`;
+`calibrated(spec)` applies it (`bundled_profile_path(spec)` says whether there is one).
 """
 
 from __future__ import annotations
@@ -94,3 +112,26 @@ def load_profile(path: str | Path) -> GPUSpec:
     """The catalog chip a profile names, calibrated by it."""
     profile = read_profile(path)
     return apply_profile(get_gpu(profile["gpu"]), profile, origin=str(path))
+
+
+PROFILES_DIR = Path(__file__).with_name("profiles")
+
+
+def bundled_profile_path(spec: GPUSpec | str) -> Path | None:
+    """The profile shipped for this chip (`hardware/profiles/<name>.json`), or None."""
+    path = PROFILES_DIR / f"{get_gpu(spec).name}.json"
+    return path if path.is_file() else None
+
+
+def calibrated(spec: GPUSpec | str) -> GPUSpec:
+    """`spec` calibrated by the profile shipped for its chip; the datasheet spec when none is."""
+    spec = get_gpu(spec)
+    path = bundled_profile_path(spec)
+    if path is None:
+        return spec
+    profile = read_profile(path)
+    if get_gpu(profile["gpu"]).name != spec.name:
+        raise ProfileError(f"bundled profile {path.name} is for {profile['gpu']!r}, "
+                           f"not {spec.name!r}")
+    device, when = profile.get("device_name", profile["gpu"]), profile.get("measured_at", "?")
+    return apply_profile(spec, profile, origin=f"gpushape probe on {device}, {when}: {path.name}")
