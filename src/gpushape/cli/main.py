@@ -10,9 +10,9 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import GpushapeError
-from . import gpus
+from . import gpus, probe
 
-COMMANDS = [gpus]
+COMMANDS = [gpus, probe]
 
 
 def build_parser() -> argparse.ArgumentParser:
