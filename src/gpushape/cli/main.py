@@ -10,9 +10,9 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import GpushapeError
-from . import gpus, probe
+from . import audit, gpus, probe
 
-COMMANDS = [gpus, probe]
+COMMANDS = [gpus, probe, audit]
 
 
 def build_parser() -> argparse.ArgumentParser:
