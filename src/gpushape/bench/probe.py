@@ -46,6 +46,8 @@ from .probe_plan import ProbePlan
 _LAUNCH_S = 5e-6  # a guess at per-call latency for the budget only; launch is measured anyway
 _CONV_SETUP_S = 0.15  # cuDNN autotuning of a new shape, for the budget only
 _GEMM_SETUP_S = 0.01
+_MISALIGNED_SLOWDOWN = 4.0  # budget only: an unaligned GEMM runs at roughly a quarter speed
+_CLAIM_EST_S = 0.6  # budget only: one claim's A/B measurement, autotuning included
 
 
 class ProbeError(GpushapeError, RuntimeError):
@@ -75,7 +77,10 @@ def _gemm_rate(spec: GPUSpec, dtype: str) -> float:
 def _gemm_task(task_sweep: str, m: int, n: int, k: int, dtype: str, layout: str, spec: GPUSpec,
                cfg: MeasureConfig, **extra: Any) -> Task:
     flops = gemm_flops(m, n, k)
-    call_s = flops / _gemm_rate(spec, dtype) + _LAUNCH_S
+    align = spec.tc_alignment("fp32" if dtype == "fp32" else dtype) or 1
+    # sizes off the datasheet's alignment rule are budgeted at a quarter of the rate
+    slowdown = 1 if all(d % align == 0 for d in (m, n, k)) else _MISALIGNED_SLOWDOWN
+    call_s = slowdown * flops / _gemm_rate(spec, dtype) + _LAUNCH_S
     row = {"dtype": dtype, "layout": "nt" if dtype == "fp8" else layout, "m": m, "n": n, "k": k,
            **extra}
     return Task(task_sweep, row, flops, lambda c: gemm_s(m, n, k, dtype, c, layout=row["layout"]),
@@ -188,14 +193,16 @@ def _ceilings(plan: ProbePlan, cfg: MeasureConfig) -> dict[str, float | None]:
     }
 
 
-def _budget_table(tasks: list[Task], plan: ProbePlan) -> Table:
+def _budget_table(tasks: list[Task], plan: ProbePlan, claims: int) -> Table:
     table = Table(title=f"gpushape probe ({plan.mode}): budget from datasheet rates "
                         "(points x time per point)")
     for col in ("sweep", "points", "estimate s"):
         table.add_column(col, justify="left" if col == "sweep" else "right")
     for sweep, est in _by_sweep(tasks).items():
         table.add_row(sweep, str(est[0]), f"{est[1]:.1f}")
-    table.add_row("total", str(len(tasks)), f"{sum(t.est_s for t in tasks):.1f}")
+    table.add_row("guide claims (A/B measurements)", str(claims), f"{claims * _CLAIM_EST_S:.1f}")
+    total_s = sum(t.est_s for t in tasks) + claims * _CLAIM_EST_S
+    table.add_row("total", str(len(tasks) + claims), f"{total_s:.1f}")
     return table
 
 
@@ -226,7 +233,7 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
     tasks = build_tasks(dataclasses.replace(plan, measure=cfg), spec, fp8=fp8)
     claims = guide_claims.selected(plan)
     if show_progress:
-        console.print(_budget_table(tasks, plan))
+        console.print(_budget_table(tasks, plan, len(claims)))
     sweeps: dict[str, list[dict[str, Any]]] = {}
     actual_s: dict[str, float] = {}
     with _progress(console, show_progress) as bar:

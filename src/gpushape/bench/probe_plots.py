@@ -30,11 +30,22 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _draw_curve(ax: Any, curve: Curve, granularity: int, drop: float, scale: float = 1e12) -> None:
-    """Throughput against size; slow points as red crosses, multiples of the cliff dotted."""
-    ok = [(s, t / scale) for s, t in zip(curve.sizes, curve.throughputs) if t]
-    failed = [s for s, t in zip(curve.sizes, curve.throughputs) if not t]
-    slow = set(slow_sizes(curve, drop))
+def _base(curve: Curve) -> int | None:
+    """The sweep's centre size, from the label `curves_by` gives ("base 4096")."""
+    tail = curve.label.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _draw_curve(ax: Any, curve: Curve, granularity: int, drop: float, scale: float = 1e12,
+                base: int | None = None) -> None:
+    """Throughput against size; slow points as red crosses, multiples of the cliff dotted.
+
+    With a `base`, x is the offset from it on a symlog axis: offsets 0..16 spread out, 24..128
+    compressed."""
+    shift = base or 0
+    ok = [(s - shift, t / scale) for s, t in zip(curve.sizes, curve.throughputs) if t]
+    failed = [s - shift for s, t in zip(curve.sizes, curve.throughputs) if not t]
+    slow = {s - shift for s in slow_sizes(curve, drop)}
     if ok:
         ax.plot([s for s, _ in ok], [t for _, t in ok], "-", color="0.75", zorder=1)
         fast = [(s, t) for s, t in ok if s not in slow]
@@ -47,9 +58,15 @@ def _draw_curve(ax: Any, curve: Curve, granularity: int, drop: float, scale: flo
         ax.scatter(failed, [0.0] * len(failed), s=28, marker="v", color="black", zorder=3,
                    label="did not run")
     lo, hi = min(curve.sizes), max(curve.sizes)
+    if base is not None:  # dotted lines only where the axis is linear, ticks as offsets
+        lo, hi = max(lo, base - 16), min(hi, base + 16)
+        ax.set_xscale("symlog", linthresh=16, linscale=2)
+        ticks = [t for t in (-8, -4, 0, 4, 8, 12, 16, 32, 64, 128) if lo <= t + base <= max(
+            curve.sizes)]
+        ax.set_xticks(ticks, [f"{t:+d}" if t else "0" for t in ticks], fontsize=7)
     if granularity > 1 and (hi - lo) / granularity <= 64:
         for x in range(math.ceil(lo / granularity) * granularity, hi + 1, granularity):
-            ax.axvline(x, color="tab:green", linestyle=":", linewidth=0.8, zorder=0)
+            ax.axvline(x - shift, color="tab:green", linestyle=":", linewidth=0.8, zorder=0)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
 
@@ -69,9 +86,9 @@ def plot_gemm_align(profile: Mapping[str, Any], out_dir: Path, dtype: str,
         g, drop = cliff.get("granularity", 1), cliff.get("drop_threshold", 0.2)
         for col, curve in enumerate(gemm_curves(sweeps, dtype, layout, dim)):
             ax = axes[row][col]
-            _draw_curve(ax, curve, g, drop)
-            ax.set_title(f"{dim} moves ({curve.label}); cliff granularity {g}", fontsize=9)
-            ax.set_xlabel(dim)
+            _draw_curve(ax, curve, g, drop, base=_base(curve))
+            ax.set_title(f"{dim} moves around {_base(curve)}; cliff granularity {g}", fontsize=9)
+            ax.set_xlabel(f"{dim} (offset from {_base(curve)}, symlog)")
             ax.set_ylabel("TFLOP/s")
     axes[0][0].legend(fontsize=7, loc="lower right")
     lay = "A @ B" if layout == "nn" else "x @ W^T (F.linear)"
@@ -91,9 +108,9 @@ def plot_conv_channels(profile: Mapping[str, Any], out_dir: Path, dtype: str) ->
         cliff = cliffs.get(name, {})
         g = cliff.get("granularity", 1)
         for curve in conv_curves(sweeps, dtype, name):
-            _draw_curve(ax, curve, g, cliff.get("drop_threshold", 0.2))
+            _draw_curve(ax, curve, g, cliff.get("drop_threshold", 0.2), base=_base(curve))
         ax.set_title(f"{name}; cliff granularity {g}", fontsize=9)
-        ax.set_xlabel("channels")
+        ax.set_xlabel("channels (offset from the base, symlog)")
         ax.set_ylabel("TFLOP/s")
     axes[0][0].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"{dtype} convolution, channels_last, cuDNN autotuned", fontsize=10)
@@ -157,6 +174,10 @@ def plot_claims(profile: Mapping[str, Any], out_dir: Path) -> Path | None:
     ax.set_yticks(list(ys), [c["id"] for c in claims], fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("symlog", linthresh=0.1)
+    values = [c["gain"] for c in claims] + [c["claimed_gain"] for c in claims]
+    ticks = [t for t in (-1, -0.5, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 5, 10, 100, 1000)
+             if min(*values, 0) <= t <= max(*values, 0.25)]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks], fontsize=7)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlabel("gain of the guide's advice (0.26 = 26% faster; symlog scale)")
     ax.legend(fontsize=7, loc="lower right")

@@ -1,0 +1,88 @@
+"""A profile written by the probe's writer (fed synthetic measurements) reads back through the
+hardware layer and changes the spec; bundled profiles calibrate their chip only."""
+
+import json
+
+import pytest
+
+from gpushape.bench.probe_measure import MeasureConfig
+from gpushape.bench.probe_plan import quick_plan
+from gpushape.bench.probe_profile import analyze, build_profile, write_profile
+from gpushape.errors import ProfileError
+from gpushape.hardware import get_gpu, load_profile, profile
+
+TFLOP = 1e12
+
+
+def _align_rows(dtype, granularity, fast_tflops):
+    rows = []
+    for dim in "MNK":
+        for size in (4096 + o for o in (-4, -1, 0, 1, 2, 4, 8, 12, 16, 24, 32, 64, 128)):
+            mnk = {d: size if d == dim.lower() else 8192 for d in "mnk"}
+            tflops = fast_tflops if size % granularity == 0 else 0.2 * fast_tflops
+            rows.append({"dtype": dtype, "layout": "nn", **mnk, "dim": dim, "base": 4096,
+                         "size": size, "time_s": 2 * size * 8192**2 / (tflops * TFLOP),
+                         "flops_per_s": tflops * TFLOP})
+    return rows
+
+
+def _profile(spec, *, bf16_granularity=16):
+    sweeps = {
+        "gemm_peak": [{"dtype": d, "size": 8192, "flops_per_s": f * TFLOP}
+                      for d, f in (("bf16", 700.0), ("tf32", 400.0), ("fp32", 50.0))],
+        "gemm_align": _align_rows("bf16", bf16_granularity, 650.0) + _align_rows("tf32", 4, 380.0),
+    }
+    ceilings = {"copy_bytes_per_s": 4.0e12, "launch_overhead_s": 7e-6,
+                "graph_launch_overhead_s": 1.2e-6}
+    return build_profile(plan=quick_plan(), spec=spec, cfg=MeasureConfig(device="cpu"),
+                         ceilings=ceilings, sweeps=sweeps, analysis=analyze(sweeps, spec),
+                         claims=[], timing={"total_s": 1.0})
+
+
+def test_written_profile_loads_and_calibrates(tmp_path):
+    datasheet = get_gpu("h200")
+    path = write_profile(_profile(datasheet), tmp_path / "h200.json")
+    spec = load_profile(path)
+    a = spec.achievable
+    assert a.gemm("bf16") == pytest.approx(700 * TFLOP / datasheet.peak_flops("bf16"))
+    assert a.gemm("tf32") == pytest.approx(400 * TFLOP / datasheet.peak_flops("tf32"))
+    assert a.memory_bandwidth_fraction == pytest.approx(4.0e12 / 4.8e12)
+    assert a.launch_overhead_s == 7e-6 and a.graph_launch_overhead_s == 1.2e-6
+    assert a.source.startswith("measured") and "memory_bandwidth_fraction" in a.measured
+    # fp32 with TF32 off runs on CUDA cores: kept apart, not read as a TF32 fraction
+    assert "fp32" not in a.gemm_fraction
+    # the measured cliffs replace the datasheet's 16-byte rule
+    assert spec.tc_alignment("bf16") == 16 != datasheet.tc_alignment("bf16")
+    assert spec.tc_alignment("tf32") == 4
+    assert "tc_align_elems" in spec.overridden
+
+
+def test_profile_file_is_valid_json_with_one_row_per_line(tmp_path):
+    path = write_profile(_profile(get_gpu("h200"), bf16_granularity=8), tmp_path / "p.json")
+    text = path.read_text()
+    data = json.loads(text)
+    assert data["format"] == "gpushape-profile" and data["version"] == 1
+    assert data["tc_align_elems"] == {"bf16": 8, "tf32": 4}
+    assert data["ceilings"]["gemm_flops_cuda_cores"] == {"fp32": 50 * TFLOP}
+    rows = sum(len(r) for r in data["sweeps"].values())
+    assert rows == 3 + 2 * 3 * 13
+    assert sum(1 for line in text.splitlines() if line.lstrip().startswith('{"dtype"')) == rows
+
+
+def test_bundled_profile_calibrates_its_chip_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(profile, "PROFILES_DIR", tmp_path)
+    h200 = get_gpu("h200")
+    assert profile.bundled_profile_path("h200") is None
+    assert profile.calibrated("h200") is h200
+    write_profile(_profile(h200), tmp_path / "h200-sxm.json")
+    assert profile.bundled_profile_path("nvidia h200") == tmp_path / "h200-sxm.json"
+    spec = profile.calibrated("h200")
+    assert spec.tc_alignment("bf16") == 16 and "h200-sxm.json" in spec.achievable.source
+    assert profile.calibrated("h100") is get_gpu("h100")  # other chips keep the datasheet
+
+
+def test_bundled_profile_for_another_chip_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(profile, "PROFILES_DIR", tmp_path)
+    write_profile(_profile(get_gpu("h100")), tmp_path / "h200-sxm.json")
+    with pytest.raises(ProfileError, match="is for 'h100-sxm', not 'h200-sxm'"):
+        profile.calibrated("h200")
