@@ -176,7 +176,7 @@ def check_kernels(device: str, *, fp8: bool) -> None:
         a8, b8 = a.to(torch.float8_e4m3fn), b.t().contiguous().to(torch.float8_e4m3fn)
         one = torch.ones((), device=device)
         out = torch._scaled_mm(a8, b8.t(), one, one, out_dtype=torch.bfloat16)
-        errors["fp8"] = _rel_err(out, a8.double() @ b8.t().double())
+        errors["fp8"] = _rel_err(out, a8.float().double() @ b8.t().float().double())
     bad = {k: v for k, v in errors.items() if not v < 3e-2}
     if bad:
         raise ProbeError(f"wrong results on {device}, relative error {bad}: timings would mean "

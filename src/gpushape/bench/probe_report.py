@@ -83,8 +83,8 @@ def _gemm_cliffs(profile: Mapping[str, Any], spec: GPUSpec | None,
     lines.append("")
     for layout, by_dtype in gemm.items():
         for dtype, by_dim in by_dtype.items():
-            for dim, cliff in by_dim.items():
-                lines.append(f"- {dtype} {layout} {dim}: {cliff['evidence']}")
+            for dim in sorted(by_dim, key="MNK".find):
+                lines.append(f"- {dtype} {layout} {dim}: {by_dim[dim]['evidence']}")
             if f"gemm-align-{dtype}-{layout}" in plots:
                 name = plots[f"gemm-align-{dtype}-{layout}"].name
                 lines.append(f"\n![{dtype} {layout} GEMM alignment](plots/{name})\n")
