@@ -1,1 +1,8 @@
 """Fused Triton kernels, one op per file, each registered as a torch.library custom op."""
+
+from .add_layer_norm import AddLayerNorm as AddLayerNorm
+from .add_layer_norm import add_layer_norm as add_layer_norm
+from .layer_norm_gelu import LayerNormGELU as LayerNormGELU
+from .layer_norm_gelu import layer_norm_gelu as layer_norm_gelu
+from .rms_norm import RMSNorm as RMSNorm
+from .rms_norm import rms_norm as rms_norm
