@@ -94,6 +94,7 @@ class Report:
     totals: Totals
     layers: list[Layer]
     findings: list[Any] = field(default_factory=list)
+    calibration: str | None = None  # where measured chip numbers came from; None: datasheet
 
     @classmethod
     def from_cost(cls, cost: CostReport, *, dtype: str) -> Report:

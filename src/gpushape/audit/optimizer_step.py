@@ -1,0 +1,118 @@
+"""Price an optimizer's step: run it on meta stand-ins and count what its kernels move.
+
+A meta copy of the optimizer (same class, same hyperparameters, parameters and gradients as
+meta tensors, so nothing is computed or allocated) takes two steps; the second, in steady
+state, is recorded op by op. For each op: bytes = every tensor read once, plus the tensors it
+writes (outputs, or the first tensor list of an in-place op); kernels = 1, a multi-tensor
+(foreach) op launching once per device and dtype group. The fused alternative reads every
+parameter, gradient and state tensor once and writes parameters and states once, in one launch
+per group. On the GPU, `foreach=None` means the foreach implementation (PyTorch's default for
+CUDA tensors), so the copy is stepped with foreach=True where the original would be.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+@dataclass(frozen=True)
+class StepCost:
+    implementation: str  # "for-loop", "foreach", "fused"
+    kernels: int
+    bytes_moved: int
+    parameters: int  # parameter tensors
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class _Counter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = 0
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func._schema.name
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if func.is_view or all(t.numel() <= 1 for t in tensors):
+            return out  # scalars (step counts live on the CPU unless capturable): no kernel
+        reads = sum(_nbytes(t) for t in {id(t): t for t in tensors}.values() if t.numel() > 1)
+        if name.endswith("_"):  # in place: writes its first argument (a tensor or a list)
+            first = args[0] if args else None
+            written = first if isinstance(first, (list, tuple)) else [first]
+        else:
+            written = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        self.bytes += reads + sum(_nbytes(t) for t in written if isinstance(t, torch.Tensor))
+        self.kernels += 1
+        return out
+
+
+def implementation(optimizer: torch.optim.Optimizer) -> str:
+    groups = optimizer.param_groups
+    if groups and all(g.get("fused") for g in groups):
+        return "fused"
+    if any(g.get("foreach") is False for g in groups):
+        return "for-loop"
+    if any("foreach" in g for g in groups):
+        return "foreach"  # foreach=None: PyTorch's default for CUDA tensors
+    return "for-loop"
+
+
+def supports(optimizer: torch.optim.Optimizer, option: str) -> bool:
+    return option in inspect.signature(type(optimizer).__init__).parameters
+
+
+def _meta_copy(optimizer: torch.optim.Optimizer, foreach: bool) -> torch.optim.Optimizer:
+    groups = []
+    for group in optimizer.param_groups:
+        params = []
+        for p in group["params"]:
+            meta = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"))
+            meta.grad = torch.empty_like(meta)
+            params.append(meta)
+        options = {k: v for k, v in group.items() if k not in ("params", "fused", "foreach")}
+        groups.append({"params": params, **options})
+    extra = {"foreach": foreach} if supports(optimizer, "foreach") else {}
+    return type(optimizer)(groups, **extra)
+
+
+def current_step(optimizer: torch.optim.Optimizer) -> StepCost:
+    impl = implementation(optimizer)
+    copy = _meta_copy(optimizer, foreach=impl == "foreach")
+    copy.step()  # creates the state
+    with _Counter() as counter:
+        copy.step()
+    n = sum(len(g["params"]) for g in copy.param_groups)
+    return StepCost(impl, counter.kernels, counter.bytes, n)
+
+
+def _stepped_state(optimizer: torch.optim.Optimizer):
+    copy = _meta_copy(optimizer, foreach=False)
+    copy.step()
+    params = [p for g in copy.param_groups for p in g["params"]]
+    state = [t for p in params for t in copy.state[p].values()
+             if isinstance(t, torch.Tensor) and t.numel() > 1]
+    return copy, params, state
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state once it has stepped (Adam: two moments per parameter)."""
+    return sum(_nbytes(t) for t in _stepped_state(optimizer)[2])
+
+
+def fused_step(optimizer: torch.optim.Optimizer) -> StepCost:
+    """One pass: read parameters, gradients and state; write parameters and state."""
+    copy, params, state = _stepped_state(optimizer)
+    read = sum(_nbytes(p) * 2 for p in params) + sum(_nbytes(t) for t in state)
+    written = sum(_nbytes(p) for p in params) + sum(_nbytes(t) for t in state)
+    groups = {(p.dtype, p.device) for p in params}
+    return StepCost("fused", len(groups) * len(copy.param_groups), read + written, len(params))

@@ -1,0 +1,1 @@
+"""One file per rule; `audit.registry.load_rules()` imports every module here."""

@@ -1,0 +1,105 @@
+"""manual-attention: softmax(Q K^T) V written out by hand instead of scaled_dot_product_attention.
+
+Pattern (forward): a batched matmul whose output is the score matrix, elementwise ops on it
+(scale, mask), softmax, optionally dropout, and a batched matmul of the probabilities with V.
+Written out, the (BH, Tq, Tk) scores go through memory several times each way; the fused
+kernels keep them on chip. Saving: the traced ops of the pattern (with the copies that feed
+the first matmul, and every backward op autograd ran for them) as the cost model prices them,
+minus the fused SDPA kernel for the same shapes (audit/attention.py), forward and backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ...trace.records import OpRecord
+from ..attention import AttentionShape, fused_backend, fused_records
+from ..context import AuditContext
+from ..finding import Finding, Severity
+from ..patterns import BMM_OPS, DROPOUT_OPS, SOFTMAX_OPS, following, module_pattern, preceding
+from ..registry import register_rule
+from ..synth import time_s
+
+RULE = "manual-attention"
+MAX_STEPS = 4
+
+
+def _scores_producer(ops: list[OpRecord], pos: int) -> tuple[OpRecord, list[OpRecord]] | None:
+    """The bmm that made softmax `ops[pos]`'s input, and the elementwise ops in between."""
+    numel, between = ops[pos].inputs[0].numel, []
+    for rec in preceding(ops, pos, limit=MAX_STEPS):
+        if not rec.outputs or rec.outputs[0].numel != numel:
+            return None
+        if rec.name in BMM_OPS:
+            return rec, between
+        between.append(rec)
+    return None
+
+
+def _probs_consumer(ops: list[OpRecord], pos: int) -> tuple[OpRecord, list[OpRecord]] | None:
+    """The bmm that multiplies the probabilities by V, and the ops in between (dropout, the
+    copy of V that a 4-D matmul makes)."""
+    numel, between = ops[pos].outputs[0].numel, []
+    for rec in following(ops, pos, limit=MAX_STEPS):
+        if rec.name in BMM_OPS and rec.inputs[0].numel == numel:
+            return rec, between
+        between.append(rec)
+    return None
+
+
+def _feeding_copies(ops: list[OpRecord], bmm: OpRecord) -> list[OpRecord]:
+    """Copies made right before the first bmm (contiguous Q and K^T for a 4-D matmul)."""
+    out = []
+    for rec in preceding(ops, bmm.index, limit=2):  # a record's index is its trace position
+        if rec.name != "clone" or rec.module != bmm.module:
+            break
+        out.append(rec)
+    return out
+
+
+def find_sites(ops: list[OpRecord]) -> list[dict]:
+    sites = []
+    for pos, rec in enumerate(ops):
+        if rec.phase != "forward" or rec.name not in SOFTMAX_OPS:
+            continue
+        before, after = _scores_producer(ops, pos), _probs_consumer(ops, pos)
+        if before is None or after is None:
+            continue
+        (bmm1, pre), (bmm2, post) = before, after
+        q, kt, v = bmm1.inputs[0].shape, bmm1.inputs[1].shape, bmm2.inputs[1].shape
+        shape = AttentionShape(bh=q[0], tq=q[-2], tk=kt[-1], d=q[-1], dv=v[-1],
+                               dtype=bmm1.inputs[0].dtype,
+                               has_mask=any(r.name not in ("div", "mul") for r in pre),
+                               dropout=any(r.name in DROPOUT_OPS for r in post))
+        recs = [*_feeding_copies(ops, bmm1), bmm1, *pre, rec, *post, bmm2]
+        sites.append({"module": bmm1.module, "shape": shape, "ops": recs})
+    return sites
+
+
+@register_rule(RULE, title="softmax(QK^T)V written by hand instead of SDPA")
+def check(ctx: AuditContext) -> Iterable[Finding]:
+    sites = find_sites(ctx.trace.ops)
+    if not sites:
+        return
+    manual_s = fused_s = 0.0
+    for site in sites:
+        shape = site["shape"]
+        site_s = sum(ctx.time_s(ctx.with_backward(r)) for r in site["ops"])
+        backend = fused_backend(shape)
+        manual_s += site_s
+        fused_s += time_s(fused_records(shape, ctx.train, backend), ctx.gpu,
+                          ctx.cost.math) if backend else site_s
+    s = sites[0]["shape"]
+    backend = fused_backend(s)
+    saving_s = max(manual_s - fused_s, 0.0)
+    evidence = {"sites": len(sites), "batch_x_heads": s.bh, "q_len": s.tq, "kv_len": s.tk,
+                "head_dim": s.d, "dtype": s.dtype, "mask": s.has_mask, "dropout": s.dropout,
+                "score_matrix_bytes": s.score_bytes(), "fused_kernel": backend,
+                "time_manual_s": manual_s, "time_fused_s": fused_s}
+    message = (f"attention written out by hand at {len(sites)} site(s): the "
+               f"{s.tq}x{s.tk} score matrix goes through memory ({s.score_bytes() / 1e6:,.1f} MB "
+               f"per site); F.scaled_dot_product_attention runs it as one "
+               f"{backend or 'fused'} kernel")
+    severity = None if backend else Severity.INFO
+    yield ctx.finding(RULE, module_pattern(x["module"] for x in sites), message, evidence,
+                      saving_s=saving_s, fix="sdpa", severity=severity)

@@ -1,0 +1,83 @@
+"""unfused-norm-act: a normalization feeds an elementwise activation as separate kernels.
+
+Pattern (forward, program order): a normalization, then up to two elementwise binary ops on a
+tensor of its shape (a residual add), then an activation reading that shape. Unfused, every
+tensor between the norm and the activation is written to memory and read back; fused, the
+activation is the norm kernel's epilogue. Saving per intermediate tensor of B bytes: 2B in the
+forward, and in training 2B more for its gradient (written by the activation's backward, read
+by the norm's), at the chip's attainable bandwidth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ...trace.records import OpRecord
+from ..context import AuditContext
+from ..finding import Finding
+from ..patterns import (
+    ACTIVATION_OPS,
+    BINARY_POINTWISE_OPS,
+    NORM_OPS,
+    first_modules,
+    following,
+    module_pattern,
+    reads_like,
+)
+from ..registry import register_rule
+
+RULE = "unfused-norm-act"
+MAX_BETWEEN = 2  # elementwise ops allowed between the norm and the activation
+
+
+@dataclass(frozen=True)
+class Chain:
+    norm: OpRecord
+    ops: tuple[OpRecord, ...]  # what follows the norm, the activation last
+
+    @property
+    def pattern(self) -> str:
+        return "->".join([self.norm.module_type or self.norm.name, *(o.name for o in self.ops)])
+
+    @property
+    def intermediate_bytes(self) -> int:
+        """Bytes of the tensors written before the activation: the norm's and each op's."""
+        return sum(r.outputs[0].nbytes for r in (self.norm, *self.ops[:-1]))
+
+
+def find_chains(ops: list[OpRecord]) -> list[Chain]:
+    chains = []
+    for pos, rec in enumerate(ops):
+        if rec.phase != "forward" or rec.name not in NORM_OPS or not rec.outputs:
+            continue
+        produced, between = rec.outputs[0], []
+        for nxt in following(ops, pos, limit=MAX_BETWEEN + 1):
+            if not reads_like(nxt, produced):
+                break
+            between.append(nxt)
+            if nxt.name in ACTIVATION_OPS:
+                chains.append(Chain(rec, tuple(between)))
+                break
+            if nxt.name not in BINARY_POINTWISE_OPS or not nxt.outputs:
+                break
+            produced = nxt.outputs[0]
+    return chains
+
+
+@register_rule(RULE, title="normalization then activation as separate kernels")
+def check(ctx: AuditContext) -> Iterable[Finding]:
+    by_pattern: dict[str, list[Chain]] = {}
+    for chain in find_chains(ctx.trace.ops):
+        by_pattern.setdefault(chain.pattern, []).append(chain)
+    passes = 4 if ctx.train else 2  # write + read, and the same for the gradient in training
+    for pattern, chains in by_pattern.items():
+        nbytes = passes * sum(c.intermediate_bytes for c in chains)
+        evidence = {"pattern": pattern, "sites": len(chains),
+                    "intermediate_shape": list(chains[0].norm.outputs[0].shape),
+                    "dtype": chains[0].norm.outputs[0].dtype, "bytes_saved": nbytes,
+                    "modules": first_modules(c.norm.module for c in chains)}
+        message = (f"{pattern} runs as {1 + len(chains[0].ops)} kernels at {len(chains)} "
+                   f"site(s): fusing writes and re-reads {nbytes / 1e6:,.1f} MB less a step")
+        yield ctx.finding(RULE, module_pattern(c.norm.module for c in chains), message,
+                          evidence, saving_s=ctx.bytes_time_s(nbytes), fix="fuse-norm-act")
