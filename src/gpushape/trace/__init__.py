@@ -7,7 +7,8 @@
 
 Files: tracer.py (`trace`), recorder.py (the dispatch-mode recorder and module attribution),
 records.py (`Trace`, `OpRecord`, `TensorMeta`), inputs.py (`TensorSpec`, meta stand-ins),
-sdpa.py (SDPA routed to fused kernels on meta), flops*.py (FLOPs and minimum bytes per op
+routing.py (SDPA and dropout routed to the fused
+kernels CUDA runs, on meta), flops*.py (FLOPs and minimum bytes per op
 family), gemm_model.py (GEMM efficiency), cost.py (`cost`, `CostReport`, `OpCost`).
 
 The names below load on first use, so `import gpushape` stays free of torch. `cost` is not

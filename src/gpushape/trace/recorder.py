@@ -12,10 +12,11 @@ How attribution works:
   (AccumulateGrad) goes to the module owning the parameter.
 
 What runs: on the meta device (default) no memory is allocated and nothing is computed; weights
-that exist are swapped for meta stand-ins during the call; `scaled_dot_product_attention` is
-routed to the fused kernel a GPU would run (`sdpa.py`). On a real device the model runs for real.
-Train mode runs the forward with grad enabled and then `torch.autograd.grad` of every output
-that requires grad (seeded with ones) with respect to every parameter, so no `.grad` is touched.
+that exist are swapped for meta stand-ins during the call; `scaled_dot_product_attention` and
+dropout are routed to the fused kernels a GPU would run (`routing.py`). On a real device the
+model runs for real. Train mode runs the forward with grad enabled, then `torch.autograd.grad`
+of every output that requires grad (seeded with ones) with respect to every parameter (and
+every example input that requires grad), so no `.grad` is touched (tracer.py).
 """
 
 from __future__ import annotations

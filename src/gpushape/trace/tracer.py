@@ -13,7 +13,7 @@ from ..errors import GpushapeError
 from .inputs import meta_stand_ins, model_device_types, model_tensors, place, split_inputs
 from .recorder import ModuleStack, Recorder, TraceError, failure_message
 from .records import Trace
-from .sdpa import FusedAttentionRouting
+from .routing import GpuKernelRouting
 
 
 def trace(model: nn.Module, example_inputs: Any, train: bool = False,
@@ -24,10 +24,11 @@ def trace(model: nn.Module, example_inputs: Any, train: bool = False,
         dict (keyword arguments); other values are passed through unchanged.
     train: False runs `model.eval()` under `torch.no_grad()`; True runs `model.train()`, the
         forward with grad, then the backward of every output that requires grad (seeded with
-        ones). The model's own train/eval mode is restored afterwards; `.grad` is never touched.
+        ones) to the parameters and to any example input that requires grad. The model's own
+        train/eval mode is restored afterwards; `.grad` is never touched.
     device: None or "meta" (default) traces on the meta device: no memory, no compute, real
-        weights swapped for meta stand-ins during the call, SDPA routed to the fused kernel a
-        GPU would pick. "cpu"/"cuda" run for real on that device; the model must be there.
+        weights swapped for meta stand-ins during the call, SDPA and dropout routed to the fused
+        kernels a GPU would run. "cpu"/"cuda" run for real on that device; the model must be there.
     name: the model's name in the trace (default: its class name).
 
     Raises TraceError (a GpushapeError) naming the op and module when the model cannot run.
@@ -51,12 +52,11 @@ def trace(model: nn.Module, example_inputs: Any, train: bool = False,
         with contextlib.ExitStack() as scope:
             scope.enter_context(stack.installed())
             if target.type == "meta":
-                scope.enter_context(FusedAttentionRouting())
+                scope.enter_context(GpuKernelRouting())
             scope.enter_context(recorder)
             out = _forward(model, args, kwargs, stand_ins, train, stack, target.type)
             if train:
-                leaves = [t for t in tensors.values() if t.requires_grad]
-                _backward(out, leaves, recorder)
+                _backward(out, _grad_leaves(tensors.values(), (args, kwargs)), recorder)
     finally:
         model.train(was_training)
     return Trace(model=name or type(model).__name__, train=train, device=target.type,
@@ -93,6 +93,18 @@ def _forward(model, args, kwargs, stand_ins, train, stack: ModuleStack, device: 
     except Exception as exc:  # raised by the model's Python code, not by an aten op
         module, mtype = stack.failed_in or stack.stack[-1]
         raise TraceError(failure_message(None, module, mtype, "forward", device, exc)) from exc
+
+
+def _grad_leaves(params, inputs) -> list[torch.Tensor]:
+    """What a training step's backward computes gradients for: the parameters that require
+    grad, and example inputs that do (as `loss.backward()` would)."""
+    leaves = [t for t in params if t.requires_grad]
+    seen = {id(t) for t in leaves}
+    for t in pytree.tree_leaves(inputs):
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf and id(t) not in seen:
+            leaves.append(t)
+            seen.add(id(t))
+    return leaves
 
 
 def _backward(out: Any, leaves: list[torch.Tensor], recorder: Recorder) -> None:

@@ -1,9 +1,17 @@
-"""On the meta device, send `scaled_dot_product_attention` to the fused kernel a GPU would run.
+"""On the meta device, send SDPA and dropout to the fused kernels a GPU would run.
 
-PyTorch picks the SDPA backend from the device: on CUDA, flash attention or the
+A meta trace audits a GPU, but PyTorch picks some kernels by device, and on meta it takes the
+generic path. This TorchFunctionMode (installed for meta traces only; on a real device the
+device chooses) makes the choices CUDA makes for two of them.
+
+Dropout: in training, CUDA runs `F.dropout` (not in place, 0 < p < 1) as one fused kernel,
+`aten.native_dropout` (output and a boolean mask; `native_dropout_backward` in backward), where
+meta decomposes it into bernoulli_, div_ and mul over a mask as wide as the input.
+
+SDPA: PyTorch picks the backend from the device: on CUDA, flash attention or the
 memory-efficient kernel when their constraints hold; on the meta device it always falls back to
-the math path (Q K^T, softmax, @ V as separate ops, with the T x T score matrix in memory). A
-meta trace audits a GPU, so this TorchFunctionMode makes the choice CUDA (sm80 and later) makes:
+the math path (Q K^T, softmax, @ V as separate ops, with the T x T score matrix in memory).
+The choice CUDA (sm80 and later) makes:
 
 - flash (`aten._scaled_dot_product_flash_attention`): fp16/bf16, 4-D (B, H, T, D) inputs, no
   attention mask, equal head sizes for Q, K, V up to 256, as many K/V heads as Q heads;
@@ -11,8 +19,6 @@ meta trace audits a GPU, so this TorchFunctionMode makes the choice CUDA (sm80 a
   additive or boolean mask allowed (a boolean mask becomes a -inf/0 bias first, as PyTorch does),
   head sizes a multiple of 16 bytes (8 half, 4 float elements);
 - otherwise the math path, traced op by op.
-
-It is only installed for meta traces: on a real device the device chooses.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _SDPA = torch._C._nn.scaled_dot_product_attention
+_DROPOUT = torch.nn.functional.dropout
 _HALF = (torch.float16, torch.bfloat16)
 _FLASH_MAX_HEAD_DIM = 256  # FlashAttention-2's largest head size (sdp_utils.cpp)
 
@@ -74,14 +81,23 @@ def route_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return None
 
 
-class FusedAttentionRouting(TorchFunctionMode):
-    """Routes F.scaled_dot_product_attention through `route_sdpa` while active."""
+def route_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,
+                  inplace: bool = False) -> torch.Tensor | None:
+    """CUDA's fused dropout kernel, or None where CUDA too would not use it."""
+    if not training or inplace or not 0.0 < p < 1.0 or input.numel() == 0:
+        return None
+    return torch.ops.aten.native_dropout(input, p, True)[0]
+
+
+class GpuKernelRouting(TorchFunctionMode):
+    """Routes F.scaled_dot_product_attention and F.dropout as CUDA would, while active."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is _SDPA:
-            out = route_sdpa(*args, **kwargs)
+        route = route_sdpa if func is _SDPA else route_dropout if func is _DROPOUT else None
+        if route is not None:
+            out = route(*args, **kwargs)
             if out is not None:
                 return out
         return func(*args, **kwargs)
