@@ -108,6 +108,16 @@ def _sum_all(t):
 
 
 @triton.jit
+def _wide(hi, lo, F64: tl.constexpr):
+    """A Python float passed as two fp32 kernel arguments (hi + lo, ~48 bits): float64 data gets
+    its scale factors at float64 accuracy; other dtypes use hi alone."""
+    if F64:
+        return tl.cast(hi, tl.float64) + tl.cast(lo, tl.float64)
+    else:
+        return hi
+
+
+@triton.jit
 def _tile_rows(BLOCK_M: tl.constexpr):
     """(BLOCK_M, 1, 1) int32 row indices of this program."""
     return (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))[:, None, None]
@@ -132,12 +142,14 @@ def softmax_dropout_fwd_kernel(
     stats_ptr,  # (2, R): row max (0 on a fully masked row), then row sum of exp(z - max)
     seed_ptr,  # (1,) int64 Philox key; unused without dropout
     R, D1, D2, N,  # R = D0 * D1 * D2 rows of N columns
-    scale, threshold, keep_scale,  # z = scale * x; drop a 16-bit draw < threshold; 1 / (1 - p)
+    scale, scale_lo, threshold, keep_scale, keep_scale_lo,  # see _wide; drop draws < threshold
     MASK_MODE: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     PRECISE: tl.constexpr, F64: tl.constexpr, X_FLAT: tl.constexpr, M_FLAT: tl.constexpr,
     NO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
 ):
     """One pass per row: rows of up to BLOCK_G * 8 columns, BLOCK_M rows per program."""
+    scale = _wide(scale, scale_lo, F64)
+    keep_scale = _wide(keep_scale, keep_scale_lo, F64)
     rows = _tile_rows(BLOCK_M)
     groups = tl.arange(0, BLOCK_G)[None, :, None]
     lanes = tl.arange(0, 8)[None, None, :]
@@ -162,13 +174,15 @@ def softmax_dropout_fwd_kernel(
 @triton.jit
 def softmax_dropout_fwd_looped_kernel(
     x_ptr, sx0, sx1, sx2, sxn, mask_ptr, sm0, sm1, sm2, smn, y_ptr, stats_ptr, seed_ptr,
-    R, D1, D2, N, scale, threshold, keep_scale,
+    R, D1, D2, N, scale, scale_lo, threshold, keep_scale, keep_scale_lo,
     MASK_MODE: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     PRECISE: tl.constexpr, F64: tl.constexpr, X_FLAT: tl.constexpr, M_FLAT: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
     """Rows longer than one tile: one row per program, an online (max, sum) pass over chunks of
     BLOCK_G * 8 columns, then a second pass that writes y (reads x twice)."""
+    scale = _wide(scale, scale_lo, F64)
+    keep_scale = _wide(keep_scale, keep_scale_lo, F64)
     rows = _tile_rows(1)
     groups = tl.arange(0, BLOCK_G)[None, :, None]
     lanes = tl.arange(0, 8)[None, None, :]
@@ -206,13 +220,16 @@ def softmax_dropout_bwd_kernel(
     x_ptr, sx0, sx1, sx2, sxn, mask_ptr, sm0, sm1, sm2, smn,  # as in the forward
     dx_ptr,  # grad of x, contiguous (R, N)
     stats_ptr, seed_ptr,  # the forward's (2, R) row statistics and its seed
-    R, D1, D2, N, scale, threshold, keep_scale,
-    grad_scale,  # dx = grad_scale * dL/dz (scale for x; 1 for the additive mask's gradient)
+    R, D1, D2, N, scale, scale_lo, threshold, keep_scale, keep_scale_lo,
+    grad_scale, grad_scale_lo,  # dx = grad_scale * dL/dz (scale for x; 1 for a mask's grad)
     MASK_MODE: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     PRECISE: tl.constexpr, F64: tl.constexpr, X_FLAT: tl.constexpr, M_FLAT: tl.constexpr,
     DY_FLAT: tl.constexpr, NO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
 ):
     """dL/dz = s * (g - sum(s * g)) with g = dy * keep / (1 - p) and s recomputed from x."""
+    scale = _wide(scale, scale_lo, F64)
+    keep_scale = _wide(keep_scale, keep_scale_lo, F64)
+    grad_scale = _wide(grad_scale, grad_scale_lo, F64)
     rows = _tile_rows(BLOCK_M)
     groups = tl.arange(0, BLOCK_G)[None, :, None]
     lanes = tl.arange(0, 8)[None, None, :]
@@ -238,12 +255,16 @@ def softmax_dropout_bwd_kernel(
 @triton.jit
 def softmax_dropout_bwd_looped_kernel(
     dy_ptr, sd0, sd1, sd2, sdn, x_ptr, sx0, sx1, sx2, sxn, mask_ptr, sm0, sm1, sm2, smn,
-    dx_ptr, stats_ptr, seed_ptr, R, D1, D2, N, scale, threshold, keep_scale, grad_scale,
+    dx_ptr, stats_ptr, seed_ptr, R, D1, D2, N, scale, scale_lo, threshold, keep_scale,
+    keep_scale_lo, grad_scale, grad_scale_lo,
     MASK_MODE: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     PRECISE: tl.constexpr, F64: tl.constexpr, X_FLAT: tl.constexpr, M_FLAT: tl.constexpr,
     DY_FLAT: tl.constexpr, BLOCK_G: tl.constexpr,
 ):
     """Long rows: one pass for sum(s * g), a second that writes dx (reads x and dy twice)."""
+    scale = _wide(scale, scale_lo, F64)
+    keep_scale = _wide(keep_scale, keep_scale_lo, F64)
+    grad_scale = _wide(grad_scale, grad_scale_lo, F64)
     rows = _tile_rows(1)
     groups = tl.arange(0, BLOCK_G)[None, :, None]
     lanes = tl.arange(0, 8)[None, None, :]

@@ -58,7 +58,7 @@ def forward_reference(x: torch.Tensor, seed: torch.Tensor | None, p: float, scal
     if p > 0:
         y = y * keep_scale_reference(seed, x, p)
     stats = torch.stack([row_max.reshape(-1), row_sum.reshape(-1)])
-    return y.to(x.dtype), stats
+    return y.to(x.dtype).contiguous(), stats
 
 
 def backward_reference(dy: torch.Tensor, x: torch.Tensor, stats: torch.Tensor,
@@ -73,4 +73,4 @@ def backward_reference(dy: torch.Tensor, x: torch.Tensor, stats: torch.Tensor,
     if p > 0:
         g = g * keep_scale_reference(seed, x, p)
     dz = s * (g - (s * g).sum(dim=-1, keepdim=True))
-    return (dz * grad_scale).to(x.dtype)
+    return (dz * grad_scale).to(x.dtype).contiguous()

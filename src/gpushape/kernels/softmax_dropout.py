@@ -21,8 +21,10 @@
   kernels; CPU tensors run the PyTorch reference, or the kernels under TRITON_INTERPRET=1.
 """
 
+import math
 from contextlib import nullcontext
 
+import numpy as np
 import torch
 import triton
 from torch import nn
@@ -84,6 +86,12 @@ def _dims(shape: torch.Size) -> tuple[int, int, int, int]:
     return rows, d1, d2, n
 
 
+def _hi_lo(value: float) -> tuple[float, float]:
+    """value as fp32 hi + fp32 lo (Triton passes Python floats as fp32; see _wide)."""
+    hi = float(np.float32(value))
+    return hi, float(value) - hi if math.isfinite(hi) else 0.0
+
+
 def _tiling(n: int, rows: int) -> tuple[bool, int, int, int]:
     """(looped, BLOCK_M, BLOCK_G, num_warps) for rows of n columns."""
     block_n = max(8, _next_pow2(n))
@@ -104,8 +112,8 @@ def _common_args(x, seed, p, scale, mask, is_causal):
         mode = 1 if mask.dtype == torch.bool else 2
     has_dropout = p > 0
     ptrs = (xt, *x_strides, mt, *m_strides)
-    sizes = (*_dims(x.shape), float(scale), drop_threshold(p) if has_dropout else 0,
-             1.0 / (1.0 - p))
+    sizes = (*_dims(x.shape), *_hi_lo(scale), drop_threshold(p) if has_dropout else 0,
+             *_hi_lo(1.0 / (1.0 - p)))
     flags = dict(MASK_MODE=mode, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
                  PRECISE=x.dtype == torch.float32, F64=x.dtype == torch.float64,
                  X_FLAT=x_flat, M_FLAT=m_flat)
@@ -143,7 +151,7 @@ def backward_triton(dy, x, stats, seed, p, scale, mask, is_causal, grad_scale):
     if rows > 0:
         dyt, dy_strides, dy_flat = _strided_view(dy, x.shape)
         _launch(K.softmax_dropout_bwd_kernel, K.softmax_dropout_bwd_looped_kernel,
-                (dyt, *dy_strides), (dx, stats, seed_arg), ptrs, (*sizes, float(grad_scale)),
+                (dyt, *dy_strides), (dx, stats, seed_arg), ptrs, (*sizes, *_hi_lo(grad_scale)),
                 dict(flags, DY_FLAT=dy_flat), rows, n, x.device)
     return dx
 
@@ -216,14 +224,15 @@ def draw_seed(device: torch.device | str) -> torch.Tensor:
     return torch.randint(0, _SEED_HIGH, (1,), dtype=torch.int64, device=device)
 
 
-def dropout_keep_mask(seed: int | torch.Tensor, shape, p: float) -> torch.Tensor:
-    """The bool keep mask (x's shape) that softmax_dropout draws for `seed` (CPU, for checks)."""
+def dropout_keep_mask(seed: int | torch.Tensor, shape, p: float,
+                      device: torch.device | str = "cpu") -> torch.Tensor:
+    """The bool keep mask (x's shape) that softmax_dropout draws for `seed` (for checks)."""
     seed = int(seed.item()) if isinstance(seed, torch.Tensor) else int(seed)
     shape = tuple(shape)
     rows = 1
     for d in shape[:-1]:
         rows *= d
-    return keep_mask_reference(seed, rows, shape[-1], p).reshape(shape)
+    return keep_mask_reference(seed, rows, shape[-1], p, device).reshape(shape)
 
 
 def _check_p(op: str, p: float) -> None:

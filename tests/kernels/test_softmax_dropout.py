@@ -1,0 +1,536 @@
+"""softmax_dropout against TESTING.md: numeric gate, dropout statistics and determinism, masks,
+layouts, special values, bad input, torch.compile and CUDA graphs.
+
+The same tests run on CUDA when there is a GPU, else on CPU tensors (the Triton kernels under
+TRITON_INTERPRET=1, as CI runs them; the PyTorch reference otherwise). Dropout is checked
+against PyTorch's own composition with the kernel's mask, which `dropout_keep_mask` computes
+from the seed the op draws after `torch.manual_seed(SEED)`.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpushape.kernels import softmax_dropout as sd
+from gpushape.kernels._attn_philox import keep_mask_reference
+from gpushape.kernels._attn_softmax_reference import backward_reference, forward_reference
+from gpushape.kernels.softmax_dropout import (
+    SoftmaxDropout,
+    draw_seed,
+    dropout_keep_mask,
+    softmax_dropout,
+    softmax_dropout_bwd,
+    softmax_dropout_fwd,
+)
+
+from ._numeric import gate_forward_backward
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+SEED = 1234
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def seeded(fn):
+    """fn run right after torch.manual_seed(SEED), so the op draws a known seed."""
+    def run(*args, **kwargs):
+        torch.manual_seed(SEED)
+        return fn(*args, **kwargs)
+    return run
+
+
+def keep_scale(shape, p):
+    """float64 keep / (1 - p) for the seed the op draws after manual_seed(SEED)."""
+    torch.manual_seed(SEED)
+    seed = draw_seed(DEV)
+    return dropout_keep_mask(seed, shape, p, DEV).double() / (1 - p)
+
+
+def logits(x, scale=1.0, attn_mask=None, is_causal=False):
+    z = x * scale
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        z = z.masked_fill(~attn_mask, -math.inf)
+    elif attn_mask is not None:
+        z = z + attn_mask.to(z.dtype)
+    if is_causal:
+        allowed = torch.ones(x.shape[-2:], dtype=torch.bool, device=x.device).tril()
+        z = z.masked_fill(~allowed, -math.inf)
+    return z
+
+
+def torch_composition(shape, p, **kw):
+    """PyTorch's softmax, then dropout's masked scale in the accumulate dtype, at x's dtype."""
+    keep = keep_scale(shape, p) if p > 0 else None
+
+    def fn(x, mask=None):
+        opts = dict(kw, attn_mask=mask) if mask is not None else kw
+        s = F.softmax(logits(x, **opts), dim=-1)
+        if keep is None:
+            return s
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        return (s.to(acc) * keep.to(acc)).to(x.dtype)
+    return fn
+
+
+def gate(x, p, mask=None, **kw):
+    """Numeric gate of output and gradients (x, and the mask when it requires grad)."""
+    def ours(x, mask=None):
+        opts = dict(kw, attn_mask=mask) if mask is not None else kw
+        return softmax_dropout(x, p, **opts)
+    inputs = (x,) if mask is None else (x, mask)
+    gate_forward_backward(seeded(ours), torch_composition(tuple(x.shape), p, **kw), inputs,
+                          names=("x", "mask")[: len(inputs)])
+
+
+def randn(*shape, dtype=torch.float32, grad=True):
+    return torch.randn(*shape, device=DEV, dtype=dtype).requires_grad_(grad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Numeric gate
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 2, 3, 63, 64, 65, 127, 1023, 1024, 1025, 1500, 4096, 8191])
+def test_gate_feature_sizes(dtype, n):
+    gate(randn(3, n, dtype=dtype), 0.17)
+
+
+@pytest.mark.parametrize("shape", [(1, 65), (7, 64), (2, 3, 65), (2, 2, 3, 33), (2, 2, 2, 3, 9)])
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_gate_shapes(shape, p):
+    gate(-2.3 + 0.5 * randn(*shape, dtype=torch.bfloat16), p)
+
+
+def test_gate_float64_and_fp16_large_values():
+    gate(randn(4, 37, dtype=torch.float64), 0.3, scale=0.7)
+    near_max = 60000 + 100 * torch.randn(3, 70, device=DEV)
+    gate(near_max.half().requires_grad_(), 0.2)
+
+
+def test_zero_rows():
+    x = randn(0, 33)
+    y = softmax_dropout(x, 0.3)
+    y.backward(torch.randn_like(y))
+    assert y.shape == (0, 33) and x.grad.shape == (0, 33)
+
+
+def test_gradcheck_float64():
+    x = randn(3, 5, dtype=torch.float64)
+    mask = randn(5, dtype=torch.float64)
+    fn = seeded(lambda x, m: softmax_dropout(x, 0.3, scale=0.7, attn_mask=m, is_causal=True))
+    assert torch.autograd.gradcheck(fn, (x, mask))
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks
+# ---------------------------------------------------------------------------------------------
+
+
+def test_bool_mask_broadcast_and_causal():
+    x = randn(2, 3, 5, 7)
+    attend = torch.rand(5, 7, device=DEV) > 0.4
+    attend[:, 0] = True  # no row fully masked: PyTorch's softmax gives NaN there
+    gate(x, 0.17, mask=attend)
+    gate(x, 0.17, is_causal=True, scale=0.5)
+    gate(x, 0.17, mask=attend, is_causal=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_additive_mask_with_gradient(dtype):
+    x = randn(2, 3, 4, 9, dtype=dtype)
+    bias = randn(1, 3, 1, 9, dtype=dtype)  # e.g. a learned relative-position bias
+    gate(x, 0.17, mask=bias, scale=0.125)
+
+
+def test_additive_float32_mask_on_bf16_scores():
+    x = randn(2, 6, 33, dtype=torch.bfloat16)
+    mask = torch.randn(6, 33, device=DEV)
+    ours = seeded(softmax_dropout)(x, 0.2, attn_mask=mask)
+    ref = torch_composition(tuple(x.shape), 0.2)(x.double() + mask.double())
+    assert (ours.double() - ref).abs().max() <= 2e-2 * ref.abs().max()
+
+
+# ---------------------------------------------------------------------------------------------
+# Dropout: statistics, determinism, gradient
+# ---------------------------------------------------------------------------------------------
+
+
+def keep_fraction_ok(keep: torch.Tensor, p: float, sigmas: float = 5.0) -> None:
+    """Kept fraction within `sigmas` standard errors of 1 - p, overall, per column lane of a
+    Philox call (col % 8) and for pairs of neighbours (independence)."""
+    n = keep.numel()
+    q = 1 - p
+    assert abs(keep.double().mean().item() - q) <= sigmas * math.sqrt(p * q / n) + 1e-12
+    lanes = keep.reshape(-1, keep.shape[-1])[:, : keep.shape[-1] // 8 * 8].reshape(-1, 8)
+    lane_n = lanes.shape[0]
+    lane_err = (lanes.double().mean(0) - q).abs().max().item()
+    assert lane_err <= sigmas * math.sqrt(p * q / lane_n) + 1e-12
+    pairs = (lanes[:, 0::2] & lanes[:, 1::2]).double()
+    pair_err = abs(pairs.mean().item() - q * q)
+    assert pair_err <= sigmas * math.sqrt(q * q * (1 - q * q) / pairs.numel()) + 1e-12
+
+
+@pytest.mark.parametrize("p", [0.0, 0.17, 0.5, 0.9])
+def test_generator_statistics_over_a_million(p):
+    """The Philox draw the kernels use (here its PyTorch twin) over >= 1e6 elements."""
+    keep = dropout_keep_mask(987654321, (1024, 1100), p)
+    assert abs(keep.double().mean().item() - (1 - p)) <= 0.01
+    keep_fraction_ok(keep, p)
+
+
+@pytest.mark.parametrize("p", [0.17, 0.5, 0.9])
+def test_kernel_mask_is_the_generator_mask(p):
+    x = torch.randn(64, 1000, device=DEV)  # finite: every softmax value > 0
+    torch.manual_seed(SEED)
+    seed = draw_seed(DEV)
+    y, _ = softmax_dropout_fwd(x, seed, p, 1.0, None, False)
+    keep = y != 0
+    assert torch.equal(keep, dropout_keep_mask(seed, x.shape, p, DEV))
+    keep_fraction_ok(keep, p)
+
+
+def test_same_seed_bitwise_and_rng_advances_like_torch():
+    x = randn(5, 130, dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        y = softmax_dropout(x, 0.4)
+        (dx,) = torch.autograd.grad(y, x, dy)
+        runs.append((y, dx, torch.rand(3, device=DEV)))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    torch.manual_seed(7)
+    draw_seed(DEV)  # the op consumes exactly one seed draw from torch's generator
+    assert torch.equal(runs[0][2], torch.rand(3, device=DEV))
+    assert not torch.equal(softmax_dropout(x, 0.4), softmax_dropout(x, 0.4))
+
+
+def test_repeated_backward_is_bitwise_equal():
+    x = randn(6, 257)
+    torch.manual_seed(3)
+    y = softmax_dropout(x, 0.3, attn_mask=torch.randn(257, device=DEV))
+    dy = torch.randn_like(y)
+    first = torch.autograd.grad(y, x, dy, retain_graph=True)[0]
+    for _ in range(50 if DEV == "cuda" else 3):
+        assert torch.equal(torch.autograd.grad(y, x, dy, retain_graph=True)[0], first)
+
+
+def test_dropped_positions_get_no_gradient():
+    """dy at dropped positions never reaches dx (the gradient through dropout is zero there)."""
+    x = randn(4, 77)
+    torch.manual_seed(11)
+    y = softmax_dropout(x, 0.5)
+    dropped = y == 0
+    assert dropped.any()
+    dy = torch.randn_like(y)
+    dy_other = torch.where(dropped, 100 * torch.randn_like(y), dy)
+    dx = torch.autograd.grad(y, x, dy, retain_graph=True)[0]
+    assert torch.equal(dx, torch.autograd.grad(y, x, dy_other)[0])
+
+
+def test_p0_and_eval_equal_no_dropout_and_leave_rng_alone():
+    x = randn(3, 7, 50, dtype=torch.float16)
+    state = torch.get_rng_state() if DEV == "cpu" else torch.cuda.get_rng_state()
+    plain = softmax_dropout(x, 0.0)
+    module = SoftmaxDropout(0.5).eval()
+    assert torch.equal(module(x), plain)
+    assert torch.equal(softmax_dropout(x, 0.9, training=False), plain)
+    after = torch.get_rng_state() if DEV == "cpu" else torch.cuda.get_rng_state()
+    assert torch.equal(state, after)
+    gate(x, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts: strided inputs give the contiguous result, bit for bit
+# ---------------------------------------------------------------------------------------------
+
+
+def run_seeded(x, dy, **kw):
+    x = x.detach().requires_grad_()
+    torch.manual_seed(5)
+    y = softmax_dropout(x, 0.25, **kw)
+    return y.detach(), torch.autograd.grad(y, x, dy)[0]
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "offset", "batch-transposed"])
+def test_strided_inputs_match_contiguous(layout):
+    base = torch.randn(6, 4, 66, device=DEV, dtype=torch.bfloat16)
+    x = {
+        "transposed": base[0].t().contiguous().t(),  # (4, 66) with column stride 4
+        "sliced": base[..., ::2],
+        "offset": base.reshape(-1)[5:5 + 4 * 33].view(4, 33),
+        "batch-transposed": base.transpose(0, 1),  # rows not at one stride: 4-D row lookup
+    }[layout]
+    dy = torch.randn(x.shape, device=DEV, dtype=x.dtype)
+    y, dx = run_seeded(x, dy, is_causal=x.dim() == 3)
+    y_ref, dx_ref = run_seeded(x.contiguous(), dy, is_causal=x.dim() == 3)
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+
+
+def test_expanded_grad_output_and_mask():
+    x = torch.randn(5, 40, device=DEV)
+    dy = torch.randn(40, device=DEV).expand(5, 40)  # stride 0
+    mask = torch.randn(40, device=DEV).expand(5, 40)
+    y, dx = run_seeded(x, dy, attn_mask=mask)
+    y_ref, dx_ref = run_seeded(x, dy.contiguous(), attn_mask=mask.contiguous())
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# Special values
+# ---------------------------------------------------------------------------------------------
+
+
+def test_minus_inf_entries():
+    x = torch.randn(4, 70, device=DEV)
+    x[:, ::7] = -math.inf
+    gate(x.requires_grad_(), 0.3)
+    y = softmax_dropout(x, 0.3)
+    assert (y[:, ::7] == 0).all()
+
+
+@pytest.mark.parametrize("how", ["inf", "bool-mask", "causal"])
+def test_fully_masked_row_gives_zeros(how):
+    """Documented: a row with nothing to attend to outputs zeros (PyTorch gives NaN)."""
+    x = randn(3, 4, 9).detach()
+    kw = {}
+    if how == "inf":
+        x[1, 2] = -math.inf
+    elif how == "bool-mask":
+        attend = torch.ones(4, 9, dtype=torch.bool, device=DEV)
+        attend[2] = False
+        kw = dict(attn_mask=attend)
+    else:  # query 0 may see only key 0 (causal), which the mask hides
+        x = randn(3, 6, 4).detach()
+        kw = dict(is_causal=True, attn_mask=torch.tensor([False, True, True, True], device=DEV))
+    x.requires_grad_()
+    y = softmax_dropout(x, 0.2, **kw)
+    (dx,) = torch.autograd.grad(y, x, torch.randn_like(y))
+    row = (1, 2) if how != "causal" else (slice(None), 0)
+    assert (y[row] == 0).all() and (dx[row] == 0).all()
+    assert torch.isfinite(y).all() and torch.isfinite(dx).all()
+
+
+def test_nan_propagates_to_its_row_only():
+    x = randn(3, 50).detach()
+    x[1, 7] = math.nan
+    x.requires_grad_()
+    y = seeded(softmax_dropout)(x, 0.3)
+    (dx,) = torch.autograd.grad(y, x, torch.randn_like(y))
+    assert torch.isnan(y[1]).all() and torch.isnan(dx[1]).all()
+    clean = x.detach().clone()
+    clean[1, 7] = 0.0
+    y_clean = seeded(softmax_dropout)(clean, 0.3)
+    assert torch.equal(y[[0, 2]], y_clean[[0, 2]])
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths: looped (long rows), reference (CPU), custom-op registration
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, n, chunk", [
+    (torch.float32, 65, 32), (torch.bfloat16, 200, 64), (torch.float16, 1025, 512)], ids=str)
+def test_long_rows_take_the_two_pass_kernels(monkeypatch, dtype, n, chunk):
+    """Small stand-ins for rows past SINGLE_PASS_MAX_N (the GPU tests run the real sizes)."""
+    x = -2.3 + 0.5 * randn(3, n, dtype=dtype)
+    torch.manual_seed(SEED)
+    single = softmax_dropout(x.detach(), 0.17)
+    monkeypatch.setattr(sd, "SINGLE_PASS_MAX_N", 64)
+    monkeypatch.setattr(sd, "_LOOP_CHUNK", chunk)
+    assert sd._tiling(n, 3)[0]
+    gate(x, 0.17)
+    gate(x, 0.17, is_causal=True, scale=2.0)
+    torch.manual_seed(SEED)
+    assert torch.equal(softmax_dropout(x.detach(), 0.17) != 0, single != 0)
+
+
+def test_kernel_matches_reference_path(interpret):
+    x = torch.randn(2, 5, 70, device=DEV)
+    mask = torch.randn(5, 70, device=DEV)
+    seed = draw_seed(DEV)
+    y, stats = softmax_dropout_fwd(x, seed, 0.3, 0.5, mask, True)
+    y_ref, stats_ref = forward_reference(x, seed, 0.3, 0.5, mask, True)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(stats, stats_ref)
+    dy = torch.randn_like(x)
+    dx = softmax_dropout_bwd(dy, x, stats, seed, 0.3, 0.5, mask, True, 0.5)
+    torch.testing.assert_close(dx, backward_reference(dy, x, stats, seed, 0.3, 0.5, mask, True,
+                                                      0.5))
+
+
+def test_opcheck():
+    x = torch.randn(3, 40, device=DEV)
+    seed = draw_seed(DEV)
+    torch.library.opcheck(softmax_dropout_fwd, (x, seed, 0.2, 1.0, None, False))
+    torch.library.opcheck(softmax_dropout_fwd, (x, None, 0.0, 0.5, torch.randn(40, device=DEV),
+                                                True))
+    _, stats = softmax_dropout_fwd(x, seed, 0.2, 1.0, None, False)
+    torch.library.opcheck(softmax_dropout_bwd, (torch.randn_like(x), x, stats, seed, 0.2, 1.0,
+                                                None, False, 1.0))
+
+
+def test_compile_fullgraph_matches_eager():
+    backend = "inductor" if DEV == "cuda" else "aot_eager"
+    fn = lambda x: softmax_dropout(x, 0.3, scale=0.5, is_causal=True)
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    x = randn(2, 6, 6)
+    dy = torch.randn_like(x)
+    with torch._inductor.config.patch(fallback_random=True):
+        results = []
+        for f in (fn, compiled):
+            torch.manual_seed(9)
+            y = f(x)
+            results.append((y, torch.autograd.grad(y, x, dy)[0]))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
+def test_module():
+    module = SoftmaxDropout(p=0.3, scale=0.5)
+    x = randn(2, 3, 9)
+    assert "p=0.3" in repr(module)
+    y = seeded(module)(x)
+    assert torch.equal(y, seeded(softmax_dropout)(x, 0.3, scale=0.5))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [1.0, -0.1, math.nan, 1.5, "0.1"])
+def test_bad_p(p):
+    with pytest.raises(ValueError, match=r"p must lie in \[0, 1\)"):
+        softmax_dropout(torch.randn(2, 3), p)
+    with pytest.raises(ValueError, match=r"p must lie in \[0, 1\)"):
+        SoftmaxDropout(p)
+
+
+BAD_INPUT = {  # case: (x, keyword arguments, error, message)
+    "int": (torch.ones(2, 4, dtype=torch.int32), {}, TypeError, "must be float32, float16"),
+    "bool": (torch.ones(2, 4, dtype=torch.bool), {}, TypeError, "must be float32, float16"),
+    "scalar": (torch.tensor(1.0), {}, ValueError, "last dim of size >= 1"),
+    "no-columns": (torch.ones(2, 0), {}, ValueError, "last dim of size >= 1"),
+    "causal-1d": (torch.ones(4), dict(is_causal=True), ValueError, "at least 2 dims"),
+    "mask-shape": (torch.ones(2, 4), dict(attn_mask=torch.zeros(3)), ValueError,
+                   r"attn_mask of shape \(3,\) does not broadcast"),
+    "mask-grows": (torch.ones(2, 4), dict(attn_mask=torch.zeros(3, 2, 4)), ValueError,
+                   "does not broadcast to x's shape"),
+    "mask-int": (torch.ones(2, 4), dict(attn_mask=torch.zeros(4, dtype=torch.int64)),
+                 TypeError, "attn_mask must be bool"),
+    "mask-device": (torch.ones(2, 4), dict(attn_mask=torch.zeros(4, device="meta")),
+                    RuntimeError, "all tensors must be on one device"),
+    "scale-tensor": (torch.ones(2, 4), dict(scale=torch.tensor(0.5)), TypeError,
+                     "scale must be a Python number"),
+    "not-a-tensor": ([[1.0, 2.0]], {}, TypeError, "x must be a tensor"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input(case):
+    x, kw, error, message = BAD_INPUT[case]
+    with pytest.raises(error, match=message):
+        softmax_dropout(x, 0.1, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU only: full-size statistics, longest rows, > 2^31 elements, CUDA graphs, memory
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("p", [0.0, 0.17, 0.5, 0.9])
+def test_gpu_dropout_statistics_over_a_million(p):
+    x = torch.randn(1024, 1536, device="cuda", dtype=torch.bfloat16)
+    seed = draw_seed("cuda")
+    y, _ = softmax_dropout_fwd(x, seed if p else None, p, 1.0, None, False)
+    keep = y != 0
+    assert abs(keep.double().mean().item() - (1 - p)) <= 0.01
+    if p:
+        keep_fraction_ok(keep, p)
+        assert torch.equal(keep, dropout_keep_mask(seed, x.shape, p, "cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [16384, 16385, 32768])  # one-pass maximum, one past, two-pass
+def test_gpu_gate_longest_rows(dtype, n):
+    gate(randn(4, n, dtype=dtype), 0.17)
+
+
+@pytest.mark.gpu
+def test_gpu_many_rows():
+    gate(randn(65537, 8, dtype=torch.bfloat16), 0.17)
+
+
+@pytest.mark.gpu
+def test_gpu_over_2_31_elements():
+    rows, n = 2**17 + 3, 16384  # 2^31 + 49152 elements, 4.3 GB in bf16
+    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(n, device="cuda", dtype=torch.bfloat16).expand(rows, n)
+    seed = draw_seed("cuda")
+    y, stats = softmax_dropout_fwd(x, seed, 0.1, 1.0, None, False)
+    dx = softmax_dropout_bwd(dy, x, stats, seed, 0.1, 1.0, None, False, 1.0)
+    last = slice(rows - 3, rows)  # rows whose elements sit past 2^31
+    keep = keep_mask_reference(int(seed), 3, n, 0.1, "cuda", first_row=rows - 3) / 0.9
+    s = F.softmax(x[last].double(), dim=-1)
+    g = dy[last].double() * keep
+    torch.testing.assert_close(y[last].double(), s * keep, atol=1e-5, rtol=1e-2)
+    dx_ref = s * (g - (s * g).sum(-1, keepdim=True))
+    torch.testing.assert_close(dx[last].double(), dx_ref, atol=1e-5, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_and_replay():
+    x = torch.randn(64, 1000, device="cuda")
+    dy = torch.randn_like(x)
+    ops = (softmax_dropout_fwd, softmax_dropout_bwd)
+
+    def step():
+        seed = draw_seed("cuda")
+        y, stats = ops[0](x, seed, 0.3, 0.5, None, True)
+        return seed, y, ops[1](dy, x, stats, seed, 0.3, 0.5, None, True, 0.5)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compiles the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph, public = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        seed, y, dx = step()
+    with torch.cuda.graph(public):
+        y_public = softmax_dropout(x, 0.3)
+    seeds = []
+    for _ in range(2):
+        graph.replay()
+        public.replay()
+        torch.cuda.synchronize()
+        y_eager, stats = ops[0](x, seed.clone(), 0.3, 0.5, None, True)
+        assert torch.equal(y, y_eager)
+        assert torch.equal(dx, ops[1](dy, x, stats, seed.clone(), 0.3, 0.5, None, True, 0.5))
+        kept = y_public != 0
+        assert abs(kept.float().mean().item() - 0.7) < 0.02
+        torch.testing.assert_close(y_public[kept], (F.softmax(x, -1) / 0.7)[kept])
+        seeds.append(seed.item())
+    assert seeds[0] != seeds[1]  # every replay draws a fresh seed from torch's generator
+
+
+@pytest.mark.gpu
+def test_gpu_memory_held_for_backward_at_most_half_of_eager():
+    x = torch.randn(16384, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def held_bytes(fn):  # as the anchors measure it: peak during forward, input excluded
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        y = fn(x)
+        del y
+        return torch.cuda.max_memory_allocated() - base
+
+    eager = held_bytes(lambda x: F.dropout(F.softmax(x, dim=-1), p=0.1))
+    assert held_bytes(lambda x: softmax_dropout(x, 0.1)) <= 0.5 * eager
