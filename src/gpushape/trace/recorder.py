@@ -90,8 +90,9 @@ def failure_message(op: str | None, module: str, module_type: str, phase: str, d
     what = f"{op} failed" if op else f"{type(exc).__name__} raised"
     text = f"{what} in {where} during the {phase} pass on {device}: {message}"
     if device == "meta":
-        text += ("; meta tensors have shapes but no values, so this model cannot be traced "
-                 "on meta: trace it with real tensors (--device cpu, or device='cpu')")
+        text += ("; if the model needs tensor values (meta tensors have shapes only) or an op "
+                 "has no meta kernel, trace it with real tensors: --device cpu "
+                 "(API: device='cpu')")
     return text
 
 

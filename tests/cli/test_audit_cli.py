@@ -1,0 +1,159 @@
+"""`gpushape audit`: table and JSON output, files, and bad input (exit 2, one line)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gpushape.cli.main import main
+
+FACTORIES = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.fc = nn.Linear(8, 10)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+    class Gate(nn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x  # reads a value: impossible on meta
+
+
+    class NeedsValues(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.gate = Gate()
+
+        def forward(self, x):
+            return self.gate(self.fc(x))
+
+
+    def tiny(batch=2):
+        return Tiny(), (torch.randn(batch, 3, 8, 8),)
+
+
+    def needs_values():
+        return NeedsValues(), (torch.randn(2, 4),)
+
+
+    def broken():
+        raise RuntimeError("cannot build")
+""")
+
+
+@pytest.fixture
+def factories(tmp_path):
+    path = tmp_path / "nets.py"
+    path.write_text(FACTORIES)
+    return str(path)
+
+
+# The keys and types of DESIGN.md's audit JSON, schema 1.
+TOP = {"schema": int, "model": str, "gpu": str, "dtype": str, "train": bool, "totals": dict,
+       "layers": list, "findings": list}
+TOTALS = {"flops": int, "min_bytes": int, "roofline_time_s": float, "ops": int}
+LAYER = {"module": str, "op": str, "flops": int, "min_bytes": int, "intensity": float,
+         "bound": str, "roofline_time_s": float, "tensor_cores": bool}
+
+
+def _check_schema(doc: dict) -> None:
+    for keys, obj in ((TOP, doc), (TOTALS, doc["totals"])):
+        for key, kind in keys.items():
+            assert isinstance(obj[key], kind), (key, obj.get(key))
+    assert doc["schema"] == 1 and doc["layers"]
+    for layer in doc["layers"]:
+        for key, kind in LAYER.items():
+            assert isinstance(layer[key], kind), (key, layer)
+        assert layer["bound"] in ("compute", "memory")
+
+
+def test_json_follows_schema_1(capsys):
+    assert main(["audit", "resnet50", "--batch", "2", "--format", "json", "--train"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    _check_schema(doc)
+    assert (doc["model"], doc["gpu"], doc["dtype"], doc["train"]) == (
+        "resnet50", "h100-sxm", "bf16", True)
+    times = [layer["roofline_time_s"] for layer in doc["layers"]]
+    assert times == sorted(times, reverse=True)
+    assert sum(layer["flops"] for layer in doc["layers"]) == doc["totals"]["flops"]
+    assert doc["totals"]["gemm_flops"] == pytest.approx(2 * 3 * 4.09e9 * 2, rel=0.03)  # b2 train
+    ops = {layer["op"] for layer in doc["layers"] if layer["module"] == "layer1.0.conv2"}
+    assert ops == {"aten.convolution.default", "aten.convolution_backward.default"}
+
+
+def test_table_names_gpu_and_dtype_and_the_flop_convention(capsys, factories):
+    assert main(["audit", f"{factories}:tiny", "--gpu", "a100", "--dtype", "tf32"]) == 0
+    out = capsys.readouterr().out
+    assert "A100" in out and "tf32" in out and "2 x MACs" in out
+    for column in ("module", "op(s)", "GFLOP", "MB", "FLOP/B", "bound", "predicted ms", "share"):
+        assert column in out
+    assert "conv" in out and "fc" in out
+
+
+def test_output_files(tmp_path, factories, capsys):
+    out_json, out_txt = tmp_path / "a.json", tmp_path / "a.txt"
+    assert main(["audit", f"{factories}:tiny", "--format", "json", "-o", str(out_json)]) == 0
+    _check_schema(json.loads(out_json.read_text()))
+    assert main(["audit", f"{factories}:tiny", "-o", str(out_txt)]) == 0
+    assert "predicted ms" in out_txt.read_text()
+    assert capsys.readouterr().out == ""
+
+
+def test_input_replaces_the_example_inputs(capsys, factories):
+    assert main(["audit", f"{factories}:tiny", "--input", "4x3x16x16", "--format",
+                 "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    conv = next(layer for layer in doc["layers"] if layer["op"] == "aten.convolution.default")
+    assert conv["flops"] == 2 * 4 * 8 * 16 * 16 * 3 * 9 + 4 * 8 * 16 * 16  # MACs x 2 + bias
+
+
+def _fails(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpushape: error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_unknown_model(capsys):
+    assert "unknown model 'resnet51'" in _fails(capsys, ["audit", "resnet51"])
+
+
+def test_unknown_factory_path(capsys, tmp_path):
+    assert "not found" in _fails(capsys, ["audit", f"{tmp_path}/none.py:make"])
+
+
+def test_factory_that_raises(capsys, factories):
+    assert "cannot build" in _fails(capsys, ["audit", f"{factories}:broken"])
+
+
+def test_malformed_input(capsys):
+    assert "bad --input" in _fails(capsys, ["audit", "resnet50", "--input", "8xZx224"])
+
+
+def test_unknown_gpu(capsys):
+    assert "unknown GPU 'h300'" in _fails(capsys, ["audit", "resnet50", "--gpu", "h300"])
+
+
+def test_meta_failure_names_op_and_module_and_cpu_works(capsys, factories):
+    err = _fails(capsys, ["audit", f"{factories}:needs_values"])
+    assert "aten." in err and "module 'gate' (Gate)" in err and "--device cpu" in err
+    assert main(["audit", f"{factories}:needs_values", "--device", "cpu"]) == 0
+
+
+def test_debug_shows_the_traceback(factories):
+    proc = subprocess.run([sys.executable, "-m", "gpushape", "--debug", "audit",
+                           f"{factories}:needs_values"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
