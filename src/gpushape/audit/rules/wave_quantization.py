@@ -1,18 +1,24 @@
 """wave-quantization: a GEMM or convolution whose tiles fill the SMs poorly in its last wave.
 
-The cost model (trace/gemm_model.py) covers each GEMM's output with the best of the library's
-tile shapes and runs the tiles in waves of `gpu.sm_count`; a last wave that is mostly empty
-costs as long as a full one. Counted only where it costs time: compute-bound ops, GEMMs of two
-waves or more (a single small wave is a batch-size question, not a shape one), last wave under
-half full. Saving: the GEMM's compute time x (1 - wave efficiency), what shaping M or N so the
-tile count fills whole waves would recover. No transform changes a layer's width or the batch
-for you, so `fix` is null.
+The cost model (trace/gemm_model.py) covers each GEMM's output with one of a few tile shapes and
+runs the tiles in waves of `gpu.sm_count`; a last wave that is mostly empty costs as long as a
+full one. Libraries choose among many more configurations than that model: tiles of
+128 x {64, 128, 192, 256}, 256 x {64, 128}, 64 x {128, 256}, and split-K for deep GEMMs (weight
+gradients: K = batch x positions). A user's reshaping helps only where none of those fills the
+waves, so the rule looks for the best fill the library could reach (tile efficiency x wave
+efficiency) and speaks only when even that leaves more than LIBRARY_FILL_OK idle.
+Counted where it costs time: compute-bound ops, GEMMs of MIN_WAVES waves or more (a single
+small wave is a batch-size question, not a shape one). Saving: the GEMM's compute time x
+(1 - best reachable fill). No transform changes a layer's width or the batch, so `fix` is null.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
+from ...trace.flops import Gemm
+from ...trace.gemm_model import SPLIT_K_MIN_DEPTH
 from ..context import AuditContext
 from ..finding import Finding
 from ..patterns import first_modules, module_pattern
@@ -20,7 +26,38 @@ from ..registry import register_rule
 
 RULE = "wave-quantization"
 MIN_WAVES = 2
-MAX_LAST_WAVE_FILL = 0.5
+LIBRARY_FILL_OK = 0.9
+LIBRARY_TILES = ((128, 64), (128, 128), (128, 192), (128, 256), (256, 64), (256, 128),
+                 (64, 128), (64, 256))
+ATTENTION_ROWS = (64, 128)
+SPLITS = (1, 2, 3, 4)
+
+
+def _fill(tiles_m: int, tiles_n: int, used: float, batch: int, split: int, sms: int) -> float:
+    ctas = tiles_m * tiles_n * batch * split
+    return used * ctas / (math.ceil(ctas / sms) * sms)
+
+
+def library_fill(g: Gemm, sms: int) -> tuple[float, str]:
+    """The best tile efficiency x wave efficiency the library's configurations reach."""
+    best, how = 0.0, ""
+    if g.family == "attention":
+        for rows in ATTENTION_ROWS:
+            blocks = math.ceil(g.m / rows)
+            fill = _fill(blocks, 1, g.m / (blocks * rows), g.batch, 1, sms)
+            if fill > best:
+                best, how = fill, f"{rows}-row blocks"
+        return best, how
+    for bm, bn in LIBRARY_TILES:
+        tm, tn = math.ceil(g.m / bm), math.ceil(g.n / bn)
+        used = g.m * g.n / (tm * bm * tn * bn)
+        for split in SPLITS:
+            if split > 1 and g.k < split * SPLIT_K_MIN_DEPTH:
+                break
+            fill = _fill(tm, tn, used, g.batch, split, sms)
+            if fill > best:
+                best, how = fill, f"{bm}x{bn} tiles" + (f", split-K {split}" if split > 1 else "")
+    return best, how
 
 
 def _sites(ctx: AuditContext) -> dict[tuple, dict]:
@@ -30,14 +67,18 @@ def _sites(ctx: AuditContext) -> dict[tuple, dict]:
         if op.bound != "compute":
             continue
         for eff in op.gemms:
-            if eff.waves < MIN_WAVES or eff.last_wave_fill >= MAX_LAST_WAVE_FILL:
+            if eff.waves < MIN_WAVES:
+                continue
+            fill, how = library_fill(eff.gemm, ctx.gpu.sm_count)
+            if fill >= LIBRARY_FILL_OK:
                 continue
             rate = ctx.gpu.attainable_flops(op.math, tensor_cores=op.tensor_cores)
             compute_s = eff.gemm.flops / (rate * eff.efficiency)
             g = eff.gemm
             site = sites.setdefault((g.m, g.n, g.k, g.batch, op.module_type),
-                                    {"saving_s": 0.0, "modules": [], "eff": eff})
-            site["saving_s"] += compute_s * (1 - eff.wave_eff)
+                                    {"saving_s": 0.0, "modules": [], "eff": eff, "fill": fill,
+                                     "how": how})
+            site["saving_s"] += compute_s * (1 - fill)
             site["modules"].append(op.module)
     return sites
 
@@ -47,14 +88,14 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     for site in _sites(ctx).values():
         eff = site["eff"]
         g = eff.gemm
-        evidence = {"m": g.m, "n": g.n, "k": g.k, "batch": g.batch, "tile": list(eff.tile),
-                    "ctas": eff.ctas, "sm_count": eff.sm_count, "waves": eff.waves,
-                    "last_wave_fill": round(eff.last_wave_fill, 3),
-                    "wave_efficiency": round(eff.wave_eff, 3), "gemms": len(site["modules"]),
+        evidence = {"m": g.m, "n": g.n, "k": g.k, "batch": g.batch, "family": g.family,
+                    "sm_count": eff.sm_count, "waves": eff.waves,
+                    "best_library_fill": round(site["fill"], 3),
+                    "best_library_config": site["how"], "gemms": len(site["modules"]),
                     "modules": first_modules(site["modules"])}
-        message = (f"a {g.m}x{g.n}x{g.k} GEMM makes {eff.ctas} tiles of {eff.tile[0]}x"
-                   f"{eff.tile[1]} for {eff.sm_count} SMs: {eff.waves} waves, the last "
-                   f"{eff.last_wave_fill:.0%} full; a batch or width that fills whole waves "
-                   f"recovers the idle part")
+        message = (f"a {g.m}x{g.n}x{g.k} GEMM (x{g.batch}) cannot fill {eff.sm_count} SMs in "
+                   f"whole waves: the best library configuration ({site['how']}) keeps "
+                   f"{1 - site['fill']:.0%} of them idle; a batch or width that fills whole "
+                   f"waves recovers it")
         yield ctx.finding(RULE, module_pattern(site["modules"]), message, evidence,
                           saving_s=site["saving_s"], fix=None)

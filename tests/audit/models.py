@@ -1,0 +1,162 @@
+"""Small models for the audit tests: each is the textbook case of one rule, or of none."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class GoodBlock(nn.Module):
+    """Pre-norm transformer block as a performance engineer would write it: one fused QKV
+    projection, scaled_dot_product_attention, widths multiples of 64."""
+
+    def __init__(self, width: int, heads: int, mlp: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, mlp)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(mlp, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        qkv = self.qkv(self.norm1(x)).view(B, T, 3, self.heads, C // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, D)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(B, T, C))
+        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+
+
+class GoodTransformer(nn.Module):
+    def __init__(self, vocab: int = 8192, width: int = 768, heads: int = 12, mlp: int = 3072,
+                 layers: int = 4, seq: int = 1024) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(seq, width)
+        self.blocks = nn.ModuleList(GoodBlock(width, heads, mlp) for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        x = self.tok(ids) + self.pos(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+class OneLinear(nn.Module):
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(k, n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+class ConvBN(nn.Module):
+    """conv -> BatchNorm -> ReLU, the ResNet unit."""
+
+    def __init__(self, cin: int = 64, cout: int = 64, *, bias: bool = False,
+                 running_stats: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1, bias=bias)
+        self.bn = nn.BatchNorm2d(cout, track_running_stats=running_stats)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+
+class NormThen(nn.Module):
+    """LayerNorm followed directly by GELU (fused=False), or by a Linear first (fused=True:
+    the norm feeds a GEMM, the activation follows the GEMM)."""
+
+    def __init__(self, width: int = 1024, *, act_after_norm: bool = True) -> None:
+        super().__init__()
+        self.act_after_norm = act_after_norm
+        self.norm = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, width)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act_after_norm:
+            return self.fc(self.act(self.norm(x)))
+        return self.act(self.fc(self.norm(x)))
+
+
+class Attention(nn.Module):
+    """Self-attention with separate or fused projections, SDPA or hand-written."""
+
+    def __init__(self, width: int = 768, heads: int = 12, *, fused_qkv: bool = True,
+                 manual: bool = False, head_dim: int | None = None, dropout: float = 0.0,
+                 mask: bool = False) -> None:
+        super().__init__()
+        self.heads, self.manual, self.mask = heads, manual, mask
+        self.head_dim = head_dim or width // heads
+        inner = self.heads * self.head_dim
+        self.fused = fused_qkv
+        if fused_qkv:
+            self.qkv = nn.Linear(width, 3 * inner)
+        else:
+            self.query, self.key, self.value = (nn.Linear(width, inner) for _ in range(3))
+        self.drop = nn.Dropout(dropout)
+        self.out = nn.Linear(inner, width)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        if self.fused:
+            q, k, v = (self._split(t) for t in self.qkv(x).chunk(3, dim=-1))
+        else:
+            q, k, v = (self._split(f(x)) for f in (self.query, self.key, self.value))
+        if self.manual:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, T)
+            out = self.drop(torch.softmax(scores, dim=-1)) @ v
+        else:
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device) if self.mask else None
+            p = self.drop.p if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        return self.out(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class SoftmaxThen(nn.Module):
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(p) if p > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.softmax(x, dim=-1))
+
+
+class ManyTiny(nn.Module):
+    def __init__(self, layers: int = 40, width: int = 64) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+class MLPStack(nn.Module):
+    """Repeated Linear -> GELU -> LayerNorm blocks (activation memory grows with the batch)."""
+
+    def __init__(self, width: int = 4096, depth: int = 16) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.GELU(),
+                                                    nn.LayerNorm(width))
+                                      for _ in range(depth)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
