@@ -80,13 +80,22 @@ def _unpack_bits(packed, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
+def _inv_sqrt(v):
+    """1/sqrt(v), correctly rounded sqrt (tl.sqrt is approximate in fp32; sqrt_rn is fp32-only)."""
+    if v.dtype == tl.float64:
+        return 1.0 / tl.sqrt(v)
+    else:
+        return 1.0 / tl.sqrt_rn(v)
+
+
+@triton.jit
 def _channel_params(mean_ptr, stat_ptr, w_ptr, cols, cmask, eps,
                     STAT_IS_VAR: tl.constexpr, HAS_W: tl.constexpr):
     """Per-channel mean, rstd and weight in the statistics dtype (fp32, or fp64 for fp64 input)."""
     mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
     acc_ty = mean.dtype
     stat = tl.load(stat_ptr + cols, mask=cmask, other=1.0).to(acc_ty)
-    rstd = 1.0 / tl.sqrt_rn(stat + eps) if STAT_IS_VAR else stat
+    rstd = _inv_sqrt(stat + eps) if STAT_IS_VAR else stat
     if HAS_W:
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(acc_ty)
     else:
@@ -174,7 +183,7 @@ def _stats_finalize_kernel(
     mean = shift + s1 / n
     m2 = tl.maximum(s2 - s1 * (s1 / n), 0.0)  # sum of squared deviations from the mean
     tl.store(mean_ptr + cols, mean, mask=cmask)
-    tl.store(rstd_ptr + cols, 1.0 / tl.sqrt_rn(m2 / n + eps), mask=cmask)
+    tl.store(rstd_ptr + cols, _inv_sqrt(m2 / n + eps), mask=cmask)
     if UPDATE:
         # as torch: running = (1 - momentum) * running + momentum * batch, unbiased var
         rm = tl.load(rmean_ptr + cols, mask=cmask, other=0.0).to(acc_ty)

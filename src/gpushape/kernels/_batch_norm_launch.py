@@ -27,6 +27,9 @@ _REDUCE_WARPS, _APPLY_WARPS, _FINALIZE_WARPS = 4, 8, 8
 # Widest channel block: 128 (reductions) / 256 (elementwise) channels keeps rows of 256-512
 # contiguous bytes in channels_last while leaving enough channel blocks for small N*H*W.
 _REDUCE_MAX_BLOCK_C, _APPLY_MAX_BLOCK_C = 128, 256
+# NCHW (the slow path): the mask packs 8 channels a byte across threads that each hold a run
+# of L; more channels a tile only make that shuffle bigger.
+_NCHW_MAX_BLOCK_C = 8
 # No reduction program with fewer rows than this: each writes 2*C partial sums, keep that
 # under ~2% of what it reads.
 _REDUCE_MIN_ROWS = 256
@@ -125,9 +128,9 @@ def _tiles(view: _View, elem_bytes: int, tile_bytes: int, max_block_c: int) -> _
     if view.channels_last:
         block_c = min(c_pow2, max_block_c)
         block_l = max(elems // block_c, 1)
-    else:  # L is contiguous: long runs along L, as many channels as fill the tile
+    else:  # L is contiguous: long runs along L; 8 channels (one mask byte) when L is long
         block_l = min(max(triton.next_power_of_2(view.L), 16), elems // 8)
-        block_c = min(max(elems // block_l, 8), c_pow2)
+        block_c = min(max(elems // block_l, 8), c_pow2, _NCHW_MAX_BLOCK_C)
     return _Tiles(block_l, block_c)
 
 
