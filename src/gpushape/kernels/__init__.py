@@ -2,6 +2,8 @@
 
 from .add_layer_norm import AddLayerNorm as AddLayerNorm
 from .add_layer_norm import add_layer_norm as add_layer_norm
+from .batch_norm_act import BatchNormAct2d as BatchNormAct2d
+from .batch_norm_act import batch_norm_act as batch_norm_act
 from .layer_norm_gelu import LayerNormGELU as LayerNormGELU
 from .layer_norm_gelu import layer_norm_gelu as layer_norm_gelu
 from .rms_norm import RMSNorm as RMSNorm
