@@ -27,3 +27,29 @@ def cost(trace, gpu, *, math=None):
     from .trace.cost import cost as _cost
 
     return _cost(trace, gpu, math=math)
+
+
+# As with trace: the audit package is imported first, so that `gpushape.audit` names the
+# function below; the package is `gpushape.audit` in import statements
+# (`from gpushape.audit import Finding, register_rule`).
+from . import audit as _audit_package  # noqa: E402, F401
+
+
+def audit(model, example_inputs, gpu="h100", dtype="bf16", train=True, optimizer=None,
+          dataloader=None, **options):
+    """Audit `model` for `gpu`: `gpushape.audit.report.Report` (.findings, .layers, .totals,
+    .to_json(), .to_markdown(), .to_html(path)). `dtype` is a torch dtype or "bf16"/"fp16"/
+    "fp32" (default bf16); see `gpushape.audit.api.audit` for the rest.
+    """
+    import torch
+
+    from .audit.api import audit as _audit
+    from .errors import GpushapeError
+
+    names = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if isinstance(dtype, str):
+        if dtype not in names:
+            raise GpushapeError(f"unknown dtype {dtype!r}; known: {', '.join(names)}")
+        dtype = names[dtype]
+    return _audit(model, example_inputs, gpu, dtype=dtype, train=train, optimizer=optimizer,
+                  dataloader=dataloader, **options)

@@ -28,11 +28,20 @@ from .report import Report
 from .target import AUTO, resolve_target
 
 
-def dtype_label(dtype: torch.dtype | None, flags: BackendFlags) -> str:
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype most of the model's floating-point parameters have (fp32 when none)."""
+    counts: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    return max(counts, key=counts.__getitem__) if counts else torch.float32
+
+
+def dtype_label(dtype: torch.dtype, flags: BackendFlags) -> str:
     """'bf16', 'fp16', 'fp32' or 'tf32' (fp32 tensors with TF32 math)."""
     if flags.autocast:
         return flags.autocast
-    key = dtype_key(dtype) if dtype is not None else "fp32"
+    key = dtype_key(dtype)
     if key == "fp32" and flags.math_mode() == "tf32":
         return "tf32"
     return key
@@ -42,7 +51,8 @@ def audit(model: nn.Module, example_inputs: Any, gpu: GPUSpec | str = "h100",
           dtype: torch.dtype | None = torch.bfloat16, train: bool = True,
           optimizer: Any = None, dataloader: Any = None, *, profile: Any = AUTO,
           flags: BackendFlags | None = None, rules: list[str] | None = None,
-          name: str | None = None, device: str | None = None) -> Report:
+          name: str | None = None, device: str | None = None,
+          calibration: str | None = None) -> Report:
     """Audit `model` on `example_inputs` for `gpu`.
 
     dtype: the dtype the model trains/runs in; a model in another dtype is audited as a meta
@@ -51,13 +61,17 @@ def audit(model: nn.Module, example_inputs: Any, gpu: GPUSpec | str = "h100",
     optimizer, dataloader: optional; rules about them (optimizer-not-fused, dataloader) read
         their settings only.
     profile: "auto" applies the profile shipped for the chip (the H200's), a path that
-        profile, None the datasheet.
+        profile, None the datasheet (or `gpu` as given, when it is a GPUSpec already
+        calibrated: then `calibration` says by what, for the report).
     flags: TF32 and autocast settings; default: this process's torch.backends settings.
     rules: rule ids to run (default: all).
     """
     if not isinstance(model, nn.Module):
         raise GpushapeError(f"audit() needs an nn.Module, got {type(model).__name__}")
-    spec, calibration = resolve_target(gpu, profile)
+    if profile is None and isinstance(gpu, GPUSpec):
+        spec = gpu
+    else:
+        spec, calibration = resolve_target(gpu, profile)
     flags = flags or BackendFlags.current()
     if dtype is not None:
         model, example_inputs = model_as(model, dtype), inputs_as(example_inputs, dtype)
@@ -68,7 +82,7 @@ def audit(model: nn.Module, example_inputs: Any, gpu: GPUSpec | str = "h100",
     ctx = AuditContext(trace=traced, cost=costed, gpu=spec, model=model, observed=seen,
                        optimizer=optimizer, dataloader=dataloader, flags=flags,
                        profile=calibration)
-    report = Report.from_cost(costed, dtype=dtype_label(dtype, flags))
+    report = Report.from_cost(costed, dtype=dtype_label(dtype or model_dtype(model), flags))
     report.findings = run_rules(ctx, rules)
     report.calibration = calibration
     return report

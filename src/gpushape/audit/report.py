@@ -95,12 +95,13 @@ class Report:
     layers: list[Layer]
     findings: list[Any] = field(default_factory=list)
     calibration: str | None = None  # where measured chip numbers came from; None: datasheet
+    gpu_spec: Any = field(default=None, repr=False)  # the GPUSpec costed on (roofs of the plot)
 
     @classmethod
     def from_cost(cls, cost: CostReport, *, dtype: str) -> Report:
         return cls(model=cost.model, gpu=cost.gpu.name, gpu_full_name=cost.gpu.full_name,
                    dtype=dtype, train=cost.train, totals=Totals.of(cost.totals),
-                   layers=group_layers(cost.ops))
+                   layers=group_layers(cost.ops), gpu_spec=cost.gpu)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA_VERSION, "model": self.model, "gpu": self.gpu,
@@ -112,10 +113,27 @@ class Report:
         return json.dumps(self.to_dict(), indent=indent)
 
     def render(self, console: Any = None, *, top: int = 15) -> None:
-        """Print the per-module table (top modules by predicted time) and the totals."""
-        from .report_table import render_table
+        """Print the findings (largest saving first), then the per-module table (top modules
+        by predicted time) and the totals."""
+        from .render import headline, ordered, render_findings
+        from .report_table import _console, render_table
 
+        console = console or _console()
+        render_findings(ordered(self.findings), self.totals.roofline_time_s, console,
+                        headline(self))
         render_table(self, console, top=top)
+
+    def to_markdown(self, *, top: int = 20) -> str:
+        from .markdown import to_markdown
+
+        return to_markdown(self, top=top)
+
+    def to_html(self, path: Any = None, *, top: int = 40) -> str:
+        """One self-contained page (findings, layers, roofline plot); written to `path` if
+        given. Returns the HTML."""
+        from .html import to_html
+
+        return to_html(self, path, top=top)
 
 
 def group_layers(ops: Iterable[OpCost]) -> list[Layer]:

@@ -108,5 +108,3 @@ def render_table(report: Report, console: Any = None, *, top: int = 15) -> None:
         f"the GPU + {t.launch_s * 1e3:,.3f} ms launching {t.kernels} kernels (eager, not "
         f"overlapped).",
         highlight=False)
-    if report.findings:
-        console.print(f"{len(report.findings)} findings (see --format json)")

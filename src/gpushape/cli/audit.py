@@ -1,5 +1,8 @@
 """`gpushape audit MODEL`: trace the model (meta device: no memory, no compute), cost every op
-on a GPU's roofline, print the top layers and the totals (or schema-1 JSON)."""
+on a GPU's roofline, run the audit rules, and print the findings (largest saving first) and the
+top layers, as a table, schema-1 JSON, Markdown or a self-contained HTML page.
+
+Exit codes: 0 done; 1 a finding reached --fail-on (for CI gates); 2 bad usage or bad input."""
 
 from __future__ import annotations
 
@@ -8,9 +11,9 @@ import sys
 from pathlib import Path
 
 from ..errors import GpushapeError
-from ..hardware import get_gpu
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
+FORMATS = ("table", "json", "md", "html")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +25,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL",
                    help="a zoo name (resnet50, bert-base, gpt2, vit-b16, llama-7b), "
                         "path/to/file.py:factory or package.module:factory")
-    p.add_argument("--gpu", default="h100", help="target GPU, a catalog name (default: h100)")
+    p.add_argument("--gpu", help="target GPU, a catalog name (default: h100, or the chip a "
+                                 "--profile was measured on)")
+    p.add_argument("--profile", metavar="FILE",
+                   help="a calibrated profile from `gpushape probe` (default: the one shipped "
+                        "for the chip, if any: the H200's)")
+    p.add_argument("--no-profile", action="store_true",
+                   help="use datasheet numbers even where a calibrated profile ships")
     p.add_argument("--dtype", choices=DTYPES, default="bf16",
                    help="model dtype and math: tf32 = fp32 tensors with TF32 matmuls "
                         "(default: bf16)")
@@ -35,8 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="meta",
                    help="where to trace: meta (default: shapes only) or cpu (real tensors, "
                         "for models that read values)")
-    p.add_argument("--format", choices=("table", "json"), default="table",
-                   help="output format (default: table)")
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help="output format (default: table); html is one self-contained page "
+                        "with a roofline plot")
+    p.add_argument("--fail-on", metavar="SEVERITY",
+                   help="exit 1 when a finding reaches this severity: high, medium or low")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE")
     p.add_argument("--top", type=int, default=15, help="modules shown in the table (default 15)")
     p.set_defaults(func=run)
@@ -49,28 +61,61 @@ def _torch_dtype(name: str):
             "bf16": torch.bfloat16}[name]
 
 
+def _flags(dtype: str):
+    """fp32: TF32 off for matmuls and convolutions; tf32: on for both; half: as this process."""
+    from ..audit.context import BackendFlags
+
+    if dtype == "fp32":
+        return BackendFlags(matmul_tf32=False, cudnn_tf32=False)
+    if dtype == "tf32":
+        return BackendFlags(matmul_tf32=True, cudnn_tf32=True)
+    return BackendFlags.current()
+
+
+def _fail_on(text: str | None):
+    from ..audit.finding import Severity
+
+    if text is None:
+        return None
+    try:
+        severity = Severity.parse(text)
+    except ValueError:
+        raise GpushapeError(f"--fail-on: unknown severity {text!r}; use high, medium or "
+                            f"low") from None
+    if severity == Severity.INFO:
+        raise GpushapeError("--fail-on: info findings never fail a run; use high, medium or low")
+    return severity
+
+
 def build_report(args: argparse.Namespace):
-    """Resolve, trace and cost the model the arguments name: an `audit.report.Report`."""
-    from .. import cost, trace
-    from ..audit.report import Report
+    """Resolve, trace, cost and audit the model the arguments name: an `audit.report.Report`."""
+    from ..audit.api import audit
+    from ..audit.target import AUTO, resolve_target
     from ..models.resolve import resolve_model
 
-    gpu = get_gpu(args.gpu)  # an unknown GPU fails before any work
+    # Bad GPU, profile or severity fails before any work.
+    gpu, calibration = resolve_target(args.gpu, None if args.no_profile else
+                                      (args.profile or AUTO))
+    _fail_on(args.fail_on)
     if args.top < 1:
         raise GpushapeError(f"--top must be at least 1, got {args.top}")
     resolved = resolve_model(args.model, batch=args.batch, dtype=_torch_dtype(args.dtype),
                              device=args.device, inputs=args.input)
-    traced = trace(resolved.model, resolved.example_inputs, train=args.train,
-                   device=args.device, name=resolved.name)
-    return Report.from_cost(cost(traced, gpu, math=args.dtype), dtype=args.dtype)
+    return audit(resolved.model, resolved.example_inputs, gpu, dtype=None, train=args.train,
+                 profile=None, flags=_flags(args.dtype), name=resolved.name,
+                 device=args.device, calibration=calibration)
 
 
 def run(args: argparse.Namespace) -> int:
+    fail_on = _fail_on(args.fail_on)
     report = build_report(args)
     if args.format == "json":
         _emit(report.to_json() + "\n", args.output)
-        return 0
-    if args.output:
+    elif args.format == "md":
+        _emit(report.to_markdown(top=args.top) + "\n", args.output)
+    elif args.format == "html":
+        _emit(report.to_html(top=max(args.top, 40)), args.output)
+    elif args.output:
         from rich.console import Console
 
         with _open(args.output) as fh:
@@ -78,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpushape: wrote {args.output}", file=sys.stderr)
     else:
         report.render(top=args.top)
+    if fail_on is not None and any(f.severity >= fail_on for f in report.findings):
+        return 1
     return 0
 
 
