@@ -1,0 +1,478 @@
+"""Benchmark the attention-path kernels on one GPU: softmax_dropout, FusedQKV, KVCache (bf16).
+
+    python benchmarks/kernels/bench_attention.py [--quick] [--sections softmax,qkv,kv]
+
+1. Correctness first, on the GPU: softmax_dropout against PyTorch's composition with the
+   kernel's own dropout mask, FusedQKV against three nn.Linear (the numeric gate of TESTING.md),
+   KVCache.append against torch.cat. 2. Copy bandwidth in the same run.
+3. softmax + dropout (p 0.1): eager `F.dropout(F.softmax(x))`, torch.compile of it, gpushape at
+   (262144, 1024) and scores (16, 16, T, T), T 1024, 2048 (+ scaled causal at T 1024). Forward
+   under no_grad; forward+backward = `fn(x).backward(gy)` with x.grad accumulating, and memory
+   held for backward = peak allocated during the forward minus before (input excluded), both
+   exactly as /work/shared/anchors/measure_baselines.py. GB/s from minimum bytes: forward 2 S
+   (read x, write y), forward+backward 5 S (+ read x, dy, write dx), S = bytes of x.
+4. FusedQKV against three Linear + view/transpose at BERT-base (E 768, 12 heads, T 512, B 32,
+   bias) and LLaMA-7B (E 4096, 32 heads, T 2048, B 1): forward (no_grad), forward+backward
+   (autograd.grad w.r.t. x and all parameters; random grads of q, k, v); torch.profiler kernel
+   counts of the forward through scaled_dot_product_attention, and of the backward.
+5. Appending one step (B 4, 32 heads, D 128) at cache lengths 128 .. 32768: KVCache.append,
+   append_static (eager and replayed from a CUDA graph), torch.cat of the whole cache.
+Timings: CUDA events, variants alternated round by round (gpushape.bench.compare), medians.
+Writes $OUT/bench_attention.json and .png (OUT defaults to ./out); prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
+
+from gpushape.bench import compare, copy_bandwidth_bytes_per_s, write_results  # noqa: E402
+from gpushape.kernels import FusedQKV, KVCache, softmax_dropout  # noqa: E402
+from gpushape.kernels.softmax_dropout import draw_seed, dropout_keep_mask  # noqa: E402
+
+P, DTYPE = 0.1, torch.bfloat16
+DEV = "cuda"  # --device cpu (TRITON_INTERPRET=1, tiny sizes) only smoke-tests this script
+SOFTMAX_SHAPES = {"262144x1024": (262144, 1024), "scores T=1024": (16, 16, 1024, 1024),
+                  "scores T=2048": (16, 16, 2048, 2048)}
+QKV_SHAPES = {"BERT-base": dict(E=768, H=12, KV=12, T=512, B=32, bias=True),
+              "LLaMA-7B": dict(E=4096, H=32, KV=32, T=2048, B=1, bias=False)}
+KV_LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+
+
+def _load_gate():
+    """The tests' numeric gate (tests/kernels/_numeric.py), loaded by path."""
+    spec = importlib.util.spec_from_file_location("gpushape_tests_numeric",
+                                                  ROOT / "tests" / "kernels" / "_numeric.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+NUMERIC = _load_gate()
+
+
+def torch_softmax_dropout(x):
+    return F.dropout(F.softmax(x, dim=-1), p=P, training=True)
+
+
+
+def check_softmax(shape, **kw) -> str:
+    torch.manual_seed(1)
+    seed = draw_seed(DEV)
+    keep = dropout_keep_mask(seed, shape, P, DEV).double() / (1 - P)
+
+    def ours(x):
+        torch.manual_seed(1)
+        return softmax_dropout(x, P, **kw)
+
+    def composition(x):
+        z = x * kw.get("scale", 1.0)
+        if kw.get("is_causal"):
+            z = z.masked_fill(~torch.ones(shape[-2:], dtype=torch.bool, device=DEV).tril(),
+                              float("-inf"))
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        return (F.softmax(z, dim=-1).to(acc) * keep.to(acc)).to(x.dtype)
+
+    x = torch.randn(shape, device=DEV, dtype=DTYPE, requires_grad=True)
+    results = NUMERIC.gate_forward_backward(ours, composition, (x,), names=("x",))
+    return "pass: " + ", ".join(f"{r.name} {r.err_ours:.1e} <= {r.bound:.1e}" for r in results)
+
+
+def three_linears(cfg):
+    d = cfg["E"] // cfg["H"]
+    return [nn.Linear(cfg["E"], heads * d, bias=cfg["bias"]).to(DEV, DTYPE)
+            for heads in (cfg["H"], cfg["KV"], cfg["KV"])]
+
+
+def baseline_qkv(layers, head_dim):
+    def run(x):
+        b, t, _ = x.shape
+        return tuple(layer(x).view(b, t, -1, head_dim).transpose(1, 2) for layer in layers)
+    return run
+
+
+def check_qkv(cfg) -> str:
+    layers = three_linears(cfg)
+    fused = FusedQKV.from_linears(*layers, cfg["H"], cfg["KV"])
+    ref = [nn.Linear(layer.in_features, layer.out_features, bias=cfg["bias"]).to(
+        DEV, torch.float64) for layer in layers]
+    for r, layer in zip(ref, layers):
+        r.load_state_dict(layer.state_dict())
+    x = torch.randn(2, cfg["T"] // 4, cfg["E"], device=DEV, dtype=torch.float64)
+    d = cfg["E"] // cfg["H"]
+    outs = zip(fused(x.to(DTYPE)), baseline_qkv(layers, d)(x.to(DTYPE)), baseline_qkv(ref, d)(x))
+    worst = [NUMERIC.assert_gate(name, o, t, r) for name, (o, t, r) in zip("qkv", outs)]
+    return "pass: " + ", ".join(f"{r.name} {r.err_ours:.1e} <= {r.bound:.1e}" for r in worst)
+
+
+def check_kv() -> str:
+    cache = KVCache(2, 4, 64, 32, DTYPE, DEV)
+    k_all = torch.empty(2, 4, 0, 32, device=DEV, dtype=DTYPE)
+    for t in (7, 1, 1, 5):
+        k = torch.randn(2, 4, t, 32, device=DEV, dtype=DTYPE)
+        k_all = torch.cat([k_all, k], dim=2)
+        assert torch.equal(cache.append(k, k)[0], k_all), "KVCache.append != torch.cat"
+    return "pass: append == torch.cat over 4 appends"
+
+
+
+def held_for_backward_mb(fn, x) -> float | None:
+    if DEV != "cuda":
+        return None
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    y = fn(x)
+    held = torch.cuda.max_memory_allocated() - base
+    del y
+    return held / 2**20
+
+
+def time_softmax(label, shape, rounds, repeats, **kw) -> list[dict]:
+    x = torch.randn(shape, device=DEV, dtype=DTYPE, requires_grad=True)
+    gy = torch.randn(shape, device=DEV, dtype=DTYPE)
+    torch._dynamo.reset()
+    eager = torch_softmax_dropout
+    if kw:  # scaled, causal: PyTorch adds a -inf bias (built once, outside the timing)
+        bias = causal_bias(shape)
+        eager = lambda x: F.dropout(F.softmax(x * kw["scale"] + bias, dim=-1), p=P)
+    fns = {"eager": eager, "compile": torch.compile(eager),
+           "gpushape": lambda x: softmax_dropout(x, P, **kw)}
+    size_bytes = x.numel() * x.element_size()
+    rows = []
+    for direction, passes in (("fwd", 2), ("fwd+bwd", 5)):
+        def make(fn, direction=direction):
+            if direction == "fwd":
+                return lambda: _no_grad(fn, x)
+            return lambda: fn(x).backward(gy)
+        timed = {name: make(fn) for name, fn in fns.items()}
+        warm_up(timed)
+        for name, t in compare(timed, rounds=rounds, repeats_per_round=repeats,
+                               warmup=2).items():
+            rows.append(dict(case=label, shape=list(shape), direction=direction, variant=name,
+                             median_ms=t.median_s * 1e3, p10_ms=t.p10_s * 1e3,
+                             p90_ms=t.p90_s * 1e3, repeats=t.repeats,
+                             gbps=passes * size_bytes / t.median_s / 1e9))
+        x.grad = None
+    for name, fn in fns.items():
+        rows.append(dict(case=label, shape=list(shape), direction="memory", variant=name,
+                         held_mb=held_for_backward_mb(fn, x)))
+    return rows
+
+
+def causal_bias(shape):
+    t_q, t_k = shape[-2:]
+    allowed = torch.ones(t_q, t_k, dtype=torch.bool, device=DEV).tril()
+    return torch.zeros(t_q, t_k, device=DEV, dtype=DTYPE).masked_fill(~allowed, float("-inf"))
+
+
+def warm_up(fns, calls=2):
+    """Compile, autotune and pick cuBLAS heuristics outside the timed rounds."""
+    for fn in fns.values():
+        for _ in range(calls):
+            fn()
+
+
+def _no_grad(fn, *args):
+    with torch.no_grad():
+        return fn(*args)
+
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def cuda_kernels(fn) -> Counter:
+    """Kernel names launched by fn (aten ops when smoke-testing on the CPU)."""
+    fn()
+    sync()
+    activity = ProfilerActivity.CUDA if DEV == "cuda" else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        fn()
+        sync()
+    return Counter(e.name for e in prof.events() if e.device_type.name == DEV.upper()
+                   and (DEV == "cuda" or e.cpu_parent is None))
+
+
+def copy_like(kernels: Counter) -> int:
+    return sum(n for name, n in kernels.items()
+               if "copy" in name.lower() or "CatArray" in name)
+
+
+def time_qkv(label, cfg, rounds, repeats) -> tuple[list[dict], dict]:
+    layers = three_linears(cfg)
+    fused = FusedQKV.from_linears(*layers, cfg["H"], cfg["KV"])
+    d = cfg["E"] // cfg["H"]
+    x = torch.randn(cfg["B"], cfg["T"], cfg["E"], device=DEV, dtype=DTYPE,
+                    requires_grad=True)
+    variants = {"3 Linear": (baseline_qkv(layers, d),
+                             [x] + [p for layer in layers for p in layer.parameters()]),
+                "gpushape": (fused, [x, *fused.parameters()])}
+    grads = [torch.randn(cfg["B"], h, cfg["T"], d, device=DEV, dtype=DTYPE)
+             for h in (cfg["H"], cfg["KV"], cfg["KV"])]
+    rows = []
+    for direction in ("fwd", "fwd+bwd"):
+        timed = {name: ((lambda f=f: _no_grad(f, x)) if direction == "fwd" else
+                        (lambda f=f, wrt=wrt: torch.autograd.grad(f(x), wrt, grads)))
+                 for name, (f, wrt) in variants.items()}
+        warm_up(timed)
+        for name, t in compare(timed, rounds=rounds, repeats_per_round=repeats,
+                               warmup=2).items():
+            rows.append(dict(case=label, direction=direction, variant=name, config=cfg,
+                             median_ms=t.median_s * 1e3, p10_ms=t.p10_s * 1e3,
+                             p90_ms=t.p90_s * 1e3, repeats=t.repeats))
+    counts = {}
+    gqa = dict(enable_gqa=True) if cfg["KV"] != cfg["H"] else {}
+    for name, (f, wrt) in variants.items():
+        sdpa = lambda f=f: F.scaled_dot_product_attention(*f(x), is_causal=True, **gqa)
+        fwd = cuda_kernels(lambda sdpa=sdpa: _no_grad(sdpa))
+        outs = f(x)
+        bwd = cuda_kernels(lambda outs=outs, wrt=wrt: torch.autograd.grad(
+            outs, wrt, grads, retain_graph=True))
+        counts[name] = dict(fwd_with_sdpa_kernels=sum(fwd.values()), fwd_copy_kernels=
+                            copy_like(fwd), bwd_kernels=sum(bwd.values()),
+                            bwd_copy_kernels=copy_like(bwd), fwd_names=dict(fwd),
+                            bwd_names=dict(bwd))
+    with torch.no_grad():  # the test's proof: GEMM alone + SDPA on contiguous q, k, v
+        q, k, v = (t.contiguous() for t in fused(x))
+        alone = (cuda_kernels(lambda: F.linear(x, fused.weight, fused.bias))
+                 + cuda_kernels(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                        **gqa)))
+    counts["no_kernel_between_gemm_and_sdpa"] = alone == Counter(counts["gpushape"]["fwd_names"])
+    return rows, counts
+
+
+
+def time_kv(lengths, rounds, repeats) -> list[dict]:
+    b, h, d = 4, 32, 128
+    cache = KVCache(b, h, max(lengths), d, DTYPE, DEV)
+    k, v = (torch.randn(b, h, 1, d, device=DEV, dtype=DTYPE) for _ in range(2))
+    rows = []
+    for length in lengths:
+        past = torch.randn(b, h, length - 1, d, device=DEV, dtype=DTYPE)
+
+        def eager(length=length):
+            cache.length = length - 1
+            cache.append(k, v)
+
+        def static(length=length):
+            cache.position.fill_(length - 1)
+            cache.append_static(k, v)
+
+        fns = {"append": eager, "append_static": static,
+               "torch.cat": lambda past=past: (torch.cat([past, k], 2), torch.cat([past, v], 2))}
+        if DEV == "cuda":  # the static step replayed from a CUDA graph
+            static()
+            sync()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static()
+            fns["append_static graph"] = graph.replay
+        for name, t in compare(fns, rounds=rounds, repeats_per_round=repeats, warmup=3).items():
+            rows.append(dict(length=length, variant=name, median_us=t.median_s * 1e6,
+                             p10_us=t.p10_s * 1e6, p90_us=t.p90_s * 1e6, repeats=t.repeats))
+        del past, fns
+        torch.cuda.empty_cache()
+    cache.reset()
+    return rows
+
+
+
+def pick(rows, **match):
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def criteria(sm, qkv, counts, kv) -> list[dict]:
+    out = []
+
+    def judge(name, value, target, at_most=False):
+        ok = value is not None and (value <= target if at_most else value >= target)
+        out.append(dict(criterion=name, value=value, target=target,
+                        verdict="not run" if value is None else ("PASS" if ok else "FAIL")))
+
+    def ratio(rows, base, ours, field="median_ms", **match):
+        a, b = pick(rows, variant=base, **match), pick(rows, variant=ours, **match)
+        if a is None or b is None or a.get(field) is None or b.get(field) is None:
+            return None
+        return a[field] / b[field]
+
+    main = "262144x1024"
+    judge("softmax_dropout fwd+bwd vs eager @262144x1024",
+          ratio(sm, "eager", "gpushape", case=main, direction="fwd+bwd"), 1.5)
+    judge("softmax_dropout fwd+bwd vs torch.compile @262144x1024",
+          ratio(sm, "compile", "gpushape", case=main, direction="fwd+bwd"), 1.2)
+    mem = ratio(sm, "eager", "gpushape", field="held_mb", case=main, direction="memory")
+    judge("softmax_dropout memory held / eager @262144x1024", mem and 1 / mem, 0.5, True)
+    for label in QKV_SHAPES:
+        judge(f"FusedQKV fwd+bwd vs 3 Linear @{label}",
+              ratio(qkv, "3 Linear", "gpushape", case=label, direction="fwd+bwd"), 1.15)
+        c = counts.get(label)
+        judge(f"FusedQKV no kernel between GEMM and SDPA @{label}",
+              None if c is None else float(c["no_kernel_between_gemm_and_sdpa"]), 1.0)
+    lengths = sorted({r["length"] for r in kv})
+    flat = None if not lengths else (pick(kv, variant="append", length=lengths[-1])["median_us"]
+                                     / pick(kv, variant="append", length=lengths[0])["median_us"])
+    judge("KV append time at longest / shortest cache", flat, 1.25, True)
+    return out
+
+
+def plot(sm, qkv, kv, path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
+    for ax, rows, title in ((axes[0], sm, "softmax+dropout p=0.1, bf16"),
+                            (axes[1], qkv, "q/k/v projection, bf16")):
+        keys = sorted({(r["case"], r["direction"]) for r in rows if "median_ms" in r})
+        names = sorted({r["variant"] for r in rows})
+        width = 0.8 / max(1, len(names))
+        for i, name in enumerate(names):
+            vals = [(pick(rows, case=c, direction=d, variant=name) or {}).get("median_ms", 0)
+                    for c, d in keys]
+            ax.bar([j + i * width for j in range(len(keys))], vals, width, label=name)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))],
+                      [f"{c}\n{d}" for c, d in keys], fontsize=7)
+        ax.set(title=title, ylabel="ms (median, CUDA events)")
+        ax.legend(fontsize=8)
+    for name in sorted({r["variant"] for r in kv}):
+        sel = [r for r in kv if r["variant"] == name]
+        axes[2].loglog([r["length"] for r in sel], [r["median_us"] for r in sel], "o-",
+                       label=name)
+    axes[2].set(title="append 1 step (B 4, 32 heads, D 128)", xlabel="cache length",
+                ylabel="us (median)")
+    axes[2].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def print_table(sm, qkv, counts, kv, verdicts, copy_gbps) -> None:
+    print(f"\ncopy bandwidth (same run): {copy_gbps:.0f} GB/s; ms = median of CUDA events")
+    print(f"{'softmax+dropout':16s} {'dir':8s} {'eager':>8s} {'compile':>8s} {'gpushape':>9s}"
+          f" {'GB/s':>6s} {'x eager':>8s} {'x comp':>7s}")
+    for case in dict.fromkeys(r["case"] for r in sm):
+        for d in ("fwd", "fwd+bwd"):
+            e, c, g = (pick(sm, case=case, direction=d, variant=v) for v in
+                       ("eager", "compile", "gpushape"))
+            if g:
+                ms = "".join(f" {r['median_ms']:{w}.3f}" for r, w in ((e, 8), (c, 8), (g, 9)))
+                up = e["median_ms"] / g["median_ms"], c["median_ms"] / g["median_ms"]
+                print(f"{case:16s} {d:8s}{ms} {g['gbps']:6.0f} {up[0]:8.2f} {up[1]:7.2f}")
+        mem = [pick(sm, case=case, direction="memory", variant=v) for v in
+               ("eager", "compile", "gpushape")]
+        print(f"{case:16s} {'held MB':8s}" + "".join(
+            f" {m['held_mb']:8.0f}" if m["held_mb"] is not None else f" {'n/a':>8s}" for m in mem))
+    print(f"\n{'FusedQKV':10s} {'dir':8s} {'3 Linear':>9s} {'gpushape':>9s} {'speedup':>8s}"
+          f" {'kernels fwd+SDPA':>17s} {'bwd':>9s} {'bwd copies':>11s}")
+    for case in QKV_SHAPES:
+        for d in ("fwd", "fwd+bwd"):
+            b, g = pick(qkv, case=case, direction=d, variant="3 Linear"), pick(
+                qkv, case=case, direction=d, variant="gpushape")
+            if b is None:
+                continue
+            k = "" if d != "fwd" else "".join(
+                f" {counts[case]['3 Linear'][key]:>{w}d}->{counts[case]['gpushape'][key]:<4d}"
+                for key, w in (("fwd_with_sdpa_kernels", 12), ("bwd_kernels", 4),
+                               ("bwd_copy_kernels", 6)))
+            print(f"{case:10s} {d:8s} {b['median_ms']:9.3f} {g['median_ms']:9.3f} "
+                  f"{b['median_ms'] / g['median_ms']:8.2f}{k}")
+    if kv:
+        names = list(dict.fromkeys(r["variant"] for r in kv))
+        print(f"\n{'KV append us':14s}" + "".join(f"{n:>20s}" for n in names))
+        for length in sorted({r["length"] for r in kv}):
+            print(f"{length:14d}" + "".join(
+                f"{pick(kv, length=length, variant=n)['median_us']:20.1f}" for n in names))
+    print()
+    for v in verdicts:
+        value = "n/a" if v["value"] is None else f"{v['value']:.3g}"
+        bound = "<=" if "held" in v["criterion"] or "longest" in v["criterion"] else ">="
+        print(f"{v['verdict']:8s} {v['criterion']}: {value} (target {bound} {v['target']:g})")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and sizes")
+    parser.add_argument("--sections", default="softmax,qkv,kv")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cpu: smoke-test the script (TRITON_INTERPRET=1, tiny sizes)")
+    args = parser.parse_args(argv)
+    global DEV, SOFTMAX_SHAPES, QKV_SHAPES, KV_LENGTHS
+    DEV = args.device
+    if DEV == "cuda" and not torch.cuda.is_available():
+        print("bench_attention: needs a CUDA GPU (or --device cpu to smoke-test)", file=sys.stderr)
+        return 2
+    if DEV == "cpu":
+        SOFTMAX_SHAPES = {"64x128": (64, 128), "scores T=32": (2, 2, 32, 32)}
+        QKV_SHAPES = {"tiny": dict(E=64, H=4, KV=4, T=16, B=2, bias=True),
+                      "tiny GQA": dict(E=64, H=4, KV=2, T=16, B=2, bias=False)}
+        KV_LENGTHS = [8, 16, 32]
+    torch.backends.cuda.matmul.allow_tf32 = True
+    sections = set(args.sections.split(","))
+    rounds, repeats = (3, 5) if args.quick else (5, 10)
+    out_dir = Path(os.environ.get("OUT", "out"))
+    torch.manual_seed(0)
+    plain, causal = (((64, 128), (2, 2, 16, 16)) if DEV == "cpu"
+                     else ((4096, 1024), (2, 4, 256, 256)))
+    checks = {f"softmax_dropout {plain}": check_softmax(plain),
+              f"softmax_dropout causal {causal}": check_softmax(causal, scale=0.125,
+                                                                 is_causal=True),
+              **{f"FusedQKV {k}": check_qkv(c) for k, c in QKV_SHAPES.items()},
+              "KVCache": check_kv()}
+    for name, verdict in checks.items():
+        print(f"check {name}: {verdict}", flush=True)
+    copy_gbps = copy_bandwidth_bytes_per_s(2**30 if DEV == "cuda" else 2**22, device=DEV) / 1e9
+    print(f"copy bandwidth: {copy_gbps:.0f} GB/s", flush=True)
+    sm, qkv, counts, kv = [], [], {}, []
+    if "softmax" in sections:
+        shapes = dict(SOFTMAX_SHAPES)
+        if args.quick:
+            shapes.pop("scores T=2048", None)
+        for label, shape in shapes.items():
+            sm += time_softmax(label, shape, rounds, repeats)
+            print(f"timed softmax_dropout {label}", flush=True)
+            torch.cuda.empty_cache()
+        if not args.quick:
+            causal_shape = list(SOFTMAX_SHAPES.values())[1]
+            sm += time_softmax(f"causal T={causal_shape[-1]}", causal_shape, rounds, repeats,
+                               scale=0.125, is_causal=True)
+    if "qkv" in sections:
+        for label, cfg in QKV_SHAPES.items():
+            rows, counts[label] = time_qkv(label, cfg, rounds, repeats)
+            qkv += rows
+            print(f"timed FusedQKV {label}", flush=True)
+    if "kv" in sections:
+        kv = time_kv(KV_LENGTHS[::2] if args.quick else KV_LENGTHS, rounds, repeats)
+    verdicts = criteria(sm, qkv, counts, kv)
+    path = write_results(out_dir / "bench_attention.json",
+                         dict(softmax_dropout=sm, fused_qkv=qkv, kernel_counts=counts,
+                              kv_append=kv),
+                         copy_bandwidth_gbps=copy_gbps, dtype="bf16", dropout_p=P,
+                         checks=checks, criteria=verdicts,
+                         timing=f"CUDA events, {rounds} alternating rounds x {repeats}, median")
+    plot(sm, qkv, kv, out_dir / "bench_attention.png")
+    print(f"wrote {path}")
+    print_table(sm, qkv, counts, kv, verdicts, copy_gbps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
