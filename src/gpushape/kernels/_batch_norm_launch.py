@@ -8,7 +8,9 @@ Traffic per call, in passes over one (N, C, H, W) tensor (ReLU mask bits cost 1/
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -18,15 +20,44 @@ import triton
 from ._batch_norm_bwd_kernels import _bwd_apply_kernel, _bwd_finalize_kernel, _bwd_reduce_kernel
 from ._batch_norm_kernels import _apply_kernel, _stats_finalize_kernel, _stats_kernel
 
-# Bytes of one input tile. Reductions: 2 sub-tiles of 4 KiB in flight per trip on 4 warps keep
-# the accumulators at 2x16 fp32 registers a thread, so many programs fit an SM. Elementwise
-# passes: 16 KiB a program on 8 warps (32 elements, 4 x 16-byte loads a thread and tensor).
-_REDUCE_TILE_BYTES = 4096
-_APPLY_TILE_BYTES = 16384
-_REDUCE_WARPS, _APPLY_WARPS, _FINALIZE_WARPS = 4, 8, 8
-# Widest channel block: 128 (reductions) / 256 (elementwise) channels keeps rows of 256-512
-# contiguous bytes in channels_last while leaving enough channel blocks for small N*H*W.
-_REDUCE_MAX_BLOCK_C, _APPLY_MAX_BLOCK_C = 128, 256
+
+@dataclass(frozen=True)
+class BatchNormTuning:
+    """Launch heuristics (benchmarks sweep them with `batch_norm_tuning`).
+
+    Reductions: 2 sub-tiles of 4 KiB in flight per trip on 4 warps keep the accumulators at
+    2x16 fp32 registers a thread, so many programs fit an SM; the grid is `reduce_waves` waves of
+    resident programs (one wave: no tail of late programs). Elementwise passes: 16 KiB a program
+    on 8 warps (32 elements, 4 x 16-byte loads a thread and tensor). Widest channel block: 128
+    (reductions) / 256 (elementwise) channels keeps rows of 256-512 contiguous bytes in
+    channels_last while leaving enough channel blocks for small N*H*W.
+    """
+
+    reduce_tile_bytes: int = 4096
+    reduce_warps: int = 4
+    reduce_max_block_c: int = 128
+    reduce_waves: int = 1
+    apply_tile_bytes: int = 16384
+    apply_warps: int = 8
+    apply_max_block_c: int = 256
+
+
+_TUNING = BatchNormTuning()
+
+
+@contextlib.contextmanager
+def batch_norm_tuning(**changes):
+    """Run the block under other launch heuristics (fields of BatchNormTuning)."""
+    global _TUNING
+    saved = _TUNING
+    _TUNING = dataclasses.replace(saved, **changes)
+    try:
+        yield _TUNING
+    finally:
+        _TUNING = saved
+
+
+_FINALIZE_WARPS = 8
 # NCHW (the slow path): the mask packs 8 channels a byte across threads that each hold a run
 # of L; more channels a tile only make that shuffle bigger.
 _NCHW_MAX_BLOCK_C = 8
@@ -83,7 +114,7 @@ def _reduction_programs(kernel, args: list, meta: dict, n_cb: int, n_rb: int,
     if device.type != "cuda":
         return min(_INTERPRETER_PROGRAMS, most)
     compiled = kernel.warmup(*args, grid=(1,), **meta)  # P is not specialised on: same binary
-    wave = _sm_count(device) * _programs_per_sm(compiled)
+    wave = _TUNING.reduce_waves * _sm_count(device) * _programs_per_sm(compiled)
     return max(min(wave // n_cb, most), 1)
 
 
@@ -141,7 +172,8 @@ def _n_row_blocks(view: _View, block_l: int) -> int:
 
 def _reduce_tiles(view: _View, x: torch.Tensor) -> tuple[_Tiles, int, int]:
     """Tiles, row blocks and channel blocks of a reduction."""
-    tiles = _tiles(view, x.element_size(), _REDUCE_TILE_BYTES, _REDUCE_MAX_BLOCK_C)
+    tiles = _tiles(view, x.element_size(), _TUNING.reduce_tile_bytes,
+                   _TUNING.reduce_max_block_c)
     return tiles, _n_row_blocks(view, tiles.block_l), triton.cdiv(view.C, tiles.block_c)
 
 
@@ -158,7 +190,7 @@ def batch_stats(x: torch.Tensor, running_mean: torch.Tensor | None,
     mean = torch.empty(view.C, dtype=stat_dtype(x), device=x.device)
     rstd = torch.empty_like(mean)
     meta = dict(BLOCK_L=tiles.block_l, BLOCK_C=tiles.block_c, CHANNELS_LAST=view.channels_last,
-                num_warps=_REDUCE_WARPS)
+                num_warps=_TUNING.reduce_warps)
     args = [x, mean, view.C, view.L, n_rb, 1]
     P = _reduction_programs(_stats_kernel, args, meta, n_cb, n_rb, tiles.block_l)
     part = torch.empty((2, P, view.C), dtype=mean.dtype, device=x.device)
@@ -179,7 +211,8 @@ def _writable(out: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
 
 
 def _apply_grid(view: _View, x: torch.Tensor) -> tuple[_Tiles, int, int]:
-    tiles = _tiles(view, x.element_size(), _APPLY_TILE_BYTES, _APPLY_MAX_BLOCK_C)
+    tiles = _tiles(view, x.element_size(), _TUNING.apply_tile_bytes,
+                   _TUNING.apply_max_block_c)
     n_rb = _n_row_blocks(view, tiles.block_l)
     return tiles, n_rb, n_rb * triton.cdiv(view.C, tiles.block_c)
 
@@ -201,7 +234,7 @@ def apply(x, mean, stat, weight, bias, residual, eps: float, stat_is_var: bool, 
             view.C, view.L, view.NB, n_rb, eps,
             STAT_IS_VAR=stat_is_var, HAS_W=weight is not None, HAS_B=bias is not None,
             HAS_RES=res is not None, RELU=relu, BLOCK_L=tiles.block_l, BLOCK_C=tiles.block_c,
-            CHANNELS_LAST=view.channels_last, num_warps=_APPLY_WARPS)
+            CHANNELS_LAST=view.channels_last, num_warps=_TUNING.apply_warps)
     if yk is not y:
         y.copy_(yk)
     return y, bits
@@ -220,7 +253,7 @@ def backward(dy, x, weight, mean, stat, bits, eps: float, training: bool, relu: 
     w = weight if weight is not None else mean
     meta = dict(EVAL=not training, HAS_W=weight is not None, HAS_RES=res_grad, RELU=relu,
                 BLOCK_L=tiles.block_l, BLOCK_C=tiles.block_c, CHANNELS_LAST=view.channels_last,
-                num_warps=_REDUCE_WARPS)
+                num_warps=_TUNING.reduce_warps)
     args = [dyk, xk, bits, mean, stat, w, mean, dxk, dresk, view.C, view.L, view.NB, n_rb, 1, eps]
     P = _reduction_programs(_bwd_reduce_kernel, args, meta, n_cb, n_rb, tiles.block_l)
     part = torch.empty((2, P, view.C), dtype=mean.dtype, device=x.device)
@@ -237,7 +270,7 @@ def backward(dy, x, weight, mean, stat, bits, eps: float, training: bool, relu: 
             view.C, view.L, view.NB, n_rb, view.M,
             HAS_W=weight is not None, HAS_RES=res_grad, RELU=relu,
             BLOCK_L=tiles.block_l, BLOCK_C=tiles.block_c,
-            CHANNELS_LAST=view.channels_last, num_warps=_APPLY_WARPS)
+            CHANNELS_LAST=view.channels_last, num_warps=_TUNING.apply_warps)
     for out, buf in ((dx, dxk), (dres, dresk)):
         if buf is not out:
             out.copy_(buf)
