@@ -7,13 +7,13 @@ against PyTorch's own composition with the kernel's mask, which `dropout_keep_ma
 from the seed the op draws after `torch.manual_seed(SEED)`.
 """
 
+import importlib
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gpushape.kernels import softmax_dropout as sd
 from gpushape.kernels._attn_philox import keep_mask_reference
 from gpushape.kernels._attn_softmax_reference import backward_reference, forward_reference
 from gpushape.kernels.softmax_dropout import (
@@ -27,6 +27,8 @@ from gpushape.kernels.softmax_dropout import (
 
 from ._numeric import gate_forward_backward
 
+# the module (the package exports the function of the same name, which shadows it as an attribute)
+sd = importlib.import_module("gpushape.kernels.softmax_dropout")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SEED = 1234
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -497,8 +499,9 @@ def test_gpu_cuda_graph_capture_and_replay():
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # compiles the kernels outside the capture
+    with torch.cuda.stream(side):  # compile every kernel variant outside the capture
+        step()
+        softmax_dropout(x, 0.3)
     torch.cuda.current_stream().wait_stream(side)
     graph, public = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
