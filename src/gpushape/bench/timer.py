@@ -4,6 +4,12 @@ CUDA events around each repeat on a GPU, `perf_counter` after a synchronisation 
 warm-up first; N repeats; median and quantiles. Optionally the L2 is flushed before every repeat
 (a buffer of twice the L2 size, from the GPUSpec, is overwritten outside the timed region), and
 the inputs rotate over several sets so that a cached input does not flatter the result.
+
+On a GPU the repeats are queued back to back and synchronised once at the end (as in a training
+step, where the CPU runs ahead of the GPU): each event pair measures GPU time, and host-side
+overhead (Python, dispatch, autograd) shows only where it exceeds the GPU work, as it would in a
+real model. `sync_each=True` synchronises after every repeat instead, so each repeat also pays
+the host's launch latency: the latency of one isolated call.
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ def time_fn(
     flush_l2: bool = False,
     gpu: GPUSpec | str | None = None,
     device: torch.device | str | None = None,
+    sync_each: bool = False,
 ) -> Timing:
     """Time `fn(*inputs[i % len(inputs)])` (or `fn()`), `repeats` times after `warmup` calls.
 
@@ -112,6 +119,7 @@ def time_fn(
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
     times: list[float] = []
+    events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
     for i in range(repeats):
         args = sets[i % len(sets)]
         if flush is not None:
@@ -121,14 +129,15 @@ def time_fn(
             start.record()
             fn(*args)
             end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
+            events.append((start, end))
+            if sync_each:
+                end.synchronize()
         else:
-            sync()
             t0 = time.perf_counter()
             fn(*args)
-            sync()
             times.append(time.perf_counter() - t0)
+    sync()
+    times.extend(start.elapsed_time(end) / 1e3 for start, end in events)
     return Timing(tuple(times), "cuda-events" if cuda else "perf_counter", warmup,
                   flush is not None, len(sets))
 
