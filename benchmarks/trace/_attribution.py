@@ -1,0 +1,133 @@
+"""Measured time per module from torch.profiler events, attributed the way gpushape's tracer
+attributes ops, and Spearman's rank correlation without scipy.
+
+Forward: module forward hooks push `record_function("gs::<module path>")` ranges; a kernel
+belongs to the innermost range around the op that launched it. Backward: the op runs inside
+`autograd::engine::evaluate_function: <Node>` whose sequence number is the forward op's, so it
+belongs to the module the forward op ran in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+PREFIX = "gs::"
+BACKWARD = "autograd::engine::evaluate_function: "
+
+
+@contextlib.contextmanager
+def module_ranges(model: nn.Module) -> Iterator[None]:
+    """A profiler range named gs::<path> around every module's forward while active."""
+    names = {id(m): name for name, m in model.named_modules()}
+    open_ranges: dict[int, list] = defaultdict(list)
+
+    def push(module, args):
+        rf = torch.autograd.profiler.record_function(PREFIX + names.get(id(module), "?"))
+        rf.__enter__()
+        open_ranges[id(module)].append(rf)
+
+    def pop(module, args, output):
+        if open_ranges[id(module)]:
+            open_ranges[id(module)].pop().__exit__(None, None, None)
+
+    handles = []
+    for m in model.modules():
+        handles.append(m.register_forward_pre_hook(push))
+        handles.append(m.register_forward_hook(pop, always_call=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _self_time_us(event, device: bool) -> float:
+    if device:
+        value = getattr(event, "self_device_time_total", None)
+        return float(value if value is not None else event.self_cuda_time_total)
+    return float(event.self_cpu_time_total)
+
+
+def _forward_module(event) -> str | None:
+    e = event
+    while e is not None:
+        if e.name.startswith(PREFIX):
+            return e.name[len(PREFIX):]
+        if e.name.startswith(BACKWARD):
+            return None
+        e = e.cpu_parent
+    return None
+
+
+def _backward_node(event):
+    e = event
+    while e is not None:
+        if e.name.startswith(BACKWARD):
+            return e
+        e = e.cpu_parent
+    return None
+
+
+def time_per_module(events, *, device: bool = True) -> tuple[dict[str, float], float, float]:
+    """(seconds per module, seconds not attributed, total seconds) over the profiled events.
+
+    device=True sums kernels' device time (CUDA); device=False sums CPU self time of aten ops
+    (for checking this attribution on a machine without a GPU).
+    """
+    seq_module: dict[int, str] = {}
+    for e in events:  # forward ops that made autograd nodes: sequence number -> module
+        if e.sequence_nr is not None and e.sequence_nr >= 0 and not e.name.startswith(BACKWARD):
+            module = _forward_module(e)
+            if module is not None:
+                seq_module.setdefault(e.sequence_nr, module)
+    per_module: dict[str, float] = defaultdict(float)
+    unattributed = total = 0.0
+    for e in events:
+        # Kernels appear twice: as device events of their own and inside the CPU op that
+        # launched them (its self device time). Count them once, through the CPU op.
+        if not str(e.device_type).endswith("CPU") or e.is_async:
+            continue
+        if not device and not e.name.startswith("aten::"):
+            continue
+        t = _self_time_us(e, device) * 1e-6
+        if t <= 0:
+            continue
+        total += t
+        module = _forward_module(e)
+        if module is None:
+            node = _backward_node(e)
+            module = seq_module.get(node.sequence_nr) if node is not None else None
+        if module is None:
+            unattributed += t
+        else:
+            per_module[module] += t
+    return dict(per_module), unattributed, total
+
+
+def ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their average rank."""
+    order = np.argsort(values, kind="stable")
+    sorted_vals = values[order]
+    r = np.empty(len(values))
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and sorted_vals[j + 1] == sorted_vals[i]:
+            j += 1
+        r[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+
+
+def spearman(a, b) -> float:
+    """Spearman's rho: Pearson correlation of the ranks."""
+    ra, rb = ranks(np.asarray(a, dtype=float)), ranks(np.asarray(b, dtype=float))
+    if len(ra) < 2 or ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])

@@ -1,0 +1,215 @@
+"""Does the roofline rank modules as the GPU does? Predicted against measured time per module.
+
+Training steps (forward + backward of every output seeded with ones, as gpushape traces them;
+no optimizer) of ResNet-50 (bf16, channels_last, batch 64) and BERT-base (bf16, seq 512,
+batch 16), built on the GPU from gpushape.models:
+1. Correctness first: one step on CUDA gives finite outputs and gradients, and gpushape's trace
+   of the CUDA model with real tensors does the same GEMM FLOPs as its meta trace.
+2. Predicted: gpushape.cost(meta trace, current_gpu(), math="bf16"), per module (ops go to the
+   innermost module; backward ops to the module of their forward op): `kernel_time_s` (device
+   time, what the profiler sees) and `roofline_time_s` (+ launch overhead).
+3. Measured: torch.profiler over --steps steps after warm-up; each kernel's device time goes to
+   the op that launched it and that op to a module (_attribution.py); per step.
+4. Spearman rank correlation over modules with measured time (ranks by numpy), total predicted /
+   measured, and the step time with CUDA events (gpushape.bench.time_fn, median) without the
+   profiler. Writes $OUT/correlate.json and $OUT/correlate.png; prints a short table last.
+
+    OUT=out python benchmarks/trace/correlate.py [--quick] [--models resnet50,bert-base]
+    python benchmarks/trace/correlate.py --device cpu --quick   # checks the plumbing, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _attribution import module_ranges, spearman, time_per_module
+
+import gpushape
+from gpushape.bench import time_fn, write_results
+from gpushape.hardware import current_gpu, get_gpu
+from gpushape.models import create_model
+
+SIZES = {  # name: (full batch, quick batch, options)
+    "resnet50": (64, 16, {}),
+    "bert-base": (16, 4, {"seq_len": 512}),
+}
+CPU_SIZES = {"resnet50": (2, {"image_size": 64}), "bert-base": (1, {"seq_len": 32, "layers": 2})}
+
+
+def build(name: str, batch: int, options: dict, device: str, dtype=torch.bfloat16):
+    model, inputs = create_model(name, batch=batch, dtype=dtype, device=device, **options)
+    if name.startswith("resnet"):  # the layout that takes cuDNN's fast path
+        model = model.to(memory_format=torch.channels_last)
+        inputs = tuple(x.contiguous(memory_format=torch.channels_last) for x in inputs)
+    return model, inputs
+
+
+def train_step(model, inputs) -> torch.Tensor:
+    for p in model.parameters():
+        p.grad = None
+    out = model(*inputs)
+    out.backward(torch.ones_like(out))  # the seed gpushape's trace uses
+    return out
+
+
+def gemm_flops(trace) -> int:
+    report = gpushape.cost(trace, "h100")
+    return sum(op.gemm_flops for op in report.ops)
+
+
+def check(name, model, inputs, meta_trace, device) -> dict:
+    out = train_step(model, inputs)
+    grads_finite = all(torch.isfinite(p.grad).all().item() for p in model.parameters()
+                       if p.grad is not None)
+    assert torch.isfinite(out).all().item() and grads_finite, f"{name}: non-finite step"
+    real = gpushape.trace(model, inputs, train=True, device=device)
+    real_flops, meta_flops = gemm_flops(real), gemm_flops(meta_trace)
+    assert abs(real_flops - meta_flops) <= 0.01 * meta_flops, (name, real_flops, meta_flops)
+    return {"finite": True, "gemm_flops_real_trace": real_flops,
+            "gemm_flops_meta_trace": meta_flops}
+
+
+def predict(meta_trace, gpu) -> tuple[dict, dict]:
+    report = gpushape.cost(meta_trace, gpu, math="bf16")
+    per_module = {path: {"type": m.module_type, "kernel_time_s": m.total.kernel_time_s,
+                         "roofline_time_s": m.total.roofline_time_s, "flops": m.total.flops,
+                         "min_bytes": m.total.min_bytes}
+                  for path, m in report.by_module().items()}
+    totals = report.totals
+    return per_module, {"kernel_time_s": totals.kernel_time_s,
+                        "roofline_time_s": totals.roofline_time_s, "kernels": totals.kernels}
+
+
+def measure(model, inputs, steps: int, device: str) -> dict:
+    on_gpu = device == "cuda"
+    for _ in range(3):
+        train_step(model, inputs)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with module_ranges(model), profile(activities=activities) as prof:
+        for _ in range(steps):
+            train_step(model, inputs)
+        if on_gpu:
+            torch.cuda.synchronize()
+    per_module, unattributed, total = time_per_module(prof.events(), device=on_gpu)
+    timing = time_fn(lambda: train_step(model, inputs), warmup=2, repeats=max(steps, 5),
+                     device=device)
+    return {"per_module_s": {k: v / steps for k, v in per_module.items()},
+            "unattributed_s": unattributed / steps, "total_s": total / steps,
+            "step_median_s": timing.median_s, "step_method": timing.method,
+            "what": "kernel device time" if on_gpu else "CPU self time of aten ops"}
+
+
+def compare(predicted: dict, measured: dict) -> dict:
+    rows = [(path, p["type"], p["kernel_time_s"], p["roofline_time_s"],
+             measured["per_module_s"][path])
+            for path, p in predicted.items()
+            if measured["per_module_s"].get(path, 0) > 0 and p["kernel_time_s"] > 0]
+    pred_k = [r[2] for r in rows]
+    pred_r = [r[3] for r in rows]
+    meas = [r[4] for r in rows]
+    return {"modules": len(rows),
+            "spearman_kernel_time": spearman(pred_k, meas),
+            "spearman_roofline_time": spearman(pred_r, meas),
+            "rows": [{"module": r[0], "type": r[1], "predicted_kernel_s": r[2],
+                      "predicted_roofline_s": r[3], "measured_s": r[4]} for r in rows],
+            "modules_predicted_not_measured": sorted(
+                path for path, p in predicted.items() if p["kernel_time_s"] > 0
+                and measured["per_module_s"].get(path, 0) <= 0)}
+
+
+def run_model(name: str, args, gpu) -> dict:
+    if args.device == "cuda":
+        full, quick, options = SIZES[name]
+        batch, dtype = (quick if args.quick else full), torch.bfloat16
+    else:  # plumbing check: fp32, as bf16 convolutions crawl on CPUs
+        (batch, options), dtype = CPU_SIZES[name], torch.float32
+    model, inputs = build(name, batch, options, args.device, dtype)
+    meta_model, meta_inputs = build(name, batch, options, "meta", dtype)
+    meta_trace = gpushape.trace(meta_model, meta_inputs, train=True, name=name)
+    correctness = check(name, model, inputs, meta_trace, args.device)
+    predicted, predicted_totals = predict(meta_trace, gpu)
+    measured = measure(model, inputs, args.steps, args.device)
+    result = compare(predicted, measured)
+    result.update(
+        model=name, batch=batch, options=options, correctness=correctness,
+        predicted_total_kernel_s=predicted_totals["kernel_time_s"],
+        predicted_total_roofline_s=predicted_totals["roofline_time_s"],
+        measured_total_s=measured["total_s"], measured_unattributed_s=measured["unattributed_s"],
+        measured_step_median_s=measured["step_median_s"], measured_what=measured["what"],
+        ratio_kernel=predicted_totals["kernel_time_s"] / measured["total_s"],
+        ratio_roofline_vs_step=predicted_totals["roofline_time_s"] / measured["step_median_s"])
+    del model, inputs
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 5), squeeze=False)
+    for ax, res in zip(axes[0], results):
+        types = sorted({r["type"] for r in res["rows"]})
+        for t in types:
+            rows = [r for r in res["rows"] if r["type"] == t]
+            ax.scatter([r["measured_s"] * 1e3 for r in rows],
+                       [r["predicted_kernel_s"] * 1e3 for r in rows], s=12, label=t)
+        lo = min(min(r["measured_s"], r["predicted_kernel_s"]) for r in res["rows"]) * 1e3
+        hi = max(max(r["measured_s"], r["predicted_kernel_s"]) for r in res["rows"]) * 1e3
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set(xscale="log", yscale="log", xlabel=f"measured ms/step ({res['measured_what']})",
+               ylabel="predicted kernel ms/step (roofline)",
+               title=f"{res['model']} b{res['batch']}: Spearman "
+                     f"{res['spearman_kernel_time']:.2f}, pred/meas {res['ratio_kernel']:.2f}")
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="predicted vs measured time per module")
+    parser.add_argument("--models", default="resnet50,bert-base")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="smaller batches, 3 steps")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    args = parser.parse_args()
+    if args.quick:
+        args.steps = min(args.steps, 3)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("correlate.py: no CUDA device (use --device cpu to check the plumbing)")
+    gpu = current_gpu() if args.device == "cuda" else get_gpu("h200")
+    out_dir = Path(os.environ.get("OUT", "out"))
+    results = [run_model(name, args, gpu) for name in args.models.split(",")]
+    write_results(out_dir / "correlate.json", results, gpu_spec=gpu.name,
+                  method="torch.profiler device time per module (forward: module ranges; "
+                         "backward: autograd sequence numbers), mean over steps; step time "
+                         "median of CUDA events")
+    plot(results, out_dir / "correlate.png")
+    print(f"{'model':<10}{'modules':>8}{'Spearman':>10}{'(roofline)':>11}{'pred ms':>9}"
+          f"{'meas ms':>9}{'pred/meas':>10}{'step ms':>9}")
+    for r in results:
+        print(f"{r['model']:<10}{r['modules']:>8}{r['spearman_kernel_time']:>10.3f}"
+              f"{r['spearman_roofline_time']:>11.3f}{r['predicted_total_kernel_s'] * 1e3:>9.2f}"
+              f"{r['measured_total_s'] * 1e3:>9.2f}{r['ratio_kernel']:>10.2f}"
+              f"{r['measured_step_median_s'] * 1e3:>9.2f}")
+        top = sorted(r["rows"], key=lambda row: row["measured_s"], reverse=True)[:5]
+        for row in top:
+            print(f"  {row['module'][:34]:<34} measured {row['measured_s'] * 1e3:7.3f} ms  "
+                  f"predicted {row['predicted_kernel_s'] * 1e3:7.3f} ms")
+    ok = all(not math.isnan(r["spearman_kernel_time"]) for r in results)
+    print(f"wrote {out_dir / 'correlate.json'} and correlate.png" + ("" if ok else " (NaN rho)"))
+
+
+if __name__ == "__main__":
+    main()
