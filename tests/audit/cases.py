@@ -38,8 +38,10 @@ def scores() -> torch.Tensor:
     return meta(64, 12, 512, 512).requires_grad_()
 
 
-def on_meta(model: torch.nn.Module, dtype: torch.dtype = BF16) -> torch.nn.Module:
-    return model.to(device="meta", dtype=dtype)
+def build(cls: type, *args: Any, dtype: torch.dtype = BF16, **kwargs: Any) -> torch.nn.Module:
+    """`cls(*args, **kwargs)` made on the meta device (no memory, no init), in `dtype`."""
+    with torch.device("meta"):
+        return cls(*args, **kwargs).to(dtype)
 
 
 @dataclass(frozen=True)
@@ -74,19 +76,19 @@ def _adamw(**options: Any) -> torch.optim.Optimizer:
 
 
 def _cl(model: torch.nn.Module) -> torch.nn.Module:
-    return on_meta(model).to(memory_format=torch.channels_last)
+    return model.to(memory_format=torch.channels_last)
 
 
 TOKENS = (8, 512, 768)
 CASES: dict[str, Case] = {
     # K = 4095 in bf16 on an H100: the GEMM cliff; K = 4096 is aligned.
     "tc-align": Case(
-        fires=Side(lambda: on_meta(OneLinear(4095, 4096)), lambda: (meta(8192, 4095),)),
-        twin=Side(lambda: on_meta(OneLinear(4096, 4096)), lambda: (meta(8192, 4096),)),
+        fires=Side(lambda: build(OneLinear, 4095, 4096), lambda: (meta(8192, 4095),)),
+        twin=Side(lambda: build(OneLinear, 4096, 4096), lambda: (meta(8192, 4096),)),
         module="fc"),
     "nchw-conv": Case(
-        fires=Side(lambda: on_meta(ConvBN()), lambda: (meta(32, 64, 56, 56),)),
-        twin=Side(lambda: _cl(ConvBN()), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
+        fires=Side(lambda: build(ConvBN), lambda: (meta(32, 64, 56, 56),)),
+        twin=Side(lambda: _cl(build(ConvBN)), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
         module="conv"),
     # fp32 with PyTorch's default flags (no TF32 for matmuls) against TF32 allowed.
     "fp32-math": Case(
@@ -96,63 +98,63 @@ CASES: dict[str, Case] = {
                   {"dtype": torch.float32, "flags": BackendFlags(matmul_tf32=True)}),
         module="fc"),
     "unfused-norm-act": Case(
-        fires=Side(lambda: on_meta(NormThen(act_after_norm=True)), lambda: (meta(8, 512, 1024),)),
-        twin=Side(lambda: on_meta(NormThen(act_after_norm=False)), lambda: (meta(8, 512, 1024),)),
+        fires=Side(lambda: build(NormThen, act_after_norm=True), lambda: (meta(8, 512, 1024),)),
+        twin=Side(lambda: build(NormThen, act_after_norm=False), lambda: (meta(8, 512, 1024),)),
         module="norm"),
     "bn-no-running-stats": Case(
-        fires=Side(lambda: _cl(ConvBN(running_stats=False)),
+        fires=Side(lambda: _cl(build(ConvBN, running_stats=False)),
                    lambda: (meta(32, 64, 56, 56, channels_last=True),)),
-        twin=Side(lambda: _cl(ConvBN()), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
+        twin=Side(lambda: _cl(build(ConvBN)), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
         module="bn"),
     "conv-bias-before-bn": Case(
-        fires=Side(lambda: _cl(ConvBN(bias=True)),
+        fires=Side(lambda: _cl(build(ConvBN, bias=True)),
                    lambda: (meta(32, 64, 56, 56, channels_last=True),)),
-        twin=Side(lambda: _cl(ConvBN()), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
+        twin=Side(lambda: _cl(build(ConvBN)), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
         module="conv"),
     "separate-qkv": Case(
-        fires=Side(lambda: on_meta(Attention(fused_qkv=False)), lambda: (meta(*TOKENS),)),
-        twin=Side(lambda: on_meta(Attention()), lambda: (meta(*TOKENS),)),
+        fires=Side(lambda: build(Attention, fused_qkv=False), lambda: (meta(*TOKENS),)),
+        twin=Side(lambda: build(Attention), lambda: (meta(*TOKENS),)),
         module=""),
     "manual-attention": Case(
-        fires=Side(lambda: on_meta(Attention(manual=True)), lambda: (meta(*TOKENS),)),
-        twin=Side(lambda: on_meta(Attention()), lambda: (meta(*TOKENS),)),
+        fires=Side(lambda: build(Attention, manual=True), lambda: (meta(*TOKENS),)),
+        twin=Side(lambda: build(Attention), lambda: (meta(*TOKENS),)),
         module=""),
     # With a mask SDPA needs the memory-efficient kernel: head size a multiple of 8 (bf16).
     "attention-head-dim": Case(
-        fires=Side(lambda: on_meta(Attention(head_dim=36, mask=True)), lambda: (meta(*TOKENS),)),
-        twin=Side(lambda: on_meta(Attention(head_dim=32, mask=True)), lambda: (meta(*TOKENS),)),
+        fires=Side(lambda: build(Attention, head_dim=36, mask=True), lambda: (meta(*TOKENS),)),
+        twin=Side(lambda: build(Attention, head_dim=32, mask=True), lambda: (meta(*TOKENS),)),
         module=""),
     "unfused-softmax-dropout": Case(
         fires=Side(lambda: SoftmaxThen(0.1), lambda: (scores(),)),
         twin=Side(lambda: SoftmaxThen(0.0), lambda: (scores(),)),
         module=""),
     "launch-bound": Case(
-        fires=Side(lambda: on_meta(ManyTiny()), lambda: (meta(16, 64),)),
-        twin=Side(lambda: on_meta(OneLinear(8192, 8192)), lambda: (meta(8192, 8192),)),
+        fires=Side(lambda: build(ManyTiny), lambda: (meta(16, 64),)),
+        twin=Side(lambda: build(OneLinear, 8192, 8192), lambda: (meta(8192, 8192),)),
         module=""),
     # 1216 x 1728 x 504: no tile or split-K of the library fills the 132 SMs of an H100
     # (best: 65 %); 8192 x 1024 x 512 fills them.
     "wave-quantization": Case(
-        fires=Side(lambda: on_meta(OneLinear(504, 1728)), lambda: (meta(1216, 504),),
+        fires=Side(lambda: build(OneLinear, 504, 1728), lambda: (meta(1216, 504),),
                    {"train": False}),
-        twin=Side(lambda: on_meta(OneLinear(512, 1024)), lambda: (meta(8192, 512),),
+        twin=Side(lambda: build(OneLinear, 512, 1024), lambda: (meta(8192, 512),),
                   {"train": False}),
         module="fc"),
     # 16 blocks of 4096 wide at 256k tokens keep ~100 GB for backward: more than an H100 has.
     "checkpoint-candidate": Case(
-        fires=Side(lambda: on_meta(MLPStack()), lambda: (meta(262144, 4096),)),
-        twin=Side(lambda: on_meta(MLPStack()), lambda: (meta(1024, 4096),)),
+        fires=Side(lambda: build(MLPStack), lambda: (meta(262144, 4096),)),
+        twin=Side(lambda: build(MLPStack), lambda: (meta(1024, 4096),)),
         module="blocks.*", saving="memory"),
     "optimizer-not-fused": Case(
-        fires=Side(lambda: on_meta(OneLinear(256, 256)), lambda: (meta(64, 256),),
+        fires=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
                    {"optimizer": lambda: _adamw(foreach=False)}),
-        twin=Side(lambda: on_meta(OneLinear(256, 256)), lambda: (meta(64, 256),),
+        twin=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
                   {"optimizer": lambda: _adamw(fused=True)}),
         module=""),
     "dataloader": Case(
-        fires=Side(lambda: on_meta(OneLinear(256, 256)), lambda: (meta(64, 256),),
+        fires=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
                    {"dataloader": lambda: _loader(num_workers=0)}),
-        twin=Side(lambda: on_meta(OneLinear(256, 256)), lambda: (meta(64, 256),),
+        twin=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
                   {"dataloader": lambda: _loader(num_workers=2, pin_memory=True,
                                                  persistent_workers=True)}),
         module="", saving="none"),

@@ -1,0 +1,91 @@
+"""Rules read the chip from the GPUSpec: launch overheads, bandwidth, memory size. Change the
+spec and the estimate follows; the H200 anchor for channels_last bounds nchw-conv."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpushape.audit import audit
+from gpushape.hardware import get_gpu
+from gpushape.models import create_model
+
+from .cases import build, meta
+from .models import ManyTiny
+
+
+def test_launch_bound_saving_is_launches_times_eager_minus_graph_overhead():
+    """Fully launch-bound (40 tiny layers), the saving is kernels x (eager - graph)."""
+    h200 = get_gpu("h200")
+    model, inputs = build(ManyTiny), (meta(16, 64),)
+    (f,) = audit(model, inputs, gpu=h200, profile=None, rules=["launch-bound"]).findings
+    a = h200.achievable
+    assert f.est_saving_s == pytest.approx(
+        f.evidence["kernels"] * (a.launch_overhead_s - a.graph_launch_overhead_s))
+    slower = h200.replace(achievable=type(a)(launch_overhead_s=2 * a.launch_overhead_s,
+                                             graph_launch_overhead_s=a.graph_launch_overhead_s))
+    (g,) = audit(model, inputs, gpu=slower, profile=None, rules=["launch-bound"]).findings
+    assert g.est_saving_s > f.est_saving_s
+    assert g.evidence["launch_overhead_s"] == 2 * a.launch_overhead_s
+
+
+def test_byte_savings_follow_the_chips_bandwidth():
+    """unfused-norm-act prices bytes at the spec's attainable bandwidth."""
+    from .models import NormThen
+
+    model, inputs = build(NormThen), (meta(8, 512, 1024),)
+    a100, h200 = get_gpu("a100"), get_gpu("h200")
+    (fa,) = audit(model, inputs, gpu=a100, profile=None, rules=["unfused-norm-act"]).findings
+    (fh,) = audit(model, inputs, gpu=h200, profile=None, rules=["unfused-norm-act"]).findings
+    assert fa.evidence["bytes_saved"] == fh.evidence["bytes_saved"] > 0
+    ratio = fa.est_saving_s / fh.est_saving_s
+    expected = h200.attainable_bandwidth_bytes_per_s() / a100.attainable_bandwidth_bytes_per_s()
+    assert ratio == pytest.approx(expected)
+
+
+def test_nchw_conv_against_the_h200_channels_last_anchor():
+    """H200, torch 2.11, ResNet-50 training in bf16 at batch 256 (anchors/h200-2026-11-30.json,
+    resnet50_train_bf16): NCHW 2403.5 img/s, channels_last 4654.0 img/s, i.e. 106.5 and
+    55.0 ms a step: channels_last saved 48 % of the NCHW step.
+
+    The rule prices only the layout conversions cuDNN runs around each convolution, at copy
+    bandwidth; the cost model's channels_last step is itself about 1.8x faster than the real
+    one (it assumes ideal kernels). What is compared is the share of the NCHW step the
+    conversions take, estimate = saving / (channels_last step + saving). At the time of
+    writing it is ~0.39 against the measured 0.48: the right size, somewhat low (the real
+    NCHW path also loses in kernels the estimate does not model). The bounds keep it within
+    a factor of 1.6 of the measurement."""
+    measured_share = 1 - 2403.5 / 4654.0
+    model, inputs = create_model("resnet50", batch=256)
+    h200 = get_gpu("h200")
+    report = audit(model, inputs, gpu=h200, profile=None, train=True, rules=["nchw-conv"])
+    (f,) = report.findings
+    share = f.est_saving_s / (report.totals.roofline_time_s + f.est_saving_s)
+    assert measured_share / 1.6 <= share <= measured_share * 1.6
+
+
+def test_checkpointing_is_only_advised_when_memory_is_short():
+    """The same stack draws checkpoint-candidate on a 24 GB chip and nothing on a 141 GB one
+    at a batch whose activations (~26 GB) fit the latter easily but not the former."""
+    from .models import MLPStack
+
+    model, inputs = build(MLPStack, width=2048, depth=8), (meta(262144, 2048),)
+    small = audit(model, inputs, gpu="l4", rules=["checkpoint-candidate"]).findings
+    large = audit(model, inputs, gpu="h200", rules=["checkpoint-candidate"]).findings
+    assert small and not large
+    assert small[0].evidence["gpu_memory_bytes"] == get_gpu("l4").memory_bytes
+
+
+def test_fp32_math_quiet_when_the_chip_runs_tf32_convolutions_by_default():
+    """fp32 convolutions take TF32 tensor cores under cuDNN's default flags: no finding;
+    with TF32 off for convolutions too, they run on CUDA cores: a finding."""
+    from gpushape.audit.context import BackendFlags
+
+    from .models import ConvBN
+
+    model, inputs = ConvBN(), (meta(8, 64, 56, 56, dtype=torch.float32),)
+    quiet = audit(model, inputs, dtype=torch.float32, rules=["fp32-math"],
+                  flags=BackendFlags(matmul_tf32=False, cudnn_tf32=True)).findings
+    loud = audit(model, inputs, dtype=torch.float32, rules=["fp32-math"],
+                 flags=BackendFlags(matmul_tf32=False, cudnn_tf32=False)).findings
+    assert quiet == [] and loud and loud[0].module == "conv"
