@@ -1,5 +1,6 @@
-"""The audit report as one self-contained HTML page: findings, the roofline plot (a PNG
-embedded as base64) and the per-layer table. No scripts, no external files."""
+"""The audit report as one self-contained HTML page: the roofline plot (a PNG embedded as
+base64), the findings (largest saving first, evidence folded) and the per-layer table. No
+scripts, no external files."""
 
 from __future__ import annotations
 
@@ -43,18 +44,24 @@ def _findings_html(report: Any) -> str:
     for f in findings:
         evidence = ", ".join(f"{escape(str(k))}={escape(_short(v))}"
                              for k, v in f.evidence.items() if k != "numbers")
-        fix = f"<code>{escape(f.fix)}</code><br><small>{escape(describe(f.fix))}</small>" \
-            if f.fix else "-"
+        fix = f"<code title='{escape(describe(f.fix))}'>{escape(f.fix)}</code>" if f.fix else "-"
         rows.append(
             f"<tr><td><span class='sev' style='background:{SEVERITY_COLORS[f.severity]}'>"
             f"{f.severity.label}</span></td><td>{escape(f.rule)}</td>"
             f"<td><code>{escape(module_text(f))}</code></td>"
             f"<td class='num'>{escape(saving_text(f, report.totals.roofline_time_s))}</td>"
-            f"<td>{fix}</td><td>{escape(f.message)}<br><small>{evidence}</small></td></tr>")
+            f"<td>{fix}</td><td>{escape(f.message)}<details><summary>evidence</summary>"
+            f"<small>{evidence}</small></details></td></tr>")
     return ("<table><tr><th>severity</th><th>rule</th><th>module</th><th>est. saving / step"
             "</th><th>fix</th><th>what and why (evidence)</th></tr>" + "".join(rows)
-            + "</table><p><small>Fixes name transforms that arrive with <code>gpushape "
-              "optimize</code> in a later release.</small></p>")
+            + "</table>" + _fixes_html(findings))
+
+
+def _fixes_html(findings: list) -> str:
+    fixes = sorted({f.fix for f in findings if f.fix})
+    items = "".join(f"<li><code>{escape(x)}</code>: {escape(describe(x))}</li>" for x in fixes)
+    return (f"<p><small>Fixes name transforms that arrive with <code>gpushape optimize</code> "
+            f"in a later release:</small></p><ul><small>{items}</small></ul>" if fixes else "")
 
 
 def _layers_html(report: Any, top: int) -> str:
@@ -84,8 +91,8 @@ def to_html(report: Any, path: str | Path | None = None, *, top: int = 40) -> st
         f"<p>FLOPs {t.flops / 1e9:,.2f} G (a multiply-add counts 2), minimum bytes "
         f"{t.min_bytes / 1e9:,.3f} GB, {t.ops} ops, {t.kernels} kernels: GPU "
         f"{t.kernel_time_s * 1e3:,.3f} ms + launches {t.launch_s * 1e3:,.3f} ms.</p>"
-        f"<h2>Findings</h2>{_findings_html(report)}"
         f"<h2>Roofline</h2><img alt='roofline plot' src='data:image/png;base64,{png}'>"
+        f"<h2>Findings</h2>{_findings_html(report)}"
         f"<h2>Top {min(top, len(report.layers))} layers by predicted time</h2>"
         f"{_layers_html(report, top)}</body></html>")
     if path is not None:
