@@ -44,13 +44,15 @@ def _row_offset(rows, D1, D2, s0, s1, s2, FLAT: tl.constexpr):
 def _logits(x_ptr, x_row, sxn, mask_ptr, mask_row, smn, rows, D2, cols, ok, scale,
             MASK_MODE: tl.constexpr, IS_CAUSAL: tl.constexpr, F64: tl.constexpr):
     """z = scale * x (+ additive mask), -inf where masked out, causal-masked or padding."""
-    x = tl.load(x_ptr + x_row + cols * sxn, mask=ok, other=0.0)
+    # int64 column offsets: a large column stride (a transposed x) times N can pass 2^31
+    x = tl.load(x_ptr + x_row + cols.to(tl.int64) * sxn, mask=ok, other=0.0)
     z = x.to(tl.float64) * scale if F64 else x.to(tl.float32) * scale
+    mask_ptrs = mask_ptr + mask_row + cols.to(tl.int64) * smn
     if MASK_MODE == BOOL_MASK:
-        attend = tl.load(mask_ptr + mask_row + cols * smn, mask=ok, other=0)
+        attend = tl.load(mask_ptrs, mask=ok, other=0)
         ok = ok & (attend != 0)
     if MASK_MODE == ADDITIVE_MASK:
-        z = z + tl.load(mask_ptr + mask_row + cols * smn, mask=ok, other=0.0).to(z.dtype)
+        z = z + tl.load(mask_ptrs, mask=ok, other=0.0).to(z.dtype)
     if IS_CAUSAL:
         ok = ok & (cols <= rows % D2)  # query index i2 of the row
     return tl.where(ok, z, float("-inf"))
@@ -244,7 +246,7 @@ def softmax_dropout_bwd_kernel(
     l = tl.load(stats_ptr + R + rows64, mask=row_ok, other=1.0)
     s = _probs(z, m, l, PRECISE)
     dy_row = _row_offset(rows, D1, D2, sd0, sd1, sd2, DY_FLAT)
-    g = tl.load(dy_ptr + dy_row + cols * sdn, mask=ok, other=0.0).to(s.dtype)
+    g = tl.load(dy_ptr + dy_row + cols.to(tl.int64) * sdn, mask=ok, other=0.0).to(s.dtype)
     if HAS_DROPOUT:
         g = g * _dropout_scale(seed_ptr, rows, groups, lanes, threshold, keep_scale)
     dz = s * (g - _sum_all(s * g))
@@ -280,7 +282,8 @@ def softmax_dropout_bwd_looped_kernel(
         z = _logits(x_ptr, x_row, sxn, mask_ptr, mask_row, smn, rows, D2, cols, cols < N,
                     scale, MASK_MODE, IS_CAUSAL, F64)
         s = _probs(z, m, l, PRECISE)
-        g = tl.load(dy_ptr + dy_row + cols * sdn, mask=cols < N, other=0.0).to(s.dtype)
+        g = tl.load(dy_ptr + dy_row + cols.to(tl.int64) * sdn, mask=cols < N,
+                    other=0.0).to(s.dtype)
         if HAS_DROPOUT:
             g = g * _dropout_scale(seed_ptr, rows, start // 8 + groups, lanes, threshold,
                                    keep_scale)
@@ -290,7 +293,8 @@ def softmax_dropout_bwd_looped_kernel(
         z = _logits(x_ptr, x_row, sxn, mask_ptr, mask_row, smn, rows, D2, cols, cols < N,
                     scale, MASK_MODE, IS_CAUSAL, F64)
         s = _probs(z, m, l, PRECISE)
-        g = tl.load(dy_ptr + dy_row + cols * sdn, mask=cols < N, other=0.0).to(s.dtype)
+        g = tl.load(dy_ptr + dy_row + cols.to(tl.int64) * sdn, mask=cols < N,
+                    other=0.0).to(s.dtype)
         if HAS_DROPOUT:
             g = g * _dropout_scale(seed_ptr, rows, start // 8 + groups, lanes, threshold,
                                    keep_scale)
