@@ -127,6 +127,17 @@ def constant_rows(case: NormCase, dtype: torch.dtype, n: int = 65) -> None:
     gate_forward_backward(case.ours, case.torch_fn, inputs, names=case.names)
 
 
+def near_float16_max(case: NormCase, n: int = 65) -> None:
+    """float16 rows of values near 65504: squares overflow float16, so statistics must be taken
+    in float32 (as PyTorch does); the gate then holds as usual."""
+    inputs = case.inputs((5, n), torch.float16, requires_grad=False)
+    for i in range(case.row_inputs):
+        big = 6.0e4 - 2.0e3 * torch.rand(5, n, device=case.device)
+        inputs[i] = (big / case.row_inputs).to(torch.float16)  # a sum of rows stays finite
+    inputs = [None if t is None else t.requires_grad_() for t in inputs]
+    gate_forward_backward(case.ours, case.torch_fn, inputs, names=case.names)
+
+
 def gradcheck_float64(case: NormCase, shape: Sequence[int] = (3, 7)) -> None:
     inputs = case.inputs(shape, torch.float64)
     assert torch.autograd.gradcheck(case.ours, tuple(inputs), eps=1e-6, atol=1e-6, rtol=1e-5)

@@ -114,6 +114,10 @@ def test_constant_rows(interpret):
     nc.constant_rows(CASE, torch.float32)
 
 
+def test_values_near_float16_max(interpret):
+    nc.near_float16_max(CASE)
+
+
 def test_gradcheck_float64(interpret):
     nc.gradcheck_float64(CASE, (3, 7))
 

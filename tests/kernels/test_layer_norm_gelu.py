@@ -115,6 +115,10 @@ def test_constant_rows(interpret):
     nc.constant_rows(case("tanh"), torch.bfloat16)
 
 
+def test_values_near_float16_max(interpret):
+    nc.near_float16_max(case())
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gradcheck_float64(interpret, approximate):
     nc.gradcheck_float64(case(approximate), (3, 7))
