@@ -74,6 +74,31 @@ def test_matches_three_linears(dtype, heads, kv_heads, bias):
             assert_gate(f"grad of original parameter {i}", o, t, r)
 
 
+def test_training_tracks_the_three_layer_loss_curve():
+    """30 AdamW steps of a tiny attention block from one seed: the loss curves agree."""
+    torch.manual_seed(0)
+    base = ThreeLinears(32, 4, 2).to(DEV)
+    fused = FusedQKV.from_linears(*base.layers(), 4, 2)
+    data = [(torch.randn(4, 6, 32, device=DEV), torch.randn(4, 4, 6, 8, device=DEV))
+            for _ in range(5)]
+    curves = []
+    for model in (base, fused):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = []
+        for step in range(30):
+            x, target = data[step % len(data)]
+            q, k, v = model(x)
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            loss = F.mse_loss(out, target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(torch.tensor(losses))
+    assert curves[0][-1] < 0.9 * curves[0][0]  # it learns
+    torch.testing.assert_close(curves[1], curves[0], rtol=1e-4, atol=1e-5)
+
+
 def test_outputs_are_views_of_one_gemm_output():
     fused = FusedQKV(64, 4, 2).to(DEV)
     q, k, v = fused(torch.randn(2, 5, 64, device=DEV))
