@@ -18,6 +18,7 @@ from ..context import AuditContext
 from ..finding import Finding
 from ..patterns import (
     ACTIVATION_OPS,
+    BATCH_NORM_OPS,
     BINARY_POINTWISE_OPS,
     NORM_OPS,
     first_modules,
@@ -79,5 +80,8 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
                     "modules": first_modules(c.norm.module for c in chains)}
         message = (f"{pattern} runs as {1 + len(chains[0].ops)} kernels at {len(chains)} "
                    f"site(s): fusing writes and re-reads {nbytes / 1e6:,.1f} MB less a step")
+        if not ctx.train and chains[0].norm.name in BATCH_NORM_OPS:
+            message += (" (for inference, folding the BatchNorm into the convolution before it "
+                         "and the rest into its epilogue removes these passes altogether)")
         yield ctx.finding(RULE, module_pattern(c.norm.module for c in chains), message,
                           evidence, saving_s=ctx.bytes_time_s(nbytes), fix="fuse-norm-act")
