@@ -70,7 +70,7 @@ def _strided_view(t: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, tup
         t4 = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
     else:
         t4 = t.reshape(-1, *t.shape[-3:])
-    return t4, t4.stride(), t4.dim() == 1
+    return t4, t4.stride(), False
 
 
 def _dims(shape: torch.Size) -> tuple[int, int, int, int]:
@@ -89,7 +89,7 @@ def _dims(shape: torch.Size) -> tuple[int, int, int, int]:
 def _hi_lo(value: float) -> tuple[float, float]:
     """value as fp32 hi + fp32 lo (Triton passes Python floats as fp32; see _wide)."""
     hi = float(np.float32(value))
-    return hi, float(value) - hi if math.isfinite(hi) else 0.0
+    return hi, (float(value) - hi if math.isfinite(hi) else 0.0)
 
 
 def _tiling(n: int, rows: int) -> tuple[bool, int, int, int]:
@@ -198,9 +198,13 @@ def _setup_context(ctx, inputs, output):
     x, seed, p, scale, mask, is_causal = inputs
     ctx.save_for_backward(x, seed, mask, output[1])
     ctx.p, ctx.scale, ctx.is_causal = p, scale, is_causal
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)  # no zero-filled (2, rows) gradient for the stats
 
 
 def _backward(ctx, dy, _dstats):
+    if dy is None:
+        return None, None, None, None, None, None
     x, seed, mask, stats = ctx.saved_tensors
     need_x, need_mask = ctx.needs_input_grad[0], ctx.needs_input_grad[4]
     args = (x, stats, seed, ctx.p, ctx.scale, mask, ctx.is_causal)
