@@ -17,9 +17,9 @@ memory on every tile.
 Reductions are deterministic two-stage sums: one wave of (j, channel block) programs, program j
 summing row blocks j, j + P, j + 2P, ... (so the wave sweeps the tensor front to back), writes
 partial sums; a small finalize kernel adds them in a fixed order. The forward sums
-(x - K) and (x - K)^2 with K = the first row of x per channel, so a mean far from zero costs no
-precision. Elementwise passes visit row blocks in reverse: the reduction before them read the
-tail of the tensor last, so their first reads still hit L2.
+(x - K) and (x - K)^2 with K = the mean of x's first row block per channel, so a mean far from
+zero costs no precision. Elementwise passes visit row blocks in reverse: the reduction before
+them read the tail of the tensor last, so their first reads still hit L2.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def _shifted_tile(x_ptr, rb, rb_end, c_off, offs, cmask, shift_x, shift, C, L,
 @triton.jit(do_not_specialize=["P"])  # one compiled kernel for every grid size
 def _stats_kernel(
     x_ptr,      # input, read through the (O, L, C) view
-    part_ptr,   # (2, P, C) out, fp32/fp64: per-program sum(x - K) and sum((x - K)^2)
+    part_ptr,   # (2P + 1, C) out, fp32/fp64: per-program sum(x - K), sum((x - K)^2); then K
     C, L, n_rb, P,
     BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, CHANNELS_LAST: tl.constexpr,
 ):
@@ -131,8 +131,11 @@ def _stats_kernel(
     cmask = cols < C
     offs, s_c = _tile_offsets(C, L, BLOCK_L, BLOCK_C, CHANNELS_LAST)
     c_off = (cb * BLOCK_C).to(tl.int64) * s_c
-    # K = x[row 0]: a sample of each channel, so (x - K) is of the order of the spread
-    shift_x = tl.load(x_ptr + cols * s_c, mask=cmask, other=0.0)
+    # K = mean of row block 0, rounded to x's dtype (so masked lanes can load K itself):
+    # |K - mean| is a fraction of the spread, and so is every (x - K)
+    _, _, rmask0 = _block_at(0, True, C, L, BLOCK_L, CHANNELS_LAST)
+    first = tl.load(x_ptr + c_off + offs, mask=rmask0[:, None] & cmask[None, :], other=0.0)
+    shift_x = (tl.sum(first.to(acc_ty), axis=0) / tl.minimum(L, BLOCK_L)).to(x_ptr.dtype.element_ty)
     shift = shift_x.to(acc_ty)
     acc1 = tl.zeros((BLOCK_L, BLOCK_C), acc_ty)
     acc2 = tl.zeros((BLOCK_L, BLOCK_C), acc_ty)
@@ -148,6 +151,8 @@ def _stats_kernel(
         acc2 += d1 * d1
     tl.store(part_ptr + j * C + cols, tl.sum(acc1, axis=0), mask=cmask)
     tl.store(part_ptr + (P + j) * C + cols, tl.sum(acc2, axis=0), mask=cmask)
+    if j == 0:  # every program computed the same K; the finalize needs it too
+        tl.store(part_ptr + 2 * P * C + cols, shift, mask=cmask)
 
 
 @triton.jit
@@ -164,21 +169,18 @@ def _sum_partials(part_ptr, row0, P, C, cols, cmask, acc_ty: tl.constexpr,
 
 @triton.jit
 def _stats_finalize_kernel(
-    part_ptr,               # (2, P, C) partial shifted sums from _stats_kernel
-    x_ptr,                  # input: row 0 is the shift K
+    part_ptr,               # (2P + 1, C) partial shifted sums and the shift K, from _stats_kernel
     mean_ptr, rstd_ptr,     # (C,) out: batch mean and 1/sqrt(biased var + eps)
     rmean_ptr, rvar_ptr,    # (C,) running stats, blended in place when UPDATE
-    C, L, P, M, eps, momentum,
-    UPDATE: tl.constexpr, CHANNELS_LAST: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    C, P, M, eps, momentum,
+    UPDATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     acc_ty = mean_ptr.dtype.element_ty
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     s1 = _sum_partials(part_ptr, 0, P, C, cols, cmask, acc_ty, BLOCK_P, BLOCK_C)
     s2 = _sum_partials(part_ptr, P, P, C, cols, cmask, acc_ty, BLOCK_P, BLOCK_C)
-    s_c = 1 if CHANNELS_LAST else L
-    shift = tl.load(x_ptr + cols * s_c, mask=cmask, other=0.0).to(acc_ty)
+    shift = tl.load(part_ptr + 2 * P * C + cols, mask=cmask, other=0.0)
     n = tl.zeros((), acc_ty) + M
     mean = shift + s1 / n
     m2 = tl.maximum(s2 - s1 * (s1 / n), 0.0)  # sum of squared deviations from the mean

@@ -104,6 +104,9 @@ def _programs_per_sm(compiled) -> int:
     return _OCCUPANCY[key]
 
 
+_PROGRAMS: dict[tuple, int] = {}
+
+
 def _reduction_programs(kernel, args: list, meta: dict, n_cb: int, n_rb: int,
                         block_l: int) -> int:
     """P, the programs per channel block of a grid-stride reduction: one wave of resident
@@ -113,9 +116,13 @@ def _reduction_programs(kernel, args: list, meta: dict, n_cb: int, n_rb: int,
     device = next(a for a in args if isinstance(a, torch.Tensor)).device
     if device.type != "cuda":
         return min(_INTERPRETER_PROGRAMS, most)
-    compiled = kernel.warmup(*args, grid=(1,), **meta)  # P is not specialised on: same binary
-    wave = _TUNING.reduce_waves * _sm_count(device) * _programs_per_sm(compiled)
-    return max(min(wave // n_cb, most), 1)
+    key = (kernel.__name__, device, _TUNING.reduce_waves, tuple(sorted(meta.items())),
+           *(str(a.dtype) if isinstance(a, torch.Tensor) else a for a in args))
+    if key not in _PROGRAMS:  # a binder call saved on every later launch
+        compiled = kernel.warmup(*args, grid=(1,), **meta)  # P is not specialised on
+        wave = _TUNING.reduce_waves * _sm_count(device) * _programs_per_sm(compiled)
+        _PROGRAMS[key] = max(min(wave // n_cb, most), 1)
+    return _PROGRAMS[key]
 
 
 @dataclass(frozen=True)
@@ -193,13 +200,12 @@ def batch_stats(x: torch.Tensor, running_mean: torch.Tensor | None,
                 num_warps=_TUNING.reduce_warps)
     args = [x, mean, view.C, view.L, n_rb, 1]
     P = _reduction_programs(_stats_kernel, args, meta, n_cb, n_rb, tiles.block_l)
-    part = torch.empty((2, P, view.C), dtype=mean.dtype, device=x.device)
+    part = torch.empty((2 * P + 1, view.C), dtype=mean.dtype, device=x.device)
     _stats_kernel[(P * n_cb,)](x, part, view.C, view.L, n_rb, P, **meta)
     update = running_mean is not None
     _stats_finalize_kernel[(triton.cdiv(view.C, _FINALIZE_BLOCK_C),)](
-        part, x, mean, rstd, running_mean if update else mean, running_var if update else rstd,
-        view.C, view.L, P, view.M, eps, momentum,
-        UPDATE=update, CHANNELS_LAST=view.channels_last,
+        part, mean, rstd, running_mean if update else mean, running_var if update else rstd,
+        view.C, P, view.M, eps, momentum, UPDATE=update,
         BLOCK_P=_FINALIZE_BLOCK_P, BLOCK_C=_FINALIZE_BLOCK_C, num_warps=_FINALIZE_WARPS)
     return mean, rstd
 
