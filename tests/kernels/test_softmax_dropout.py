@@ -110,6 +110,8 @@ def test_gate_float64_and_fp16_large_values():
     gate(randn(4, 37, dtype=torch.float64), 0.3, scale=0.7)
     near_max = 60000 + 100 * torch.randn(3, 70, device=DEV)
     gate(near_max.half().requires_grad_(), 0.2)
+    for dtype in (torch.float16, torch.bfloat16):  # large logits, small differences
+        gate((700 + 3 * torch.randn(3, 70, device=DEV)).to(dtype).requires_grad_(), 0.2)
 
 
 def test_zero_rows():
