@@ -195,7 +195,7 @@ def _tensor_dtype(rec: OpRecord) -> str:
     return "fp32"
 
 
-def _gemm_math(rec: OpRecord, dtype: str, math: str | None, family: str) -> str:
+def _gemm_math(dtype: str, math: str | None, family: str) -> str:
     """The dtype key GEMM-class work runs at (see the module docstring)."""
     if math is None:
         return "tf32" if dtype == "fp32" and family == "conv" else dtype
@@ -214,7 +214,7 @@ def op_cost(rec: OpRecord, gpu: GPUSpec, math: str | None = None,
     effs: list[GemmEfficiency] = []
     compute_s, gemm_flops, math_key, used_tc = 0.0, 0, dtype, False
     for g in work.gemms:
-        key = _gemm_math(rec, dtype, math, g.family)
+        key = _gemm_math(dtype, math, g.family)
         tc = g.tensor_cores and gpu.has_tensor_cores(key)
         eff = gemm_efficiency(g, gpu, key, tensor_cores=tc)
         compute_s += g.flops / (gpu.attainable_flops(key, tensor_cores=tc) * eff.efficiency)
