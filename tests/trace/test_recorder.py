@@ -197,3 +197,16 @@ def test_bad_arguments():
         gpushape.trace(_meta_net(), (meta(2, 3, 8, 8),), device="cpu")
     with pytest.raises(TraceError, match="requires grad"):
         gpushape.trace(Net().requires_grad_(False), (meta(2, 3, 8, 8),), train=True)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_convolution_layout_on_meta_follows_cuda(channels_last):
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    with torch.device("meta"):
+        net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 1))
+    net = net.to(memory_format=fmt)
+    x = torch.empty(2, 3, 12, 12, device="meta").contiguous(memory_format=fmt)
+    t = gpushape.trace(net, (x,), train=True)
+    expected = "channels_last" if channels_last else "contiguous"
+    for name in ("convolution", "native_batch_norm", "relu", "convolution_backward"):
+        assert {op.outputs[0].memory_format for op in ops_named(t, name)} == {expected}, name

@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import GpushapeError
 from .records import DTYPE_BYTES, OpRecord, TensorMeta
+from .routing import cuda_output_layout
 
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 _VIEW_OPS = {"aten._unsafe_view", "aten.detach", "aten.lift_fresh", "aten.alias",
@@ -182,6 +183,8 @@ class Recorder(TorchDispatchMode):
             module, mtype, *_ = self._attribution(None)
             raise TraceError(failure_message(str(func), module, mtype, self.phase,
                                              self.device, exc)) from exc
+        if self.device == "meta":
+            out = cuda_output_layout(func, args, out)
         self._record(func, args, kwargs, out)
         return out
 

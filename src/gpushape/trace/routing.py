@@ -8,6 +8,11 @@ Dropout: in training, CUDA runs `F.dropout` (not in place, 0 < p < 1) as one fus
 `aten.native_dropout` (output and a boolean mask; `native_dropout_backward` in backward), where
 meta decomposes it into bernoulli_, div_ and mul over a mask as wide as the input.
 
+Convolution layout: on meta, `aten.convolution` always returns a contiguous (NCHW) output; CUDA
+returns channels_last when the input or the weight is channels_last (cuDNN's suggested memory
+format), and every op after it keeps that layout. `cuda_output_layout` restrides the meta output
+the same way (the recorder applies it to every op it sees on meta).
+
 SDPA: PyTorch picks the backend from the device: on CUDA, flash attention or the
 memory-efficient kernel when their constraints hold; on the meta device it always falls back to
 the math path (Q K^T, softmax, @ V as separate ops, with the T x T score matrix in memory).
@@ -79,6 +84,23 @@ def route_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             q, k, v, _as_bias(attn_mask, q, k), need_lse, dropout_p, is_causal, scale=scale)
         return out[0]
     return None
+
+
+_CONVOLUTION = torch.ops.aten.convolution.default
+
+
+def _channels_last(t: torch.Tensor, fmt: torch.memory_format) -> bool:
+    return torch._prims_common.suggest_memory_format(t) == fmt
+
+
+def cuda_output_layout(func: Any, args: tuple, out: Any) -> Any:
+    """A meta convolution's output in the memory format CUDA would give it."""
+    if func is not _CONVOLUTION or not isinstance(out, torch.Tensor) or out.dim() not in (4, 5):
+        return out
+    fmt = torch.channels_last if out.dim() == 4 else torch.channels_last_3d
+    if _channels_last(args[0], fmt) or _channels_last(args[1], fmt):
+        return out.contiguous(memory_format=fmt)
+    return out
 
 
 def route_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,
