@@ -15,6 +15,7 @@ from gpushape.kernels.batch_norm_act import (
     BatchNormAct2d,
     batch_norm_act,
     batch_norm_act_apply,
+    batch_norm_act_backward,
     batch_norm_stats,
 )
 
@@ -25,26 +26,20 @@ CF = torch.contiguous_format
 CUDA = torch.device("cuda")
 
 
-def _torch_composition(training: bool, activation: str, running=None, eps: float = 1e-5):
+def _torch_composition(training: bool, activation: str, running=None):
     """PyTorch's own BatchNorm2d + add + activation, as a function of (x, w, b[, r])."""
-
     def fn(x, w, b, r=None):
         stat_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        rm, rv = (None, None) if running is None else (
-            t.to(x.device, stat_dtype) for t in running)
-        y = F.batch_norm(x, rm, rv, w, b, training, 0.1, eps)
-        if r is not None:
-            y = y + r
+        rm, rv = (t.to(x.device, stat_dtype) for t in running) if running else (None, None)
+        y = F.batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5) + (0 if r is None else r)
         return F.relu(y) if activation == "relu" else y
-
     return fn
 
 
-def _ours(training: bool, activation: str, running=None, eps: float = 1e-5):
+def _ours(training: bool, activation: str, running=None):
     def fn(x, w, b, r=None):
-        rm, rv = (None, None) if running is None else (t.clone().to(x.device) for t in running)
-        return batch_norm_act(x, w, b, rm, rv, training, 0.1, eps, activation, r)
-
+        rm, rv = (t.clone().to(x.device) for t in running) if running else (None, None)
+        return batch_norm_act(x, w, b, rm, rv, training, 0.1, 1e-5, activation, r)
     return fn
 
 
@@ -71,6 +66,9 @@ def _gate(shape, dtype, fmt, *, training=True, activation="relu", residual=True,
 # ---- numeric gate, Triton kernels in the interpreter ----
 
 GATE_SHAPES = [(3, 1, 5, 7), (2, 3, 7, 5), (2, 63, 3, 5), (2, 65, 5, 3), (4, 16, 24, 20)]
+VARIANTS = [  # training, activation, residual, affine
+    (True, "none", True, True), (True, "relu", False, True), (True, "none", False, False),
+    (False, "relu", True, True), (False, "none", False, True), (False, "relu", False, False)]
 
 
 @pytest.mark.parametrize("fmt", [CL, CF], ids=["channels_last", "nchw"])
@@ -80,9 +78,7 @@ def test_training_relu_residual_gate(interpret, shape, dtype, fmt):
     _gate(shape, dtype, fmt)
 
 
-@pytest.mark.parametrize(("training", "activation", "residual", "affine"), [
-    (True, "none", True, True), (True, "relu", False, True), (True, "none", False, False),
-    (False, "relu", True, True), (False, "none", False, True), (False, "relu", False, False)])
+@pytest.mark.parametrize(("training", "activation", "residual", "affine"), VARIANTS)
 @pytest.mark.parametrize("fmt", [CL, CF], ids=["channels_last", "nchw"])
 def test_variants_gate(interpret, training, activation, residual, affine, fmt):
     _gate((2, 10, 6, 7), torch.float32, fmt, training=training, activation=activation,
@@ -140,15 +136,9 @@ def test_strided_inputs_equal_contiguous(interpret):
     got = _run_fwd_bwd(x_sliced, r.contiguous(), dy, w, b)
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
-    assert got[0].shape == x.shape
-
-
-def test_output_keeps_the_input_layout(interpret):
-    for fmt in (CL, CF):
-        x, w, b, r = _inputs((2, 16, 3, 5), torch.bfloat16, fmt)
-        y = batch_norm_act(x, w, b, None, None, True, residual=r)
-        y.backward(torch.randn_like(y))
-        assert y.is_contiguous(memory_format=fmt) and x.grad.is_contiguous(memory_format=fmt)
+    for fmt in (CL, CF):  # outputs and gradients keep the input's layout
+        y, dx, _ = _run_fwd_bwd(x.contiguous(memory_format=fmt), r, dy, w, b)
+        assert y.is_contiguous(memory_format=fmt) and dx.is_contiguous(memory_format=fmt)
 
 
 def test_nan_propagates_like_torch(interpret):
@@ -193,17 +183,13 @@ def test_running_stats_track_batchnorm2d(interpret, momentum, fmt):
         torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
     for name, t in ref.state_dict().items():
         torch.testing.assert_close(ours.state_dict()[name], t, rtol=1e-6, atol=1e-6)
-    ours.eval()
-    ref.eval()
     x = torch.randn(3, 12, 5, 7).contiguous(memory_format=fmt)
-    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.eval()(x), ref.eval()(x), rtol=1e-5, atol=1e-5)
 
 
 def test_state_dict_matches_batchnorm2d():
-    ref = nn.BatchNorm2d(7)
-    ref.running_mean.normal_()
-    ref.weight.data.normal_()
-    ours = BatchNormAct2d(7)
+    ref, ours = nn.BatchNorm2d(7), BatchNormAct2d(7)
+    torch.nn.init.normal_(ref.running_mean), torch.nn.init.normal_(ref.weight)
     assert list(ours.state_dict()) == list(ref.state_dict())
     ours.load_state_dict(ref.state_dict(), strict=True)
     ref.load_state_dict(ours.state_dict(), strict=True)
@@ -272,10 +258,10 @@ def _module_step(module, x, r, dy):
     return y.detach(), x.grad, r.grad, module.weight.grad
 
 
-def _check_compiled_module(device, backend="inductor"):
+def _check_compiled_module(device):
     torch._dynamo.reset()
     eager, compiled = BatchNormAct2d(16).to(device), BatchNormAct2d(16).to(device)
-    fn = torch.compile(compiled, fullgraph=True, backend=backend)
+    fn = torch.compile(compiled, fullgraph=True)
     for _ in range(2):
         x, _, _, r = (t.detach() for t in _inputs((4, 16, 6, 5), torch.float32, CL, device))
         dy = torch.randn_like(x)
@@ -288,6 +274,25 @@ def _check_compiled_module(device, backend="inductor"):
 
 def test_compiled_module_fullgraph_cpu(reference_path):
     _check_compiled_module("cpu")
+
+
+def _opcheck_all(device):
+    """Schema, fake implementation, autograd registration and AOT dispatch of the three ops
+    (eager calls bypass them; torch.compile relies on them)."""
+    x, w, b, r = _inputs((2, 5, 3, 4), torch.float32, CL, device)
+    mean, rstd = batch_norm_stats(x.detach(), None, None, 0.1, 1e-5)
+    running = (torch.zeros(5, device=device), torch.ones(5, device=device))
+    apply_args = (x, mean, rstd, w, b, r, 1e-5, True, "relu")
+    bits = batch_norm_act_apply(*apply_args)[1]
+    bwd_args = (torch.randn_like(x), x.detach(), w.detach(), mean, rstd, bits, 1e-5, True,
+                "relu", True)
+    for op, args in ((batch_norm_stats, (x.detach(), *running, 0.1, 1e-5)),
+                     (batch_norm_act_apply, apply_args), (batch_norm_act_backward, bwd_args)):
+        torch.library.opcheck(op, args)
+
+
+def test_custom_ops_opcheck(reference_path):
+    _opcheck_all("cpu")
 
 
 # ---- GPU lane ----
@@ -306,9 +311,7 @@ def test_gpu_training_gate(shape, dtype, fmt):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("training", "activation", "residual", "affine"), [
-    (True, "none", True, True), (True, "relu", False, True), (True, "none", False, False),
-    (False, "relu", True, True), (False, "none", False, True), (False, "relu", False, False)])
+@pytest.mark.parametrize(("training", "activation", "residual", "affine"), VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_variants_gate(training, activation, residual, affine, dtype):
     for fmt in (CL, CF):
@@ -344,8 +347,9 @@ def test_gpu_repeated_backward_bitwise_equal_50_times():
 
 
 @pytest.mark.gpu
-def test_gpu_compiled_module_fullgraph():
+def test_gpu_compiled_module_fullgraph_and_opcheck():
     _check_compiled_module(CUDA)
+    _opcheck_all(CUDA)
 
 
 @pytest.mark.gpu

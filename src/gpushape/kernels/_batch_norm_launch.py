@@ -15,7 +15,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ._batch_norm_bwd_kernels import _bwd_apply_kernel, _bwd_finalize_kernel, _bwd_reduce_kernel
 from ._batch_norm_kernels import _apply_kernel, _stats_finalize_kernel, _stats_kernel
@@ -71,6 +70,15 @@ _FALLBACK_PROGRAMS_PER_SM = 4
 # The interpreter runs programs one after another: a few programs keep CI fast and still
 # exercise the multi-program partial sums.
 _INTERPRETER_PROGRAMS = 3
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    """Smallest power of two >= n (plain Python: triton's helpers cost microseconds a call)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 @functools.cache
@@ -139,7 +147,7 @@ class _View:
     def of(x: torch.Tensor) -> _View:
         n, c, h, w = x.shape
         cl = _kernel_layout(x) == torch.channels_last
-        return _View(cl, c, n * h * w if cl else h * w, n * h * w, triton.cdiv(c, 8))
+        return _View(cl, c, n * h * w if cl else h * w, n * h * w, _cdiv(c, 8))
 
 
 def _kernel_layout(x: torch.Tensor) -> torch.memory_format:
@@ -160,28 +168,29 @@ class _Tiles:
     block_c: int
 
 
+@functools.lru_cache(maxsize=256)
 def _tiles(view: _View, elem_bytes: int, tile_bytes: int, max_block_c: int) -> _Tiles:
     elems = max(tile_bytes // elem_bytes, 64)
-    c_pow2 = max(triton.next_power_of_2(view.C), 8)  # >= 8: mask bits are packed 8 a byte
+    c_pow2 = max(_pow2(view.C), 8)  # >= 8: mask bits are packed 8 a byte
     if view.channels_last:
         block_c = min(c_pow2, max_block_c)
         block_l = max(elems // block_c, 1)
     else:  # L is contiguous: long runs along L; 8 channels (one mask byte) when L is long
-        block_l = min(max(triton.next_power_of_2(view.L), 16), elems // 8)
+        block_l = min(max(_pow2(view.L), 16), elems // 8)
         block_c = min(max(elems // block_l, 8), c_pow2, _NCHW_MAX_BLOCK_C)
     return _Tiles(block_l, block_c)
 
 
 def _n_row_blocks(view: _View, block_l: int) -> int:
     outer = view.M // view.L if view.L else 0
-    return outer * triton.cdiv(view.L, block_l)
+    return outer * _cdiv(view.L, block_l)
 
 
 def _reduce_tiles(view: _View, x: torch.Tensor) -> tuple[_Tiles, int, int]:
     """Tiles, row blocks and channel blocks of a reduction."""
     tiles = _tiles(view, x.element_size(), _TUNING.reduce_tile_bytes,
                    _TUNING.reduce_max_block_c)
-    return tiles, _n_row_blocks(view, tiles.block_l), triton.cdiv(view.C, tiles.block_c)
+    return tiles, _n_row_blocks(view, tiles.block_l), _cdiv(view.C, tiles.block_c)
 
 
 def stat_dtype(x: torch.Tensor) -> torch.dtype:
@@ -203,7 +212,7 @@ def batch_stats(x: torch.Tensor, running_mean: torch.Tensor | None,
     part = torch.empty((2 * P + 1, view.C), dtype=mean.dtype, device=x.device)
     _stats_kernel[(P * n_cb,)](x, part, view.C, view.L, n_rb, P, **meta)
     update = running_mean is not None
-    _stats_finalize_kernel[(triton.cdiv(view.C, _FINALIZE_BLOCK_C),)](
+    _stats_finalize_kernel[(_cdiv(view.C, _FINALIZE_BLOCK_C),)](
         part, mean, rstd, running_mean if update else mean, running_var if update else rstd,
         view.C, P, view.M, eps, momentum, UPDATE=update,
         BLOCK_P=_FINALIZE_BLOCK_P, BLOCK_C=_FINALIZE_BLOCK_C, num_warps=_FINALIZE_WARPS)
@@ -220,7 +229,7 @@ def _apply_grid(view: _View, x: torch.Tensor) -> tuple[_Tiles, int, int]:
     tiles = _tiles(view, x.element_size(), _TUNING.apply_tile_bytes,
                    _TUNING.apply_max_block_c)
     n_rb = _n_row_blocks(view, tiles.block_l)
-    return tiles, n_rb, n_rb * triton.cdiv(view.C, tiles.block_c)
+    return tiles, n_rb, n_rb * _cdiv(view.C, tiles.block_c)
 
 
 def apply(x, mean, stat, weight, bias, residual, eps: float, stat_is_var: bool, relu: bool):
@@ -266,7 +275,7 @@ def backward(dy, x, weight, mean, stat, bits, eps: float, training: bool, relu: 
     args[6], args[13] = part, P
     _bwd_reduce_kernel[(P * n_cb,)](*args, **meta)
     dw, db = torch.empty_like(mean), torch.empty_like(mean)
-    _bwd_finalize_kernel[(triton.cdiv(view.C, _FINALIZE_BLOCK_C),)](
+    _bwd_finalize_kernel[(_cdiv(view.C, _FINALIZE_BLOCK_C),)](
         part, mean, stat, dw, db, view.C, P, eps, STAT_IS_VAR=not training,
         BLOCK_P=_FINALIZE_BLOCK_P, BLOCK_C=_FINALIZE_BLOCK_C, num_warps=_FINALIZE_WARPS)
     if training:

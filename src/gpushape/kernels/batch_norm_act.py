@@ -3,8 +3,9 @@
     y = act(batch_norm(x) * weight + bias + residual),  act in {"relu", "none"}
 
 Training uses the batch statistics (fp32, fp64 for fp64 input) and blends the running stats as
-torch does (unbiased variance, `momentum`); eval uses the running stats. Two custom ops carry it
-through torch.compile and CUDA graphs:
+torch does (unbiased variance, `momentum`); eval uses the running stats. Eager calls run the
+implementations through a torch.autograd.Function; under torch.compile these custom ops carry
+them (CUDA-graph capture works on either path):
   gpushape::batch_norm_stats       mean, rstd of x; updates running stats in place (no autograd:
                                    called on x.detach())
   gpushape::batch_norm_act_apply   y and the ReLU mask bits, with a registered autograd whose
@@ -107,11 +108,10 @@ def _backward_ref(dy, x, weight, mean, stat, bits, eps, training, relu, res_grad
     return _like(x, a.view(_CHANNEL) * dz_x), dw, db, dres
 
 
-# ---- custom ops ----
+# ---- implementations (Triton or reference), registered as custom ops below ----
 
-@torch.library.custom_op("gpushape::batch_norm_stats", mutates_args=("running_mean", "running_var"))
-def batch_norm_stats(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
-                     momentum: float, eps: float) -> tuple[Tensor, Tensor]:
+def _stats(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+           momentum: float, eps: float) -> tuple[Tensor, Tensor]:
     """Batch mean and 1/sqrt(var + eps) per channel; blends running stats in place if given."""
     if x.numel() == 0:  # as torch: nothing to normalise, running stats untouched
         zeros = x.new_zeros(x.shape[1], dtype=launch.stat_dtype(x))
@@ -121,16 +121,9 @@ def batch_norm_stats(x: Tensor, running_mean: Tensor | None, running_var: Tensor
     return _stats_ref(x, running_mean, running_var, momentum, eps)
 
 
-@batch_norm_stats.register_fake
-def _(x, running_mean, running_var, momentum, eps):
-    mean = x.new_empty(x.shape[1], dtype=launch.stat_dtype(x))
-    return mean, torch.empty_like(mean)
-
-
-@torch.library.custom_op("gpushape::batch_norm_act_apply", mutates_args=())
-def batch_norm_act_apply(x: Tensor, mean: Tensor, stat: Tensor, weight: Tensor | None,
-                         bias: Tensor | None, residual: Tensor | None, eps: float,
-                         training: bool, activation: str) -> tuple[Tensor, Tensor]:
+def _apply(x: Tensor, mean: Tensor, stat: Tensor, weight: Tensor | None, bias: Tensor | None,
+           residual: Tensor | None, eps: float, training: bool,
+           activation: str) -> tuple[Tensor, Tensor]:
     """(y, ReLU mask bits). `stat` is the batch rstd when training, else the running var.
     With training set the backward treats mean/stat as x's batch statistics."""
     relu = activation == "relu"
@@ -139,18 +132,9 @@ def batch_norm_act_apply(x: Tensor, mean: Tensor, stat: Tensor, weight: Tensor |
     return _apply_ref(x, mean, stat, weight, bias, residual, eps, not training, relu)
 
 
-@batch_norm_act_apply.register_fake
-def _(x, mean, stat, weight, bias, residual, eps, training, activation):
-    n, c, h, w = x.shape
-    shape = (n * h * w, (c + 7) // 8) if activation == "relu" else (0,)
-    return torch.empty_like(x), x.new_empty(shape, dtype=torch.uint8)
-
-
-@torch.library.custom_op("gpushape::batch_norm_act_backward", mutates_args=())
-def batch_norm_act_backward(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor,
-                            stat: Tensor, bits: Tensor, eps: float, training: bool,
-                            activation: str, res_grad: bool) -> tuple[Tensor, Tensor, Tensor,
-                                                                      Tensor]:
+def _backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, stat: Tensor,
+                   bits: Tensor, eps: float, training: bool, activation: str,
+                   res_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, dweight, dbias, d_residual); dweight/dbias in the statistics dtype."""
     relu = activation == "relu"
     if x.numel() == 0:
@@ -162,6 +146,64 @@ def batch_norm_act_backward(dy: Tensor, x: Tensor, weight: Tensor | None, mean: 
     return _backward_ref(dy, x, weight, mean, stat, bits, eps, training, relu, res_grad)
 
 
+def _save(ctx, inputs, bits: Tensor) -> None:
+    x, mean, stat, weight, bias, residual, eps, training, activation = inputs
+    ctx.save_for_backward(x, weight, mean, stat, bits)
+    ctx.eps, ctx.training, ctx.activation = eps, training, activation
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.has_residual = residual is not None
+
+
+def _input_grads(ctx, dy: Tensor, backward_fn) -> tuple:
+    """Gradients for (x, mean, stat, weight, bias, residual, eps, training, activation)."""
+    x, weight, mean, stat, bits = ctx.saved_tensors
+    relu = ctx.activation == "relu"
+    dx, dw, db, dres = backward_fn(dy, x, weight, mean, stat, bits, ctx.eps, ctx.training,
+                                   ctx.activation, ctx.has_residual and relu)
+    dweight = dw.to(weight.dtype) if weight is not None else None
+    dbias = db.to(ctx.bias_dtype) if ctx.bias_dtype is not None else None
+    dresidual = (dres if relu else dy) if ctx.has_residual else None
+    return dx, None, None, dweight, dbias, dresidual, None, None, None
+
+
+class _BatchNormActFn(torch.autograd.Function):
+    """The eager path: the same implementations without the custom-op dispatch (its Python
+    costs more than these kernels take at ResNet's smaller stages)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        y, bits = _apply(*inputs)
+        _save(ctx, inputs, bits)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _input_grads(ctx, dy, _backward_impl)
+
+
+# ---- custom ops: what torch.compile traces (fake implementations, registered autograd) ----
+
+batch_norm_stats = torch.library.custom_op(
+    "gpushape::batch_norm_stats", _stats, mutates_args=("running_mean", "running_var"))
+batch_norm_act_apply = torch.library.custom_op(
+    "gpushape::batch_norm_act_apply", _apply, mutates_args=())
+batch_norm_act_backward = torch.library.custom_op(
+    "gpushape::batch_norm_act_backward", _backward_impl, mutates_args=())
+
+
+@batch_norm_stats.register_fake
+def _(x, running_mean, running_var, momentum, eps):
+    mean = x.new_empty(x.shape[1], dtype=launch.stat_dtype(x))
+    return mean, torch.empty_like(mean)
+
+
+@batch_norm_act_apply.register_fake
+def _(x, mean, stat, weight, bias, residual, eps, training, activation):
+    n, c, h, w = x.shape
+    shape = (n * h * w, (c + 7) // 8) if activation == "relu" else (0,)
+    return torch.empty_like(x), x.new_empty(shape, dtype=torch.uint8)
+
+
 @batch_norm_act_backward.register_fake
 def _(dy, x, weight, mean, stat, bits, eps, training, activation, res_grad):
     dres = torch.empty_like(x) if res_grad else x.new_empty((0,))
@@ -169,27 +211,13 @@ def _(dy, x, weight, mean, stat, bits, eps, training, activation, res_grad):
 
 
 def _setup_context(ctx, inputs, output):
-    x, mean, stat, weight, bias, residual, eps, training, activation = inputs
-    ctx.save_for_backward(x, weight, mean, stat, output[1])
-    ctx.eps, ctx.training, ctx.activation = eps, training, activation
-    ctx.bias_dtype = bias.dtype if bias is not None else None
-    ctx.has_residual = residual is not None
+    _save(ctx, inputs, output[1])
     ctx.mark_non_differentiable(output[1])
 
 
-def _backward(ctx, dy, _dbits):
-    x, weight, mean, stat, bits = ctx.saved_tensors
-    relu = ctx.activation == "relu"
-    dx, dw, db, dres = batch_norm_act_backward(
-        dy, x, weight, mean, stat, bits, ctx.eps, ctx.training, ctx.activation,
-        ctx.has_residual and relu)
-    dweight = dw.to(weight.dtype) if weight is not None else None
-    dbias = db.to(ctx.bias_dtype) if ctx.bias_dtype is not None else None
-    dresidual = (dres if relu else dy) if ctx.has_residual else None
-    return dx, None, None, dweight, dbias, dresidual, None, None, None
-
-
-batch_norm_act_apply.register_autograd(_backward, setup_context=_setup_context)
+batch_norm_act_apply.register_autograd(
+    lambda ctx, dy, _dbits: _input_grads(ctx, dy, batch_norm_act_backward),
+    setup_context=_setup_context)
 
 
 # ---- functional and module ----
@@ -237,12 +265,16 @@ def batch_norm_act(x: Tensor, weight: Tensor | None, bias: Tensor | None,
     """
     _check(x, weight, bias, running_mean, running_var, residual, training, eps, activation)
     eps = float(eps)
+    compiling = torch.compiler.is_compiling()
     if training:
-        mean, stat = batch_norm_stats(x.detach(), running_mean, running_var, float(momentum), eps)
+        stats = batch_norm_stats if compiling else _stats
+        mean, stat = stats(x.detach(), running_mean, running_var, float(momentum), eps)
     else:
         mean, stat = running_mean.to(launch.stat_dtype(x)), running_var
-    y, _ = batch_norm_act_apply(x, mean, stat, weight, bias, residual, eps, training, activation)
-    return y
+    inputs = (x, mean, stat, weight, bias, residual, eps, training, activation)
+    if compiling:
+        return batch_norm_act_apply(*inputs)[0]
+    return _BatchNormActFn.apply(*inputs)
 
 
 class BatchNormAct2d(nn.BatchNorm2d):
