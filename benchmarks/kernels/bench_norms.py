@@ -301,8 +301,9 @@ def sweep(rounds: int, repeats: int) -> list[dict]:
     shapes (by default 32768x4096 and 262144x768)."""
     options = [dict(), dict(bwd_elems_per_thread=4), dict(bwd_elems_per_thread=16),
                dict(bwd_warps_per_sm=32), dict(bwd_warps_per_sm=8), dict(bwd_tile_elems=4096),
-               dict(fwd_tile_elems=8192), dict(fwd_tile_elems=2048),
-               dict(fwd_elems_per_thread=8), dict(fwd_elems_per_thread=32)]
+               dict(prefetch2_max_elems_per_thread=0), dict(fwd_tile_elems=8192),
+               dict(fwd_tile_elems=2048), dict(fwd_elems_per_thread=8),
+               dict(fwd_elems_per_thread=32), dict(fwd_tile_elems=8192, fwd_elems_per_thread=32)]
     op = OPS["layer_norm_gelu"]
     out = []
     for m, n in SHAPES[:2]:

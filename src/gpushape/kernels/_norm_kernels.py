@@ -43,21 +43,38 @@ def _tanh_gelu_inner(h):
 
 
 @triton.jit
-def _act(h, ACT: tl.constexpr):
+def _normal_cdf_fast(h):
+    """Phi(h) ~= sigmoid(h * (1.59760287 + 0.0705641 h^2)): a logistic fit of the normal CDF,
+    max abs error 1.4e-4 over the real line (1/28 of a bfloat16 unit at 1). The constants are the
+    fit's times log2(e), for exp2; 1/d is rsqrt(d)^2 (d >= 1, so no range fix-up as in a
+    division). About 8 instructions where erf takes ~34 (sm_90 SASS)."""
+    r = tl.rsqrt(1.0 + tl.exp2(h * (-2.3048537378589753 - 0.1018024771347929 * h * h)))
+    return r * r
+
+
+@triton.jit
+def _act(h, ACT: tl.constexpr, FAST: tl.constexpr):
     y = h
     if ACT == 1:
-        y = 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
+        if FAST:
+            y = h * _normal_cdf_fast(h)
+        else:
+            y = 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
     if ACT == 2:
         y = 0.5 * h * (1.0 + _tanh(_tanh_gelu_inner(h)))
     return y
 
 
 @triton.jit
-def _act_grad(h, ACT: tl.constexpr):
+def _act_grad(h, ACT: tl.constexpr, FAST: tl.constexpr):
     """d act(h) / dh for ACT in {1, 2} (callers skip it for the identity)."""
     if ACT == 1:
-        cdf = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476))
-        d = cdf + h * tl.exp(-0.5 * h * h) * 0.3989422804014327
+        # Phi(h) + h * phi(h); phi(h) = exp(-h^2/2) / sqrt(2 pi), with exp2 and log2(e) / 2.
+        pdf = tl.exp2(h * h * -0.7213475204444817) * 0.3989422804014327
+        if FAST:
+            d = _normal_cdf_fast(h) + h * pdf
+        else:
+            d = 0.5 * (1.0 + tl.math.erf(h * 0.7071067811865476)) + h * pdf
     else:
         t = _tanh(_tanh_gelu_inner(h))
         d_inner = (1.0 + h * h * 0.134145) * 0.7978845608028654  # 0.134145 = 3 * 0.044715
@@ -66,17 +83,19 @@ def _act_grad(h, ACT: tl.constexpr):
 
 
 @triton.jit
-def _affine_act(xhat, w, b, ACT: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+def _affine_act(xhat, w, b, ACT: tl.constexpr, FAST: tl.constexpr, HAS_W: tl.constexpr,
+                HAS_B: tl.constexpr):
     h = xhat
     if HAS_W:
         h = h * w
     if HAS_B:
         h = h + b
-    return _act(h, ACT)
+    return _act(h, ACT, FAST)
 
 
 @triton.jit
-def _grads_at(xhat, dy, w, b, ACT: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+def _grads_at(xhat, dy, w, b, ACT: tl.constexpr, FAST: tl.constexpr, HAS_W: tl.constexpr,
+              HAS_B: tl.constexpr):
     """Recompute the activation input from xhat and return (dh, g): dh = dL/dh (feeds dweight,
     dbias), g = dL/dxhat = dh * w (feeds dx)."""
     dh = dy
@@ -86,7 +105,7 @@ def _grads_at(xhat, dy, w, b, ACT: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.
             h = h * w
         if HAS_B:
             h = h + b
-        dh = dy * _act_grad(h, ACT)
+        dh = dy * _act_grad(h, ACT, FAST)
     g = dh
     if HAS_W:
         g = dh * w
@@ -104,9 +123,9 @@ def _norm_fwd_tile_kernel(
     MEAN,  # (M,) out, ACC (LayerNorm only)
     RSTD,  # (M,) out, ACC: 1 / sqrt(var + eps)
     M, N, eps,
-    ACT: tl.constexpr, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    ACT: tl.constexpr, FAST: tl.constexpr, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     """BLOCK_M whole rows per program, each held in registers: read x once, write y once."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -125,14 +144,16 @@ def _norm_fwd_tile_kernel(
         xc = x
     else:
         mean = tl.sum(x, axis=1) / N  # (BLOCK_M,)
-        xc = tl.where(mask, x - mean[:, None], 0.0)
+        xc = x - mean[:, None]
+        if not EVEN_N:  # padding columns must not enter the variance
+            xc = tl.where(mask, xc, 0.0)
         tl.store(MEAN + rows, mean, mask=row_ok)
     var = tl.sum(xc * xc, axis=1) / N  # two passes over registers: no cancellation
     rstd = tl.rsqrt(var + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)[None, :] if HAS_W else 1.0
     b = tl.load(B + cols, mask=col_ok, other=0.0).to(ACC)[None, :] if HAS_B else 0.0
-    y = _affine_act(xc * rstd[:, None], w, b, ACT, HAS_W, HAS_B)
+    y = _affine_act(xc * rstd[:, None], w, b, ACT, FAST, HAS_W, HAS_B)
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -140,7 +161,7 @@ def _norm_fwd_tile_kernel(
 def _norm_fwd_looped_kernel(
     X, R, S, Y, W, B, MEAN, RSTD,  # as in _norm_fwd_tile_kernel
     N, eps,
-    ACT: tl.constexpr, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    ACT: tl.constexpr, FAST: tl.constexpr, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -188,8 +209,15 @@ def _norm_fwd_looped_kernel(
         x = tl.load(src + base + c, mask=m, other=0.0).to(ACC)
         w = tl.load(W + c, mask=m, other=0.0).to(ACC) if HAS_W else 1.0
         b = tl.load(B + c, mask=m, other=0.0).to(ACC) if HAS_B else 0.0
-        y = _affine_act((x - mean) * rstd, w, b, ACT, HAS_W, HAS_B)
+        y = _affine_act((x - mean) * rstd, w, b, ACT, FAST, HAS_W, HAS_B)
         tl.store(Y + base + c, y.to(Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _tile(rows, cols, M, N):
+    """Offsets (int64) and mask of the (rows, cols) tile of an (M, N) row-major tensor."""
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    return rows.to(tl.int64)[:, None] * N + cols[None, :], mask
 
 
 @triton.jit
@@ -203,20 +231,21 @@ def _norm_bwd_kernel(
     DX,  # (M, N) out
     DW_PART, DB_PART,  # (P, N) out, ACC: this program's column sums of dh*xhat and dh
     M, N, tiles_per_program,
-    ACT: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    HAS_DS: tl.constexpr, STATS_GIVEN: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACT: tl.constexpr, FAST: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr, HAS_DS: tl.constexpr, STATS_GIVEN: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+    PREFETCH2: tl.constexpr,
 ):
     """dx for BLOCK_M-row tiles pid, pid + P, pid + 2P, ... of column block program_id(1), and
     this program's partial dweight / dbias (summed over programs afterwards).
 
     Single-block path (STATS_GIVEN=False): a tile holds whole rows, so the row means c1, c2 are
     reduced here and x, dy are read once. Looped path: c1, c2 come from _norm_bwd_row_sums_kernel.
-    The next tile's x and dy are loaded before this tile is computed, so one tile of loads is
-    always in flight per program.
+    x and dy of the next tile (next two with PREFETCH2) are loaded before this tile is computed:
+    a persistent program keeps loads in flight while it computes.
     """
     pid = tl.program_id(0)
-    num_programs = tl.num_programs(0)
+    step = tl.num_programs(0) * BLOCK_M
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)[None, :] if HAS_W else 1.0
@@ -224,29 +253,39 @@ def _norm_bwd_kernel(
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask = (rows < M)[:, None] & col_ok[None, :]
-    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    offs, mask = _tile(rows, cols, M, N)
     x_next = tl.load(X + offs, mask=mask, other=0.0)
     dy_next = tl.load(DY + offs, mask=mask, other=0.0)
+    if PREFETCH2:
+        offs, mask = _tile(rows + step, cols, M, N)
+        x_next2 = tl.load(X + offs, mask=mask, other=0.0)
+        dy_next2 = tl.load(DY + offs, mask=mask, other=0.0)
     for _ in range(tiles_per_program):
         x = x_next.to(ACC)
         dy = dy_next.to(ACC)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        next_rows = rows + num_programs * BLOCK_M
-        next_mask = (next_rows < M)[:, None] & col_ok[None, :]
-        next_offs = next_rows.to(tl.int64)[:, None] * N + cols[None, :]
-        x_next = tl.load(X + next_offs, mask=next_mask, other=0.0)
-        dy_next = tl.load(DY + next_offs, mask=next_mask, other=0.0)
+        offs, mask = _tile(rows, cols, M, N)
+        if HAS_DS:
+            ds = tl.load(DS + offs, mask=mask, other=0.0)
+        ahead_offs, ahead_mask = _tile(rows + (2 * step if PREFETCH2 else step), cols, M, N)
+        if PREFETCH2:
+            x_next = x_next2
+            dy_next = dy_next2
+            x_next2 = tl.load(X + ahead_offs, mask=ahead_mask, other=0.0)
+            dy_next2 = tl.load(DY + ahead_offs, mask=ahead_mask, other=0.0)
+        else:
+            x_next = tl.load(X + ahead_offs, mask=ahead_mask, other=0.0)
+            dy_next = tl.load(DY + ahead_offs, mask=ahead_mask, other=0.0)
 
+        row_ok = rows < M
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)[:, None]
         if IS_RMS:
             xhat = x * rstd
         else:
             mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)[:, None]
-            xhat = tl.where(mask, (x - mean) * rstd, 0.0)
-        dh, g = _grads_at(xhat, dy, w, b, ACT, HAS_W, HAS_B)
+            xhat = (x - mean) * rstd
+            if not EVEN_N:  # padding columns must not enter the row sums
+                xhat = tl.where(mask, xhat, 0.0)
+        dh, g = _grads_at(xhat, dy, w, b, ACT, FAST, HAS_W, HAS_B)
         dw_acc += dh * xhat
         db_acc += dh
         if STATS_GIVEN:
@@ -260,9 +299,9 @@ def _norm_bwd_kernel(
             dx -= c2
         dx *= rstd
         if HAS_DS:
-            dx += tl.load(DS + offs, mask=mask, other=0.0).to(ACC)
+            dx += ds.to(ACC)
         tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
-        rows = next_rows
+        rows += step
     part = pid.to(tl.int64) * N + cols
     if HAS_W:
         tl.store(DW_PART + part, tl.sum(dw_acc, axis=0), mask=col_ok)
@@ -275,7 +314,8 @@ def _norm_bwd_row_sums_kernel(
     DY, X, W, B, MEAN, RSTD,  # as in _norm_bwd_kernel
     C1, C2,  # (M,) out, ACC: row means of g*xhat and of g, g = dL/dxhat
     N,
-    ACT: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    ACT: tl.constexpr, FAST: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
     ACC: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Looped path, step 1: the two row reductions dx needs, one row per program."""
@@ -294,7 +334,7 @@ def _norm_bwd_row_sums_kernel(
         w = tl.load(W + c, mask=m, other=0.0).to(ACC) if HAS_W else 1.0
         b = tl.load(B + c, mask=m, other=0.0).to(ACC) if HAS_B else 0.0
         xhat = tl.where(m, (x - mean) * rstd, 0.0)
-        _, g = _grads_at(xhat, dy, w, b, ACT, HAS_W, HAS_B)
+        _, g = _grads_at(xhat, dy, w, b, ACT, FAST, HAS_W, HAS_B)
         acc1 += g * xhat
         acc2 += g
     tl.store(C1 + row, tl.sum(acc1, axis=0) / N)
