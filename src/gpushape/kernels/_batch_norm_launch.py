@@ -124,7 +124,7 @@ def _reduction_programs(kernel, args: list, meta: dict, n_cb: int, n_rb: int,
     device = next(a for a in args if isinstance(a, torch.Tensor)).device
     if device.type != "cuda":
         return min(_INTERPRETER_PROGRAMS, most)
-    key = (kernel.__name__, device, _TUNING.reduce_waves, tuple(sorted(meta.items())),
+    key = (id(kernel), device, _TUNING.reduce_waves, tuple(sorted(meta.items())),
            *(str(a.dtype) if isinstance(a, torch.Tensor) else a for a in args))
     if key not in _PROGRAMS:  # a binder call saved on every later launch
         compiled = kernel.warmup(*args, grid=(1,), **meta)  # P is not specialised on
