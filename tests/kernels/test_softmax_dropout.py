@@ -114,6 +114,13 @@ def test_gate_float64_and_fp16_large_values():
         gate((700 + 3 * torch.randn(3, 70, device=DEV)).to(dtype).requires_grad_(), 0.2)
 
 
+def test_constant_rows_are_uniform():
+    x = torch.full((3, 40), 2.5, device=DEV).requires_grad_()
+    gate(x, 0.3)
+    y = softmax_dropout(x, 0.0)
+    torch.testing.assert_close(y, torch.full_like(y, 1 / 40))
+
+
 def test_zero_rows():
     x = randn(0, 33)
     y = softmax_dropout(x, 0.3)
