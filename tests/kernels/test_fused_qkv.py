@@ -96,7 +96,7 @@ def test_training_tracks_the_three_layer_loss_curve():
             losses.append(loss.item())
         curves.append(torch.tensor(losses))
     assert curves[0][-1] < 0.9 * curves[0][0]  # it learns
-    torch.testing.assert_close(curves[1], curves[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(curves[1], curves[0], rtol=1e-3, atol=1e-5)
 
 
 def test_outputs_are_views_of_one_gemm_output():

@@ -255,8 +255,17 @@ def test_p0_and_eval_equal_no_dropout_and_leave_rng_alone():
 
 
 # ---------------------------------------------------------------------------------------------
-# Layouts: strided inputs give the contiguous result, bit for bit
+# Layouts: strided inputs give the contiguous result
 # ---------------------------------------------------------------------------------------------
+
+
+def same_as_contiguous(y, dx, y_ref, dx_ref):
+    """The same dropped elements and the same values; on a GPU a strided layout may change
+    Triton's register layout and with it the order of a row's sum, so values agree to rounding
+    (the interpreter gives identical bits)."""
+    assert torch.equal(y == 0, y_ref == 0)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(dx, dx_ref)
 
 
 def run_seeded(x, dy, **kw):
@@ -278,7 +287,7 @@ def test_strided_inputs_match_contiguous(layout):
     dy = torch.randn(x.shape, device=DEV, dtype=x.dtype)
     y, dx = run_seeded(x, dy, is_causal=x.dim() == 3)
     y_ref, dx_ref = run_seeded(x.contiguous(), dy, is_causal=x.dim() == 3)
-    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+    same_as_contiguous(y, dx, y_ref, dx_ref)
 
 
 def test_expanded_grad_output_and_mask():
@@ -287,7 +296,7 @@ def test_expanded_grad_output_and_mask():
     mask = torch.randn(40, device=DEV).expand(5, 40)
     y, dx = run_seeded(x, dy, attn_mask=mask)
     y_ref, dx_ref = run_seeded(x, dy.contiguous(), attn_mask=mask.contiguous())
-    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+    same_as_contiguous(y, dx, y_ref, dx_ref)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,8 +405,8 @@ def test_compile_fullgraph_matches_eager():
             torch.manual_seed(9)
             y = f(x)
             results.append((y, torch.autograd.grad(y, x, dy)[0]))
-    assert torch.equal(results[0][0], results[1][0])
-    assert torch.equal(results[0][1], results[1][1])
+    assert torch.equal(results[0][0], results[1][0])  # the same kernel on the same seed
+    torch.testing.assert_close(results[0][1], results[1][1])
 
 
 def test_module():
