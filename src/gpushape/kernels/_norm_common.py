@@ -246,15 +246,33 @@ def norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, xs: torch.Tensor,
     w, b = _rows(weight, n), _rows(bias, n)
     m = x2.shape[0]
     dx = torch.empty_like(x2)
-    if m == 0:
-        return NormBackward(dx.view(xs.shape), None if w is None else torch.zeros_like(weight),
-                            None if b is None else torch.zeros_like(bias))
+    if m == 0:  # no rows: zero parameter gradients
+        zeros = [None if p is None else p.new_zeros(p.shape) for p in (w, b)]
+        return NormBackward(dx.view(xs.shape), *zeros)
     mean1 = None if mean is None else mean.reshape(-1)  # (M,)
     dw_part, db_part = _launch_backward(dy2, ds2, x2, w, b, mean1, rstd.reshape(-1), dx,
                                         act=act, rms=rms)
-    dw = None if w is None else dw_part.sum(0).to(weight.dtype)
-    db = None if b is None else db_part.sum(0).to(bias.dtype)
+    dw, db = _sum_partials(dw_part, db_part, weight, bias)
     return NormBackward(dx.view(xs.shape), dw, db)
+
+
+def _sum_partials(dw_part, db_part, weight, bias):
+    """(P, N) float32 partials -> (N,) gradients in the parameters' dtypes, one launch."""
+    from ._norm_kernels import _sum_partials_kernel
+
+    if dw_part is None and db_part is None:
+        return None, None
+    part = dw_part if dw_part is not None else db_part
+    p, n = part.shape
+    dw = None if dw_part is None else weight.new_empty(weight.shape)
+    db = None if db_part is None else bias.new_empty(bias.shape)
+    block_n = min(128, _pow2(n))  # (16, 128) tiles: 16 fp32 registers per accumulator
+    _sum_partials_kernel[(_cdiv(n, block_n),)](
+        part if dw_part is None else dw_part, part if db_part is None else db_part,
+        dw if dw is not None else db, db if db is not None else dw, p, n,
+        HAS_W=dw is not None, HAS_B=db is not None, ACC=_tl_acc(part.dtype),
+        BLOCK_P=min(16, _pow2(p)), BLOCK_N=block_n, num_warps=4)
+    return dw, db
 
 
 def _launch_backward(dy2, ds2, x2, w, b, mean, rstd, dx, *, act, rms):
@@ -401,3 +419,8 @@ def contiguous_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
 def empty_if_none(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """Custom ops cannot return None: an absent weight's gradient travels as a 0-element tensor."""
     return like.new_empty(0) if t is None else t
+
+
+def fake_param_grad(param: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """What a backward op's fake returns for a parameter's gradient (see empty_if_none)."""
+    return like.new_empty(0) if param is None else param.new_empty(param.shape)

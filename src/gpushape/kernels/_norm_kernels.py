@@ -339,3 +339,30 @@ def _norm_bwd_row_sums_kernel(
         acc2 += g
     tl.store(C1 + row, tl.sum(acc1, axis=0) / N)
     tl.store(C2 + row, tl.sum(acc2, axis=0) / N)
+
+
+@triton.jit
+def _sum_partials_kernel(
+    DW_PART, DB_PART,  # (P, N) per-program column sums, ACC
+    DW, DB,  # (N,) out, in the weight's / bias's dtype
+    P, N,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dweight and dbias from the backward's partials, in one launch and a fixed order (so the
+    result is deterministic), cast once to the parameters' dtype."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    dw = tl.zeros([BLOCK_P, BLOCK_N], dtype=ACC)
+    db = tl.zeros([BLOCK_P, BLOCK_N], dtype=ACC)
+    for start in range(0, P, BLOCK_P):
+        parts = start + tl.arange(0, BLOCK_P)
+        offs, mask = _tile(parts, cols, P, N)
+        if HAS_W:
+            dw += tl.load(DW_PART + offs, mask=mask, other=0.0)
+        if HAS_B:
+            db += tl.load(DB_PART + offs, mask=mask, other=0.0)
+    if HAS_W:
+        tl.store(DW + cols, tl.sum(dw, axis=0).to(DW.dtype.element_ty), mask=col_ok)
+    if HAS_B:
+        tl.store(DB + cols, tl.sum(db, axis=0).to(DB.dtype.element_ty), mask=col_ok)

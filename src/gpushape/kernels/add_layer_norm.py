@@ -20,6 +20,7 @@ from ._norm_common import (
     check_norm_inputs,
     contiguous_or_none,
     empty_if_none,
+    fake_param_grad,
     norm_backward,
     norm_forward,
     stat_dtype,
@@ -66,8 +67,8 @@ def _add_layer_norm_backward_op(dy: Tensor, ds: Tensor | None, s: Tensor, weight
 
 @_add_layer_norm_backward_op.register_fake
 def _(dy, ds, s, weight, bias, mean, rstd):
-    return (s.new_empty(s.shape), s.new_empty(0) if weight is None else torch.empty_like(weight),
-            s.new_empty(0) if bias is None else torch.empty_like(bias))
+    return (s.new_empty(s.shape), fake_param_grad(weight, s),
+            fake_param_grad(bias, s))
 
 
 def _setup_context(ctx, inputs, output):

@@ -20,6 +20,7 @@ from ._norm_common import (
     check_norm_inputs,
     contiguous_or_none,
     empty_if_none,
+    fake_param_grad,
     norm_backward,
     norm_forward,
     stat_dtype,
@@ -68,8 +69,8 @@ def _layer_norm_gelu_backward_op(dy: Tensor, x: Tensor, weight: Tensor | None,
 
 @_layer_norm_gelu_backward_op.register_fake
 def _(dy, x, weight, bias, mean, rstd, approximate):
-    return (x.new_empty(x.shape), x.new_empty(0) if weight is None else torch.empty_like(weight),
-            x.new_empty(0) if bias is None else torch.empty_like(bias))
+    return (x.new_empty(x.shape), fake_param_grad(weight, x),
+            fake_param_grad(bias, x))
 
 
 def _setup_context(ctx, inputs, output):

@@ -17,6 +17,7 @@ from ._norm_common import (
     check_norm_inputs,
     contiguous_or_none,
     empty_if_none,
+    fake_param_grad,
     norm_backward,
     norm_forward,
     stat_dtype,
@@ -57,7 +58,7 @@ def _rms_norm_backward_op(dy: Tensor, x: Tensor, weight: Tensor | None, rstd: Te
 
 @_rms_norm_backward_op.register_fake
 def _(dy, x, weight, rstd):
-    return x.new_empty(x.shape), x.new_empty(0) if weight is None else torch.empty_like(weight)
+    return x.new_empty(x.shape), fake_param_grad(weight, x)
 
 
 def _setup_context(ctx, inputs, output):
