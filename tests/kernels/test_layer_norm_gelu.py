@@ -137,6 +137,16 @@ def test_opcheck(interpret):
     op = torch.ops.gpushape.layer_norm_gelu.default
     torch.library.opcheck(op, (x, w, b, 1e-5, "tanh"))
     torch.library.opcheck(op, (x, None, b, 1e-5, "none"))
+    empty = torch.empty(0, 33, requires_grad=True)
+    torch.library.opcheck(op, (empty, w, b, 1e-5, "none"))
+
+
+def test_no_rows_give_zero_parameter_gradients(interpret):
+    x, w, b = case().inputs((0, 33), torch.float32, requires_grad=False)
+    y, mean, rstd = torch.ops.gpushape.layer_norm_gelu(x, w, b, 1e-5, "none")
+    dx, dw, db = torch.ops.gpushape.layer_norm_gelu_backward(y, x, w, b, mean, rstd, "none")
+    assert dx.shape == (0, 33)
+    assert dw.shape == db.shape == (33,) and not dw.any() and not db.any()
 
 
 def test_reference_path_without_interpreter(monkeypatch):

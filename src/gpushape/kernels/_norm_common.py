@@ -247,7 +247,7 @@ def norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, xs: torch.Tensor,
     m = x2.shape[0]
     dx = torch.empty_like(x2)
     if m == 0:  # no rows: zero parameter gradients
-        zeros = [None if p is None else p.new_zeros(p.shape) for p in (w, b)]
+        zeros = [None if p is None else p.new_zeros(p.shape) for p in (weight, bias)]
         return NormBackward(dx.view(xs.shape), *zeros)
     mean1 = None if mean is None else mean.reshape(-1)  # (M,)
     dw_part, db_part = _launch_backward(dy2, ds2, x2, w, b, mean1, rstd.reshape(-1), dx,
