@@ -236,8 +236,9 @@ def cuda_kernels(fn):
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads, kv_heads", [(12, 12), (32, 8)])
 def test_gpu_no_kernel_between_gemm_and_sdpa(heads, kv_heads):
-    """FusedQKV + SDPA runs exactly the kernels of the GEMM alone plus SDPA on contiguous
-    q, k, v: nothing (no copy, no contiguous) is added in between."""
+    """FusedQKV + SDPA launches as many kernels as the GEMM alone plus SDPA on contiguous
+    q, k, v, none of them a copy: nothing (no copy, no contiguous) is added in between.
+    (Counts, not names: an attention backend may pick a layout-specific kernel variant.)"""
     fused = FusedQKV(64 * heads, heads, kv_heads).to("cuda", torch.bfloat16)
     x = torch.randn(4, 256, 64 * heads, device="cuda", dtype=torch.bfloat16)
     gqa = dict(enable_gqa=True) if kv_heads != heads else {}
@@ -250,7 +251,7 @@ def test_gpu_no_kernel_between_gemm_and_sdpa(heads, kv_heads):
         together = cuda_kernels(lambda: attention(*fused(x)))
         gemm = cuda_kernels(lambda: F.linear(x, fused.weight, fused.bias))
         sdpa = cuda_kernels(lambda: attention(q, k, v))
-    assert together == gemm + sdpa
+    assert sum(together.values()) == sum(gemm.values()) + sum(sdpa.values())
     assert not [name for name in together if "copy" in name.lower() or "CatArray" in name]
 
 
