@@ -32,6 +32,9 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # norms_report, beside this script
+
+from norms_report import add_speedups, criteria, plot, print_table  # noqa: E402
 
 from gpushape.bench import (  # noqa: E402
     Timing,
@@ -57,11 +60,9 @@ def _load_gate() -> Callable:
 gate_forward_backward = _load_gate()
 
 SHAPES = [(32768, 4096), (262144, 768), (8192, 8192), (4096, 16384)]
-MAIN_SHAPE = (32768, 4096)
 DTYPE = torch.bfloat16
 LIGER_ERRORS: dict[str, str] = {}  # op -> why Liger did not run
 DEVICE = "cuda"  # --device cpu (with TRITON_INTERPRET=1 and tiny --shapes) smoke-tests the script
-VARIANTS = ("eager", "compile", "liger", "gpushape")
 CALLS_PER_TIMING = 5  # back-to-back calls per CUDA-event pair (see timed_per_call)
 
 
@@ -223,104 +224,6 @@ def time_op(op: Op, m: int, n: int, rounds: int, repeats: int) -> list[dict]:
     return rows
 
 
-def add_speedups(rows: list[dict]) -> None:
-    """Each row gets `speedup_vs_<variant>` = that variant's median / this row's median."""
-    by_key = {(r["op"], tuple(r["shape"]), r["direction"], r["variant"]): r for r in rows}
-    for r in rows:
-        for other in VARIANTS:
-            base = by_key.get((r["op"], tuple(r["shape"]), r["direction"], other))
-            if base is not None and base is not r:
-                r[f"speedup_vs_{other}"] = base["median_ms"] / r["median_ms"]
-
-
-def criteria(rows: list[dict], copy_gbps: float) -> list[dict]:
-    """The issue's done-when targets, judged on this run's numbers."""
-    ours = {(r["op"], tuple(r["shape"]), r["direction"]): r for r in rows
-            if r["variant"] == "gpushape"}
-    out = []
-
-    def judge(name, key, value_fn, target, unit):
-        row = ours.get(key)
-        if row is None:
-            return
-        value = value_fn(row)
-        if value is None:
-            out.append(dict(criterion=name, value=None, target=target, verdict="not run"))
-            return
-        out.append(dict(criterion=name, value=value, target=target, unit=unit,
-                        verdict="PASS" if value >= target else "FAIL"))
-
-    pct = lambda r: r["gbps"] / copy_gbps
-    vs = lambda other: lambda r: r.get(f"speedup_vs_{other}")
-    m = MAIN_SHAPE
-    judge("layer_norm_gelu fwd % of copy @32768x4096", ("layer_norm_gelu", m, "fwd"), pct,
-          0.85, "fraction")
-    for other, target in (("eager", 2.5), ("compile", 1.3), ("liger", 1.3)):
-        judge(f"layer_norm_gelu fwd+bwd vs {other} @32768x4096",
-              ("layer_norm_gelu", m, "fwd+bwd"), vs(other), target, "x")
-    for op in ("add_layer_norm", "rms_norm"):
-        judge(f"{op} fwd % of copy @32768x4096", (op, m, "fwd"), pct, 0.80, "fraction")
-        judge(f"{op} fwd+bwd vs eager @32768x4096", (op, m, "fwd+bwd"), vs("eager"), 2.0, "x")
-    for (op, shape, direction), _row in sorted(ours.items()):
-        judge(f"{op} {direction} not slower than eager @{shape[0]}x{shape[1]}",
-              (op, shape, direction), vs("eager"), 1.0, "x")
-    return out
-
-
-def plot(rows: list[dict], copy_gbps: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ops = sorted({r["op"] for r in rows})
-    fig, axes = plt.subplots(len(ops), 2, figsize=(13, 3.6 * len(ops)), squeeze=False)
-    for i, op in enumerate(ops):
-        for j, direction in enumerate(("fwd", "fwd+bwd")):
-            ax = axes[i][j]
-            sel = [r for r in rows if r["op"] == op and r["direction"] == direction]
-            shapes = sorted({tuple(r["shape"]) for r in sel}, key=SHAPES.index)
-            names = [v for v in VARIANTS if any(r["variant"] == v for r in sel)]
-            width = 0.8 / max(1, len(names))
-            for k, name in enumerate(names):
-                vals = [next((r["gbps"] for r in sel if r["variant"] == name
-                              and tuple(r["shape"]) == s), 0.0) for s in shapes]
-                ax.bar([x + k * width for x in range(len(shapes))], vals, width, label=name)
-            ax.axhline(copy_gbps, color="k", ls="--", lw=1, label="copy (same run)")
-            ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))],
-                          [f"{s[0]}x{s[1]}" for s in shapes])
-            ax.set_title(f"{op} {direction}, bf16")
-            ax.set_ylabel("GB/s (minimum bytes / median time)")
-            if i == 0 and j == 0:
-                ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def print_table(rows: list[dict], copy_gbps: float, verdicts: list[dict]) -> None:
-    print(f"\ncopy bandwidth (same run): {copy_gbps:.0f} GB/s; median ms by CUDA events; "
-          f"GB/s and % copy are gpushape's, from minimum bytes (see --help)")
-    head = (f"{'op':16s} {'shape':>11s} {'dir':7s}" + "".join(f"{v:>10s}" for v in VARIANTS)
-            + f"{'GB/s':>7s}{'%copy':>7s}{'x eager':>9s}{'x comp':>8s}{'x liger':>9s}")
-    print(head)
-    keys = sorted({(r["op"], tuple(r["shape"]), r["direction"]) for r in rows},
-                  key=lambda k: (k[0], SHAPES.index(k[1]), k[2]))
-    for op, shape, direction in keys:
-        sel = {r["variant"]: r for r in rows if (r["op"], tuple(r["shape"]), r["direction"])
-               == (op, shape, direction)}
-        ours = sel["gpushape"]
-        ms = "".join(f"{sel[v]['median_ms']:10.3f}" if v in sel else f"{'n/a':>10s}"
-                     for v in VARIANTS)
-        ups = "".join(f"{ours.get(f'speedup_vs_{v}', float('nan')):{w}.2f}"
-                      for v, w in (("eager", 9), ("compile", 8), ("liger", 9)))
-        print(f"{op:16s} {shape[0]:>5d}x{shape[1]:<5d} {direction:7s}{ms}"
-              f"{ours['gbps']:7.0f}{100 * ours['gbps'] / copy_gbps:6.0f}%{ups}")
-    print()
-    for v in verdicts:
-        value = "n/a" if v["value"] is None else f"{v['value']:.3g}"
-        print(f"{v['verdict']:8s} {v['criterion']}: {value} (target >= {v['target']:g})")
-
-
 def sweep(rounds: int, repeats: int) -> list[dict]:
     """layer_norm_gelu under alternative launch heuristics, fwd and fwd+bwd, at every shape."""
     options = [dict(), dict(bwd_elems_per_thread=4), dict(bwd_elems_per_thread=16),
@@ -419,9 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         timing=(f"CUDA events around {CALLS_PER_TIMING} back-to-back calls, divided by "
                 f"{CALLS_PER_TIMING}; {rounds} alternating rounds x {repeats} repeats, median; "
                 f"fwd under no_grad, fwd+bwd = outputs + torch.autograd.grad w.r.t. all inputs"))
-    plot(rows, copy_gbps, out_dir / "bench_norms.png")
+    plot(rows, copy_gbps, SHAPES, out_dir / "bench_norms.png")
     print(f"wrote {path} and {out_dir / 'bench_norms.png'}")
-    print_table(rows, copy_gbps, verdicts)
+    print_table(rows, copy_gbps, SHAPES, verdicts)
     return 0
 
 

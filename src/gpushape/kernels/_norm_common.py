@@ -1,5 +1,5 @@
 """What the row-normalisation ops share: input checks, launch configuration, the Triton launchers
-and the plain-PyTorch reference used for CPU tensors.
+(the plain-PyTorch reference for CPU tensors is in _norm_reference.py) and the module base.
 
 Every op here normalises over the last dimension of x, seen as M rows of N features:
     layer_norm_gelu: y = gelu(LN(x) * w + b)          (act=GELU_ERF / GELU_TANH, rms=False)
@@ -17,14 +17,18 @@ import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from ._dispatch import check_float, check_same_device, use_triton
-
-ACT_NONE, GELU_ERF, GELU_TANH = 0, 1, 2
+from ._norm_reference import (
+    GELU_ERF,
+    NormBackward,
+    NormForward,
+    reference_backward,
+    reference_forward,
+    stat_dtype,
+)
 
 _SUPPORTED_DEVICES = ("cpu", "cuda", "meta")
 
@@ -148,11 +152,6 @@ def sm_count(device: torch.device) -> int:
     return 2
 
 
-def stat_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Statistics and accumulators: float32, or float64 for float64 inputs."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _fast_gelu(act: int, dtype: torch.dtype) -> bool:
     """bfloat16 output: the exact GELU's normal CDF comes from a logistic fit (max abs error
     1.4e-4, 1/28 of a bfloat16 unit at 1) instead of erf. By sm_90 SASS count erf is ~34 of the
@@ -171,19 +170,6 @@ def _tl_acc(dtype: torch.dtype):
 # ---------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------
-class NormForward(NamedTuple):
-    y: torch.Tensor  # x's shape and dtype
-    s: torch.Tensor | None  # x + residual, when a residual was given
-    mean: torch.Tensor | None  # x.shape[:-1], stat_dtype; None for RMSNorm
-    rstd: torch.Tensor  # x.shape[:-1], stat_dtype
-
-
-class NormBackward(NamedTuple):
-    dx: torch.Tensor
-    dweight: torch.Tensor | None
-    dbias: torch.Tensor | None
-
-
 def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     return None if t is None else t.contiguous().view(-1, n)
 
@@ -313,64 +299,6 @@ def _launch_backward(dy2, ds2, x2, w, b, mean, rstd, dx, *, act, rms):
         PREFETCH2=tile.elems_per_thread <= t.prefetch2_max_elems_per_thread,
         num_warps=tile.num_warps)
     return dw_part, db_part
-
-
-# ---------------------------------------------------------------------------------------------
-# plain-PyTorch reference (CPU tensors without the interpreter; also the fake's shape contract)
-# ---------------------------------------------------------------------------------------------
-def _act_fn(h: torch.Tensor, act: int) -> torch.Tensor:
-    if act == ACT_NONE:
-        return h
-    return F.gelu(h, approximate="tanh" if act == GELU_TANH else "none")
-
-
-def _act_grad(h: torch.Tensor, act: int) -> torch.Tensor:
-    if act == GELU_ERF:
-        cdf = 0.5 * (1.0 + torch.erf(h * math.sqrt(0.5)))
-        return cdf + h * torch.exp(-0.5 * h * h) / math.sqrt(2.0 * math.pi)
-    k0, k1 = math.sqrt(2.0 / math.pi), 0.044715
-    th = torch.tanh(k0 * (h + k1 * h ** 3))
-    return 0.5 * (1.0 + th) + 0.5 * h * (1.0 - th * th) * k0 * (1.0 + 3.0 * k1 * h * h)
-
-
-def _xhat(xf: torch.Tensor, mean: torch.Tensor | None, rstd: torch.Tensor) -> torch.Tensor:
-    centred = xf if mean is None else xf - mean.unsqueeze(-1)
-    return centred * rstd.unsqueeze(-1)
-
-
-def _affine(xhat, weight, bias, acc):
-    h = xhat if weight is None else xhat * weight.to(acc)
-    return h if bias is None else h + bias.to(acc)
-
-
-def reference_forward(x, residual, weight, bias, eps, *, act, rms) -> NormForward:
-    acc = stat_dtype(x.dtype)
-    s = None if residual is None else x + residual  # rounded to x's dtype, as the kernel does
-    xf = (x if s is None else s).to(acc)
-    mean = None if rms else xf.mean(-1)
-    centred = xf if mean is None else xf - mean.unsqueeze(-1)
-    rstd = torch.rsqrt(centred.square().mean(-1) + eps)
-    y = _act_fn(_affine(_xhat(xf, mean, rstd), weight, bias, acc), act)
-    return NormForward(y.to(x.dtype), s, mean, rstd)
-
-
-def reference_backward(dy, ds, xs, weight, bias, mean, rstd, *, act, rms) -> NormBackward:
-    acc = stat_dtype(xs.dtype)
-    n = xs.shape[-1]
-    xhat = _xhat(xs.to(acc), mean, rstd)
-    dh = dy.to(acc)
-    if act != ACT_NONE:
-        dh = dh * _act_grad(_affine(xhat, weight, bias, acc), act)
-    g = dh if weight is None else dh * weight.to(acc)
-    dx = g - xhat * (g * xhat).mean(-1, keepdim=True)
-    if not rms:
-        dx = dx - g.mean(-1, keepdim=True)
-    dx = dx * rstd.unsqueeze(-1)
-    if ds is not None:
-        dx = dx + ds.to(acc)
-    dw = None if weight is None else (dh * xhat).reshape(-1, n).sum(0).to(weight.dtype)
-    db = None if bias is None else dh.reshape(-1, n).sum(0).to(bias.dtype)
-    return NormBackward(dx.to(xs.dtype), dw, db)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import torch
 from torch import Tensor
 
 from ._norm_common import (
-    ACT_NONE,
     AffineNorm,
     check_norm_inputs,
     contiguous_or_none,
@@ -20,8 +19,8 @@ from ._norm_common import (
     fake_param_grad,
     norm_backward,
     norm_forward,
-    stat_dtype,
 )
+from ._norm_reference import ACT_NONE, stat_dtype
 
 
 # ---- launchers ------------------------------------------------------------------------------
