@@ -42,7 +42,12 @@ from .routing import cuda_output_layout
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 _VIEW_OPS = {"aten._unsafe_view", "aten.detach", "aten.lift_fresh", "aten.alias",
              "aten._reshape_alias", "aten.set_"}
-_KEPT_TAGS = {torch.Tag.pointwise, torch.Tag.reduction, torch.Tag.nondeterministic_seeded}
+# Tags differ between torch releases (Tag.inplace is newer than torch 2.11): look them up by name.
+_KEPT_TAGS = {getattr(torch.Tag, name) for name in ("pointwise", "reduction",
+                                                      "nondeterministic_seeded")
+              if hasattr(torch.Tag, name)}
+_INPLACE_TAG = getattr(torch.Tag, "inplace", None)
+_INPLACE_VIEW_TAG = getattr(torch.Tag, "inplace_view", None)
 _ALLOC_OPS = {"aten.empty", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
               "aten.empty_like", "aten.resize_", "aten.resize_as_"}
 
@@ -108,8 +113,8 @@ class _Schema:
         tags = set(func.tags)
         self.tags = tuple(sorted(str(t).removeprefix("Tag.") for t in tags & _KEPT_TAGS))
         packet = self.name.rsplit(".", 1)[0]
-        self.inplace = torch.Tag.inplace in tags or packet.endswith("_")
-        if func.is_view or torch.Tag.inplace_view in tags or packet in _VIEW_OPS:
+        self.inplace = _INPLACE_TAG in tags or packet.endswith("_")
+        if func.is_view or _INPLACE_VIEW_TAG in tags or packet in _VIEW_OPS:
             self.kind = "view"
         elif packet in _ALLOC_OPS:
             self.kind = "alloc"
