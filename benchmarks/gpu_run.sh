@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Run named steps on the GPU machine, each under its own time limit, logs and results under $OUT.
+# Usage: benchmarks/gpu_run.sh STEP[:SECONDS] ...   (steps: see the case below)
+set -u
+OUT=${OUT:-./out}
+mkdir -p "$OUT/logs"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+run() {  # run NAME SECONDS CMD...
+  local name=$1 secs=$2; shift 2
+  local t0=$SECONDS
+  echo "=== $name (limit ${secs}s)"
+  timeout "$secs" "$@" >"$OUT/logs/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc in $((SECONDS - t0))s"
+  tail -n "${TAIL:-25}" "$OUT/logs/$name.log"
+}
+for spec in "$@"; do
+  name=${spec%%:*}; secs=${spec#*:}; [ "$secs" = "$spec" ] && secs=300
+  case $name in
+    info) run info "$secs" bash -c 'nvidia-smi -L; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; python3 -m gpushape gpus' ;;
+    gputests) run gputests "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -n 4 tests/kernels ;;
+    gputests-all) run gputests-all "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests ;;
+    norms) run norms "$secs" python3 benchmarks/kernels/bench_norms.py ;;
+    bn) run bn "$secs" python3 benchmarks/kernels/bench_batch_norm_act.py ;;
+    attn) run attn "$secs" python3 benchmarks/kernels/bench_attention.py ;;
+    correlate) run correlate "$secs" python3 benchmarks/trace/correlate.py ;;
+    probe-quick) run probe-quick "$secs" python3 -m gpushape probe --quick -o "$OUT/probe-h200-quick/h200-sxm.json" ;;
+    probe) run probe "$secs" python3 -m gpushape probe -o "$OUT/probe-h200/h200-sxm.json" ;;
+    maketest) run maketest "$secs" make test PYTEST_WORKERS=8 ;;
+    *) echo "unknown step $name" ;;
+  esac
+done
+# Only a few files come back from the machine: pack everything into one archive.
+tar czf /tmp/results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/"
+ls -la "$OUT"
