@@ -5,6 +5,11 @@ CPU lane (CI): TRITON_INTERPRET=1 runs the Triton kernels in the interpreter on 
 GPU lane (`pytest -m gpu`): the full matrix on CUDA.
 """
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -198,6 +203,19 @@ def test_bad_input_raises_clear_error(bad, error, message):
 def test_module_rejects_multi_dim_normalized_shape():
     with pytest.raises(ValueError, match="normalises the last dimension only"):
         LayerNormGELU((4, 8))
+
+
+def test_norm_kernels_compile_for_sm90():
+    # The interpreter checks what the kernels compute; this compiles every launch configuration
+    # the launchers produce (all three norms) with ptxas for sm_90, so a GPU-only codegen error
+    # fails CI too. A subprocess, since TRITON_INTERPRET=1 replaces the kernels here.
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("_norm_compile_check.py")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "kernel configurations for sm_90" in done.stdout
 
 
 # ---- GPU lane ---------------------------------------------------------------------------------
