@@ -154,10 +154,10 @@ def sm_count(device: torch.device) -> int:
 
 def _fast_gelu(act: int, dtype: torch.dtype) -> bool:
     """bfloat16 output: the exact GELU's normal CDF comes from a logistic fit (max abs error
-    1.4e-4, 1/28 of a bfloat16 unit at 1) instead of erf. By sm_90 SASS count erf is ~34 of the
-    forward's ~51 instructions per element, more than a 2-byte-in, 2-byte-out kernel can issue
-    at full HBM bandwidth; the fit costs ~12. float16 and float32 keep erf: their units are 8x
-    and 2000x finer."""
+    1.4e-4, 1/28 of a bfloat16 unit in [0.5, 1)) instead of erf. By sm_90 SASS count erf is ~34
+    of the forward's ~51 instructions per element, more than a 2-byte-in, 2-byte-out kernel can
+    issue at full HBM bandwidth; the fit costs ~12. float16 and float32 keep erf: their units
+    are 8x and 65536x finer."""
     return act == GELU_ERF and dtype == torch.bfloat16
 
 
