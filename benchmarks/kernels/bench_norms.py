@@ -226,7 +226,8 @@ def time_op(op: Op, m: int, n: int, rounds: int, repeats: int) -> list[dict]:
 
 def sweep(rounds: int, repeats: int) -> list[dict]:
     """layer_norm_gelu under alternative launch heuristics, fwd and fwd+bwd, at every shape."""
-    options = [dict(), dict(bwd_elems_per_thread=4), dict(bwd_elems_per_thread=16),
+    options = [dict(), dict(bf16_fast_gelu=False), dict(bwd_elems_per_thread=4),
+               dict(bwd_elems_per_thread=16),
                dict(bwd_warps_per_sm=32), dict(bwd_warps_per_sm=8), dict(bwd_tile_elems=4096),
                dict(prefetch2_max_elems_per_thread=0), dict(fwd_tile_elems=8192),
                dict(fwd_tile_elems=2048), dict(fwd_elems_per_thread=8),

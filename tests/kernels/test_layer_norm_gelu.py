@@ -47,6 +47,11 @@ def test_gate_odd_sizes(interpret, dtype, n):
     nc.gate(case(), (7, n), dtype)
 
 
+def test_bfloat16_with_erf_instead_of_the_fast_cdf(interpret):
+    with norm_tuning(bf16_fast_gelu=False):
+        nc.gate(case(), (7, 1023), torch.bfloat16)
+
+
 @pytest.mark.parametrize("n", [65, 1023])
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gate_float16_and_tanh(interpret, approximate, n):

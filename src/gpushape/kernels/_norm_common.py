@@ -87,6 +87,7 @@ class NormTuning:
     # The backward loads two tiles ahead (not one) while a thread holds at most this many
     # elements: ~8 more registers, still under the 128 that keep 16 warps resident.
     prefetch2_max_elems_per_thread: int = 8
+    bf16_fast_gelu: bool = True  # see _fast_gelu; False uses erf for bfloat16 too
 
 
 _TUNING = NormTuning()
@@ -97,7 +98,7 @@ def tuning() -> NormTuning:
 
 
 @contextlib.contextmanager
-def norm_tuning(**changes: int) -> Iterator[NormTuning]:
+def norm_tuning(**changes: int | bool) -> Iterator[NormTuning]:
     """Temporarily change launch heuristics (tests use it to reach the looped path at small N)."""
     global _TUNING
     saved = _TUNING
@@ -158,7 +159,7 @@ def _fast_gelu(act: int, dtype: torch.dtype) -> bool:
     of the forward's ~51 instructions per element, more than a 2-byte-in, 2-byte-out kernel can
     issue at full HBM bandwidth; the fit costs ~12. float16 and float32 keep erf: their units
     are 8x and 65536x finer."""
-    return act == GELU_ERF and dtype == torch.bfloat16
+    return act == GELU_ERF and dtype == torch.bfloat16 and tuning().bf16_fast_gelu
 
 
 def _tl_acc(dtype: torch.dtype):
