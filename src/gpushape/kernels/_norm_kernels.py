@@ -8,6 +8,9 @@ tested implementation instead of three near-copies:
   HAS_W, HAS_B  elementwise affine weight / bias present
   HAS_DS        backward: a gradient flows into the stored sum as well
   ACC           accumulation dtype: float32, or float64 for float64 inputs (gradcheck)
+  FAST          exact GELU's normal CDF from a logistic fit instead of erf (bfloat16 output)
+  EVEN_N        N is a multiple of BLOCK_N: no padding columns to mask out of the row sums
+  PREFETCH2     persistent backward: load two tiles ahead instead of one
 
 All 2-D tensors are contiguous (M, N) rows; row offsets are computed in int64 so that tensors past
 2**31 elements index correctly. Statistics (mean, rstd) are (M,) tensors in ACC.
@@ -83,14 +86,19 @@ def _act_grad(h, ACT: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
-def _affine_act(xhat, w, b, ACT: tl.constexpr, FAST: tl.constexpr, HAS_W: tl.constexpr,
-                HAS_B: tl.constexpr):
+def _affine(xhat, w, b, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
     h = xhat
     if HAS_W:
         h = h * w
     if HAS_B:
         h = h + b
-    return _act(h, ACT, FAST)
+    return h
+
+
+@triton.jit
+def _affine_act(xhat, w, b, ACT: tl.constexpr, FAST: tl.constexpr, HAS_W: tl.constexpr,
+                HAS_B: tl.constexpr):
+    return _act(_affine(xhat, w, b, HAS_W, HAS_B), ACT, FAST)
 
 
 @triton.jit
@@ -100,12 +108,7 @@ def _grads_at(xhat, dy, w, b, ACT: tl.constexpr, FAST: tl.constexpr, HAS_W: tl.c
     dbias), g = dL/dxhat = dh * w (feeds dx)."""
     dh = dy
     if ACT != 0:
-        h = xhat
-        if HAS_W:
-            h = h * w
-        if HAS_B:
-            h = h + b
-        dh = dy * _act_grad(h, ACT, FAST)
+        dh = dy * _act_grad(_affine(xhat, w, b, HAS_W, HAS_B), ACT, FAST)
     g = dh
     if HAS_W:
         g = dh * w
