@@ -24,6 +24,7 @@ import dataclasses
 import importlib.util
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -158,8 +159,8 @@ def variants_for(op: Op, inputs: list[torch.Tensor], n: int) -> dict[str, tuple]
                 p.copy_(src)
         grads_wrt = inputs[: op.rows] + list(module.parameters())[: op.params]
         try:  # a Liger that cannot run here (version skew, device) is reported, not fatal
-            torch.autograd.grad(_as_list(fn(*inputs)), grads_wrt,
-                                [torch.ones_like(t) for t in _as_list(fn(*inputs))])
+            outs = _as_list(fn(*inputs))
+            torch.autograd.grad(outs, grads_wrt, [torch.ones_like(o) for o in outs])
             out["liger"] = (lambda: fn(*inputs), grads_wrt)
         except Exception as exc:
             LIGER_ERRORS[op.name] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -284,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(os.environ.get("OUT", "out"))
     torch.manual_seed(0)
 
+    started_s = time.perf_counter()
     checks = {}
     for op in ops:  # correctness first, at every shape (row slices with --quick)
         for m, n in SHAPES:
@@ -299,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     for op in ops:
         for m, n in SHAPES:
             rows += time_op(op, m, n, rounds, repeats)
-            print(f"timed {op.name} {m}x{n}", flush=True)
+            print(f"timed {op.name} {m}x{n} ({time.perf_counter() - started_s:.0f} s in)",
+                  flush=True)
             torch.cuda.empty_cache()
     add_speedups(rows)
     for r in rows:
