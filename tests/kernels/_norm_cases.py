@@ -1,7 +1,7 @@
-"""Test bodies shared by the row-norm ops (layer_norm_gelu, add_layer_norm, rms_norm).
+"""Check bodies shared by the row-norm ops (layer_norm_gelu, add_layer_norm, rms_norm).
 
-Each test file describes its op as a `NormCase` and calls these checks; the matrix itself
-(dtypes, sizes, layouts) is chosen in the test files.
+Each op is described by a `NormCase`; _norm_suite.NormSuite (the shared matrix) and the op's own
+test file call these checks with it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._numeric import assert_gate, gate_forward_backward, random_grad_like
+from ._numeric import assert_gate, gate_forward_backward, outputs_and_grads, random_grad_like
 
 
 @dataclass(frozen=True)
@@ -62,20 +62,6 @@ def gate(case: NormCase, shape: Sequence[int], dtype: torch.dtype, **input_kwarg
     """The numeric gate on the forward output(s) and every gradient, fresh random inputs."""
     inputs = case.inputs(shape, dtype, **input_kwargs)
     gate_forward_backward(case.ours, case.torch_fn, inputs, names=case.names)
-
-
-def outputs_and_grads(fn: Callable[..., object], inputs: Sequence[torch.Tensor | None],
-                      grads_out: Sequence[torch.Tensor] | None = None
-                      ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    """Run fn, backpropagate grads_out (random if None); return outputs and input gradients."""
-    outs = _as_list(fn(*inputs))
-    if grads_out is None:
-        grads_out = [random_grad_like(o) for o in outs]
-    wanted = [t for t in inputs if t is not None and t.requires_grad]
-    got = torch.autograd.grad(outs, wanted, [g.to(o.dtype) for o, g in zip(outs, grads_out)])
-    it = iter(got)
-    grads = [next(it) if t is not None and t.requires_grad else None for t in inputs]
-    return [o.detach() for o in outs], grads
 
 
 def assert_same_as_contiguous(case: NormCase, make_view: Callable[[torch.Tensor], torch.Tensor],

@@ -141,11 +141,15 @@ def _fresh(t: Any, dtype: torch.dtype | None = None) -> Any:
     return copy.clone().requires_grad_(t.requires_grad)
 
 
-def _run(fn: Callable[..., Any], inputs: Sequence[Any], grads_out: Sequence[torch.Tensor],
-         dtype: torch.dtype | None = None) -> tuple[tuple[torch.Tensor, ...], list[Any]]:
-    """Outputs of fn and the gradients of the inputs that require grad (None elsewhere)."""
-    args = [_fresh(t, dtype) for t in inputs]
+def outputs_and_grads(fn: Callable[..., Any], args: Sequence[Any],
+                      grads_out: Sequence[torch.Tensor] | None = None
+                      ) -> tuple[tuple[torch.Tensor, ...], list[Any]]:
+    """fn(*args)'s outputs (detached) and the gradients of the args that require grad (None
+    elsewhere), for grads_out (random when None) cast to each output's dtype. Runs on `args`
+    as given: strided views, CUDA-graph static tensors."""
     outs = _as_tuple(fn(*args))
+    if grads_out is None:
+        grads_out = [random_grad_like(o) for o in outs]
     wanted = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     grads: list[Any] = [None] * len(args)
     if wanted:
@@ -156,6 +160,12 @@ def _run(fn: Callable[..., Any], inputs: Sequence[Any], grads_out: Sequence[torc
         grads = [next(it) if isinstance(a, torch.Tensor) and a.requires_grad else None
                  for a in args]
     return tuple(o.detach() for o in outs), grads
+
+
+def _run(fn: Callable[..., Any], inputs: Sequence[Any], grads_out: Sequence[torch.Tensor],
+         dtype: torch.dtype | None = None) -> tuple[tuple[torch.Tensor, ...], list[Any]]:
+    """outputs_and_grads on fresh copies of the inputs, optionally cast to dtype."""
+    return outputs_and_grads(fn, [_fresh(t, dtype) for t in inputs], grads_out)
 
 
 def gate_forward_backward(
