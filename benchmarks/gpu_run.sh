@@ -23,6 +23,7 @@ for spec in "$@"; do
   case $name in
     info) run info "$secs" bash -c 'nvidia-smi -L; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; python3 -m gpushape gpus' ;;
     gputests) run gputests "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -n 4 tests/kernels ;;
+    gputests-attn) run gputests-attn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_softmax_dropout.py tests/kernels/test_fused_qkv.py tests/kernels/test_kv_cache.py tests/bench tests/cli tests/hardware ;;
     gputests-all) run gputests-all "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests ;;
     norms) run norms "$secs" python3 benchmarks/kernels/bench_norms.py ;;
     bn) run bn "$secs" python3 benchmarks/kernels/bench_batch_norm_act.py ;;
@@ -30,7 +31,8 @@ for spec in "$@"; do
     correlate) run correlate "$secs" python3 benchmarks/trace/correlate.py ;;
     probe-quick) run probe-quick "$secs" python3 -m gpushape probe --quick -o "$OUT/probe-h200-quick/h200-sxm.json" ;;
     probe) run probe "$secs" python3 -m gpushape probe -o "$OUT/probe-h200/h200-sxm.json" ;;
-    maketest) run maketest "$secs" make test PYTEST_WORKERS=8 ;;
+    # make test on a clean export of HEAD (uncommitted work in the tree does not count)
+    maketest) run maketest "$secs" bash -c 'rm -rf /tmp/clean && mkdir -p /tmp/clean && git archive HEAD | tar -x -C /tmp/clean && cd /tmp/clean && make test PYTEST_WORKERS=8' ;;
     *) echo "unknown step $name" ;;
   esac
 done
