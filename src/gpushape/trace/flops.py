@@ -57,6 +57,10 @@ class OpWork:
     min_bytes: int
     gemms: tuple[Gemm, ...] = ()
     kernels: int = 1
+    # Bytes the standard algorithm must move beyond min_bytes because it makes more than one
+    # pass (BatchNorm in training: a statistics pass reads the input before the normalising
+    # pass reads it again). Time counts them; min_bytes and intensity do not.
+    reread_bytes: int = 0
 
     @property
     def gemm_flops(self) -> int:

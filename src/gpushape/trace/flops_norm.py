@@ -22,6 +22,8 @@ gradient, then weight gradients).
 
 from __future__ import annotations
 
+import dataclasses
+
 from .flops import OpWork, io_bytes, register_formula
 from .records import OpRecord
 
@@ -41,7 +43,11 @@ def _affine(rec: OpRecord) -> bool:
 def batch_norm(rec: OpRecord) -> OpWork:
     training = bool(rec.params.get("training", rec.op.startswith("aten._batch_norm_with_update")))
     per = (5 if training else 2) + (2 if _affine(rec) else 0)
-    return OpWork(flops=per * _n(rec), min_bytes=io_bytes(rec), kernels=2 if training else 1)
+    if not training:
+        return OpWork(flops=per * _n(rec), min_bytes=io_bytes(rec))
+    # Two passes: per-channel statistics over the whole batch, then normalise: x is read twice.
+    return OpWork(flops=per * _n(rec), min_bytes=io_bytes(rec), kernels=2,
+                  reread_bytes=rec.input("input").nbytes)
 
 
 @register_formula("aten.native_layer_norm", "aten.native_group_norm")
@@ -63,7 +69,11 @@ def batch_norm_backward(rec: OpRecord) -> OpWork:
     train = bool(rec.params.get("train", rec.params.get("update", True)))
     if not train:
         return OpWork(flops=2 * rec.input("input").numel, min_bytes=io_bytes(rec))
-    return _norm_backward(rec, "input", 8, 3)
+    # Two passes: the per-channel sums of dy and dy * x_hat over the batch must be complete
+    # before any dx is written, so x and dy are read twice.
+    work = _norm_backward(rec, "input", 8, 3)
+    reread = rec.input("input").nbytes + rec.input("grad_out").nbytes
+    return dataclasses.replace(work, reread_bytes=reread)
 
 
 @register_formula("aten.native_layer_norm_backward", "aten.native_group_norm_backward")
