@@ -32,7 +32,8 @@ for spec in "$@"; do
     probe-quick) run probe-quick "$secs" python3 -m gpushape probe --quick -o "$OUT/probe-h200-quick/h200-sxm.json" ;;
     probe) run probe "$secs" python3 -m gpushape probe -o "$OUT/probe-h200/h200-sxm.json" ;;
     # make test on a clean export of HEAD (uncommitted work in the tree does not count)
-    maketest) run maketest "$secs" bash -c 'rm -rf /tmp/clean && mkdir -p /tmp/clean && git archive HEAD | tar -x -C /tmp/clean && cd /tmp/clean && make test PYTEST_WORKERS=8' ;;
+    # (.carry/head.tar: `git archive -o .carry/head.tar HEAD`, carried to the machine)
+    maketest) run maketest "$secs" bash -c 'rm -rf /tmp/clean && mkdir -p /tmp/clean && tar -xf .carry/head.tar -C /tmp/clean && cd /tmp/clean && make test PYTEST_WORKERS=8' ;;
     *) echo "unknown step $name" ;;
   esac
 done
