@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gpushape.kernels._norm_common import norm_tuning
+from gpushape.kernels._norm_tuning import BwdConfig
 
 from . import _norm_cases as nc
 
@@ -43,13 +44,15 @@ class NormSuite:
     def test_gate_float16(self, interpret, n):
         nc.gate(self.case, (7, n), torch.float16)
 
-    @pytest.mark.parametrize("prefetch_depth", [1, 2])
-    def test_persistent_backward_walks_many_tiles(self, interpret, prefetch_depth):
+    @pytest.mark.parametrize("prefetch,block_m,reload_wb", [(0, 1, True), (1, 2, False),
+                                                            (2, 1, False)])
+    def test_persistent_backward_walks_many_tiles(self, interpret, prefetch, block_m, reload_wb):
         # 37 rows of 1500: more row tiles than backward programs, so each program loops and
-        # prefetches (one or two tiles ahead), and several programs' dweight/dbias partials
-        # are added.
-        limit = 0 if prefetch_depth == 1 else 64
-        with norm_tuning(prefetch2_max_elems_per_thread=limit):
+        # prefetches (none, one or two tiles ahead), and several programs' dweight/dbias
+        # partials are added; the last tile of a program may be past the last row.
+        cfg = BwdConfig(block_m=block_m, num_warps=4, programs_per_sm=3, prefetch=prefetch,
+                        reload_wb=reload_wb)
+        with norm_tuning(bwd=cfg, sum_block_p=4):
             nc.gate(self.case, (37, 1500), torch.bfloat16)
 
     @pytest.mark.parametrize("shape", [(0, 33), (1, 33), (2, 3, 33), (2, 2, 3, 33)])

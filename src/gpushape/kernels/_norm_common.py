@@ -11,12 +11,8 @@ input) from x, mean, rstd, weight and bias.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
@@ -28,6 +24,16 @@ from ._norm_reference import (
     reference_backward,
     reference_forward,
     stat_dtype,
+)
+from ._norm_tuning import (  # noqa: F401  (norm_tuning, NormTuning: re-exported for callers)
+    NormTuning,
+    bwd_config,
+    cdiv,
+    fwd_config,
+    norm_tuning,
+    num_warps_for,
+    pow2,
+    tuning,
 )
 
 _SUPPORTED_DEVICES = ("cpu", "cuda", "meta")
@@ -65,87 +71,15 @@ def check_norm_inputs(op: str, x: torch.Tensor, weight: torch.Tensor | None,
 
 
 # ---------------------------------------------------------------------------------------------
-# launch configuration
+# launch configuration (the data lives in _norm_tuning.py)
 # ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class NormTuning:
-    """Launch heuristics. Chosen from register budgets, not measured on every GPU:
-    benchmarks may override them with `norm_tuning(...)` to try alternatives in one run."""
-
-    fwd_max_block_n: int = 16384  # widest row the forward holds in registers at once
-    bwd_max_block_n: int = 8192  # the backward keeps x, dy, w, b and two accumulators live
-    fwd_tile_elems: int = 4096  # rows are batched until a program moves at least this many
-    bwd_tile_elems: int = 2048
-    # Register tile per thread, which sets num_warps. Forward: 16 (two 16-byte bf16 loads, about
-    # 48 registers). Backward: 8 keeps it near 85-100 registers on sm_90 (ptxas, no spills), so
-    # 16 warps stay resident per SM.
-    fwd_elems_per_thread: int = 16
-    bwd_elems_per_thread: int = 8
-    max_warps: int = 16
-    looped_block_n: int = 4096  # chunk width of the multi-block (looped) path
-    bwd_warps_per_sm: int = 16  # persistent backward: programs = SMs * this / num_warps
-    # The backward loads two tiles ahead (not one) while a thread holds at most this many
-    # elements: ~8 more registers, still under the 128 that keep 16 warps resident.
-    prefetch2_max_elems_per_thread: int = 8
-    bf16_fast_gelu: bool = True  # see _fast_gelu; False uses erf for bfloat16 too
-
-
-_TUNING = NormTuning()
-
-
-def tuning() -> NormTuning:
-    return _TUNING
-
-
-@contextlib.contextmanager
-def norm_tuning(**changes: int | bool) -> Iterator[NormTuning]:
-    """Temporarily change launch heuristics (tests use it to reach the looped path at small N)."""
-    global _TUNING
-    saved = _TUNING
-    _TUNING = dataclasses.replace(saved, **changes)
-    try:
-        yield _TUNING
-    finally:
-        _TUNING = saved
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _num_warps(tile_elems: int, elems_per_thread: int, t: NormTuning) -> int:
-    return max(1, min(t.max_warps, _pow2(max(1, tile_elems // (32 * elems_per_thread)))))
-
-
-@dataclass(frozen=True)
-class Tile:
-    block_m: int
-    block_n: int
-    num_warps: int
-
-    @property
-    def elems_per_thread(self) -> int:
-        return max(1, self.block_m * self.block_n // (32 * self.num_warps))
-
-
-def row_tile(m: int, n: int, tile_elems: int, elems_per_thread: int, t: NormTuning) -> Tile:
-    """Whole rows (BLOCK_N >= n), batched BLOCK_M at a time when rows are short."""
-    block_n = _pow2(n)
-    block_m = max(1, min(tile_elems // block_n, _pow2(max(m, 1))))
-    return Tile(block_m, block_n, _num_warps(block_m * block_n, elems_per_thread, t))
-
-
 @functools.cache
 def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of `device`, read from the device. The Triton interpreter runs
+    """Streaming multiprocessors of `device`, read once per device. The Triton interpreter runs
     programs one by one: a small count there makes each persistent program loop over tiles."""
     if device.type == "cuda":
         return _cuda_sm_count(device.index if device.index is not None else
@@ -208,16 +142,16 @@ def _launch_forward(x2, r2, s, y, w, b, mean, rstd, eps, *, act, rms) -> None:
     flags = dict(ACT=act, FAST=_fast_gelu(act, x2.dtype), IS_RMS=rms,
                  HAS_RESIDUAL=r2 is not None, HAS_W=w is not None, HAS_B=b is not None,
                  ACC=_tl_acc(x2.dtype))
-    if _pow2(n) <= t.fwd_max_block_n:
-        tile = row_tile(m, n, t.fwd_tile_elems, t.fwd_elems_per_thread, t)
-        grid = (_cdiv(m, tile.block_m),)
-        _norm_fwd_tile_kernel[grid](*ptrs, m, n, eps, **flags, BLOCK_M=tile.block_m,
-                                    BLOCK_N=tile.block_n, EVEN_N=n == tile.block_n,
-                                    num_warps=tile.num_warps)
+    cfg = fwd_config(m, n, t) if pow2(n) <= t.fwd_max_block_n else None
+    if cfg is not None and cfg.block_n == 0:
+        _norm_fwd_tile_kernel[(cdiv(m, cfg.block_m),)](
+            *ptrs, m, n, eps, **flags, BLOCK_M=cfg.block_m, BLOCK_N=pow2(n),
+            EVEN_N=n == pow2(n), num_warps=cfg.num_warps)
     else:
-        block_n = min(t.looped_block_n, _pow2(n))
-        _norm_fwd_looped_kernel[(m,)](*ptrs, n, eps, **flags, BLOCK_N=block_n,
-                                      num_warps=_num_warps(block_n, t.fwd_elems_per_thread, t))
+        block_n = min(cfg.block_n if cfg is not None else t.looped_block_n, pow2(n))
+        warps = (cfg.num_warps if cfg is not None else
+                 num_warps_for(block_n, t.fwd_elems_per_thread, t))
+        _norm_fwd_looped_kernel[(m,)](*ptrs, n, eps, **flags, BLOCK_N=block_n, num_warps=warps)
 
 
 def norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, xs: torch.Tensor,
@@ -251,14 +185,15 @@ def _sum_partials(dw_part, db_part, weight, bias):
         return None, None
     part = dw_part if dw_part is not None else db_part
     p, n = part.shape
+    t = tuning()
     dw = None if dw_part is None else weight.new_empty(weight.shape)
     db = None if db_part is None else bias.new_empty(bias.shape)
-    block_n = min(128, _pow2(n))  # (16, 128) tiles: 16 fp32 registers per accumulator
-    _sum_partials_kernel[(_cdiv(n, block_n),)](
+    block_n = min(t.sum_block_n, pow2(n))  # narrow column tiles: many programs share the read
+    _sum_partials_kernel[(cdiv(n, block_n),)](
         part if dw_part is None else dw_part, part if db_part is None else db_part,
         dw if dw is not None else db, db if db is not None else dw, p, n,
         HAS_W=dw is not None, HAS_B=db is not None, ACC=_tl_acc(part.dtype),
-        BLOCK_P=min(16, _pow2(p)), BLOCK_N=block_n, num_warps=4)
+        BLOCK_P=min(t.sum_block_p, pow2(p)), BLOCK_N=block_n, num_warps=4)
     return dw, db
 
 
@@ -273,32 +208,36 @@ def _launch_backward(dy2, ds2, x2, w, b, mean, rstd, dx, *, act, rms):
                  HAS_B=b is not None, ACC=_tl_acc(x2.dtype))
     w_ptr = w if w is not None else x2
     b_ptr = b if b is not None else x2
-    single = _pow2(n) <= t.bwd_max_block_n
+    c1 = c2 = rstd  # unused on the single-block path
+    cfg = bwd_config(m, n, t) if pow2(n) <= t.bwd_max_block_n else None
+    single = cfg is not None and cfg.block_n == 0
     if single:
-        tile = row_tile(m, n, t.bwd_tile_elems, t.bwd_elems_per_thread, t)
-        col_blocks = 1
-        c1 = c2 = rstd  # unused
+        block_m, block_n, col_blocks = cfg.block_m, pow2(n), 1
+        warps, per_sm, prefetch, reload_wb = (cfg.num_warps, cfg.programs_per_sm, cfg.prefetch,
+                                              cfg.reload_wb)
     else:
-        block_n = min(t.looped_block_n, _pow2(n))
-        tile = Tile(1, block_n, _num_warps(block_n, t.bwd_elems_per_thread, t))
-        col_blocks = _cdiv(n, block_n)
+        block_m, block_n = 1, min(cfg.block_n if cfg is not None else t.looped_block_n, pow2(n))
+        warps = (cfg.num_warps if cfg is not None else
+                 num_warps_for(block_n, t.bwd_elems_per_thread, t))
+        col_blocks, reload_wb = cdiv(n, block_n), False
+        per_sm = cfg.programs_per_sm if cfg is not None else max(1, t.bwd_warps_per_sm // warps)
+        prefetch = cfg.prefetch if cfg is not None else 1
         c1 = torch.empty(m, dtype=acc, device=x2.device)
         c2 = torch.empty(m, dtype=acc, device=x2.device)
         _norm_bwd_row_sums_kernel[(m,)](dy2, x2, w_ptr, b_ptr, mean, rstd, c1, c2, n, **flags,
-                                        BLOCK_N=block_n, num_warps=tile.num_warps)
-    tiles = _cdiv(m, tile.block_m)
-    per_sm = max(1, t.bwd_warps_per_sm // tile.num_warps)
-    programs = max(1, min(tiles, sm_count(x2.device) * per_sm // col_blocks))
-    tiles_per_program = _cdiv(tiles, programs)
+                                        BLOCK_N=block_n, num_warps=warps)
+    tiles = cdiv(m, block_m)
+    programs = max(1, min(tiles, cdiv(sm_count(x2.device) * per_sm, col_blocks)))
+    tiles_per_program = cdiv(tiles, programs)
+    programs = cdiv(tiles, tiles_per_program)  # no program without a tile
     dw_part = torch.empty((programs, n), dtype=acc, device=x2.device) if w is not None else None
     db_part = torch.empty((programs, n), dtype=acc, device=x2.device) if b is not None else None
     _norm_bwd_kernel[(programs, col_blocks)](
         dy2, ds2 if ds2 is not None else dy2, x2, w_ptr, b_ptr, mean, rstd, c1, c2, dx,
         dw_part if dw_part is not None else rstd, db_part if db_part is not None else rstd,
-        m, n, tiles_per_program, **flags, HAS_DS=ds2 is not None, STATS_GIVEN=not single,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, EVEN_N=n % tile.block_n == 0,
-        PREFETCH2=tile.elems_per_thread <= t.prefetch2_max_elems_per_thread,
-        num_warps=tile.num_warps)
+        m, n, tiles_per_program, **flags, HAS_DS=ds2 is not None,
+        STATS_GIVEN=not single, BLOCK_M=block_m, BLOCK_N=block_n,
+        EVEN_N=n % block_n == 0, PREFETCH=prefetch, RELOAD_WB=reload_wb, num_warps=warps)
     return dw_part, db_part
 
 

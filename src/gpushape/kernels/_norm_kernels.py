@@ -10,7 +10,8 @@ tested implementation instead of three near-copies:
   ACC           accumulation dtype: float32, or float64 for float64 inputs (gradcheck)
   FAST          exact GELU's normal CDF from a logistic fit instead of erf (bfloat16 output)
   EVEN_N        N is a multiple of BLOCK_N: no padding columns to mask out of the row sums
-  PREFETCH2     persistent backward: load two tiles ahead instead of one
+  PREFETCH      persistent backward: load x, dy this many tiles (0, 1, 2) ahead
+  RELOAD_WB     persistent backward: reload weight / bias every tile (fewer registers)
 
 All 2-D tensors are contiguous (M, N) rows; row offsets are computed in int64 so that tensors past
 2**31 elements index correctly. Statistics (mean, rstd) are (M,) tensors in ACC.
@@ -237,47 +238,57 @@ def _norm_bwd_kernel(
     ACT: tl.constexpr, FAST: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
     HAS_B: tl.constexpr, HAS_DS: tl.constexpr, STATS_GIVEN: tl.constexpr, ACC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-    PREFETCH2: tl.constexpr,
+    PREFETCH: tl.constexpr, RELOAD_WB: tl.constexpr,
 ):
     """dx for BLOCK_M-row tiles pid, pid + P, pid + 2P, ... of column block program_id(1), and
     this program's partial dweight / dbias (summed over programs afterwards).
 
     Single-block path (STATS_GIVEN=False): a tile holds whole rows, so the row means c1, c2 are
     reduced here and x, dy are read once. Looped path: c1, c2 come from _norm_bwd_row_sums_kernel.
-    x and dy of the next tile (next two with PREFETCH2) are loaded before this tile is computed:
-    a persistent program keeps loads in flight while it computes.
+    x and dy of the next PREFETCH tiles (0, 1 or 2) are loaded before this tile is computed, so
+    a program keeps loads in flight while it computes. RELOAD_WB reads weight and bias (L1/L2
+    hits) in every tile instead of holding them in registers: fewer registers, more programs.
     """
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_M
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)[None, :] if HAS_W else 1.0
-    b = tl.load(B + cols, mask=col_ok, other=0.0).to(ACC)[None, :] if HAS_B else 0.0
+    if not RELOAD_WB:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)[None, :] if HAS_W else 1.0
+        b = tl.load(B + cols, mask=col_ok, other=0.0).to(ACC)[None, :] if HAS_B else 0.0
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs, mask = _tile(rows, cols, M, N)
-    x_next = tl.load(X + offs, mask=mask, other=0.0)
-    dy_next = tl.load(DY + offs, mask=mask, other=0.0)
-    if PREFETCH2:
+    if PREFETCH >= 1:
+        offs, mask = _tile(rows, cols, M, N)
+        x_next = tl.load(X + offs, mask=mask, other=0.0)
+        dy_next = tl.load(DY + offs, mask=mask, other=0.0)
+    if PREFETCH == 2:
         offs, mask = _tile(rows + step, cols, M, N)
         x_next2 = tl.load(X + offs, mask=mask, other=0.0)
         dy_next2 = tl.load(DY + offs, mask=mask, other=0.0)
     for _ in range(tiles_per_program):
-        x = x_next.to(ACC)
-        dy = dy_next.to(ACC)
         offs, mask = _tile(rows, cols, M, N)
+        if PREFETCH == 0:
+            x = tl.load(X + offs, mask=mask, other=0.0).to(ACC)
+            dy = tl.load(DY + offs, mask=mask, other=0.0).to(ACC)
+        else:
+            x = x_next.to(ACC)
+            dy = dy_next.to(ACC)
+            ahead_offs, ahead_mask = _tile(rows + PREFETCH * step, cols, M, N)
+            if PREFETCH == 2:
+                x_next = x_next2
+                dy_next = dy_next2
+                x_next2 = tl.load(X + ahead_offs, mask=ahead_mask, other=0.0)
+                dy_next2 = tl.load(DY + ahead_offs, mask=ahead_mask, other=0.0)
+            else:
+                x_next = tl.load(X + ahead_offs, mask=ahead_mask, other=0.0)
+                dy_next = tl.load(DY + ahead_offs, mask=ahead_mask, other=0.0)
         if HAS_DS:
             ds = tl.load(DS + offs, mask=mask, other=0.0)
-        ahead_offs, ahead_mask = _tile(rows + (2 * step if PREFETCH2 else step), cols, M, N)
-        if PREFETCH2:
-            x_next = x_next2
-            dy_next = dy_next2
-            x_next2 = tl.load(X + ahead_offs, mask=ahead_mask, other=0.0)
-            dy_next2 = tl.load(DY + ahead_offs, mask=ahead_mask, other=0.0)
-        else:
-            x_next = tl.load(X + ahead_offs, mask=ahead_mask, other=0.0)
-            dy_next = tl.load(DY + ahead_offs, mask=ahead_mask, other=0.0)
+        if RELOAD_WB:
+            w = tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)[None, :] if HAS_W else 1.0
+            b = tl.load(B + cols, mask=col_ok, other=0.0).to(ACC)[None, :] if HAS_B else 0.0
 
         row_ok = rows < M
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)[:, None]
