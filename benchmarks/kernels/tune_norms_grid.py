@@ -80,5 +80,5 @@ def table_lines(best: list[dict]) -> list[str]:
     for r in best:
         entry = by_width.setdefault(pow2(r["shape"][1]), {})
         entry.setdefault(r["direction"], r["config"])
-    return [f"    TableEntry(max_n={w}, fwd={e.get('fwd')}, bwd={e.get('bwd')}),"
+    return [f"    TableEntry(block_n={w}, fwd={e.get('fwd')}, bwd={e.get('bwd')}),"
             for w, e in sorted(by_width.items())]

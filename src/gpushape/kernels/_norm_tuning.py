@@ -42,14 +42,24 @@ class BwdConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TableEntry:
-    max_n: int  # applies to rows of at most this many features (BLOCK_N = next power of two)
-    min_m: int = 0  # and at least this many rows
+    block_n: int  # applies to rows whose width rounds up to this power of two
+    min_m: int = 0  # and that number at least this many
     fwd: FwdConfig | None = None  # None: the heuristic
     bwd: BwdConfig | None = None
 
 
-# Measured winners go here (tune_norms.py prints entries in this form), narrowest N first.
-TABLE: tuple[TableEntry, ...] = ()
+# Measured winners go here (tune_norms.py prints entries in this form), largest min_m first.
+# Until measured, the backward entries are priors from sm_90 register counts (ptxas, Triton
+# 3.9, bf16, LayerNorm+GELU): 1024: (2, 16 warps) 60 registers, two programs per SM;
+# 4096: no prefetch + weight reload 64 registers, two 16-warp programs per SM (prefetch 1
+# without reload: 84, one program); 8192: 32 warps with reload, 64 registers, one program.
+TABLE: tuple[TableEntry, ...] = (
+    TableEntry(block_n=1024, bwd=BwdConfig(block_m=2, num_warps=16, programs_per_sm=2)),
+    TableEntry(block_n=4096, bwd=BwdConfig(block_m=1, num_warps=16, programs_per_sm=2,
+                                           prefetch=0, reload_wb=True)),
+    TableEntry(block_n=8192, bwd=BwdConfig(block_m=1, num_warps=32, programs_per_sm=1,
+                                           reload_wb=True)),
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +125,7 @@ def num_warps_for(tile_elems: int, elems_per_thread: int, t: NormTuning) -> int:
 
 
 def _entry(t: NormTuning, m: int, n: int) -> TableEntry | None:
-    return next((e for e in t.table if pow2(n) <= e.max_n and m >= e.min_m), None)
+    return next((e for e in t.table if pow2(n) == e.block_n and m >= e.min_m), None)
 
 
 def _rows_per_tile(m: int, block_n: int, tile_elems: int) -> int:
