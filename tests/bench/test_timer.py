@@ -8,7 +8,7 @@ from gpushape.hardware import get_gpu
 
 
 def test_times_a_sleep_on_the_cpu():
-    timing = time_fn(lambda: time.sleep(0.002), warmup=1, repeats=5)
+    timing = time_fn(lambda: time.sleep(0.002), warmup=1, repeats=5, device="cpu")
     assert timing.method == "perf_counter" and timing.repeats == 5
     assert 0.0015 < timing.median_s < 0.05
     assert timing.min_s <= timing.p10_s <= timing.median_s <= timing.p90_s
