@@ -48,17 +48,21 @@ class TableEntry:
     bwd: BwdConfig | None = None
 
 
-# Measured winners go here (tune_norms.py prints entries in this form), largest min_m first.
-# Until measured, the backward entries are priors from sm_90 register counts (ptxas, Triton
-# 3.9, bf16, LayerNorm+GELU): 1024: (2, 16 warps) 60 registers, two programs per SM;
-# 4096: no prefetch + weight reload 64 registers, two 16-warp programs per SM (prefetch 1
-# without reload: 84, one program); 8192: 32 warps with reload, 64 registers, one program.
+# Measured winners (tune_norms.py on an H200, torch 2.11, triton 3.6, 2026-11-30; bf16
+# LayerNorm+GELU, graph-timed; benchmarks/results/kernels-h200/tune_norms.json), largest min_m
+# first. One entry serves every norm op of that row width.
 TABLE: tuple[TableEntry, ...] = (
-    TableEntry(block_n=1024, bwd=BwdConfig(block_m=2, num_warps=16, programs_per_sm=2)),
-    TableEntry(block_n=4096, bwd=BwdConfig(block_m=1, num_warps=16, programs_per_sm=2,
-                                           prefetch=0, reload_wb=True)),
-    TableEntry(block_n=8192, bwd=BwdConfig(block_m=1, num_warps=32, programs_per_sm=1,
-                                           reload_wb=True)),
+    TableEntry(block_n=1024, fwd=FwdConfig(block_m=2, num_warps=2),
+               bwd=BwdConfig(block_m=1, num_warps=2, programs_per_sm=8, prefetch=1)),
+    TableEntry(block_n=4096, fwd=FwdConfig(block_m=1, num_warps=4),
+               bwd=BwdConfig(block_m=1, num_warps=8, programs_per_sm=2, prefetch=1,
+                             reload_wb=True)),
+    TableEntry(block_n=8192, fwd=FwdConfig(block_m=1, num_warps=8),
+               bwd=BwdConfig(block_m=1, num_warps=16, programs_per_sm=1, prefetch=1,
+                             reload_wb=True)),
+    TableEntry(block_n=16384, fwd=FwdConfig(block_m=1, num_warps=4, block_n=4096),
+               bwd=BwdConfig(block_m=1, num_warps=8, programs_per_sm=4, prefetch=1,
+                             block_n=2048)),
 )
 
 
