@@ -4,8 +4,9 @@
 
 Training uses the batch statistics (fp32, fp64 for fp64 input) and blends the running stats as
 torch does (unbiased variance, `momentum`); eval uses the running stats. Eager calls run the
-implementations through a torch.autograd.Function; under torch.compile these custom ops carry
-them (CUDA-graph capture works on either path):
+implementations through one torch.autograd.Function (statistics and the fused pass, one cached
+launch plan: `_batch_norm_launch.py`); under torch.compile these custom ops carry them
+(CUDA-graph capture works on either path):
   gpushape::batch_norm_stats       mean, rstd of x; updates running stats in place (no autograd:
                                    called on x.detach())
   gpushape::batch_norm_act_apply   y and the ReLU mask bits, with a registered autograd whose
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _batch_norm_launch as launch
-from ._dispatch import check_float, check_same_device, use_triton
+from ._dispatch import FLOAT_DTYPES, check_float, check_same_device, use_triton
 
 ACTIVATIONS = ("relu", "none")
 _OP = "batch_norm_act"
@@ -160,25 +161,50 @@ def _input_grads(ctx, dy: Tensor, backward_fn) -> tuple:
     relu = ctx.activation == "relu"
     dx, dw, db, dres = backward_fn(dy, x, weight, mean, stat, bits, ctx.eps, ctx.training,
                                    ctx.activation, ctx.has_residual and relu)
-    dweight = dw.to(weight.dtype) if weight is not None else None
-    dbias = db.to(ctx.bias_dtype) if ctx.bias_dtype is not None else None
+    dweight = None if weight is None else dw if dw.dtype == weight.dtype else dw.to(weight.dtype)
+    bias_dtype = ctx.bias_dtype
+    dbias = None if bias_dtype is None else db if db.dtype == bias_dtype else db.to(bias_dtype)
     dresidual = (dres if relu else dy) if ctx.has_residual else None
     return dx, None, None, dweight, dbias, dresidual, None, None, None
 
 
+def _forward(x, weight, bias, running_mean, running_var, residual, training: bool,
+             momentum: float, eps: float, activation: str) -> tuple[Tensor, ...]:
+    """(y, mean, stat, mask bits) of the eager path: one plan lookup for both kernels."""
+    relu = activation == "relu"
+    if x.numel() == 0 or not use_triton(x):
+        if training:
+            mean, stat = _stats(x, running_mean, running_var, momentum, eps)
+        else:
+            mean, stat = running_mean.to(launch.stat_dtype(x)), running_var
+        y, bits = _apply(x, mean, stat, weight, bias, residual, eps, training, activation)
+        return y, mean, stat, bits
+    plan = launch.forward_plan(x, weight, bias, running_mean, running_var, residual, training,
+                               relu)
+    if training:
+        mean, stat = plan.stats(x, running_mean, running_var, momentum, eps)
+    else:
+        mean, stat = running_mean.to(plan.acc), running_var
+    y, bits = plan.apply(x, mean, stat, weight, bias, residual, eps)
+    return y, mean, stat, bits
+
+
 class _BatchNormActFn(torch.autograd.Function):
-    """The eager path: the same implementations without the custom-op dispatch (its Python
-    costs more than these kernels take at ResNet's smaller stages)."""
+    """The eager path: statistics and the fused pass in one Function, no custom-op dispatch
+    (its Python costs more than these kernels take at ResNet's smaller stages)."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        y, bits = _apply(*inputs)
-        _save(ctx, inputs, bits)
+    def forward(ctx, x, weight, bias, running_mean, running_var, residual, training, momentum,
+                eps, activation):
+        y, mean, stat, bits = _forward(x, weight, bias, running_mean, running_var, residual,
+                                       training, momentum, eps, activation)
+        _save(ctx, (x, mean, stat, weight, bias, residual, eps, training, activation), bits)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        return _input_grads(ctx, dy, _backward_impl)
+        dx, _, _, dweight, dbias, dresidual, *_ = _input_grads(ctx, dy, _backward_impl)
+        return dx, dweight, dbias, None, None, dresidual, None, None, None, None
 
 
 # ---- custom ops: what torch.compile traces (fake implementations, registered autograd) ----
@@ -228,8 +254,11 @@ def _check(x, weight, bias, running_mean, running_var, residual, training, eps, 
         raise ValueError(f"{_OP}: expected a 4-D (N, C, H, W) input, got {got}")
     given = dict(x=x, weight=weight, bias=bias, running_mean=running_mean,
                  running_var=running_var, residual=residual)
-    check_float(_OP, **given)
-    check_same_device(_OP, **given)
+    device = x.device
+    if not all(t is None or (t.dtype in FLOAT_DTYPES and t.device == device)
+               for t in given.values()):  # the checks below say what is wrong
+        check_float(_OP, **given)
+        check_same_device(_OP, **given)
     c = x.shape[1]
     if c == 0:
         raise ValueError(f"{_OP}: the input has 0 channels (shape {tuple(x.shape)})")
@@ -264,17 +293,16 @@ def batch_norm_act(x: Tensor, weight: Tensor | None, bias: Tensor | None,
     + residual) for a 4-D NCHW or channels_last x, as one fused op (see the module docstring).
     """
     _check(x, weight, bias, running_mean, running_var, residual, training, eps, activation)
-    eps = float(eps)
-    compiling = torch.compiler.is_compiling()
+    eps, momentum = float(eps), float(momentum)
+    if not torch.compiler.is_compiling():
+        return _BatchNormActFn.apply(x, weight, bias, running_mean, running_var, residual,
+                                     training, momentum, eps, activation)
     if training:
-        stats = batch_norm_stats if compiling else _stats
-        mean, stat = stats(x.detach(), running_mean, running_var, float(momentum), eps)
+        mean, stat = batch_norm_stats(x.detach(), running_mean, running_var, momentum, eps)
     else:
         mean, stat = running_mean.to(launch.stat_dtype(x)), running_var
-    inputs = (x, mean, stat, weight, bias, residual, eps, training, activation)
-    if compiling:
-        return batch_norm_act_apply(*inputs)[0]
-    return _BatchNormActFn.apply(*inputs)
+    return batch_norm_act_apply(x, mean, stat, weight, bias, residual, eps, training,
+                                activation)[0]
 
 
 class BatchNormAct2d(nn.BatchNorm2d):

@@ -1,0 +1,129 @@
+"""Launch configurations of the batch_norm_act kernels: defaults, a per-shape table, overrides.
+
+Four kernels run per training step, each with its own configuration:
+  stats       reduction over x (forward statistics)          ReduceConfig
+  apply       y = act(norm(x) + residual), mask bits          ApplyConfig
+  bwd_reduce  reduction over dy, x, bits (dweight, dbias)     ReduceConfig
+  bwd_apply   dx, d_residual                                  ApplyConfig
+
+`TUNED` is data: (C, N*H*W) of a channels_last input -> the configuration that
+benchmarks/kernels/tune_batch_norm_act.py measured fastest (that script prints entries in this
+form, and writes them to its JSON, which `load_table` reads). A shape not in the table takes
+the entry of the same C with the nearest N*H*W (log scale), else the defaults below. NCHW
+inputs always take the defaults (their tiles run along H*W, not C).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReduceConfig:
+    """A grid-stride reduction: `tile_bytes` of one input a tile, two tiles in flight a trip,
+    on `warps` warps; `block_c` channels a program (capped at C rounded up to a power of two);
+    `waves` waves of resident programs, none with fewer than `min_rows` rows (each writes
+    2 * block_c partial sums). The last program of a channel block adds the partials itself
+    when there are at most `fuse_max` (P * block_c) of each kind; above it (or at 0) a separate
+    finalize kernel does, spread over many programs."""
+
+    block_c: int = 128
+    tile_bytes: int = 4096
+    warps: int = 4
+    waves: int = 1
+    min_rows: int = 256
+    fuse_max: int = 1 << 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplyConfig:
+    """An elementwise pass: tiles of `tile_bytes` (of one input), `block_c` channels wide
+    (capped as above), on `warps` warps. waves = 0: one tile a program; waves = k: k waves of
+    resident programs, each looping over tiles (its channel vectors fetched once), with the
+    next tile's loads in flight while it computes this one when `prefetch` (two tiles live)."""
+
+    block_c: int = 256
+    tile_bytes: int = 16384
+    warps: int = 8
+    waves: int = 0
+    prefetch: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchNormTuning:
+    """One configuration per kernel (see the module docstring)."""
+
+    stats: ReduceConfig = ReduceConfig()
+    apply: ApplyConfig = ApplyConfig()
+    bwd_reduce: ReduceConfig = ReduceConfig()
+    bwd_apply: ApplyConfig = ApplyConfig()
+
+
+DEFAULT = BatchNormTuning()
+
+# (C, N*H*W) -> tuning, channels_last. 1024 x 50176 (ResNet-50 stage 4, batch 256): H200
+# sweep of 2026-11-30 (.notes/gpu2): 2 KiB reduction tiles (fwd 0.348 -> 0.266 ms, fwd+bwd
+# 0.956 -> 0.878) and 32 KiB elementwise tiles (fwd+bwd 0.956 -> 0.875), each alone.
+TUNED: dict[tuple[int, int], BatchNormTuning] = {
+    (1024, 50176): BatchNormTuning(
+        stats=ReduceConfig(tile_bytes=2048), apply=ApplyConfig(tile_bytes=32768),
+        bwd_reduce=ReduceConfig(tile_bytes=2048), bwd_apply=ApplyConfig(tile_bytes=32768)),
+}
+
+_OVERRIDE: BatchNormTuning | None = None
+# Bumped whenever the answer of tuning_for may change: launch plans are cached per generation.
+generation = 0
+
+
+def tuning_for(c: int, rows: int, channels_last: bool) -> BatchNormTuning:
+    """The configuration for an input with C = c and N*H*W = rows (see the module docstring)."""
+    if _OVERRIDE is not None:
+        return _OVERRIDE
+    if not channels_last:
+        return DEFAULT
+    exact = TUNED.get((c, rows))
+    if exact is not None:
+        return exact
+    same_c = [m for (k, m) in TUNED if k == c]
+    if not same_c or rows <= 0:
+        return DEFAULT
+    nearest = min(same_c, key=lambda m: abs(math.log(m / rows)))
+    return TUNED[(c, nearest)]
+
+
+@contextlib.contextmanager
+def batch_norm_tuning(tuning: BatchNormTuning | None = None, **changes):
+    """Run the block with `tuning` (with `changes` to its fields) for every shape."""
+    global _OVERRIDE, generation
+    saved = _OVERRIDE
+    _OVERRIDE = dataclasses.replace(tuning or DEFAULT, **changes)
+    generation += 1
+    try:
+        yield _OVERRIDE
+    finally:
+        _OVERRIDE = saved
+        generation += 1
+
+
+KINDS = {"stats": ReduceConfig, "apply": ApplyConfig, "bwd_reduce": ReduceConfig,
+         "bwd_apply": ApplyConfig}
+
+
+def from_dict(d: dict) -> BatchNormTuning:
+    """A BatchNormTuning from its dataclasses.asdict form."""
+    return BatchNormTuning(**{k: KINDS[k](**v) for k, v in d.items()})
+
+
+def load_table(path: str | Path) -> dict[tuple[int, int], BatchNormTuning]:
+    """Install the `table` of a tune_batch_norm_act.py JSON into TUNED; returns what it added."""
+    global generation
+    entries = json.loads(Path(path).read_text())["table"]
+    added = {(e["C"], e["rows"]): from_dict(e["tuning"]) for e in entries}
+    TUNED.update(added)
+    generation += 1
+    return added
