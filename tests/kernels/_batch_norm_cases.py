@@ -1,0 +1,103 @@
+"""Shared inputs and checks of the batch_norm_act tests (CPU interpreter lane and GPU lane)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gpushape.kernels.batch_norm_act import (
+    BatchNormAct2d,
+    batch_norm_act,
+    batch_norm_act_apply,
+    batch_norm_act_backward,
+    batch_norm_stats,
+)
+
+from ._numeric import gate_forward_backward
+
+CL = torch.channels_last
+CF = torch.contiguous_format
+CUDA = torch.device("cuda")
+VARIANTS = [  # training, activation, residual, affine
+    (True, "none", True, True), (True, "relu", False, True), (True, "none", False, False),
+    (False, "relu", True, True), (False, "none", False, True), (False, "relu", False, False)]
+
+
+def _torch_composition(training: bool, activation: str, running=None):
+    """PyTorch's own BatchNorm2d + add + activation, as a function of (x, w, b[, r])."""
+    def fn(x, w, b, r=None):
+        stat_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        rm, rv = (t.to(x.device, stat_dtype) for t in running) if running else (None, None)
+        y = F.batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5) + (0 if r is None else r)
+        return F.relu(y) if activation == "relu" else y
+    return fn
+
+
+def _ours(training: bool, activation: str, running=None):
+    def fn(x, w, b, r=None):
+        rm, rv = (t.clone().to(x.device) for t in running) if running else (None, None)
+        return batch_norm_act(x, w, b, rm, rv, training, 0.1, 1e-5, activation, r)
+    return fn
+
+
+def _inputs(shape, dtype, fmt, device="cpu", offset=-2.3, residual=True, affine=True):
+    """x with a mean far from zero, fp32 affine parameters (as under autocast), a residual."""
+    c = shape[1]
+    x = (offset + 0.5 * torch.randn(shape)).to(dtype).to(device, memory_format=fmt)
+    w = (1 + 0.3 * torch.randn(c)).to(device) if affine else None
+    b = (0.2 * torch.randn(c)).to(device) if affine else None
+    r = torch.randn(shape).to(dtype).to(device, memory_format=fmt) if residual else None
+    return [t.requires_grad_() if t is not None else None for t in (x, w, b, r)]
+
+
+def _gate(shape, dtype, fmt, *, training=True, activation="relu", residual=True, affine=True,
+          device="cpu", offset=-2.3):
+    x, w, b, r = _inputs(shape, dtype, fmt, device, offset, residual, affine)
+    running = (0.1 * torch.randn(shape[1]), 0.5 + torch.rand(shape[1]))
+    args = (x, w, b) if r is None else (x, w, b, r)
+    return gate_forward_backward(
+        _ours(training, activation, running), _torch_composition(training, activation, running),
+        args, names=("x", "weight", "bias", "residual")[:len(args)])
+
+
+def _run_fwd_bwd(x, r, dy, w, b):
+    x, r = x.detach().requires_grad_(), r.detach().requires_grad_()
+    y = batch_norm_act(x, w, b, None, None, True, residual=r)
+    y.backward(dy)
+    return y.detach(), x.grad, r.grad
+
+
+def _module_step(module, x, r, dy):
+    x, r = x.detach().requires_grad_(), r.detach().requires_grad_()
+    y = module(x, r)
+    y.backward(dy)
+    return y.detach(), x.grad, r.grad, module.weight.grad
+
+
+def _check_compiled_module(device):
+    torch._dynamo.reset()
+    eager, compiled = BatchNormAct2d(16).to(device), BatchNormAct2d(16).to(device)
+    fn = torch.compile(compiled, fullgraph=True)
+    for _ in range(2):
+        x, _, _, r = (t.detach() for t in _inputs((4, 16, 6, 5), torch.float32, CL, device))
+        dy = torch.randn_like(x)
+        for a, c in zip(_module_step(eager, x, r, dy), _module_step(fn, x, r, dy)):
+            torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-5)
+        eager.weight.grad = compiled.weight.grad = None
+    for name, t in eager.state_dict().items():
+        torch.testing.assert_close(compiled.state_dict()[name], t)
+
+
+def _opcheck_all(device):
+    """Schema, fake implementation, autograd registration and AOT dispatch of the three ops
+    (eager calls bypass them; torch.compile relies on them)."""
+    x, w, b, r = _inputs((2, 5, 3, 4), torch.float32, CL, device)
+    mean, rstd = batch_norm_stats(x.detach(), None, None, 0.1, 1e-5)
+    running = (torch.zeros(5, device=device), torch.ones(5, device=device))
+    apply_args = (x, mean, rstd, w, b, r, 1e-5, True, "relu")
+    bits = batch_norm_act_apply(*apply_args)[1]
+    bwd_args = (torch.randn_like(x), x.detach(), w.detach(), mean, rstd, bits, 1e-5, True,
+                "relu", True)
+    for op, args in ((batch_norm_stats, (x.detach(), *running, 0.1, 1e-5)),
+                     (batch_norm_act_apply, apply_args), (batch_norm_act_backward, bwd_args)):
+        torch.library.opcheck(op, args)
