@@ -1,6 +1,7 @@
 """Benchmark batch_norm_act (BatchNorm2d in training + residual add + ReLU) on one GPU.
 
-    python benchmarks/kernels/bench_batch_norm_act.py [--quick] [--sweep] [--shapes 256x256x56x56]
+    python benchmarks/kernels/bench_batch_norm_act.py [--quick] [--shapes 256x256x56x56]
+                                                      [--tuning out/tune_batch_norm_act.json]
 
 1. Checks gpushape on the GPU first, at every shape: the numeric gate of TESTING.md (forward
    and the gradients of x, residual, weight, bias against float64) and the running stats
@@ -16,7 +17,8 @@
               accumulation; this is what a training step pays)
      fwd+bwd accum  forward, then .backward() into .grad that already exists: what the anchors
               (anchors/measure_resnet_split.py) timed; it adds x.grad += dx, r.grad += dr
-   --sweep: gpushape again under alternative launch heuristics (BatchNormTuning).
+   --tuning FILE: gpushape with the launch configurations of a tune_batch_norm_act.py run
+   (its "table", installed into _batch_norm_tuning.TUNED before anything runs).
 4. Writes $OUT/bench_batch_norm_act.json (default ./out) and a PNG, prints a table last.
 
 GB/s counts the anchors' minimum bytes, S = one (N, C, H, W) bf16 tensor: forward 4 S (read x
@@ -43,7 +45,7 @@ sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed
 
 from gpushape.bench import compare, copy_bandwidth_bytes_per_s, write_results  # noqa: E402
 from gpushape.kernels import BatchNormAct2d, batch_norm_act  # noqa: E402
-from gpushape.kernels._batch_norm_launch import batch_norm_tuning  # noqa: E402
+from gpushape.kernels._batch_norm_tuning import load_table  # noqa: E402
 
 
 def _load_gate() -> Callable:
@@ -258,40 +260,6 @@ def print_table(rows: list[dict], copy_gbps: float, verdicts: list[dict]) -> Non
         print(f"{v['verdict']:5s} {v['criterion']}: {value}x (target >= {v['target']:g}x)")
 
 
-SWEEP = [dict(), dict(reduce_waves=2), dict(reduce_waves=4), dict(reduce_warps=8),
-         dict(reduce_tile_bytes=8192), dict(reduce_tile_bytes=2048), dict(reduce_max_block_c=64),
-         dict(apply_tile_bytes=8192), dict(apply_tile_bytes=32768), dict(apply_warps=4),
-         dict(apply_max_block_c=128)]
-
-
-def sweep(shapes, rounds: int, repeats: int) -> list[dict]:
-    """gpushape fwd and fwd+bwd under alternative launch heuristics (BatchNormTuning)."""
-    out = []
-    for shape in shapes:
-        x, r, dy, _ = _make(shape)
-        module = BatchNormAct2d(shape[1]).to(DEVICE)
-        wrt = [x, r, module.weight, module.bias]
-
-        def fwd(x=x, r=r, module=module):
-            module(x, r)
-
-        def fwd_bwd(x=x, r=r, dy=dy, module=module, wrt=wrt):
-            torch.autograd.grad(module(x, r), wrt, dy)
-
-        for changes in SWEEP:
-            with batch_norm_tuning(**changes):
-                for _ in range(2):  # compile this configuration's kernels untimed
-                    fwd_bwd()
-                t = compare({"fwd": fwd, "fwd+bwd": fwd_bwd}, rounds=rounds,
-                            repeats_per_round=repeats, warmup=2, device=DEVICE)
-            label = ",".join(f"{k}={v}" for k, v in changes.items()) or "defaults"
-            out.append(dict(shape=list(shape), tuning=label, fwd_ms=t["fwd"].median_s * 1e3,
-                            fwd_bwd_ms=t["fwd+bwd"].median_s * 1e3))
-            print(f"sweep {_name(shape)} {label:24s} fwd {out[-1]['fwd_ms']:.3f} ms  "
-                  f"fwd+bwd {out[-1]['fwd_bwd_ms']:.3f} ms", flush=True)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -299,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="fewer repeats; correctness checks at batch 32 instead of 256")
     parser.add_argument("--shapes", default="", help="e.g. 256x256x56x56,32x64x112x112 "
                         "(default: ResNet-50's four stage shapes at batch 256)")
-    parser.add_argument("--sweep", action="store_true", help="also time gpushape under "
-                        "alternative launch heuristics at the first and last shape")
+    parser.add_argument("--tuning", default="", help="a tune_batch_norm_act.py JSON: use its "
+                        "launch configurations (table) for gpushape")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                         help="cpu only to smoke-test this script (TRITON_INTERPRET=1, tiny shapes)")
     args = parser.parse_args(argv)
@@ -313,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     rounds, repeats = (3, 5) if args.quick else (5, 10)
+    tuned = {f"{c}x{m}": str(t) for (c, m), t in load_table(args.tuning).items()} \
+        if args.tuning else {}
     out_dir = Path(os.environ.get("OUT", "out"))
     torch.manual_seed(0)
 
@@ -335,11 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         r["pct_copy"] = r["gbps"] / copy_gbps
     verdicts = criteria(rows)
-    ends = list(dict.fromkeys([SHAPES[0], SHAPES[-1]]))
-    swept = sweep(ends, rounds, repeats) if args.sweep else None
     path = write_results(
         out_dir / "bench_batch_norm_act.json", rows, copy_bandwidth_gbps=copy_gbps,
-        dtype="bf16", layout="channels_last", checks=checks, criteria=verdicts, sweep=swept,
+        dtype="bf16", layout="channels_last", checks=checks, criteria=verdicts,
+        tuning_file=args.tuning or None, tuning_table=tuned,
         bytes_counted=("anchors' minimum bytes in units of one (N, C, H, W) bf16 tensor: fwd 4, "
                        "fwd+bwd 9; own_bytes: gpushape's traffic, fwd 4+1/16, fwd+bwd 10+3/16"),
         timing=(f"CUDA events, {rounds} alternating rounds x {repeats} repeats, median; under "
