@@ -114,5 +114,7 @@ class Launch:
             except (TypeError, ValueError):  # a Triton whose launcher takes other arguments
                 FAST_LAUNCH = False
         compiled = self.kernel[self.grid](*args, **self.meta)
+        if hasattr(compiled, "result"):  # a Triton that compiles asynchronously
+            compiled = compiled.result()
         if runner is None and is_aligned and hasattr(compiled, "__getitem__"):
-            self.runner = compiled[self.grid]
+            self.runner = compiled[self.grid]  # since Triton 3.3: takes every parameter
