@@ -167,6 +167,8 @@ def main(argv=None) -> int:
         for k in KINDS:
             rows += [dict(r, stage=1) for r in sweep(k, s, bufs, stage1[(s, k)], repeats, spin,
                                                       copy_gbps, deadline, failed)]
+        print(f"stage 1 {_name(s)}: {sum(len(stage1[(s, k)]) for k in KINDS)} configurations, "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
         del bufs
         grid.empty_cache()
 
