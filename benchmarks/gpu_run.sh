@@ -24,11 +24,15 @@ for spec in "$@"; do
     info) run info "$secs" bash -c 'nvidia-smi -L; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; python3 -m gpushape gpus' ;;
     gputests) run gputests "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -n 4 tests/kernels ;;
     gputests-attn) run gputests-attn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_softmax_dropout.py tests/kernels/test_fused_qkv.py tests/kernels/test_kv_cache.py tests/bench tests/cli tests/hardware ;;
+    gputests-k) run gputests-k "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 3 -k "not 2_31 and not 2_pow_31" tests ;;
+    gputests-big) run gputests-big "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "2_31 or 2_pow_31" tests ;;
     gputests-all) run gputests-all "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests ;;
     norms) run norms "$secs" python3 benchmarks/kernels/bench_norms.py ;;
-    bn) run bn "$secs" python3 benchmarks/kernels/bench_batch_norm_act.py ;;
+    bn) run bn "$secs" bash -c 't=""; [ -f "$OUT/tune_batch_norm_act.json" ] && t="--tuning $OUT/tune_batch_norm_act.json"; python3 benchmarks/kernels/bench_batch_norm_act.py $t' ;;
     attn) run attn "$secs" python3 benchmarks/kernels/bench_attention.py ;;
     correlate) run correlate "$secs" python3 benchmarks/trace/correlate.py ;;
+    tune-norms) run tune-norms "$secs" python3 benchmarks/kernels/tune_norms.py ;;
+    tune-bn) run tune-bn "$secs" python3 benchmarks/kernels/tune_batch_norm_act.py --quick ;;
     probe-quick) run probe-quick "$secs" python3 -m gpushape probe --quick -o "$OUT/probe-h200-quick/h200-sxm.json" ;;
     probe) run probe "$secs" python3 -m gpushape probe -o "$OUT/probe-h200/h200-sxm.json" ;;
     # make test on a clean export of HEAD (uncommitted work in the tree does not count)
