@@ -11,30 +11,21 @@ input) from x, mean, rstd, weight and bias.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from ._dispatch import check_float, check_same_device, use_triton
+from ._dispatch import FLOAT_DTYPES, check_float, check_same_device, use_triton
+from ._norm_launch import aligned, backward_plan, forward_plan
 from ._norm_reference import (
-    GELU_ERF,
     NormBackward,
     NormForward,
     reference_backward,
     reference_forward,
     stat_dtype,
 )
-from ._norm_tuning import (  # noqa: F401  (norm_tuning, NormTuning: re-exported for callers)
-    NormTuning,
-    bwd_config,
-    cdiv,
-    fwd_config,
-    norm_tuning,
-    num_warps_for,
-    pow2,
-    tuning,
-)
+from ._norm_tuning import NormTuning, norm_tuning  # noqa: F401  (re-exported for callers)
 
 _SUPPORTED_DEVICES = ("cpu", "cuda", "meta")
 
@@ -42,9 +33,28 @@ _SUPPORTED_DEVICES = ("cpu", "cuda", "meta")
 # ---------------------------------------------------------------------------------------------
 # input checks (run by the functional forms, before the custom op, so errors read plainly)
 # ---------------------------------------------------------------------------------------------
+def _inputs_ok(x, weight, bias, eps, residual) -> bool:
+    """The common case, checked cheaply: a float CUDA / CPU x with features, parameters of
+    shape (N,) on its device, a float eps >= 0. False sends the inputs to the full check."""
+    if (type(eps) is not float or not 0.0 <= eps < math.inf or x.dtype not in FLOAT_DTYPES
+            or x.dim() == 0):
+        return False
+    device, n = x.device, x.shape[-1]
+    if n == 0 or device.type not in _SUPPORTED_DEVICES:
+        return False
+    for t in (weight, bias):
+        if t is not None and (t.device != device or t.dtype not in FLOAT_DTYPES
+                              or t.shape != (n,)):
+            return False
+    return residual is None or (residual.device == device and residual.dtype == x.dtype
+                                and residual.shape == x.shape)
+
+
 def check_norm_inputs(op: str, x: torch.Tensor, weight: torch.Tensor | None,
                       bias: torch.Tensor | None, eps: float,
                       residual: torch.Tensor | None = None) -> None:
+    if _inputs_ok(x, weight, bias, eps, residual):
+        return
     tensors = {"x": x, "residual": residual, "weight": weight, "bias": bias}
     for name, t in tensors.items():
         if t is not None and t.device.type not in _SUPPORTED_DEVICES:
@@ -71,87 +81,37 @@ def check_norm_inputs(op: str, x: torch.Tensor, weight: torch.Tensor | None,
 
 
 # ---------------------------------------------------------------------------------------------
-# launch configuration (the data lives in _norm_tuning.py)
+# launchers: allocate the outputs, launch the cached plan (_norm_launch.py)
 # ---------------------------------------------------------------------------------------------
-@functools.cache
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of `device`, read once per device. The Triton interpreter runs
-    programs one by one: a small count there makes each persistent program loop over tiles."""
-    if device.type == "cuda":
-        return _cuda_sm_count(device.index if device.index is not None else
-                              torch.cuda.current_device())
-    return 2
-
-
-def _fast_gelu(act: int, dtype: torch.dtype) -> bool:
-    """bfloat16 output: the exact GELU's normal CDF comes from a logistic fit (max abs error
-    1.4e-4, 1/28 of a bfloat16 unit in [0.5, 1)) instead of erf. By sm_90 SASS count erf is ~34
-    of the forward's ~51 instructions per element, more than a 2-byte-in, 2-byte-out kernel can
-    issue at full HBM bandwidth; the fit costs ~12. float16 and float32 keep erf: their units
-    are 8x and 65536x finer."""
-    return act == GELU_ERF and dtype == torch.bfloat16 and tuning().bf16_fast_gelu
-
-
-def _tl_acc(dtype: torch.dtype):
-    import triton.language as tl
-
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-# ---------------------------------------------------------------------------------------------
-# launchers
-# ---------------------------------------------------------------------------------------------
-def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
-    return None if t is None else t.contiguous().view(-1, n)
-
-
 def norm_forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
                  bias: torch.Tensor | None, eps: float, *, act: int, rms: bool) -> NormForward:
     """Forward of every norm op: Triton on CUDA (and under TRITON_INTERPRET=1), else reference."""
     if not use_triton(x):
         return reference_forward(x, residual, weight, bias, eps, act=act, rms=rms)
+    # The kernels index rows of a contiguous (M, N) block: any leading shape will do.
+    x = x.contiguous()
+    r, w, b = (None if t is None else t.contiguous() for t in (residual, weight, bias))
+    if x.numel() == 0:
+        return _empty_forward(x, r, rms)
+    plan = forward_plan(x, r is not None, w, b, act=act, rms=rms)
+    y = torch.empty_like(x)
+    s = None if r is None else torch.empty_like(x)
+    rstd = torch.empty(plan.lead, dtype=plan.acc, device=x.device)
+    mean = None if rms else torch.empty(plan.lead, dtype=plan.acc, device=x.device)
+    # Unused pointer arguments get x: Triton needs a tensor there, the kernel never touches it.
+    ptrs = (x, x if r is None else r, x if s is None else s, y, x if w is None else w,
+            x if b is None else b, rstd if mean is None else mean, rstd)
     n = x.shape[-1]
-    x2, r2 = _rows(x, n), _rows(residual, n)
-    w, b = _rows(weight, n), _rows(bias, n)
-    m = x2.shape[0]
-    acc = stat_dtype(x.dtype)
-    y = torch.empty_like(x2)
-    s = torch.empty_like(x2) if residual is not None else None
-    mean = None if rms else torch.empty(m, dtype=acc, device=x.device)
-    rstd = torch.empty(m, dtype=acc, device=x.device)
-    if m > 0:
-        _launch_forward(x2, r2, s, y, w, b, mean, rstd, eps, act=act, rms=rms)
-    lead = x.shape[:-1]
-    return NormForward(y.view(x.shape), None if s is None else s.view(x.shape),
-                       None if mean is None else mean.view(lead), rstd.view(lead))
+    sizes = (n, eps) if plan.looped else (x.numel() // n, n, eps)
+    plan.launch(aligned(x, r, w, b), *ptrs, *sizes)
+    return NormForward(y, s, mean, rstd)
 
 
-def _launch_forward(x2, r2, s, y, w, b, mean, rstd, eps, *, act, rms) -> None:
-    from ._norm_kernels import _norm_fwd_looped_kernel, _norm_fwd_tile_kernel
-
-    m, n = x2.shape
-    t = tuning()
-    # Unused pointer arguments get x2: Triton needs a tensor there, the kernel never touches it.
-    ptrs = [x2, r2 if r2 is not None else x2, s if s is not None else x2, y,
-            w if w is not None else x2, b if b is not None else x2,
-            mean if mean is not None else rstd, rstd]
-    flags = dict(ACT=act, FAST=_fast_gelu(act, x2.dtype), IS_RMS=rms,
-                 HAS_RESIDUAL=r2 is not None, HAS_W=w is not None, HAS_B=b is not None,
-                 ACC=_tl_acc(x2.dtype))
-    cfg = fwd_config(m, n, t) if pow2(n) <= t.fwd_max_block_n else None
-    if cfg is not None and cfg.block_n == 0:
-        _norm_fwd_tile_kernel[(cdiv(m, cfg.block_m),)](
-            *ptrs, m, n, eps, **flags, BLOCK_M=cfg.block_m, BLOCK_N=pow2(n),
-            EVEN_N=n == pow2(n), num_warps=cfg.num_warps)
-    else:
-        block_n = min(cfg.block_n if cfg is not None else t.looped_block_n, pow2(n))
-        warps = (cfg.num_warps if cfg is not None else
-                 num_warps_for(block_n, t.fwd_elems_per_thread, t))
-        _norm_fwd_looped_kernel[(m,)](*ptrs, n, eps, **flags, BLOCK_N=block_n, num_warps=warps)
+def _empty_forward(x, r, rms) -> NormForward:
+    stats = [torch.empty(x.shape[:-1], dtype=stat_dtype(x.dtype), device=x.device)
+             for _ in range(2)]
+    return NormForward(torch.empty_like(x), None if r is None else torch.empty_like(x),
+                       None if rms else stats[0], stats[1])
 
 
 def norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, xs: torch.Tensor,
@@ -162,83 +122,79 @@ def norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, xs: torch.Tensor,
     ds, when given, is the gradient reaching that sum directly and is added to dx."""
     if not use_triton(xs):
         return reference_backward(dy, ds, xs, weight, bias, mean, rstd, act=act, rms=rms)
+    # dy may be expanded (stride 0) or transposed: the kernels read contiguous rows.
+    xs, dy, rstd = xs.contiguous(), dy.contiguous(), rstd.contiguous()
+    ds, w, b, mean = (None if t is None else t.contiguous() for t in (ds, weight, bias, mean))
+    dx = torch.empty_like(xs)
     n = xs.shape[-1]
-    x2, dy2, ds2 = _rows(xs, n), _rows(dy, n), _rows(ds, n)
-    w, b = _rows(weight, n), _rows(bias, n)
-    m = x2.shape[0]
-    dx = torch.empty_like(x2)
+    m = xs.numel() // n
     if m == 0:  # no rows: zero parameter gradients
-        zeros = [None if p is None else p.new_zeros(p.shape) for p in (weight, bias)]
-        return NormBackward(dx.view(xs.shape), *zeros)
-    mean1 = None if mean is None else mean.reshape(-1)  # (M,)
-    dw_part, db_part = _launch_backward(dy2, ds2, x2, w, b, mean1, rstd.reshape(-1), dx,
-                                        act=act, rms=rms)
-    dw, db = _sum_partials(dw_part, db_part, weight, bias)
-    return NormBackward(dx.view(xs.shape), dw, db)
-
-
-def _sum_partials(dw_part, db_part, weight, bias):
-    """(P, N) float32 partials -> (N,) gradients in the parameters' dtypes, one launch."""
-    from ._norm_kernels import _sum_partials_kernel
-
-    if dw_part is None and db_part is None:
-        return None, None
-    part = dw_part if dw_part is not None else db_part
-    p, n = part.shape
-    t = tuning()
-    dw = None if dw_part is None else weight.new_empty(weight.shape)
-    db = None if db_part is None else bias.new_empty(bias.shape)
-    block_n = min(t.sum_block_n, pow2(n))  # narrow column tiles: many programs share the read
-    _sum_partials_kernel[(cdiv(n, block_n),)](
-        part if dw_part is None else dw_part, part if db_part is None else db_part,
-        dw if dw is not None else db, db if db is not None else dw, p, n,
-        HAS_W=dw is not None, HAS_B=db is not None, ACC=_tl_acc(part.dtype),
-        BLOCK_P=min(t.sum_block_p, pow2(p)), BLOCK_N=block_n, num_warps=4)
-    return dw, db
-
-
-def _launch_backward(dy2, ds2, x2, w, b, mean, rstd, dx, *, act, rms):
-    from ._norm_kernels import _norm_bwd_kernel, _norm_bwd_row_sums_kernel
-
-    m, n = x2.shape
-    t = tuning()
-    acc = stat_dtype(x2.dtype)
-    mean = mean if mean is not None else rstd  # RMSNorm: never read
-    flags = dict(ACT=act, FAST=_fast_gelu(act, x2.dtype), IS_RMS=rms, HAS_W=w is not None,
-                 HAS_B=b is not None, ACC=_tl_acc(x2.dtype))
-    w_ptr = w if w is not None else x2
-    b_ptr = b if b is not None else x2
+        return NormBackward(dx, *(None if p is None else torch.zeros_like(p) for p in (w, b)))
+    # dy's dtype: Triton compiled the plan's kernels for the pointer types it first saw
+    plan = backward_plan(xs, (ds is not None, dy.dtype), w, b, act=act, rms=rms)
+    mean = rstd if mean is None else mean  # RMSNorm: never read
+    w_ptr, b_ptr = (xs if w is None else w), (xs if b is None else b)
+    is_aligned = aligned(dy, ds, xs, w, b, mean, rstd)
     c1 = c2 = rstd  # unused on the single-block path
-    cfg = bwd_config(m, n, t) if pow2(n) <= t.bwd_max_block_n else None
-    single = cfg is not None and cfg.block_n == 0
-    if single:
-        block_m, block_n, col_blocks = cfg.block_m, pow2(n), 1
-        warps, per_sm, prefetch, reload_wb = (cfg.num_warps, cfg.programs_per_sm, cfg.prefetch,
-                                              cfg.reload_wb)
-    else:
-        block_m, block_n = 1, min(cfg.block_n if cfg is not None else t.looped_block_n, pow2(n))
-        warps = (cfg.num_warps if cfg is not None else
-                 num_warps_for(block_n, t.bwd_elems_per_thread, t))
-        col_blocks, reload_wb = cdiv(n, block_n), False
-        per_sm = cfg.programs_per_sm if cfg is not None else max(1, t.bwd_warps_per_sm // warps)
-        prefetch = cfg.prefetch if cfg is not None else 1
-        c1 = torch.empty(m, dtype=acc, device=x2.device)
-        c2 = torch.empty(m, dtype=acc, device=x2.device)
-        _norm_bwd_row_sums_kernel[(m,)](dy2, x2, w_ptr, b_ptr, mean, rstd, c1, c2, n, **flags,
-                                        BLOCK_N=block_n, num_warps=warps)
-    tiles = cdiv(m, block_m)
-    programs = max(1, min(tiles, cdiv(sm_count(x2.device) * per_sm, col_blocks)))
-    tiles_per_program = cdiv(tiles, programs)
-    programs = cdiv(tiles, tiles_per_program)  # no program without a tile
-    dw_part = torch.empty((programs, n), dtype=acc, device=x2.device) if w is not None else None
-    db_part = torch.empty((programs, n), dtype=acc, device=x2.device) if b is not None else None
-    _norm_bwd_kernel[(programs, col_blocks)](
-        dy2, ds2 if ds2 is not None else dy2, x2, w_ptr, b_ptr, mean, rstd, c1, c2, dx,
-        dw_part if dw_part is not None else rstd, db_part if db_part is not None else rstd,
-        m, n, tiles_per_program, **flags, HAS_DS=ds2 is not None,
-        STATS_GIVEN=not single, BLOCK_M=block_m, BLOCK_N=block_n,
-        EVEN_N=n % block_n == 0, PREFETCH=prefetch, RELOAD_WB=reload_wb, num_warps=warps)
-    return dw_part, db_part
+    if plan.row_sums is not None:
+        c1 = torch.empty(m, dtype=plan.acc, device=xs.device)  # (M,) row means of g*xhat
+        c2 = torch.empty(m, dtype=plan.acc, device=xs.device)  # (M,) and of g
+        plan.row_sums(is_aligned, dy, xs, w_ptr, b_ptr, mean, rstd, c1, c2, n)
+    parts = [None if p is None else torch.empty((plan.programs, n), dtype=plan.acc,
+                                                device=xs.device) for p in (w, b)]
+    dw_part, db_part = parts  # (P, N) per-program column sums
+    plan.main(is_aligned, dy, dy if ds is None else ds, xs, w_ptr, b_ptr, mean, rstd, c1, c2,
+              dx, rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
+              m, n, plan.tiles_per_program)
+    if plan.sum_partials is None:
+        return NormBackward(dx, None, None)
+    dw = None if w is None else torch.empty_like(w)
+    db = None if b is None else torch.empty_like(b)
+    part = dw_part if dw_part is not None else db_part
+    plan.sum_partials(True, part, part if db_part is None else db_part,
+                      dw if dw is not None else db, db if db is not None else dw, plan.programs, n)
+    return NormBackward(dx, dw, db)
+
+
+# ---------------------------------------------------------------------------------------------
+# eager path: one autograd.Function straight to the launchers (the custom ops serve torch.compile)
+# ---------------------------------------------------------------------------------------------
+def eager_path(x: torch.Tensor) -> bool:
+    """Plain tensors outside torch.compile skip the custom ops: their Python dispatch (schema,
+    fake and autograd layers) costs more host time than these kernels take on the GPU.
+    Subclasses (fake tensors, DTensor, ...) and compilation keep the registered custom ops."""
+    return type(x) is torch.Tensor and not torch.compiler.is_compiling()
+
+
+def run_eager(x, residual, weight, bias, eps: float, *, act: int, rms: bool):
+    """y, or (y, s) when residual is given; autograd only when a gradient is wanted."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (x, residual, weight, bias)):
+        return _NormFunction.apply(x, residual, weight, bias, eps, act, rms)
+    out = norm_forward(x, residual, weight, bias, eps, act=act, rms=rms)
+    return out.y if residual is None else (out.y, out.s)
+
+
+class _NormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps, act, rms):
+        out = norm_forward(x, residual, weight, bias, eps, act=act, rms=rms)
+        # add_layer_norm normalises s = x + residual: that is what the backward recomputes from
+        ctx.save_for_backward(x if out.s is None else out.s, weight, bias, out.mean, out.rstd)
+        ctx.act, ctx.rms, ctx.has_residual = act, rms, residual is not None
+        ctx.set_materialize_grads(False)  # unused outputs get no zeros tensor to read back
+        return out.y if out.s is None else (out.y, out.s)
+
+    @staticmethod
+    @once_differentiable  # the backward's kernels have no derivative of their own
+    def backward(ctx, dy, ds=None):
+        xs, weight, bias, mean, rstd = ctx.saved_tensors
+        if dy is None:  # only the sum s was used downstream: d(x + residual) = ds
+            return ds, ds, None, None, None, None, None
+        dx, dw, db = norm_backward(dy, ds, xs, weight, bias, mean, rstd, act=ctx.act,
+                                   rms=ctx.rms)
+        # One tensor serves x and residual, as for any add; autograd never writes into it.
+        return dx, dx if ctx.has_residual else None, dw, db, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------

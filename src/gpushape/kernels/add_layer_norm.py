@@ -18,10 +18,12 @@ from ._norm_common import (
     AffineNorm,
     check_norm_inputs,
     contiguous_or_none,
+    eager_path,
     empty_if_none,
     fake_param_grad,
     norm_backward,
     norm_forward,
+    run_eager,
 )
 from ._norm_reference import ACT_NONE, stat_dtype
 
@@ -98,6 +100,8 @@ def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None,
     float32. Both outputs have x's shape and dtype.
     """
     check_norm_inputs("add_layer_norm", x, weight, bias, eps, residual=residual)
+    if eager_path(x):
+        return run_eager(x, residual, weight, bias, float(eps), act=ACT_NONE, rms=False)
     y, s, _, _ = _add_layer_norm_op(x.contiguous(), residual.contiguous(),
                                     contiguous_or_none(weight), contiguous_or_none(bias),
                                     float(eps))

@@ -17,10 +17,12 @@ from ._norm_common import (
     AffineNorm,
     check_norm_inputs,
     contiguous_or_none,
+    eager_path,
     empty_if_none,
     fake_param_grad,
     norm_backward,
     norm_forward,
+    run_eager,
 )
 from ._norm_reference import GELU_ERF, GELU_TANH, stat_dtype
 
@@ -99,9 +101,12 @@ def layer_norm_gelu(x: Tensor, weight: Tensor | None = None, bias: Tensor | None
     dtype; statistics in float32. Returns x's shape and dtype.
     """
     check_norm_inputs("layer_norm_gelu", x, weight, bias, eps)
-    if approximate not in _ACT:
+    act = _ACT.get(approximate)
+    if act is None:
         raise ValueError(f"layer_norm_gelu: approximate must be 'none' or 'tanh', "
                          f"got {approximate!r}")
+    if eager_path(x):
+        return run_eager(x, None, weight, bias, float(eps), act=act, rms=False)
     y, _, _ = _layer_norm_gelu_op(x.contiguous(), contiguous_or_none(weight),
                                   contiguous_or_none(bias), float(eps), approximate)
     return y

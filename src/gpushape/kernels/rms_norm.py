@@ -15,10 +15,12 @@ from ._norm_common import (
     AffineNorm,
     check_norm_inputs,
     contiguous_or_none,
+    eager_path,
     empty_if_none,
     fake_param_grad,
     norm_backward,
     norm_forward,
+    run_eager,
 )
 from ._norm_reference import ACT_NONE, stat_dtype
 
@@ -86,6 +88,8 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
     squares, rstd and the product with weight are computed in float32, then rounded once.
     """
     check_norm_inputs("rms_norm", x, weight, None, eps)
+    if eager_path(x):
+        return run_eager(x, None, weight, None, float(eps), act=ACT_NONE, rms=True)
     y, _ = _rms_norm_op(x.contiguous(), contiguous_or_none(weight), float(eps))
     return y
 
