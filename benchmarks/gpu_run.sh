@@ -37,6 +37,7 @@ for spec in "$@"; do
     probe) run probe "$secs" python3 -m gpushape probe -o "$OUT/probe-h200/h200-sxm.json" ;;
     # make test on a clean export of HEAD (uncommitted work in the tree does not count)
     # (.carry/head.tar: `git archive -o .carry/head.tar HEAD`, carried to the machine)
+    audit-validate) run audit-validate "$secs" python3 benchmarks/audit/validate_savings.py ;;
     maketest) run maketest "$secs" bash -c 'rm -rf /tmp/clean && mkdir -p /tmp/clean && tar -xf .carry/head.tar -C /tmp/clean && cd /tmp/clean && make test PYTEST_WORKERS=8' ;;
     *) echo "unknown step $name" ;;
   esac
