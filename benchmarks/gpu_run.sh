@@ -35,9 +35,9 @@ for spec in "$@"; do
     tune-bn) run tune-bn "$secs" python3 benchmarks/kernels/tune_batch_norm_act.py --quick ;;
     probe-quick) run probe-quick "$secs" python3 -m gpushape probe --quick -o "$OUT/probe-h200-quick/h200-sxm.json" ;;
     probe) run probe "$secs" python3 -m gpushape probe -o "$OUT/probe-h200/h200-sxm.json" ;;
+    audit-validate) run audit-validate "$secs" python3 benchmarks/audit/validate_savings.py ;;
     # make test on a clean export of HEAD (uncommitted work in the tree does not count)
     # (.carry/head.tar: `git archive -o .carry/head.tar HEAD`, carried to the machine)
-    audit-validate) run audit-validate "$secs" python3 benchmarks/audit/validate_savings.py ;;
     maketest) run maketest "$secs" bash -c 'rm -rf /tmp/clean && mkdir -p /tmp/clean && tar -xf .carry/head.tar -C /tmp/clean && cd /tmp/clean && make test PYTEST_WORKERS=8' ;;
     *) echo "unknown step $name" ;;
   esac
