@@ -4,13 +4,15 @@ An aten-level trace records shapes, not tensor identity, so "these three project
 same tensor" or "this attention call asked for head size 72" is lost by then. `observe()` wraps
 the tracing call with module forward hooks and a TorchFunctionMode that note, per module call,
 the identity of the tensors in and out, and every `scaled_dot_product_attention` call with its
-shapes. Tensors are kept referenced until the observation ends, so their ids stay unique (meta
-tensors cost no memory).
+shapes. A tensor's identity is a serial number held in a weak-keyed table: no tensor is kept
+alive (a trace on a real device frees activations as usual), and a new tensor at a freed
+tensor's address gets a new number.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,14 +25,15 @@ from torch.nn.modules.module import (
 )
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
+from torch.utils.weak import WeakIdKeyDictionary
 
 _SDPA = torch._C._nn.scaled_dot_product_attention
 
 
 @dataclass(frozen=True)
 class ModuleCall:
-    """One forward call of a module: ids of its tensor inputs (positional, in order) and of
-    its tensor outputs."""
+    """One forward call of a module: identities (serial numbers) of its tensor inputs
+    (positional, in order) and of its tensor outputs."""
 
     module: str
     module_type: str
@@ -75,7 +78,14 @@ class _Observer(TorchFunctionMode):
         self.names = {id(m): name for name, m in root.named_modules()}
         self.found = found
         self.stack: list[str] = [""]
-        self.keep: list[torch.Tensor] = []  # ids stay unique while we hold the tensors
+        self.serials = WeakIdKeyDictionary()
+        self.counter = itertools.count()
+
+    def identity(self, t: torch.Tensor) -> int:
+        serial = self.serials.get(t)
+        if serial is None:
+            serial = self.serials[t] = next(self.counter)
+        return serial
 
     def pre(self, module: nn.Module, args: Any) -> None:
         name = self.names.get(id(module))
@@ -86,10 +96,11 @@ class _Observer(TorchFunctionMode):
         if id(module) not in self.names:
             return
         ins, outs = _tensors(args), _tensors(output)
-        self.keep += ins + outs
         self.found.calls.append(ModuleCall(
-            module=name, module_type=type(module).__name__, inputs=tuple(id(t) for t in ins),
-            outputs=tuple(id(t) for t in outs), input_shapes=tuple(tuple(t.shape) for t in ins),
+            module=name, module_type=type(module).__name__,
+            inputs=tuple(self.identity(t) for t in ins),
+            outputs=tuple(self.identity(t) for t in outs),
+            input_shapes=tuple(tuple(t.shape) for t in ins),
             input_bytes=sum(t.numel() * t.element_size() for t in ins)))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -120,4 +131,3 @@ def observe(model: nn.Module) -> Iterator[Observations]:
     finally:
         pre.remove()
         post.remove()
-        observer.keep.clear()
