@@ -245,12 +245,12 @@ def step(v: Variant, grad_out: torch.Tensor) -> Callable[[], None]:
     return run
 
 
-def predicted(case: Case, a: Variant, spec, calibration) -> tuple[float | None, float]:
+def predicted(case: Case, a: Variant, target) -> tuple[float | None, float]:
     flags = case.flags or BackendFlags.current()
     inputs = tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
                    .requires_grad_(t.requires_grad) for t in a.inputs)  # keep requires_grad
-    report = audit(a.model, inputs, spec, dtype=None, train=True, profile=None,
-                   calibration=calibration, flags=flags, rules=[case.rule])
+    report = audit(a.model, inputs, target, dtype=None, train=True,
+                   flags=flags, rules=[case.rule])
     savings = [f.est_saving_s for f in report.findings if f.est_saving_s is not None]
     return (sum(savings) if savings else None), report.totals.roofline_time_s
 
@@ -263,10 +263,10 @@ def set_flags(flags: BackendFlags | None) -> tuple[bool, bool]:
     return old
 
 
-def run_case(case: Case, args, spec, calibration) -> dict:
+def run_case(case: Case, args, target) -> dict:
     a, b = case.build(args.device, args.scale)
     err = check(case, a, b)
-    saving_s, step_s = predicted(case, a, spec, calibration)
+    saving_s, step_s = predicted(case, a, target)
     old = set_flags(case.flags)
     try:
         steps = {name: step(v, torch.randn_like(v.model(*v.inputs)))  # a gradient of each
@@ -310,7 +310,8 @@ def main() -> None:
     args.rounds, args.repeats = (3, 5) if args.quick else (5, 10)
     cuda = args.device.startswith("cuda")
     spec = current_gpu() if cuda else None
-    spec, calibration = resolve_target(spec.name if spec else "h100", "auto")
+    target = resolve_target(spec.name if spec else "h100", "auto")
+    spec, calibration = target.spec, target.calibration
     wanted = args.cases.split(",") if args.cases else list(CASES)
     rows = []
     for rule in wanted:
@@ -319,7 +320,7 @@ def main() -> None:
             continue
         print(f"... {rule}", file=sys.stderr, flush=True)
         try:
-            rows.append(run_case(case, args, spec, calibration))
+            rows.append(run_case(case, args, target))
         except Exception as exc:  # one broken case must not hide the others' results
             rows.append({"rule": rule, "error": f"{type(exc).__name__}: {exc}"})
         torch.cuda.empty_cache() if cuda else None

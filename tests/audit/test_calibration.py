@@ -70,3 +70,24 @@ def test_profile_for_another_chip_is_refused(shipped, capsys):
     assert main(["audit", "resnet50", "--gpu", "h100", "--profile", str(shipped)]) == 2
     err = capsys.readouterr().err.strip()
     assert "measured on h200-sxm, not h100-sxm" in err and "\n" not in err
+
+
+def test_a_probe_that_found_no_wave_quantization_keeps_the_rule_at_info(tmp_path):
+    """The model predicts wave quantization for this GEMM (tests/audit/cases.py); a profile
+    whose probe measured no such pattern on the chip outranks it."""
+    from gpushape.audit.finding import Severity
+
+    from .models import OneLinear
+
+    model, inputs = build(OneLinear, 504, 1728), (meta(1216, 504),)
+    h100 = {**MEASURED, "gpu": "h100-sxm"}
+    found = tmp_path / "found.json"
+    found.write_text(json.dumps({**h100, "wave_quantization": {"found": True}}))
+    absent = tmp_path / "absent.json"
+    absent.write_text(json.dumps({**h100, "wave_quantization": {
+        "found": False, "evidence": "no clear wave-quantization pattern"}}))
+    kwargs = {"gpu": "h100", "train": False, "rules": ["wave-quantization"]}
+    (loud,) = audit(model, inputs, profile=found, **kwargs).findings
+    (quiet,) = audit(model, inputs, profile=absent, **kwargs).findings
+    assert loud.severity > Severity.INFO
+    assert quiet.severity == Severity.INFO and "no clear" in quiet.evidence["probe"]

@@ -25,7 +25,7 @@ from .context import AuditContext, BackendFlags
 from .observe import observe
 from .registry import run_rules
 from .report import Report
-from .target import AUTO, resolve_target
+from .target import AUTO, Target, resolve_target
 
 
 def model_dtype(model: nn.Module) -> torch.dtype:
@@ -47,12 +47,11 @@ def dtype_label(dtype: torch.dtype, flags: BackendFlags) -> str:
     return key
 
 
-def audit(model: nn.Module, example_inputs: Any, gpu: GPUSpec | str = "h100",
+def audit(model: nn.Module, example_inputs: Any, gpu: GPUSpec | Target | str = "h100",
           dtype: torch.dtype | None = torch.bfloat16, train: bool = True,
           optimizer: Any = None, dataloader: Any = None, *, profile: Any = AUTO,
           flags: BackendFlags | None = None, rules: list[str] | None = None,
-          name: str | None = None, device: str | None = None,
-          calibration: str | None = None) -> Report:
+          name: str | None = None, device: str | None = None) -> Report:
     """Audit `model` on `example_inputs` for `gpu`.
 
     dtype: the dtype the model trains/runs in; a model in another dtype is audited as a meta
@@ -60,18 +59,17 @@ def audit(model: nn.Module, example_inputs: Any, gpu: GPUSpec | str = "h100",
     train: a training step (forward and backward) or inference (forward only).
     optimizer, dataloader: optional; rules about them (optimizer-not-fused, dataloader) read
         their settings only.
+    gpu: a catalog name, a GPUSpec, or a `target.Target` (a chip already resolved with its
+        profile, as the CLI passes it).
     profile: "auto" applies the profile shipped for the chip (the H200's), a path that
-        profile, None the datasheet (or `gpu` as given, when it is a GPUSpec already
-        calibrated: then `calibration` says by what, for the report).
+        profile, None the datasheet.
     flags: TF32 and autocast settings; default: this process's torch.backends settings.
     rules: rule ids to run (default: all).
     """
     if not isinstance(model, nn.Module):
         raise GpushapeError(f"audit() needs an nn.Module, got {type(model).__name__}")
-    if profile is None and isinstance(gpu, GPUSpec):
-        spec = gpu
-    else:
-        spec, calibration = resolve_target(gpu, profile)
+    target = resolve_target(gpu, profile)
+    spec = target.spec
     flags = flags or BackendFlags.current()
     if dtype is not None:
         model, example_inputs = model_as(model, dtype), inputs_as(example_inputs, dtype)
@@ -81,8 +79,8 @@ def audit(model: nn.Module, example_inputs: Any, gpu: GPUSpec | str = "h100",
     costed = cost(traced, spec, math=flags.math_mode())
     ctx = AuditContext(trace=traced, cost=costed, gpu=spec, model=model, observed=seen,
                        optimizer=optimizer, dataloader=dataloader, flags=flags,
-                       profile=calibration)
+                       profile=target.calibration, measured=target.measured)
     report = Report.from_cost(costed, dtype=dtype_label(dtype or model_dtype(model), flags))
     report.findings = run_rules(ctx, rules)
-    report.calibration = calibration
+    report.calibration = target.calibration
     return report

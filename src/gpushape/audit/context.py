@@ -69,6 +69,7 @@ class AuditContext:
     dataloader: Any = None
     flags: BackendFlags = field(default_factory=BackendFlags)
     profile: str | None = None  # where calibrated numbers came from; None: the datasheet
+    measured: Mapping[str, Any] = field(default_factory=dict)  # the probe's profile, raw
 
     # ---- the step ----------------------------------------------------------------------------
     @property

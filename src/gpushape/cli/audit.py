@@ -94,16 +94,15 @@ def build_report(args: argparse.Namespace):
     from ..models.resolve import resolve_model
 
     # Bad GPU, profile or severity fails before any work.
-    gpu, calibration = resolve_target(args.gpu, None if args.no_profile else
-                                      (args.profile or AUTO))
+    target = resolve_target(args.gpu, None if args.no_profile else (args.profile or AUTO))
     _fail_on(args.fail_on)
     if args.top < 1:
         raise GpushapeError(f"--top must be at least 1, got {args.top}")
     resolved = resolve_model(args.model, batch=args.batch, dtype=_torch_dtype(args.dtype),
                              device=args.device, inputs=args.input)
-    return audit(resolved.model, resolved.example_inputs, gpu, dtype=None, train=args.train,
-                 profile=None, flags=_flags(args.dtype), name=resolved.name,
-                 device=args.device, calibration=calibration)
+    return audit(resolved.model, resolved.example_inputs, target, dtype=None,
+                 train=args.train, flags=_flags(args.dtype), name=resolved.name,
+                 device=args.device)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,9 @@ efficiency) and speaks only when even that leaves more than LIBRARY_FILL_OK idle
 Counted where it costs time: compute-bound ops, GEMMs of MIN_WAVES waves or more (a single
 small wave is a batch-size question, not a shape one). Saving: the GEMM's compute time x
 (1 - best reachable fill). No transform changes a layer's width or the batch, so `fix` is null.
+Where a calibrated profile says the probe looked for wave quantization on this chip and found
+no pattern (the H200's: throughput did not fall at wave boundaries), the findings stay at info
+and say so: the measurement outranks the model.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Iterable
 from ...trace.flops import Gemm
 from ...trace.gemm_model import SPLIT_K_MIN_DEPTH
 from ..context import AuditContext
-from ..finding import Finding
+from ..finding import Finding, Severity
 from ..patterns import first_modules, module_pattern
 from ..registry import register_rule
 
@@ -83,8 +86,17 @@ def _sites(ctx: AuditContext) -> dict[tuple, dict]:
     return sites
 
 
+def _measured_absent(ctx: AuditContext) -> str | None:
+    """The probe's verdict when it found no wave quantization on this chip, else None."""
+    probe = ctx.measured.get("wave_quantization")
+    if isinstance(probe, dict) and probe.get("found") is False:
+        return str(probe.get("evidence") or "the probe found no wave-quantization pattern")
+    return None
+
+
 @register_rule(RULE, title="tiles fill the SMs poorly (last wave mostly idle)")
 def check(ctx: AuditContext) -> Iterable[Finding]:
+    absent = _measured_absent(ctx)
     for site in _sites(ctx).values():
         eff = site["eff"]
         g = eff.gemm
@@ -97,5 +109,9 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
                    f"whole waves: the best library configuration ({site['how']}) keeps "
                    f"{1 - site['fill']:.0%} of them idle; a batch or width that fills whole "
                    f"waves recovers it")
+        if absent:
+            evidence["probe"] = absent
+            message += f"; but measured on this chip: {absent}"
         yield ctx.finding(RULE, module_pattern(site["modules"]), message, evidence,
-                          saving_s=site["saving_s"], fix=None)
+                          saving_s=site["saving_s"], fix=None,
+                          severity=Severity.INFO if absent else None)
