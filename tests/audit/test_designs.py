@@ -62,7 +62,7 @@ def test_resnet50_stem_is_not_worth_padding_and_the_audit_says_why(resnet_channe
             if f.rule == "tc-align" and f.module == "conv1"]
     assert len(stem) == 1
     f = stem[0]
-    assert f.severity == Severity.INFO and f.est_saving_s == 0.0
+    assert f.severity == Severity.INFO and f.est_saving_s == 0.0 and f.fix is None
     assert f.evidence["value"] == 3 and f.evidence["library_pads_tiny_channels"]
     assert f.evidence["bound"] == "memory"
     assert "pads them itself" in f.message and "memory-bound" in f.message

@@ -116,7 +116,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
                     "time_padded_s": s["padded_s"], "ops_priced": s["ops"]}
         if s["library_pads"]:
             evidence["library_pads_tiny_channels"] = True
-        severity = Severity.INFO if saving_s <= 0 else None
+        worth = saving_s > 0
         yield ctx.finding(RULE, s["module"], _message(s, saving_s, feature), evidence,
-                          saving_s=saving_s, fix="pad-channels" if feature else None,
-                          severity=severity)
+                          saving_s=saving_s, fix="pad-channels" if feature and worth else None,
+                          severity=None if worth else Severity.INFO)
