@@ -89,3 +89,26 @@ def test_fp32_math_quiet_when_the_chip_runs_tf32_convolutions_by_default():
     loud = audit(model, inputs, dtype=torch.float32, rules=["fp32-math"],
                  flags=BackendFlags(matmul_tf32=False, cudnn_tf32=False)).findings
     assert quiet == [] and loud and loud[0].module == "conv"
+
+
+def test_launch_savings_count_only_when_the_step_is_launch_bound():
+    """Fusing three projections removes launches. In a launch-bound step (a few tokens) that is
+    most of the saving; when the GPU's work hides the launches (many tokens) it is none."""
+    from .models import Attention
+
+    h100 = get_gpu("h100")
+    launch = h100.achievable.launch_overhead_s
+    model = build(Attention, fused_qkv=False)
+    (tiny,) = audit(model, (meta(1, 8, 768),), gpu=h100, rules=["separate-qkv"]).findings
+    fewer = tiny.evidence["time_separate_s"] - tiny.evidence["time_fused_s"]
+    assert fewer >= 8 * launch  # 3 x 4 kernels + 2 gradient sums against 4 kernels
+    a = h100.achievable
+    slower = h100.replace(achievable=type(a)(launch_overhead_s=2 * a.launch_overhead_s,
+                                             graph_launch_overhead_s=a.graph_launch_overhead_s))
+    savings = []
+    for spec in (h100, slower):
+        big = audit(model, (meta(32, 512, 768),), gpu=spec, profile=None,
+                    rules=["separate-qkv"])
+        assert big.totals.launch_s < big.totals.kernel_time_s  # the GPU sets the pace
+        savings.append(big.findings[0].est_saving_s)
+    assert savings[0] == pytest.approx(savings[1]) and savings[0] > 0

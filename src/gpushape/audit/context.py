@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from ..hardware import GPUSpec
-from ..trace.cost import CostReport, OpCost
+from ..trace.cost import CostReport, OpCost, op_cost
 from ..trace.records import OpRecord, Trace
 from .finding import (
     MEMORY_SHARE_THRESHOLDS,
@@ -103,8 +103,27 @@ class AuditContext:
     def with_backward(self, rec: OpRecord) -> list[OpRecord]:
         return [rec, *self.backward_of(rec)]
 
+    @cached_property
+    def launch_bound(self) -> bool:
+        """Whether the CPU's eager launches take longer than the GPU's kernels (the CPU sets
+        the pace). Savings count launch overheads only then: otherwise the GPU's queue of
+        launched work hides them."""
+        totals = self.cost.totals
+        return totals.launch_s > totals.kernel_time_s
+
+    def op_time_s(self, cost: OpCost) -> float:
+        """An op's time as savings count it (see `launch_bound`)."""
+        return cost.roofline_time_s if self.launch_bound else cost.kernel_time_s
+
     def time_s(self, recs: Iterable[OpRecord]) -> float:
-        return sum(self.op_cost(r).roofline_time_s for r in recs)
+        """Traced ops' time, as savings count it."""
+        return sum(self.op_time_s(self.op_cost(r)) for r in recs)
+
+    def price(self, recs: Iterable[OpRecord], math: str | None = "trace") -> float:
+        """Records that were not traced (a fix's ops), costed like the trace (same math mode
+        unless `math` is given), as savings count time."""
+        mode = self.cost.math if math == "trace" else math
+        return sum(self.op_time_s(op_cost(r, self.gpu, mode)) for r in recs)
 
     def forward_compute(self) -> list[OpRecord]:
         return [r for r in self.trace.ops if r.phase == "forward" and r.kind == "compute"]

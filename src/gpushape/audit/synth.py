@@ -1,6 +1,6 @@
 """Records of ops that were not traced: the same op with other shapes, or the op a fix would
-run instead. Rules cost them with the trace's own cost model (`trace.cost.op_cost`), so a
-what-if is priced exactly as the traced op is."""
+run instead. Rules cost them with the trace's own cost model (`AuditContext.price`, through
+`trace.cost.op_cost`), so a what-if is priced exactly as the traced op is."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..hardware import GPUSpec
-from ..trace.cost import op_cost
 from ..trace.records import DTYPE_BYTES, OpRecord, TensorMeta
 
 
@@ -63,11 +61,6 @@ def record(op: str, inputs: Mapping[str, TensorMeta], outputs: Sequence[TensorMe
         module_type=like.module_type if like else "", phase=like.phase if like else phase,
         kind="compute", inputs=tuple(inputs.values()), input_names=tuple(inputs),
         outputs=tuple(outputs), params=dict(params or {}))
-
-
-def time_s(recs: Sequence[OpRecord], gpu: GPUSpec, math_mode: str | None) -> float:
-    """Roofline time of records on `gpu` (kernel time plus launches, as the trace is costed)."""
-    return sum(op_cost(r, gpu, math_mode).roofline_time_s for r in recs)
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -21,7 +21,7 @@ from ..finding import Finding
 from ..observe import AttentionCall
 from ..patterns import module_pattern
 from ..registry import register_rule
-from ..synth import round_up, time_s
+from ..synth import round_up
 
 RULE = "attention-head-dim"
 
@@ -51,9 +51,8 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         padded = _padded(shape)
         if padded is None:
             continue
-        math_s = time_s(math_records(shape, ctx.train), ctx.gpu, ctx.cost.math)
-        fused_s = time_s(fused_records(padded[0], ctx.train, padded[1]), ctx.gpu,
-                         ctx.cost.math)
+        math_s = ctx.price(math_records(shape, ctx.train))
+        fused_s = ctx.price(fused_records(padded[0], ctx.train, padded[1]))
         sites.append((call, shape, padded, math_s, fused_s))
     if not sites:
         return

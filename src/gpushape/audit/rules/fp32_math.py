@@ -19,7 +19,6 @@ from ..context import AuditContext
 from ..finding import Finding
 from ..patterns import first_modules, module_pattern
 from ..registry import register_rule
-from ..synth import time_s
 
 RULE = "fp32-math"
 
@@ -43,8 +42,8 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         return
     recs = [rec for r in sites for rec in ctx.with_backward(r)]
     as_is_s = ctx.time_s(recs)
-    fast_s = time_s(recs, ctx.gpu, fast)
-    tf32_s = time_s(recs, ctx.gpu, "tf32") if ctx.gpu.has_tensor_cores("tf32") else None
+    fast_s = ctx.price(recs, fast)
+    tf32_s = ctx.price(recs, "tf32") if ctx.gpu.has_tensor_cores("tf32") else None
     saving_s = max(as_is_s - fast_s, 0.0)
     evidence = {"ops": len(sites), "dtype": "fp32", "flags": ctx.flags.to_dict(),
                 "time_as_is_s": as_is_s, f"time_{fast}_s": fast_s,

@@ -18,7 +18,6 @@ from ..context import AuditContext
 from ..finding import Finding, Severity
 from ..patterns import BMM_OPS, DROPOUT_OPS, SOFTMAX_OPS, following, module_pattern, preceding
 from ..registry import register_rule
-from ..synth import time_s
 
 RULE = "manual-attention"
 MAX_STEPS = 4
@@ -87,8 +86,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         site_s = sum(ctx.time_s(ctx.with_backward(r)) for r in site["ops"])
         backend = fused_backend(shape)
         manual_s += site_s
-        fused_s += time_s(fused_records(shape, ctx.train, backend), ctx.gpu,
-                          ctx.cost.math) if backend else site_s
+        fused_s += ctx.price(fused_records(shape, ctx.train, backend)) if backend else site_s
     s = sites[0]["shape"]
     backend = fused_backend(s)
     saving_s = max(manual_s - fused_s, 0.0)

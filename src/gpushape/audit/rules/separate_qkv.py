@@ -20,7 +20,7 @@ from ..linear import linear_records
 from ..observe import ModuleCall
 from ..patterns import module_pattern
 from ..registry import register_rule
-from ..synth import record, tensor, time_s
+from ..synth import record, tensor
 
 RULE = "separate-qkv"
 LINEAR_TYPES = ("Linear",)
@@ -60,9 +60,8 @@ def _price(ctx: AuditContext, calls: list[ModuleCall]) -> dict | None:
         separate += [record("aten.add.Tensor", {"self": x, "other": x}, [x], phase="backward")
                      for _ in widths[1:]]
     fused = linear_records(m, k, sum(widths), dtype, bias=bias, train=ctx.train)
-    math_mode = ctx.cost.math
-    return {"separate_s": time_s(separate, ctx.gpu, math_mode),
-            "fused_s": time_s(fused, ctx.gpu, math_mode), "tokens": m, "in_features": k,
+    return {"separate_s": ctx.price(separate), "fused_s": ctx.price(fused), "tokens": m,
+            "in_features": k,
             "out_features": widths, "dtype": dtype,
             "projections": [c.module.rpartition(".")[2] for c in calls]}
 

@@ -21,7 +21,7 @@ from ..context import AuditContext
 from ..finding import Finding, Severity
 from ..padding import is_conv, pad_records, parse_misaligned
 from ..registry import register_rule
-from ..synth import round_up, time_s
+from ..synth import round_up
 
 RULE = "tc-align"
 
@@ -56,9 +56,8 @@ def _site(ctx: AuditContext, fwd: OpRecord, value: int, name: str) -> dict | Non
     if not align or value % align == 0:
         return None
     padded = round_up(value, align)
-    math_mode = ctx.cost.math
-    as_is_s = time_s(recs, ctx.gpu, math_mode)
-    padded_s = time_s(pad_records(recs, value, padded), ctx.gpu, math_mode)
+    as_is_s = ctx.time_s(recs)
+    padded_s = ctx.price(pad_records(recs, value, padded))
     library_pads = is_conv(fwd) and value < align
     return {"module": fwd.module, "op": fwd.op, "dim": name, "value": value, "padded": padded,
             "align": align, "math": cost.math, "as_is_s": as_is_s, "padded_s": padded_s,
