@@ -11,8 +11,9 @@ Severity follows the estimated saving, never the rule's name:
 
 "The step" is the cost model's roofline time of the traced step (forward, plus backward in
 training). Savings count GPU time; launch overheads count too only when the step is
-launch-bound (eager launches outlast the kernels), since otherwise the GPU's queue hides them. A rule whose fix saves about nothing on the target chip reports at most `info`:
-advice must hold for the chip named. Rules with no time estimate (dataloader, an optimizer we
+launch-bound (eager launches outlast the kernels), since otherwise the GPU's queue hides them.
+A rule whose fix saves about nothing on the target chip reports at most `info`: advice must
+hold for the chip named. Rules with no time estimate (dataloader, an optimizer we
 cannot trace) carry `est_saving_s = None` and state their own severity rule in their docstring.
 """
 

@@ -36,31 +36,34 @@ ATTENTION_ROWS = (64, 128)
 SPLITS = (1, 2, 3, 4)
 
 
-def _fill(tiles_m: int, tiles_n: int, used: float, batch: int, split: int, sms: int) -> float:
-    ctas = tiles_m * tiles_n * batch * split
-    return used * ctas / (math.ceil(ctas / sms) * sms)
+def _config(tiles: int, used: float, sms: int) -> tuple[float, float]:
+    """(tile efficiency, wave efficiency) of `tiles` CTAs doing `used` useful work each."""
+    return used, tiles / (math.ceil(tiles / sms) * sms)
 
 
-def library_fill(g: Gemm, sms: int) -> tuple[float, str]:
-    """The best tile efficiency x wave efficiency the library's configurations reach."""
-    best, how = 0.0, ""
+def library_fill(g: Gemm, sms: int) -> tuple[float, float, str]:
+    """The best (tile efficiency, wave efficiency) the library's configurations reach, by
+    their product, and the configuration."""
+    best, how = (0.0, 0.0), ""
+    options = []
     if g.family == "attention":
         for rows in ATTENTION_ROWS:
             blocks = math.ceil(g.m / rows)
-            fill = _fill(blocks, 1, g.m / (blocks * rows), g.batch, 1, sms)
-            if fill > best:
-                best, how = fill, f"{rows}-row blocks"
-        return best, how
-    for bm, bn in LIBRARY_TILES:
-        tm, tn = math.ceil(g.m / bm), math.ceil(g.n / bn)
-        used = g.m * g.n / (tm * bm * tn * bn)
-        for split in SPLITS:
-            if split > 1 and g.k < split * SPLIT_K_MIN_DEPTH:
-                break
-            fill = _fill(tm, tn, used, g.batch, split, sms)
-            if fill > best:
-                best, how = fill, f"{bm}x{bn} tiles" + (f", split-K {split}" if split > 1 else "")
-    return best, how
+            options.append((_config(blocks * g.batch, g.m / (blocks * rows), sms),
+                            f"{rows}-row blocks"))
+    else:
+        for bm, bn in LIBRARY_TILES:
+            tm, tn = math.ceil(g.m / bm), math.ceil(g.n / bn)
+            used = g.m * g.n / (tm * bm * tn * bn)
+            for split in SPLITS:
+                if split > 1 and g.k < split * SPLIT_K_MIN_DEPTH:
+                    break
+                options.append((_config(tm * tn * g.batch * split, used, sms),
+                                f"{bm}x{bn} tiles" + (f", split-K {split}" if split > 1 else "")))
+    for (tile, wave), label in options:
+        if tile * wave > best[0] * best[1]:
+            best, how = (tile, wave), label
+    return best[0], best[1], how
 
 
 def _sites(ctx: AuditContext) -> dict[tuple, dict]:
@@ -72,7 +75,8 @@ def _sites(ctx: AuditContext) -> dict[tuple, dict]:
         for eff in op.gemms:
             if eff.waves < MIN_WAVES:
                 continue
-            fill, how = library_fill(eff.gemm, ctx.gpu.sm_count)
+            tile, wave, how = library_fill(eff.gemm, ctx.gpu.sm_count)
+            fill = tile * wave
             if fill >= LIBRARY_FILL_OK:
                 continue
             rate = ctx.gpu.attainable_flops(op.math, tensor_cores=op.tensor_cores)
@@ -80,7 +84,7 @@ def _sites(ctx: AuditContext) -> dict[tuple, dict]:
             g = eff.gemm
             site = sites.setdefault((g.m, g.n, g.k, g.batch, op.module_type),
                                     {"saving_s": 0.0, "modules": [], "eff": eff, "fill": fill,
-                                     "how": how})
+                                     "tile": tile, "wave": wave, "how": how})
             site["saving_s"] += compute_s * (1 - fill)
             site["modules"].append(op.module)
     return sites
@@ -103,12 +107,14 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         evidence = {"m": g.m, "n": g.n, "k": g.k, "batch": g.batch, "family": g.family,
                     "sm_count": eff.sm_count, "waves": eff.waves,
                     "best_library_fill": round(site["fill"], 3),
+                    "tile_efficiency": round(site["tile"], 3),
+                    "wave_efficiency": round(site["wave"], 3),
                     "best_library_config": site["how"], "gemms": len(site["modules"]),
                     "modules": first_modules(site["modules"])}
-        message = (f"a {g.m}x{g.n}x{g.k} GEMM (x{g.batch}) cannot fill {eff.sm_count} SMs in "
-                   f"whole waves: the best library configuration ({site['how']}) keeps "
-                   f"{1 - site['fill']:.0%} of them idle; a batch or width that fills whole "
-                   f"waves recovers it")
+        message = (f"a {g.m}x{g.n}x{g.k} GEMM (x{g.batch}) fits {eff.sm_count} SMs poorly: the "
+                   f"best library configuration ({site['how']}) does useful work in "
+                   f"{site['tile']:.0%} of each tile and fills its waves {site['wave']:.0%}; "
+                   f"sizes that fill whole tiles and waves recover the {1 - site['fill']:.0%}")
         if absent:
             evidence["probe"] = absent
             message += f"; but measured on this chip: {absent}"
