@@ -1,6 +1,6 @@
 """batch_norm_act on a CUDA GPU (run `pytest -m gpu` on the GPU machine): the numeric gate over
 dtypes, layouts and shapes, running stats, determinism, torch.compile, CUDA graphs, > 2^31
-elements, and the direct launcher (`_batch_norm_runtime.Launch`)."""
+elements, and the direct launcher (`_launch.Launch`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpushape.kernels import _batch_norm_launch as launch
-from gpushape.kernels import _batch_norm_runtime as runtime
+from gpushape.kernels import _launch as runtime
 from gpushape.kernels.batch_norm_act import BatchNormAct2d, batch_norm_act, batch_norm_stats
 
 from ._batch_norm_cases import (

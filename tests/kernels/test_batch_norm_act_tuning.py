@@ -17,6 +17,7 @@ import torch
 from gpushape.kernels import _batch_norm_launch as launch
 from gpushape.kernels import _batch_norm_runtime as runtime
 from gpushape.kernels import _batch_norm_tuning as tuning
+from gpushape.kernels import _launch
 from gpushape.kernels._batch_norm_tuning import (
     ApplyConfig,
     BatchNormTuning,
@@ -133,6 +134,6 @@ def test_plans_are_cached_per_signature_and_tuning(interpret):
 
 def test_aligned_checks_every_tensor_and_skips_none():
     t = torch.zeros(64)
-    assert runtime.aligned(t, None, torch.nn.Parameter(torch.zeros(4)))
-    assert not runtime.aligned(t, t[1:])  # 4 bytes past a 16-byte boundary
-    assert not runtime.aligned(torch.nn.Parameter(torch.zeros(8))[2:])
+    assert _launch.aligned(t, None, torch.nn.Parameter(torch.zeros(4)))
+    assert not _launch.aligned(t, t[1:])  # 4 bytes past a 16-byte boundary
+    assert not _launch.aligned(torch.nn.Parameter(torch.zeros(8))[2:])

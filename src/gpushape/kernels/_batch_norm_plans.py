@@ -14,8 +14,9 @@ import torch
 
 from ._batch_norm_bwd_kernels import _bwd_apply_kernel, _bwd_finalize_kernel, _bwd_reduce_kernel
 from ._batch_norm_kernels import _apply_kernel, _stats_finalize_kernel, _stats_kernel
-from ._batch_norm_runtime import Launch, aligned, counters, resident_programs
+from ._batch_norm_runtime import counters, resident_programs
 from ._batch_norm_tuning import ApplyConfig, BatchNormTuning, ReduceConfig
+from ._launch import Launch, aligned
 
 # NCHW (the slow path): the mask packs 8 channels a byte across threads that each hold a run
 # of L; more channels a tile only make that shuffle bigger.
@@ -101,7 +102,7 @@ class _Reduction:
         self.P = max(min(cfg.waves * resident // t.n_cb, most), 1)
         self.fused = self.P * t.block_c <= cfg.fuse_max
         meta["FUSED"] = self.fused
-        self.launch = Launch(kernel, self.P * t.n_cb, meta, len(example_args))
+        self.launch = Launch(kernel, self.P * t.n_cb, meta)
 
 
 def _elementwise(kernel, example_args: list, meta: dict, t: Tiles, cfg: ApplyConfig,
@@ -115,13 +116,13 @@ def _elementwise(kernel, example_args: list, meta: dict, t: Tiles, cfg: ApplyCon
         resident = resident_programs(kernel, example_args, meta)  # G is not specialised on
         g = min(t.n_rb, max(cfg.waves * resident // t.n_cb, 1))
     example_args[g_index] = g
-    return Launch(kernel, g * t.n_cb, meta, len(example_args)), g
+    return Launch(kernel, g * t.n_cb, meta), g
 
 
-def _finalize_launch(kernel, c: int, n_args: int, **meta) -> Launch:
+def _finalize_launch(kernel, c: int, **meta) -> Launch:
     meta = dict(meta, BLOCK_P=_FINALIZE_BLOCK_P, BLOCK_C=_FINALIZE_BLOCK_C,
                 num_warps=_FINALIZE_WARPS)
-    return Launch(kernel, _cdiv(c, _FINALIZE_BLOCK_C), meta, n_args)
+    return Launch(kernel, _cdiv(c, _FINALIZE_BLOCK_C), meta)
 
 
 class _Layout:
@@ -180,7 +181,7 @@ class ForwardPlan(_Layout):
             tuning.stats)
         self.part_shape = (2 * r.P + 1, v.C)
         self.finalize = None if r.fused else _finalize_launch(
-            _stats_finalize_kernel, v.C, 10, UPDATE=self.update)
+            _stats_finalize_kernel, v.C, UPDATE=self.update)
 
     def _plan_apply(self, x, cfg: ApplyConfig, weight, bias, residual, running_var) -> None:
         """running_var: the eval statistics (None in training: the batch rstd, fp32)."""
@@ -249,7 +250,7 @@ class BackwardPlan(_Layout):
         self.reduction = r = _Reduction(_bwd_reduce_kernel, example, dict(flags, EVAL=not training),
                                         t, tuning.bwd_reduce)
         self.finalize = None if r.fused else _finalize_launch(
-            _bwd_finalize_kernel, view.C, 8, STAT_IS_VAR=not training)
+            _bwd_finalize_kernel, view.C, STAT_IS_VAR=not training)
         self.apply_tiles = a = tiles(view, x.element_size(), tuning.bwd_apply.tile_bytes,
                                      tuning.bwd_apply.block_c)
         example = [xk, xk, bits, acc, acc, w, acc, acc, xk, xk, view.C, view.L, view.NB, a.n_rb,

@@ -1,5 +1,5 @@
-"""Runtime helpers of the batch_norm_act launchers: occupancy, last-program counters, and a
-launcher that skips Triton's per-call JIT dispatch once a kernel is compiled."""
+"""Runtime helpers of the batch_norm_act launchers: occupancy and last-program counters
+(launches go through `_launch.Launch`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import functools
 
 import torch
 
-# Switch for the direct launcher (benchmarks/kernels/tune_batch_norm_act.py compares both).
-FAST_LAUNCH = True
 # Programs an SM holds when the CUDA occupancy query is unavailable.
 _FALLBACK_PROGRAMS_PER_SM = 4
 # The interpreter runs programs one after another: a few programs keep CI fast and still
@@ -77,44 +75,3 @@ def counters(x: torch.Tensor, n: int) -> torch.Tensor:
     if buf is None or buf.numel() < n:
         buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=x.device)
     return buf
-
-
-# ---- launching ----
-
-def aligned(*tensors) -> bool:
-    """Every given tensor (None skipped) starts 16-byte aligned (what Triton specialises on)."""
-    bits = 0
-    for t in tensors:
-        if t is not None:
-            bits |= t.data_ptr()
-    return bits & 15 == 0
-
-
-class Launch:
-    """One kernel with its grid and constexprs fixed. The first call goes through Triton's JIT
-    (compiles, specialises on the arguments); later calls whose tensors are all 16-byte aligned
-    (`aligned`: as Triton assumed for the ones it first saw; the callers' own buffers always
-    are) call the compiled kernel's launcher directly."""
-
-    __slots__ = ("consts", "grid", "kernel", "meta", "runner")
-
-    def __init__(self, kernel, grid: int, meta: dict, n_args: int):
-        self.kernel, self.grid, self.meta = kernel, (grid,), meta
-        # constexpr values in parameter order: the compiled launcher takes every parameter
-        self.consts = tuple(meta[name] for name in kernel.arg_names[n_args:])
-        self.runner = None
-
-    def __call__(self, is_aligned: bool, *args) -> None:
-        global FAST_LAUNCH
-        runner = self.runner
-        if runner is not None and is_aligned and FAST_LAUNCH:
-            try:
-                runner(*args, *self.consts)
-                return
-            except (TypeError, ValueError):  # a Triton whose launcher takes other arguments
-                FAST_LAUNCH = False
-        compiled = self.kernel[self.grid](*args, **self.meta)
-        if hasattr(compiled, "result"):  # a Triton that compiles asynchronously
-            compiled = compiled.result()
-        if runner is None and is_aligned and hasattr(compiled, "__getitem__"):
-            self.runner = compiled[self.grid]  # since Triton 3.3: takes every parameter

@@ -17,7 +17,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ._dispatch import FLOAT_DTYPES, check_float, check_same_device, use_triton
-from ._norm_launch import aligned, backward_plan, forward_plan
+from ._launch import aligned
+from ._norm_launch import backward_plan, forward_plan
 from ._norm_reference import (
     NormBackward,
     NormForward,

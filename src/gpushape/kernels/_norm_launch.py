@@ -2,9 +2,8 @@
 shape, dtypes, flags, device and tuning (grids, constexprs, warps, the backward's program count),
 built once per key and kept in a dict, so a call only allocates its outputs and launches.
 
-Host cost matters here: at 32768 x 4096 bf16 the GPU needs ~0.4 ms for forward + backward, and
-Triton's JIT dispatch alone (argument specialisation, cache lookup) costs tens of microseconds
-per launch. `Launch` goes through the JIT once, then calls the compiled kernel's launcher.
+Host cost matters here: at 32768 x 4096 bf16 the GPU needs ~0.4 ms for forward + backward;
+launches go through `_launch.Launch`, which skips Triton's per-call JIT dispatch.
 """
 
 from __future__ import annotations
@@ -14,52 +13,11 @@ from typing import NamedTuple
 
 import torch
 
+from ._launch import Launch
 from ._norm_reference import GELU_ERF, stat_dtype
 from ._norm_tuning import NormTuning, bwd_config, cdiv, fwd_config, num_warps_for, pow2, tuning
 
-# Off: every launch goes through Triton's JIT (a Triton whose compiled launcher differs turns
-# it off by itself).
-FAST_LAUNCH = True
 _INTERPRETER_SMS = 2  # the interpreter runs programs one by one: few persistent programs
-
-
-class Launch:
-    """One kernel with its grid and constexprs fixed. The first call goes through Triton's JIT
-    (compiles and specialises: pointers on 16-byte alignment, integers on value 1 and
-    divisibility by 16, which the plan's key fixes); later calls whose tensor arguments are all
-    16-byte aligned, as the first ones were, call the compiled kernel's launcher directly."""
-
-    __slots__ = ("consts", "grid", "kernel", "meta", "runner")
-
-    def __init__(self, kernel, grid: tuple[int, ...], meta: dict):
-        self.kernel, self.grid, self.meta = kernel, grid, meta
-        self.consts: tuple = ()
-        self.runner = None
-
-    def __call__(self, aligned: bool, *args) -> None:
-        global FAST_LAUNCH
-        runner = self.runner
-        if runner is not None and aligned and FAST_LAUNCH:
-            try:
-                runner(*args, *self.consts)
-                return
-            except (TypeError, ValueError):  # a Triton whose launcher takes other arguments
-                FAST_LAUNCH = False
-        compiled = self.kernel[self.grid](*args, **self.meta)
-        if runner is None and aligned and hasattr(compiled, "__getitem__"):
-            # the compiled launcher takes every parameter, constexprs last, in signature order
-            names = self.kernel.arg_names[len(args):]
-            self.consts = tuple(self.meta[name] for name in names)
-            self.runner = compiled[self.grid]
-
-
-def aligned(*tensors: torch.Tensor | None) -> bool:
-    """Every given tensor starts 16-byte aligned (fresh allocations always do)."""
-    bits = 0
-    for t in tensors:
-        if t is not None:
-            bits |= t.data_ptr()
-    return bits & 15 == 0
 
 
 @functools.cache
