@@ -69,10 +69,23 @@ DEFAULT = BatchNormTuning()
 # (C, N*H*W) -> tuning, channels_last. 1024 x 50176 (ResNet-50 stage 4, batch 256): H200
 # sweep of 2026-11-30 (.notes/gpu2): 2 KiB reduction tiles (fwd 0.348 -> 0.266 ms, fwd+bwd
 # 0.956 -> 0.878) and 32 KiB elementwise tiles (fwd+bwd 0.956 -> 0.875), each alone.
+# Measured by tune_batch_norm_act.py --quick on an H200 (torch 2.11, triton 3.6, 2026-11-30;
+# benchmarks/results/kernels-h200/tune_batch_norm_act.json): ResNet-50's stages at batch 256.
 TUNED: dict[tuple[int, int], BatchNormTuning] = {
     (1024, 50176): BatchNormTuning(
-        stats=ReduceConfig(tile_bytes=2048), apply=ApplyConfig(tile_bytes=32768),
-        bwd_reduce=ReduceConfig(tile_bytes=2048), bwd_apply=ApplyConfig(tile_bytes=32768)),
+        stats=ReduceConfig(min_rows=64), apply=ApplyConfig(block_c=1024, tile_bytes=8192),
+        bwd_reduce=ReduceConfig(), bwd_apply=ApplyConfig(block_c=1024, tile_bytes=8192)),
+    (512, 200704): BatchNormTuning(
+        stats=ReduceConfig(fuse_max=0), apply=ApplyConfig(block_c=512, tile_bytes=8192),
+        bwd_reduce=ReduceConfig(), bwd_apply=ApplyConfig(block_c=512)),
+    (256, 802816): BatchNormTuning(
+        stats=ReduceConfig(fuse_max=0), apply=ApplyConfig(tile_bytes=8192),
+        bwd_reduce=ReduceConfig(fuse_max=0), bwd_apply=ApplyConfig(tile_bytes=8192, warps=4)),
+    (64, 3211264): BatchNormTuning(
+        stats=ReduceConfig(block_c=64, fuse_max=0),
+        apply=ApplyConfig(block_c=64, tile_bytes=8192, warps=4),
+        bwd_reduce=ReduceConfig(block_c=64, fuse_max=0),
+        bwd_apply=ApplyConfig(block_c=64, tile_bytes=8192, warps=4)),
 }
 
 _OVERRIDE: BatchNormTuning | None = None
