@@ -7,14 +7,11 @@ against PyTorch's own composition with the kernel's mask, which `dropout_keep_ma
 from the seed the op draws after `torch.manual_seed(SEED)`.
 """
 
-import importlib
 import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from gpushape.kernels._attn_philox import keep_mask_reference
 from gpushape.kernels._attn_softmax_reference import backward_reference, forward_reference
 from gpushape.kernels.softmax_dropout import (
     SoftmaxDropout,
@@ -25,69 +22,17 @@ from gpushape.kernels.softmax_dropout import (
     softmax_dropout_fwd,
 )
 
-from ._numeric import gate_forward_backward
-
-# the module (the package exports the function of the same name, which shadows it as an attribute)
-sd = importlib.import_module("gpushape.kernels.softmax_dropout")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-SEED = 1234
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-
-def seeded(fn):
-    """fn run right after torch.manual_seed(SEED), so the op draws a known seed."""
-    def run(*args, **kwargs):
-        torch.manual_seed(SEED)
-        return fn(*args, **kwargs)
-    return run
-
-
-def keep_scale(shape, p):
-    """float64 keep / (1 - p) for the seed the op draws after manual_seed(SEED)."""
-    torch.manual_seed(SEED)
-    seed = draw_seed(DEV)
-    return dropout_keep_mask(seed, shape, p, DEV).double() / (1 - p)
-
-
-def logits(x, scale=1.0, attn_mask=None, is_causal=False):
-    z = x * scale
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        z = z.masked_fill(~attn_mask, -math.inf)
-    elif attn_mask is not None:
-        z = z + attn_mask.to(z.dtype)
-    if is_causal:
-        allowed = torch.ones(x.shape[-2:], dtype=torch.bool, device=x.device).tril()
-        z = z.masked_fill(~allowed, -math.inf)
-    return z
-
-
-def torch_composition(shape, p, **kw):
-    """PyTorch's softmax, then dropout's masked scale in the accumulate dtype, at x's dtype."""
-    keep = keep_scale(shape, p) if p > 0 else None
-
-    def fn(x, mask=None):
-        opts = dict(kw, attn_mask=mask) if mask is not None else kw
-        s = F.softmax(logits(x, **opts), dim=-1)
-        if keep is None:
-            return s
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        return (s.to(acc) * keep.to(acc)).to(x.dtype)
-    return fn
-
-
-def gate(x, p, mask=None, **kw):
-    """Numeric gate of output and gradients (x, and the mask when it requires grad)."""
-    def ours(x, mask=None):
-        opts = dict(kw, attn_mask=mask) if mask is not None else kw
-        return softmax_dropout(x, p, **opts)
-    inputs = (x,) if mask is None else (x, mask)
-    gate_forward_backward(seeded(ours), torch_composition(tuple(x.shape), p, **kw), inputs,
-                          names=("x", "mask")[: len(inputs)])
-
-
-def randn(*shape, dtype=torch.float32, grad=True):
-    return torch.randn(*shape, device=DEV, dtype=dtype).requires_grad_(grad)
-
+from ._softmax_cases import (
+    DEV,
+    DTYPES,
+    SEED,
+    gate,
+    keep_fraction_ok,
+    randn,
+    sd,
+    seeded,
+    torch_composition,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Numeric gate
@@ -167,21 +112,6 @@ def test_additive_float32_mask_on_bf16_scores():
 # ---------------------------------------------------------------------------------------------
 # Dropout: statistics, determinism, gradient
 # ---------------------------------------------------------------------------------------------
-
-
-def keep_fraction_ok(keep: torch.Tensor, p: float, sigmas: float = 5.0) -> None:
-    """Kept fraction within `sigmas` standard errors of 1 - p, overall, per column lane of a
-    Philox call (col % 8) and for pairs of neighbours (independence)."""
-    n = keep.numel()
-    q = 1 - p
-    assert abs(keep.double().mean().item() - q) <= sigmas * math.sqrt(p * q / n) + 1e-12
-    lanes = keep.reshape(-1, keep.shape[-1])[:, : keep.shape[-1] // 8 * 8].reshape(-1, 8)
-    lane_n = lanes.shape[0]
-    lane_err = (lanes.double().mean(0) - q).abs().max().item()
-    assert lane_err <= sigmas * math.sqrt(p * q / lane_n) + 1e-12
-    pairs = (lanes[:, 0::2] & lanes[:, 1::2]).double()
-    pair_err = abs(pairs.mean().item() - q * q)
-    assert pair_err <= sigmas * math.sqrt(q * q * (1 - q * q) / pairs.numel()) + 1e-12
 
 
 @pytest.mark.parametrize("p", [0.0, 0.17, 0.5, 0.9])
@@ -455,103 +385,3 @@ def test_bad_input(case):
     x, kw, error, message = BAD_INPUT[case]
     with pytest.raises(error, match=message):
         softmax_dropout(x, 0.1, **kw)
-
-
-# ---------------------------------------------------------------------------------------------
-# GPU only: full-size statistics, longest rows, > 2^31 elements, CUDA graphs, memory
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("p", [0.0, 0.17, 0.5, 0.9])
-def test_gpu_dropout_statistics_over_a_million(p):
-    x = torch.randn(1024, 1536, device="cuda", dtype=torch.bfloat16)
-    seed = draw_seed("cuda")
-    y, _ = softmax_dropout_fwd(x, seed if p else None, p, 1.0, None, False)
-    keep = y != 0
-    assert abs(keep.double().mean().item() - (1 - p)) <= 0.01
-    if p:
-        keep_fraction_ok(keep, p)
-        assert torch.equal(keep, dropout_keep_mask(seed, x.shape, p, "cuda"))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [16384, 16385, 32768])  # one-pass maximum, one past, two-pass
-def test_gpu_gate_longest_rows(dtype, n):
-    gate(randn(4, n, dtype=dtype), 0.17)
-
-
-@pytest.mark.gpu
-def test_gpu_many_rows():
-    gate(randn(65537, 8, dtype=torch.bfloat16), 0.17)
-
-
-@pytest.mark.gpu
-def test_gpu_over_2_31_elements():
-    rows, n = 2**17 + 3, 16384  # 2^31 + 49152 elements, 4.3 GB in bf16
-    x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn(n, device="cuda", dtype=torch.bfloat16).expand(rows, n)
-    seed = draw_seed("cuda")
-    y, stats = softmax_dropout_fwd(x, seed, 0.1, 1.0, None, False)
-    dx = softmax_dropout_bwd(dy, x, stats, seed, 0.1, 1.0, None, False, 1.0)
-    last = slice(rows - 3, rows)  # rows whose elements sit past 2^31
-    keep = keep_mask_reference(int(seed), 3, n, 0.1, "cuda", first_row=rows - 3) / 0.9
-    s = F.softmax(x[last].double(), dim=-1)
-    g = dy[last].double() * keep
-    torch.testing.assert_close(y[last].double(), s * keep, atol=1e-5, rtol=1e-2)
-    dx_ref = s * (g - (s * g).sum(-1, keepdim=True))
-    torch.testing.assert_close(dx[last].double(), dx_ref, atol=1e-5, rtol=2e-2)
-
-
-@pytest.mark.gpu
-def test_gpu_cuda_graph_capture_and_replay():
-    x = torch.randn(64, 1000, device="cuda")
-    dy = torch.randn_like(x)
-    ops = (softmax_dropout_fwd, softmax_dropout_bwd)
-
-    def step():
-        seed = draw_seed("cuda")
-        y, stats = ops[0](x, seed, 0.3, 0.5, None, True)
-        return seed, y, ops[1](dy, x, stats, seed, 0.3, 0.5, None, True, 0.5)
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile every kernel variant outside the capture
-        step()
-        softmax_dropout(x, 0.3)
-    torch.cuda.current_stream().wait_stream(side)
-    graph, public = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        seed, y, dx = step()
-    with torch.cuda.graph(public):
-        y_public = softmax_dropout(x, 0.3)
-    seeds = []
-    for _ in range(2):
-        graph.replay()
-        public.replay()
-        torch.cuda.synchronize()
-        y_eager, stats = ops[0](x, seed.clone(), 0.3, 0.5, None, True)
-        assert torch.equal(y, y_eager)
-        assert torch.equal(dx, ops[1](dy, x, stats, seed.clone(), 0.3, 0.5, None, True, 0.5))
-        kept = y_public != 0
-        assert abs(kept.float().mean().item() - 0.7) < 0.02
-        torch.testing.assert_close(y_public[kept], (F.softmax(x, -1) / 0.7)[kept])
-        seeds.append(seed.item())
-    assert seeds[0] != seeds[1]  # every replay draws a fresh seed from torch's generator
-
-
-@pytest.mark.gpu
-def test_gpu_memory_held_for_backward_at_most_half_of_eager():
-    x = torch.randn(16384, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-
-    def held_bytes(fn):  # as the anchors measure it: peak during forward, input excluded
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        y = fn(x)
-        del y
-        return torch.cuda.max_memory_allocated() - base
-
-    eager = held_bytes(lambda x: F.dropout(F.softmax(x, dim=-1), p=0.1))
-    assert held_bytes(lambda x: softmax_dropout(x, 0.1)) <= 0.5 * eager
