@@ -121,6 +121,22 @@ def ab_times(variants: Mapping[str, Callable[[], Any]], ctx: ClaimContext) -> di
     return {name: timings[name].median_s / inners[name] for name in variants}
 
 
+def ms(seconds: float) -> float:
+    """Seconds as the milliseconds a claim reports."""
+    return round(seconds * 1e3, 5)
+
+
+def ab_gain(variants: Mapping[str, Callable[[], Any]],
+            ctx: ClaimContext) -> tuple[float, dict[str, float], dict[str, float]]:
+    """Time two variants, the guide's slow one first and its advice second (`ab_times`).
+
+    Returns the advice's gain, each variant's seconds per call, and the `<name>_ms` numbers a
+    claim reports."""
+    (slow, fast), seconds = variants, ab_times(variants, ctx)
+    return (gain_of(seconds[slow], seconds[fast]), seconds,
+            {f"{name}_ms": ms(seconds[name]) for name in variants})
+
+
 def check_same(name: str, a: torch.Tensor, b: torch.Tensor, tol: float = 2e-2) -> None:
     """Both variants of a comparison compute the same thing (checked before timing them)."""
     err = float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))

@@ -25,10 +25,12 @@ from .claim_check import (
     Claim,
     ClaimContext,
     Measured,
+    ab_gain,
     ab_times,
     check_same,
     claim,
     gain_of,
+    ms,
     run_claims,
 )
 from .cliffs import alignment_level, relative
@@ -55,10 +57,6 @@ def selected(plan: ProbePlan) -> list[Claim]:
     return sorted(REGISTRY.values(), key=lambda c: rank.get(c.id, len(ORDER)))
 
 
-def _ms(seconds: float) -> float:
-    return round(seconds * 1e3, 5)
-
-
 def _stage1(ctx: ClaimContext) -> tuple[int, int]:
     """(channels, height = width) of a ResNet-50 stage-1 3x3 conv; toy sizes on the CPU test."""
     return ctx.pick(quick=(64, 56), full=(64, 56), tiny=(8, 4))
@@ -71,9 +69,10 @@ def _conv(shape: ConvShape, ctx: ClaimContext, *, seed_w: torch.Tensor | None = 
     return (lambda: F.conv2d(x, w, stride=shape.stride, padding=shape.kernel // 2)), x, w
 
 
-def _timed_convs(shapes: dict[str, ConvShape], ctx: ClaimContext) -> dict[str, float]:
+def _timed_convs(shapes: dict[str, ConvShape], ctx: ClaimContext, timer=ab_times) -> Any:
+    """`timer` (`ab_times`, or `ab_gain` for a gain) over bf16 convolutions, cuDNN autotuned."""
     with math_mode("bf16", cudnn_benchmark=True):
-        return ab_times({k: _conv(s, ctx)[0] for k, s in shapes.items()}, ctx)
+        return timer({k: _conv(s, ctx)[0] for k, s in shapes.items()}, ctx)
 
 
 # ---- convolution shapes and channels -----------------------------------------------------------
@@ -84,12 +83,12 @@ def _timed_convs(shapes: dict[str, ConvShape], ctx: ClaimContext) -> dict[str, f
 def conv_63_vs_64(ctx: ClaimContext) -> Measured:
     batch, hw = ctx.pick(quick=64, full=256, tiny=1), ctx.pick(quick=56, full=56, tiny=4)
     cout = ctx.pick(quick=128, full=128, tiny=8)
-    shapes = {c: ConvShape(batch=batch, cin=c, cout=cout, hw=hw, kernel=3) for c in (63, 64)}
-    t = _timed_convs({str(c): s for c, s in shapes.items()}, ctx)
-    return Measured(gain=gain_of(t["63"], t["64"]),
-                    numbers={"cin63_ms": _ms(t["63"]), "cin64_ms": _ms(t["64"]),
-                             "cin63_tflops": shapes[63].flops / t["63"] / 1e12,
-                             "cin64_tflops": shapes[64].flops / t["64"] / 1e12},
+    shapes = {f"cin{c}": ConvShape(batch=batch, cin=c, cout=cout, hw=hw, kernel=3)
+              for c in (63, 64)}
+    gain, t, numbers = _timed_convs(shapes, ctx, timer=ab_gain)
+    return Measured(gain=gain,
+                    numbers=numbers | {f"{k}_tflops": s.flops / t[k] / 1e12
+                                       for k, s in shapes.items()},
                     how=f"3x3 conv, batch {batch}, {hw}x{hw}, 63 or 64 -> {cout} channels")
 
 
@@ -159,8 +158,8 @@ def batch_127_vs_128(ctx: ClaimContext) -> Measured:
     per_sample = {k: (128 / t["128"]) / (127 / t["127"]) - 1
                   for k, t in (("conv", tc), ("gemm", tg))}
     return Measured(gain=max(per_sample.values()),
-                    numbers={"conv_b127_ms": _ms(tc["127"]), "conv_b128_ms": _ms(tc["128"]),
-                             "gemm_m127_ms": _ms(tg["127"]), "gemm_m128_ms": _ms(tg["128"]),
+                    numbers={"conv_b127_ms": ms(tc["127"]), "conv_b128_ms": ms(tc["128"]),
+                             "gemm_m127_ms": ms(tg["127"]), "gemm_m128_ms": ms(tg["128"]),
                              "conv_gain": per_sample["conv"], "gemm_gain": per_sample["gemm"]},
                     how=f"samples/s at batch 127 and 128: a ResNet-50 stage-1 3x3 conv {c}->{c} at "
                         f"{hw}x{hw} and a Linear {nk}->{nk} over M tokens (the larger gain "
@@ -175,7 +174,7 @@ def batch_512_vs_256(ctx: ClaimContext) -> Measured:
     c, hw = _stage1(ctx)
     shapes = {str(b): ConvShape(batch=b, cin=c, cout=c, hw=hw, kernel=3) for b in (256, 512)}
     t = _timed_convs(shapes, ctx)
-    numbers = {"b256_ms": _ms(t["256"]), "b512_ms": _ms(t["512"])}
+    numbers = {"b256_ms": ms(t["256"]), "b512_ms": ms(t["512"])}
     sweep = {r["size"]: r["flops_per_s"] for r in ctx.sweeps.get("conv_batch", [])
              if r.get("flops_per_s")}
     numbers.update({f"sweep_b{b}_tflops": sweep[b] / 1e12 for b in (256, 384, 512) if b in sweep})
@@ -196,13 +195,12 @@ def stem_pad_to_32(ctx: ClaimContext) -> Measured:
         conv3 = lambda: F.conv2d(x3, w3, stride=2, padding=3)
         conv32 = lambda: F.conv2d(x32, w32, stride=2, padding=3)
         check_same("stem 3 vs 32 channels", conv32(), conv3())
-        t = ab_times({"3": conv3, "32": conv32}, ctx)
+        gain, t, numbers = ab_gain({"cin3": conv3, "cin32": conv32}, ctx)
         pad = lambda: F.pad(x3, (0, 0, 0, 0, 0, 29)).contiguous(memory_format=torch.channels_last)
         pad_s = per_call_s(pad, [()], ctx.cfg)
-    return Measured(gain=gain_of(t["3"], t["32"]),
-                    numbers={"cin3_ms": _ms(t["3"]), "cin32_ms": _ms(t["32"]),
-                             "pad_ms": _ms(pad_s),
-                             "gain_with_pad": gain_of(t["3"], t["32"] + pad_s)},
+    return Measured(gain=gain,
+                    numbers=numbers | {"pad_ms": ms(pad_s),
+                                       "gain_with_pad": gain_of(t["cin3"], t["cin32"] + pad_s)},
                     how=f"7x7 stride-2 conv -> 64, batch {batch}, {hw}x{hw}, on 3 channels or on "
                         "the same input zero-padded to 32 (padding not timed; gain_with_pad "
                         "counts it)")
@@ -242,10 +240,8 @@ def channels_last(ctx: ClaimContext) -> Measured:
     with torch.enable_grad(), math_mode("bf16", cudnn_benchmark=True):
         check_same("NCHW vs channels_last input gradients", steps["channels_last"]()[0],
                    steps["nchw"]()[0])
-        t = ab_times(steps, ctx)
-    return Measured(gain=gain_of(t["nchw"], t["channels_last"]),
-                    numbers={"nchw_ms": _ms(t["nchw"]),
-                             "channels_last_ms": _ms(t["channels_last"])},
+        gain, _, numbers = ab_gain(steps, ctx)
+    return Measured(gain=gain, numbers=numbers,
                     how=f"forward + backward of a 3x3 conv {c}->{c}, batch {batch}, {hw}x{hw}")
 
 
@@ -263,9 +259,8 @@ def cudnn_benchmark(ctx: ClaimContext) -> Measured:
         return call
 
     with math_mode("bf16"):
-        t = ab_times({"heuristic": with_flag(False), "autotuned": with_flag(True)}, ctx)
-    return Measured(gain=gain_of(t["heuristic"], t["autotuned"]),
-                    numbers={"heuristic_ms": _ms(t["heuristic"]),
-                             "autotuned_ms": _ms(t["autotuned"])},
+        gain, _, numbers = ab_gain({"heuristic": with_flag(False), "autotuned": with_flag(True)},
+                                   ctx)
+    return Measured(gain=gain, numbers=numbers,
                     how=f"3x3 conv {c}->{c}, batch {batch}, {hw}x{hw}, cudnn.benchmark off and on")
 

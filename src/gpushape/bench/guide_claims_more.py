@@ -13,18 +13,15 @@ from .claim_check import (
     PARTLY,
     ClaimContext,
     Measured,
-    ab_times,
+    ab_gain,
     check_same,
     claim,
     gain_of,
+    ms,
 )
 from .probe_measure import math_mode, per_call_s
 
 BF16 = torch.bfloat16
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1e3, 5)
 
 
 class _OpNames(TorchDispatchMode):
@@ -56,10 +53,8 @@ def pool_vs_mean(ctx: ClaimContext) -> Measured:
     pool = lambda: F.adaptive_avg_pool2d(x, 1)
     mean = lambda: x.mean(dim=(2, 3), keepdim=True)
     check_same("adaptive_avg_pool2d vs mean", pool(), mean())
-    t = ab_times({"pool": pool, "mean": mean}, ctx)
-    return Measured(gain=gain_of(t["pool"], t["mean"]),
-                    numbers={"pool_ms": _ms(t["pool"]), "mean_ms": _ms(t["mean"]),
-                             "pool_lowers_to": ", ".join(lowered_ops(pool))},
+    gain, _, numbers = ab_gain({"pool": pool, "mean": mean}, ctx)
+    return Measured(gain=gain, numbers=numbers | {"pool_lowers_to": ", ".join(lowered_ops(pool))},
                     how=f"AdaptiveAvgPool2d(1) against mean over H, W of a ({batch}, {channels}, "
                         "7, 7) tensor, and the aten ops the pool dispatches to")
 
@@ -79,10 +74,9 @@ def einsum_vs_bmm(ctx: ClaimContext) -> Measured:
         return torch.bmm(heads_first, k).reshape(h, b, i, i).transpose(0, 1)  # (B, H, I, J)
 
     check_same("einsum vs bmm", einsum(), bmm())
-    t = ab_times({"einsum": einsum, "bmm": bmm}, ctx)
-    return Measured(gain=gain_of(t["einsum"], t["bmm"]),
-                    numbers={"einsum_ms": _ms(t["einsum"]), "bmm_ms": _ms(t["bmm"]),
-                             "einsum_lowers_to": ", ".join(lowered_ops(einsum))},
+    gain, _, numbers = ab_gain({"einsum": einsum, "bmm": bmm}, ctx)
+    return Measured(gain=gain,
+                    numbers=numbers | {"einsum_lowers_to": ", ".join(lowered_ops(einsum))},
                     how=f"q ({b}, {h}, {i}, {d}) times k ({h}, {d}, {i}) by einsum and by an "
                         "explicit reshape + bmm, and the aten ops einsum dispatches to")
 
@@ -98,10 +92,8 @@ def qkv_fusion(ctx: ClaimContext) -> Measured:
     separate = lambda: [F.linear(x, w) for w in ws]
     fused = lambda: F.linear(x, w_qkv).split(width, dim=-1)
     check_same("three projections vs one", torch.cat(fused(), -1), torch.cat(separate(), -1))
-    t = ab_times({"separate": separate, "fused": fused}, ctx)
-    return Measured(gain=gain_of(t["separate"], t["fused"]),
-                    numbers={"three_linear_ms": _ms(t["separate"]),
-                             "one_linear_ms": _ms(t["fused"])},
+    gain, _, numbers = ab_gain({"three_linear": separate, "one_linear": fused}, ctx)
+    return Measured(gain=gain, numbers=numbers,
                     how=f"{tokens} tokens of width {width}: three Linear {width}->{width} against "
                         f"one Linear {width}->{3 * width}")
 
@@ -110,11 +102,11 @@ def _room(ctx: ClaimContext, seconds: float, bytes_once: int) -> tuple[float | N
     """Gain a kernel reading its input and writing its output once, at copy bandwidth, would
     have over `seconds`: the most any fusion can win."""
     copy = ctx.ceilings.get("copy_bytes_per_s")
-    numbers = {"eager_ms": _ms(seconds), "eager_gbps": bytes_once / seconds / 1e9}
+    numbers = {"eager_ms": ms(seconds), "eager_gbps": bytes_once / seconds / 1e9}
     if not copy:
         return None, numbers
     bound_s = bytes_once / copy
-    numbers.update({"copy_gbps": copy / 1e9, "one_pass_ms": _ms(bound_s)})
+    numbers.update({"copy_gbps": copy / 1e9, "one_pass_ms": ms(bound_s)})
     return seconds / bound_s - 1, numbers
 
 
