@@ -30,35 +30,23 @@ dy, x, mask twice: once to reduce, once to write dx and dr): the `own GB/s` colu
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench_common, beside this script
 
-from gpushape.bench import compare, copy_bandwidth_bytes_per_s, write_results  # noqa: E402
-from gpushape.kernels import BatchNormAct2d, batch_norm_act  # noqa: E402
-from gpushape.kernels._batch_norm_tuning import load_table  # noqa: E402
+import _bench_common as common  # first: it puts this working tree's src/ on the path
 
+from gpushape.bench import compare, write_results
+from gpushape.kernels import BatchNormAct2d, batch_norm_act
+from gpushape.kernels._batch_norm_tuning import load_table
 
-def _load_gate() -> Callable:
-    """The tests' numeric gate (tests/kernels/_numeric.py), loaded by path: one rule for both."""
-    path = ROOT / "tests" / "kernels" / "_numeric.py"
-    spec = importlib.util.spec_from_file_location("gpushape_tests_numeric", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.gate_forward_backward
-
-
-gate_forward_backward = _load_gate()
+gate_forward_backward = common.load_gate()
 
 SHAPES = [(256, 64, 112, 112), (256, 256, 56, 56), (256, 512, 28, 28), (256, 1024, 14, 14)]
 DTYPE = torch.bfloat16
@@ -170,11 +158,8 @@ def time_shape(shape, rounds: int, repeats: int) -> list[dict]:
         timings = compare(runs, rounds=rounds, repeats_per_round=repeats, warmup=2,
                           device=DEVICE)
         for name, t in timings.items():
-            min_bytes = PASSES[direction] * tensor_bytes
             row = dict(shape=list(shape), direction=direction, variant=name,
-                       median_ms=t.median_s * 1e3, p10_ms=t.p10_s * 1e3, p90_ms=t.p90_s * 1e3,
-                       repeats=t.repeats, method=t.method, min_bytes=min_bytes,
-                       gbps=min_bytes / t.median_s / 1e9)
+                       **common.timing_figures(t, PASSES[direction] * tensor_bytes))
             if name == "gpushape" and direction in OWN_PASSES:
                 row["own_bytes"] = OWN_PASSES[direction] * tensor_bytes
                 row["own_gbps"] = row["own_bytes"] / t.median_s / 1e9
@@ -269,16 +254,13 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: ResNet-50's four stage shapes at batch 256)")
     parser.add_argument("--tuning", default="", help="a tune_batch_norm_act.py JSON: use its "
                         "launch configurations (table) for gpushape")
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                        help="cpu only to smoke-test this script (TRITON_INTERPRET=1, tiny shapes)")
+    common.add_device_arg(parser)
     args = parser.parse_args(argv)
     global DEVICE, SHAPES
     DEVICE = args.device
     if args.shapes:
-        SHAPES = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        print("bench_batch_norm_act: needs a CUDA GPU (or --device cpu to smoke-test)",
-              file=sys.stderr)
+        SHAPES = common.parse_shapes(args.shapes)
+    if common.cuda_missing(DEVICE, "bench_batch_norm_act"):
         return 2
     rounds, repeats = (3, 5) if args.quick else (5, 10)
     tuned = {f"{c}x{m}": str(t) for (c, m), t in load_table(args.tuning).items()} \
@@ -292,9 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         checks[_name(checked)] = check(checked)
         print(f"check {_name(checked)}: {checks[_name(checked)]}", flush=True)
         torch.cuda.empty_cache() if DEVICE == "cuda" else None
-    copy_gbps = copy_bandwidth_bytes_per_s(
-        2**30 if DEVICE == "cuda" else 2**22, device=DEVICE) / 1e9
-    print(f"copy bandwidth: {copy_gbps:.0f} GB/s", flush=True)
+    copy_gbps = common.measure_copy_gbps(DEVICE)
 
     rows = []
     for shape in SHAPES:
@@ -302,8 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"timed {_name(shape)}", flush=True)
         torch.cuda.empty_cache() if DEVICE == "cuda" else None
     add_speedups(rows)
-    for r in rows:
-        r["pct_copy"] = r["gbps"] / copy_gbps
+    common.add_pct_copy(rows, copy_gbps)
     verdicts = criteria(rows)
     path = write_results(
         out_dir / "bench_batch_norm_act.json", rows, copy_bandwidth_gbps=copy_gbps,

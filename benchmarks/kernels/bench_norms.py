@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 import sys
 import time
@@ -31,34 +30,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # norms_report, beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench_common, norms_report
 
-from norms_report import add_speedups, criteria, plot, print_table  # noqa: E402
+import _bench_common as common  # first: it puts this working tree's src/ on the path
+from norms_report import add_speedups, criteria, plot, print_table
 
-from gpushape.bench import (  # noqa: E402
-    Timing,
-    compare,
-    copy_bandwidth_bytes_per_s,
-    write_results,
-)
-from gpushape.kernels import add_layer_norm, layer_norm_gelu, rms_norm  # noqa: E402
-from gpushape.kernels._norm_common import norm_tuning  # noqa: E402
+from gpushape.bench import Timing, compare, write_results
+from gpushape.kernels import add_layer_norm, layer_norm_gelu, rms_norm
+from gpushape.kernels._norm_common import norm_tuning
 
-
-def _load_gate() -> Callable:
-    """The numeric gate of the tests (tests/kernels/_numeric.py): one rule for both. Loaded by
-    path, so no other installed package named `tests` can stand in for it."""
-    path = ROOT / "tests" / "kernels" / "_numeric.py"
-    spec = importlib.util.spec_from_file_location("gpushape_tests_numeric", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.gate_forward_backward
-
-
-gate_forward_backward = _load_gate()
+gate_forward_backward = common.load_gate()
 
 SHAPES = [(32768, 4096), (262144, 768), (8192, 8192), (4096, 16384)]
 DTYPE = torch.bfloat16
@@ -218,10 +199,7 @@ def time_op(op: Op, m: int, n: int, rounds: int, repeats: int) -> list[dict]:
         timings = timed_per_call(fns, rounds, repeats, CALLS_PER_TIMING)
         for name, t in timings.items():
             rows.append(dict(op=op.name, shape=[m, n], direction=direction, variant=name,
-                             median_ms=t.median_s * 1e3, p10_ms=t.p10_s * 1e3,
-                             p90_ms=t.p90_s * 1e3, repeats=t.repeats, method=t.method,
-                             min_bytes=passes * tensor_bytes,
-                             gbps=passes * tensor_bytes / t.median_s / 1e9))
+                             **common.timing_figures(t, passes * tensor_bytes)))
     return rows
 
 
@@ -270,15 +248,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time layer_norm_gelu under alternative launch heuristics")
     parser.add_argument("--shapes", default="", help="e.g. 8192x4096,1024x768 (default: the "
                         "issue's four shapes)")
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                        help="cpu only to smoke-test this script (TRITON_INTERPRET=1, tiny shapes)")
+    common.add_device_arg(parser)
     args = parser.parse_args(argv)
     global DEVICE, SHAPES
     DEVICE = args.device
     if args.shapes:
-        SHAPES = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        print("bench_norms: needs a CUDA GPU (or --device cpu for a smoke test)", file=sys.stderr)
+        SHAPES = common.parse_shapes(args.shapes)
+    if common.cuda_missing(DEVICE, "bench_norms"):
         return 2
     ops = [OPS[name] for name in args.ops.split(",")]
     rounds, repeats = (3, 5) if args.quick else (5, 10)
@@ -293,9 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             checks[f"{op.name} {rows_checked}x{n}"] = check(op, rows_checked, n)
             print(f"check {op.name} {rows_checked}x{n}: {checks[f'{op.name} {rows_checked}x{n}']}",
                   flush=True)
-    copy_gbps = copy_bandwidth_bytes_per_s(
-        2**30 if DEVICE == "cuda" else 2**22, device=DEVICE) / 1e9
-    print(f"copy bandwidth: {copy_gbps:.0f} GB/s", flush=True)
+    copy_gbps = common.measure_copy_gbps(DEVICE)
 
     rows = []
     for op in ops:
@@ -305,8 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             torch.cuda.empty_cache()
     add_speedups(rows)
-    for r in rows:
-        r["pct_copy"] = r["gbps"] / copy_gbps
+    common.add_pct_copy(rows, copy_gbps)
     verdicts = criteria(rows, copy_gbps)
     swept = sweep(rounds, repeats) if args.sweep else None
     try:

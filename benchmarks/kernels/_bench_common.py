@@ -1,0 +1,66 @@
+"""What bench_norms.py and bench_batch_norm_act.py share: the tests' numeric gate, the
+`--device` / `--shapes` options, the same-run copy bandwidth, and one timing row's figures."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
+
+from gpushape.bench import Timing, copy_bandwidth_bytes_per_s  # noqa: E402
+
+
+def load_gate() -> Callable:
+    """The numeric gate of the tests (tests/kernels/_numeric.py): one rule for both. Loaded by
+    path, so no other installed package named `tests` can stand in for it."""
+    path = ROOT / "tests" / "kernels" / "_numeric.py"
+    spec = importlib.util.spec_from_file_location("gpushape_tests_numeric", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.gate_forward_backward
+
+
+def add_device_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cpu only to smoke-test this script (TRITON_INTERPRET=1, tiny shapes)")
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """"8192x4096,1024x768" -> [(8192, 4096), (1024, 768)]."""
+    return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
+
+
+def cuda_missing(device: str, script: str) -> bool:
+    """True (and says so on stderr) when the script is asked for a GPU this machine lacks."""
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"{script}: needs a CUDA GPU (or --device cpu to smoke-test)", file=sys.stderr)
+        return True
+    return False
+
+
+def measure_copy_gbps(device: str) -> float:
+    """Device copy bandwidth in this run (1 GiB on the GPU, 4 MiB on a CPU smoke test)."""
+    copy_gbps = copy_bandwidth_bytes_per_s(2**30 if device == "cuda" else 2**22,
+                                           device=device) / 1e9
+    print(f"copy bandwidth: {copy_gbps:.0f} GB/s", flush=True)
+    return copy_gbps
+
+
+def timing_figures(t: Timing, min_bytes: float) -> dict:
+    """One result row's timing columns: milliseconds, samples, method, and GB/s of min_bytes."""
+    return dict(median_ms=t.median_s * 1e3, p10_ms=t.p10_s * 1e3, p90_ms=t.p90_s * 1e3,
+                repeats=t.repeats, method=t.method, min_bytes=min_bytes,
+                gbps=min_bytes / t.median_s / 1e9)
+
+
+def add_pct_copy(rows: list[dict], copy_gbps: float) -> None:
+    for r in rows:
+        r["pct_copy"] = r["gbps"] / copy_gbps
