@@ -249,3 +249,24 @@ def empty_if_none(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
 def fake_param_grad(param: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """What a backward op's fake returns for a parameter's gradient (see empty_if_none)."""
     return like.new_empty(0) if param is None else param.new_empty(param.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# custom-op outputs and fakes, alike for every norm op
+# ---------------------------------------------------------------------------------------------
+def fake_forward(x: torch.Tensor, *, outputs: int, stats: int) -> tuple[torch.Tensor, ...]:
+    """A forward op's fake: `outputs` tensors like x (y, and s for add_layer_norm), then `stats`
+    per-row statistics (mean and rstd, or rstd alone), x.shape[:-1] in the statistics dtype."""
+    return (*(x.new_empty(x.shape) for _ in range(outputs)),
+            *(x.new_empty(x.shape[:-1], dtype=stat_dtype(x.dtype)) for _ in range(stats)))
+
+
+def op_grads(dx: torch.Tensor, like: torch.Tensor,
+             *param_grads: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """A backward op's outputs: dx, then each parameter's gradient (see empty_if_none)."""
+    return (dx, *(empty_if_none(g, like) for g in param_grads))
+
+
+def fake_grads(like: torch.Tensor, *params: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """A backward op's fake: dx like `like`, then one gradient per parameter (see op_grads)."""
+    return (like.new_empty(like.shape), *(fake_param_grad(p, like) for p in params))

@@ -19,13 +19,14 @@ from ._norm_common import (
     check_norm_inputs,
     contiguous_or_none,
     eager_path,
-    empty_if_none,
-    fake_param_grad,
+    fake_forward,
+    fake_grads,
     norm_backward,
     norm_forward,
+    op_grads,
     run_eager,
 )
-from ._norm_reference import ACT_NONE, stat_dtype
+from ._norm_reference import ACT_NONE
 
 
 # ---- launchers ------------------------------------------------------------------------------
@@ -53,9 +54,7 @@ def _add_layer_norm_op(x: Tensor, residual: Tensor, weight: Tensor | None, bias:
 
 @_add_layer_norm_op.register_fake
 def _(x, residual, weight, bias, eps):
-    stats = stat_dtype(x.dtype)
-    return (x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=stats),
-            x.new_empty(x.shape[:-1], dtype=stats))
+    return fake_forward(x, outputs=2, stats=2)
 
 
 @torch.library.custom_op("gpushape::add_layer_norm_backward", mutates_args=())
@@ -63,13 +62,12 @@ def _add_layer_norm_backward_op(dy: Tensor, ds: Tensor | None, s: Tensor, weight
                                 bias: Tensor | None, mean: Tensor, rstd: Tensor
                                 ) -> tuple[Tensor, Tensor, Tensor]:
     dsum, dw, db = add_layer_norm_backward(dy, ds, s, weight, bias, mean, rstd)
-    return dsum, empty_if_none(dw, s), empty_if_none(db, s)
+    return op_grads(dsum, s, dw, db)
 
 
 @_add_layer_norm_backward_op.register_fake
 def _(dy, ds, s, weight, bias, mean, rstd):
-    return (s.new_empty(s.shape), fake_param_grad(weight, s),
-            fake_param_grad(bias, s))
+    return fake_grads(s, weight, bias)
 
 
 def _setup_context(ctx, inputs, output):

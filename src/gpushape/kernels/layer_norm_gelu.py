@@ -18,13 +18,14 @@ from ._norm_common import (
     check_norm_inputs,
     contiguous_or_none,
     eager_path,
-    empty_if_none,
-    fake_param_grad,
+    fake_forward,
+    fake_grads,
     norm_backward,
     norm_forward,
+    op_grads,
     run_eager,
 )
-from ._norm_reference import GELU_ERF, GELU_TANH, stat_dtype
+from ._norm_reference import GELU_ERF, GELU_TANH
 
 _ACT = {"none": GELU_ERF, "tanh": GELU_TANH}
 
@@ -54,9 +55,7 @@ def _layer_norm_gelu_op(x: Tensor, weight: Tensor | None, bias: Tensor | None, e
 
 @_layer_norm_gelu_op.register_fake
 def _(x, weight, bias, eps, approximate):
-    stats = stat_dtype(x.dtype)
-    return (x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=stats),
-            x.new_empty(x.shape[:-1], dtype=stats))
+    return fake_forward(x, outputs=1, stats=2)
 
 
 @torch.library.custom_op("gpushape::layer_norm_gelu_backward", mutates_args=())
@@ -64,13 +63,12 @@ def _layer_norm_gelu_backward_op(dy: Tensor, x: Tensor, weight: Tensor | None,
                                  bias: Tensor | None, mean: Tensor, rstd: Tensor,
                                  approximate: str) -> tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = layer_norm_gelu_backward(dy, x, weight, bias, mean, rstd, approximate)
-    return dx, empty_if_none(dw, x), empty_if_none(db, x)
+    return op_grads(dx, x, dw, db)
 
 
 @_layer_norm_gelu_backward_op.register_fake
 def _(dy, x, weight, bias, mean, rstd, approximate):
-    return (x.new_empty(x.shape), fake_param_grad(weight, x),
-            fake_param_grad(bias, x))
+    return fake_grads(x, weight, bias)
 
 
 def _setup_context(ctx, inputs, output):

@@ -16,13 +16,14 @@ from ._norm_common import (
     check_norm_inputs,
     contiguous_or_none,
     eager_path,
-    empty_if_none,
-    fake_param_grad,
+    fake_forward,
+    fake_grads,
     norm_backward,
     norm_forward,
+    op_grads,
     run_eager,
 )
-from ._norm_reference import ACT_NONE, stat_dtype
+from ._norm_reference import ACT_NONE
 
 
 # ---- launchers ------------------------------------------------------------------------------
@@ -47,19 +48,19 @@ def _rms_norm_op(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, 
 
 @_rms_norm_op.register_fake
 def _(x, weight, eps):
-    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=stat_dtype(x.dtype))
+    return fake_forward(x, outputs=1, stats=1)
 
 
 @torch.library.custom_op("gpushape::rms_norm_backward", mutates_args=())
 def _rms_norm_backward_op(dy: Tensor, x: Tensor, weight: Tensor | None, rstd: Tensor
                           ) -> tuple[Tensor, Tensor]:
     dx, dw = rms_norm_backward(dy, x, weight, rstd)
-    return dx, empty_if_none(dw, x)
+    return op_grads(dx, x, dw)
 
 
 @_rms_norm_backward_op.register_fake
 def _(dy, x, weight, rstd):
-    return x.new_empty(x.shape), fake_param_grad(weight, x)
+    return fake_grads(x, weight)
 
 
 def _setup_context(ctx, inputs, output):
