@@ -256,6 +256,24 @@ def softmax_dropout_bwd_kernel(
 
 
 @triton.jit
+def _chunk_probs_and_grads(start, groups, lanes, rows, m, l, x_ptr, x_row, sxn, mask_ptr,
+                           mask_row, smn, dy_ptr, dy_row, sdn, seed_ptr, D2, N, scale,
+                           threshold, keep_scale, MASK_MODE: tl.constexpr,
+                           IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                           PRECISE: tl.constexpr, F64: tl.constexpr):
+    """One column chunk of a long row: its columns, softmax s (recomputed from the row's max m
+    and sum l) and the gradient g reaching s (dy through the regenerated dropout mask)."""
+    cols = start + groups * 8 + lanes
+    z = _logits(x_ptr, x_row, sxn, mask_ptr, mask_row, smn, rows, D2, cols, cols < N,
+                scale, MASK_MODE, IS_CAUSAL, F64)
+    s = _probs(z, m, l, PRECISE)
+    g = tl.load(dy_ptr + dy_row + cols.to(tl.int64) * sdn, mask=cols < N, other=0.0).to(s.dtype)
+    if HAS_DROPOUT:
+        g = g * _dropout_scale(seed_ptr, rows, start // 8 + groups, lanes, threshold, keep_scale)
+    return cols, s, g
+
+
+@triton.jit
 def softmax_dropout_bwd_looped_kernel(
     dy_ptr, sd0, sd1, sd2, sdn, x_ptr, sx0, sx1, sx2, sxn, mask_ptr, sm0, sm1, sm2, smn,
     dx_ptr, stats_ptr, seed_ptr, R, D1, D2, N, scale, scale_lo, threshold, keep_scale,
@@ -279,26 +297,16 @@ def softmax_dropout_bwd_looped_kernel(
     l = tl.load(stats_ptr + R + rows64)
     total = tl.zeros((1, 1, 1), m.dtype)
     for start in range(0, N, BLOCK_G * 8):
-        cols = start + groups * 8 + lanes
-        z = _logits(x_ptr, x_row, sxn, mask_ptr, mask_row, smn, rows, D2, cols, cols < N,
-                    scale, MASK_MODE, IS_CAUSAL, F64)
-        s = _probs(z, m, l, PRECISE)
-        g = tl.load(dy_ptr + dy_row + cols.to(tl.int64) * sdn, mask=cols < N,
-                    other=0.0).to(s.dtype)
-        if HAS_DROPOUT:
-            g = g * _dropout_scale(seed_ptr, rows, start // 8 + groups, lanes, threshold,
-                                   keep_scale)
+        cols, s, g = _chunk_probs_and_grads(
+            start, groups, lanes, rows, m, l, x_ptr, x_row, sxn, mask_ptr, mask_row, smn,
+            dy_ptr, dy_row, sdn, seed_ptr, D2, N, scale, threshold, keep_scale,
+            MASK_MODE, IS_CAUSAL, HAS_DROPOUT, PRECISE, F64)
         total += _sum_all(s * g)
     for start in range(0, N, BLOCK_G * 8):
-        cols = start + groups * 8 + lanes
-        z = _logits(x_ptr, x_row, sxn, mask_ptr, mask_row, smn, rows, D2, cols, cols < N,
-                    scale, MASK_MODE, IS_CAUSAL, F64)
-        s = _probs(z, m, l, PRECISE)
-        g = tl.load(dy_ptr + dy_row + cols.to(tl.int64) * sdn, mask=cols < N,
-                    other=0.0).to(s.dtype)
-        if HAS_DROPOUT:
-            g = g * _dropout_scale(seed_ptr, rows, start // 8 + groups, lanes, threshold,
-                                   keep_scale)
+        cols, s, g = _chunk_probs_and_grads(
+            start, groups, lanes, rows, m, l, x_ptr, x_row, sxn, mask_ptr, mask_row, smn,
+            dy_ptr, dy_row, sdn, seed_ptr, D2, N, scale, threshold, keep_scale,
+            MASK_MODE, IS_CAUSAL, HAS_DROPOUT, PRECISE, F64)
         dz = s * (g - total)
         tl.store(dx_ptr + rows64 * N + cols, (dz * grad_scale).to(dx_ptr.dtype.element_ty),
                  mask=cols < N)
