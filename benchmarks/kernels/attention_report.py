@@ -37,6 +37,8 @@ def criteria(sm, qkv, counts, kv) -> list[dict]:
     for label in cases(qkv):
         judge(f"FusedQKV fwd+bwd vs 3 Linear @{label}",
               ratio(qkv, "3 Linear", "gpushape", case=label, direction="fwd+bwd"), 1.15)
+        judge(f"FusedQKV fwd+bwd GPU time (CUDA graph) vs 3 Linear @{label}",
+              ratio(qkv, "3 Linear", "gpushape", case=label, direction="fwd+bwd graph"), 1.15)
         c = counts.get(label)
         judge(f"FusedQKV no kernel between GEMM and SDPA @{label}",
               None if c is None else float(c["no_kernel_between_gemm_and_sdpa"]), 1.0)
@@ -97,10 +99,10 @@ def print_table(sm, qkv, counts, kv, verdicts, copy_gbps) -> None:
                ("eager", "compile", "gpushape")]
         print(f"{case:16s} {'held MB':8s}" + "".join(
             f" {m['held_mb']:8.0f}" if m["held_mb"] is not None else f" {'n/a':>8s}" for m in mem))
-    print(f"\n{'FusedQKV':10s} {'dir':8s} {'3 Linear':>9s} {'gpushape':>9s} {'speedup':>8s}"
+    print(f"\n{'FusedQKV':10s} {'dir':14s} {'3 Linear':>9s} {'gpushape':>9s} {'speedup':>8s}"
           f" {'kernels fwd+SDPA':>17s} {'bwd':>9s} {'bwd copies':>11s}")
     for case in cases(qkv):
-        for d in ("fwd", "fwd+bwd"):
+        for d in ("fwd", "fwd+bwd", "fwd+bwd graph"):
             b, g = pick(qkv, case=case, direction=d, variant="3 Linear"), pick(
                 qkv, case=case, direction=d, variant="gpushape")
             if b is None:
@@ -109,7 +111,7 @@ def print_table(sm, qkv, counts, kv, verdicts, copy_gbps) -> None:
                 f" {counts[case]['3 Linear'][key]:>{w}d}->{counts[case]['gpushape'][key]:<4d}"
                 for key, w in (("fwd_with_sdpa_kernels", 12), ("bwd_kernels", 4),
                                ("bwd_copy_kernels", 6)))
-            print(f"{case:10s} {d:8s} {b['median_ms']:9.3f} {g['median_ms']:9.3f} "
+            print(f"{case:10s} {d:14s} {b['median_ms']:9.3f} {g['median_ms']:9.3f} "
                   f"{b['median_ms'] / g['median_ms']:8.2f}{k}")
     if kv:
         names = list(dict.fromkeys(r["variant"] for r in kv))

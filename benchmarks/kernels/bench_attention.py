@@ -14,7 +14,9 @@
 4. FusedQKV against three Linear + view/transpose at BERT-base (E 768, 12 heads, T 512, B 32,
    bias) and LLaMA-7B (E 4096, 32 heads, T 2048, B 1): forward (no_grad), forward+backward
    (autograd.grad w.r.t. x and all parameters; random grads of q, k, v); torch.profiler kernel
-   counts of the forward through scaled_dot_product_attention, and of the backward.
+   counts of the forward through scaled_dot_product_attention, and of the backward. The
+   forward+backward is also replayed from a CUDA graph ("fwd+bwd graph"): GPU time alone,
+   without the host's launch, autograd and allocator cost that the eager timing includes.
 5. Appending one step (B 4, 32 heads, D 128) at cache lengths 128 .. 32768: KVCache.append,
    append_static (eager and replayed from a CUDA graph), torch.cat of the whole cache.
 Timings: CUDA events, variants alternated round by round (gpushape.bench.compare), medians.
@@ -194,6 +196,22 @@ def _no_grad(fn, *args):
 
 
 
+def graphed(fn):
+    """fn captured in a CUDA graph (after warm-up on a side stream); returns its replay."""
+    if DEV != "cuda":
+        return fn
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def sync() -> None:
     if DEV == "cuda":
         torch.cuda.synchronize()
@@ -228,10 +246,12 @@ def time_qkv(label, cfg, rounds, repeats) -> tuple[list[dict], dict]:
     grads = [torch.randn(cfg["B"], h, cfg["T"], d, device=DEV, dtype=DTYPE)
              for h in (cfg["H"], cfg["KV"], cfg["KV"])]
     rows = []
-    for direction in ("fwd", "fwd+bwd"):
+    for direction in ("fwd", "fwd+bwd", "fwd+bwd graph"):
         timed = {name: ((lambda f=f: _no_grad(f, x)) if direction == "fwd" else
                         (lambda f=f, wrt=wrt: torch.autograd.grad(f(x), wrt, grads)))
                  for name, (f, wrt) in variants.items()}
+        if direction.endswith("graph"):  # GPU time alone: no host, allocator or launch cost
+            timed = {name: graphed(fn) for name, fn in timed.items()}
         warm_up(timed)
         for name, t in compare(timed, rounds=rounds, repeats_per_round=repeats,
                                warmup=2).items():
@@ -346,7 +366,8 @@ def main(argv=None) -> int:
                                scale=0.125, is_causal=True)
     if "qkv" in sections:
         for label, cfg in QKV_SHAPES.items():
-            rows, counts[label] = time_qkv(label, cfg, rounds, repeats)
+            # GEMM-bound and host-sensitive: twice the rounds of the other sections
+            rows, counts[label] = time_qkv(label, cfg, 2 * rounds, repeats)
             qkv += rows
             print(f"timed FusedQKV {label}", flush=True)
     if "kv" in sections:

@@ -14,6 +14,8 @@ import sys
 import torch
 
 SM90_WARP_SIZE = 32
+# Launch keywords that are compile options, not constexpr parameters.
+OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion")
 
 
 def _signature(fn, args, kwargs):
@@ -35,7 +37,7 @@ def _signature(fn, args, kwargs):
         else:
             sig[name] = "fp32"
     for name, value in kwargs.items():
-        if name != "num_warps":
+        if name not in OPTIONS:
             sig[name] = "constexpr"
             consts[name] = value
     return {n: sig[n] for n in names}, consts, attrs
@@ -87,12 +89,13 @@ def main() -> int:
         seen.add(key)
         src = ASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
         try:
+            options = {k: v for k, v in kwargs.items() if k in OPTIONS}
             triton.compile(src, target=GPUTarget("cuda", 90, SM90_WARP_SIZE),
-                           options={"num_warps": kwargs.get("num_warps", 4)})
+                           options={"num_warps": 4, **options})
         except Exception as exc:
             print(f"FAILED {fn.__name__} {consts}: {type(exc).__name__}: {exc}")
             return 1
-        print(f"ok {fn.__name__} num_warps={kwargs.get('num_warps')} {consts}")
+        print(f"ok {fn.__name__} {options} {consts}")
     print(f"compiled {len(seen)} kernel configurations for sm_90")
     return 0
 
