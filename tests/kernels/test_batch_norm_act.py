@@ -21,11 +21,14 @@ from gpushape.kernels.batch_norm_act import (
 from ._batch_norm_cases import (
     CF,
     CL,
+    KINK,
     VARIANTS,
     _check_compiled_module,
     _gate,
     _inputs,
+    _keep_off_relu_kink,
     _opcheck_all,
+    _pre_activation64,
     _run_fwd_bwd,
     _torch_composition,
 )
@@ -47,6 +50,30 @@ def test_training_relu_residual_gate(interpret, shape, dtype, fmt):
 def test_variants_gate(interpret, training, activation, residual, affine, fmt):
     _gate((2, 10, 6, 7), torch.float32, fmt, training=training, activation=activation,
           residual=residual, affine=affine)
+
+
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("training", [True, False])
+def test_gate_inputs_keep_off_relu_kink(residual, training):
+    """The gate's inputs are moved off ReLU's kink (where fp32 rounding alone may flip an
+    element's gradient), through the residual when there is one, leaving x untouched then."""
+    x, w, b, r = _inputs((2, 6, 5, 4), torch.float32, CL, residual=residual)
+    running = (0.1 * torch.randn(6), 0.5 + torch.rand(6))
+    target = r if residual else x
+    with torch.no_grad():  # plant pre-activations 1e-7 from the kink (x moves the stats: iterate)
+        for _ in range(4):
+            z = _pre_activation64(x, w, b, r, training, running)
+            gain = 1.0 if residual else (w.double() * torch.rsqrt(
+                (x.double().var(dim=(0, 2, 3), correction=0) if training else running[1].double())
+                + 1e-5))[3]
+            target[0, 3, 1, 1] -= float((z[0, 3, 1, 1] - 1e-7) / gain)
+            target[1, 3, 2, 0] -= float((z[1, 3, 2, 0] + 1e-7) / gain)
+    assert (_pre_activation64(x, w, b, r, training, running).abs() < KINK).sum() >= 1
+    x_before = x.detach().clone()
+    _keep_off_relu_kink(x, w, b, r, training, running)
+    assert (_pre_activation64(x, w, b, r, training, running).abs() >= KINK).all()
+    if residual:
+        assert torch.equal(x.detach(), x_before)
 
 
 def test_fp16_gate(interpret):
