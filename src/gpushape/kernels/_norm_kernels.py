@@ -24,8 +24,14 @@ Two paths per direction:
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+# The interpreter has no libdevice: there products are plain numpy products (never contracted).
+_ROUNDED_MUL = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 
 @triton.jit
@@ -103,16 +109,31 @@ def _affine_act(xhat, w, b, ACT: tl.constexpr, FAST: tl.constexpr, HAS_W: tl.con
 
 
 @triton.jit
+def _rounded_mul(a, b):
+    """a * b rounded once, never contracted into a later add (libdevice's mul_rn)."""
+    if _ROUNDED_MUL:
+        return libdevice.mul_rn(a, b)
+    else:
+        return a * b
+
+
+@triton.jit
 def _grads_at(xhat, dy, w, b, ACT: tl.constexpr, FAST: tl.constexpr, HAS_W: tl.constexpr,
               HAS_B: tl.constexpr):
     """Recompute the activation input from xhat and return (dh, g): dh = dL/dh (feeds dweight,
-    dbias), g = dL/dxhat = dh * w (feeds dx)."""
+    dbias), g = dL/dxhat = dh * w (feeds dx).
+
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) subtracts g's row mean from g itself, so
+    g must be the same rounded value in both places: were its product contracted into an FMA
+    in dx but rounded inside the sum, they would differ by a rounding of g that rstd (up to
+    1/sqrt(eps) ~ 316) amplifies (at N = 1, dx ~ 1e-5 where it is exactly 0). Hence the products
+    that make g are rounded explicitly."""
     dh = dy
     if ACT != 0:
-        dh = dy * _act_grad(_affine(xhat, w, b, HAS_W, HAS_B), ACT, FAST)
+        dh = _rounded_mul(dy, _act_grad(_affine(xhat, w, b, HAS_W, HAS_B), ACT, FAST))
     g = dh
     if HAS_W:
-        g = dh * w
+        g = _rounded_mul(dh, w)
     return dh, g
 
 

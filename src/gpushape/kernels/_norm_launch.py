@@ -128,13 +128,8 @@ def _build_backward(x, has_ds, w, b, act, rms) -> BackwardPlan:
     n = x.shape[-1]
     m = x.numel() // n
     t = tuning()
-    # enable_fp_fusion=False: dx = rstd * (g - c2 - xhat * c1) subtracts the row mean c2 of
-    # g = dh * w from g itself; were the product contracted into an FMA there but rounded inside
-    # c2's sum, the two would differ by a rounding of g, which rstd (up to 1/sqrt(eps) ~ 316)
-    # amplifies: at N = 1, dx would be ~1e-5 where it is exactly 0. No measurable cost: the
-    # kernel is bound by memory, not by its few multiply-adds.
     flags = dict(ACT=act, FAST=_fast_gelu(act, x.dtype, t), IS_RMS=rms, HAS_W=w is not None,
-                 HAS_B=b is not None, ACC=_tl_acc(x.dtype), enable_fp_fusion=False)
+                 HAS_B=b is not None, ACC=_tl_acc(x.dtype))
     cfg = bwd_config(m, n, t) if pow2(n) <= t.bwd_max_block_n else None
     single = cfg is not None and cfg.block_n == 0
     row_sums = None
