@@ -32,7 +32,7 @@ for spec in "$@"; do
     attn) run attn "$secs" python3 benchmarks/kernels/bench_attention.py ;;
     attn-qkv) run attn-qkv "$secs" python3 benchmarks/kernels/bench_attention.py --sections qkv ;;
     diag-bn) run diag-bn "$secs" python3 benchmarks/kernels/diagnose_batch_norm_act.py --repeats "${REPEATS:-6}" --out "$OUT/diagnose_batch_norm_act.json" ;;
-    prof-bn) run prof-bn "$secs" python3 benchmarks/kernels/profile_batch_norm_act.py --out "$OUT/profile_batch_norm_act.json" ;;
+    prof-bn) run prof-bn "$secs" python3 benchmarks/kernels/profile_batch_norm_act.py --host --out "$OUT/profile_batch_norm_act.json" ;;
     normgate) run normgate "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "gpu_gate or tanh_gate" tests/kernels/test_add_layer_norm.py tests/kernels/test_layer_norm_gelu.py tests/kernels/test_rms_norm.py ;;
     correlate) run correlate "$secs" python3 benchmarks/trace/correlate.py ;;
     tune-norms) run tune-norms "$secs" python3 benchmarks/kernels/tune_norms.py ;;

@@ -1,5 +1,6 @@
 """What bench_norms.py and bench_batch_norm_act.py share: the tests' numeric gate, the
-`--device` / `--shapes` options, the same-run copy bandwidth, and one timing row's figures."""
+`--device` / `--shapes` options, the same-run copy bandwidth, one timing row's figures, and
+CUDA-graph replay (GPU time without the host's launch and autograd cost)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,26 @@ def timing_figures(t: Timing, min_bytes: float) -> dict:
 def add_pct_copy(rows: list[dict], copy_gbps: float) -> None:
     for r in rows:
         r["pct_copy"] = r["gbps"] / copy_gbps
+
+
+def graphed(fn: Callable[[], object], device: str) -> Callable[[], object] | None:
+    """fn captured in a CUDA graph (warmed up on a side stream first); returns its replay, or
+    None (and says why) when fn cannot be captured. On the CPU, fn itself."""
+    if device != "cuda":
+        return fn
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:  # a variant that cannot be captured is reported, not fatal
+        torch.cuda.synchronize()
+        print(f"  (not captured in a CUDA graph: {type(exc).__name__}: {str(exc)[:120]})",
+              flush=True)
+        return None
+    return graph.replay

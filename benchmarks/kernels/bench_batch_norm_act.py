@@ -17,6 +17,8 @@
               accumulation; this is what a training step pays)
      fwd+bwd accum  forward, then .backward() into .grad that already exists: what the anchors
               (anchors/measure_resnet_split.py) timed; it adds x.grad += dx, r.grad += dr
+     fwd+bwd graph  fwd+bwd replayed from a CUDA graph: GPU time alone, without the host's
+              launch and autograd cost (which decides the eager rows at the small stages)
    --tuning FILE: gpushape with the launch configurations of a tune_batch_norm_act.py run
    (its "table", installed into _batch_norm_tuning.TUNED before anything runs).
 4. Writes $OUT/bench_batch_norm_act.json (default ./out) and a PNG, prints a table last.
@@ -53,8 +55,8 @@ DTYPE = torch.bfloat16
 DEVICE = "cuda"  # --device cpu (TRITON_INTERPRET=1, tiny --shapes) smoke-tests the script
 VARIANTS = ("eager", "compile", "gpushape")
 # Passes over one tensor: the anchors' minimum bytes, and what gpushape itself moves.
-PASSES = {"fwd": 4.0, "fwd+bwd": 9.0, "fwd+bwd accum": 9.0}
-OWN_PASSES = {"fwd": 4 + 1 / 16, "fwd+bwd": 10 + 3 / 16}
+PASSES = {"fwd": 4.0, "fwd+bwd": 9.0, "fwd+bwd accum": 9.0, "fwd+bwd graph": 9.0}
+OWN_PASSES = {"fwd": 4 + 1 / 16, "fwd+bwd": 10 + 3 / 16, "fwd+bwd graph": 10 + 3 / 16}
 TARGETS = {"eager": 2.5, "compile": 1.5}  # the issue's fwd+bwd speedups, every stage shape
 
 
@@ -149,9 +151,13 @@ def time_shape(shape, rounds: int, repeats: int) -> list[dict]:
 
     rows = []
     tensor_bytes = x.numel() * x.element_size()
-    makers = {"fwd": lambda fn, m: fwd(fn), "fwd+bwd": fwd_bwd, "fwd+bwd accum": fwd_bwd_accum}
+    makers = {"fwd": lambda fn, m: fwd(fn), "fwd+bwd": fwd_bwd, "fwd+bwd accum": fwd_bwd_accum,
+              "fwd+bwd graph": fwd_bwd}
     for direction, make in makers.items():
         runs = {name: make(fn, module) for name, (fn, module) in fns.items()}
+        if direction.endswith("graph"):  # GPU time alone: replayed from CUDA graphs
+            runs = {name: g for name, f in runs.items()
+                    if (g := common.graphed(f, DEVICE)) is not None}
         for run in runs.values():  # compile, size grids, fill the caches: untimed
             for _ in range(3):
                 run()
@@ -183,11 +189,12 @@ def criteria(rows: list[dict]) -> list[dict]:
     """The issue's done-when: fwd+bwd >= 2.5x eager and >= 1.5x compile at every stage shape."""
     out = []
     for r in rows:
-        if r["variant"] != "gpushape" or r["direction"] != "fwd+bwd":
+        if r["variant"] != "gpushape" or r["direction"] not in ("fwd+bwd", "fwd+bwd graph"):
             continue
         for other, target in TARGETS.items():
             value = r.get(f"speedup_vs_{other}")
-            out.append(dict(criterion=f"fwd+bwd vs {other} @{_name(r['shape'])}", value=value,
+            out.append(dict(criterion=f"{r['direction']} vs {other} @{_name(r['shape'])}",
+                            value=value,
                             target=target, verdict="PASS" if value and value >= target
                             else "FAIL"))
     return out
@@ -199,7 +206,7 @@ def plot(rows: list[dict], copy_gbps: float, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    directions = ("fwd", "fwd+bwd", "fwd+bwd accum")
+    directions = ("fwd", "fwd+bwd", "fwd+bwd graph")
     fig, axes = plt.subplots(1, len(directions), figsize=(6 * len(directions), 4))
     shapes = [s for s in SHAPES if any(tuple(r["shape"]) == s for r in rows)]
     width = 0.8 / len(VARIANTS)
@@ -233,12 +240,15 @@ def print_table(rows: list[dict], copy_gbps: float, verdicts: list[dict]) -> Non
             if "gpushape" not in sel:
                 continue
             ours = sel["gpushape"]
-            ms = "".join(f"{sel[v]['median_ms']:9.3f}" for v in VARIANTS)
-            gbps = "".join(f"{sel[v]['gbps']:13.0f}" for v in VARIANTS)
+            ms = "".join(f"{sel[v]['median_ms']:9.3f}" if v in sel else f"{'n/a':>9s}"
+                         for v in VARIANTS)
+            gbps = "".join(f"{sel[v]['gbps']:13.0f}" if v in sel else f"{'n/a':>13s}"
+                           for v in VARIANTS)
             own = f"{ours['own_gbps']:9.0f}" if "own_gbps" in ours else f"{'':9s}"
             print(f"{_name(shape):>17s} {direction:13s}{ms}{gbps}"
                   f"{100 * ours['gbps'] / copy_gbps:6.0f}%{own}"
-                  f"{ours['speedup_vs_eager']:8.2f}{ours['speedup_vs_compile']:7.2f}")
+                  f"{ours.get('speedup_vs_eager', float('nan')):8.2f}"
+                  f"{ours.get('speedup_vs_compile', float('nan')):7.2f}")
     print()
     for v in verdicts:
         value = "n/a" if v["value"] is None else f"{v['value']:.2f}"

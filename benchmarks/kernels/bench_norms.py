@@ -6,7 +6,9 @@
 2. Measures device copy bandwidth in the same run (gpushape.bench.copy_bandwidth_bytes_per_s).
 3. Times eager / torch.compile (default mode) / Liger / gpushape, forward (under no_grad) and
    forward+backward (outputs, then torch.autograd.grad for every input: no .grad accumulation),
-   alternating the variants round by round (gpushape.bench.compare, CUDA events, medians), bf16.
+   alternating the variants round by round (gpushape.bench.compare, CUDA events, medians), bf16;
+   and forward+backward replayed from a CUDA graph ("fwd+bwd graph": GPU time alone, without
+   the host's launch and autograd cost, which the eager rows include when it is the larger).
 4. Writes $OUT/bench_norms.json (default ./out) and $OUT/bench_norms.png, prints a table last.
 
 GB/s counts minimum bytes (S = the size in bytes of one (M, N) tensor; parameters and (M,)
@@ -190,9 +192,13 @@ def time_op(op: Op, m: int, n: int, rounds: int, repeats: int) -> list[dict]:
 
     rows = []
     tensor_bytes = m * n * DTYPE.itemsize
-    for direction, passes in (("fwd", op.fwd_passes), ("fwd+bwd", op.fwd_bwd_passes)):
+    for direction, passes in (("fwd", op.fwd_passes), ("fwd+bwd", op.fwd_bwd_passes),
+                              ("fwd+bwd graph", op.fwd_bwd_passes)):
         fns = {name: (fwd(fn) if direction == "fwd" else fwd_bwd(fn, wrt))
                for name, (fn, wrt) in variants.items()}
+        if direction.endswith("graph"):  # GPU time alone: replayed from CUDA graphs
+            fns = {name: g for name, f in fns.items()
+                   if (g := common.graphed(f, DEVICE)) is not None}
         for f in fns.values():  # compile and autotune outside the timed rounds
             for _ in range(3):
                 f()

@@ -1,16 +1,20 @@
 """Where a batch_norm_act training step spends its time: GPU kernels (torch.profiler) against the
 host's wall time per step, at ResNet-50's stage shapes (batch 256, bf16, channels_last).
 
-    python benchmarks/kernels/profile_batch_norm_act.py [--out FILE.json]
+    python benchmarks/kernels/profile_batch_norm_act.py [--out FILE.json] [--host]
 
 For each shape and variant (eager BatchNorm2d + add + ReLU, gpushape's BatchNormAct2d):
 the wall time of one fwd+bwd step with a synchronisation after it, the CUDA time of its kernels,
 and each kernel's share. A step whose wall time is far above its kernel time is host-bound.
+--host also runs gpushape's step at the smallest stage under cProfile and prints where the
+host time goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import sys
 import time
 from collections import defaultdict
@@ -78,6 +82,7 @@ def measure(fn, steps=20):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--host", action="store_true", help="cProfile the host side too")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("profile_batch_norm_act: needs a CUDA GPU", file=sys.stderr)
@@ -94,6 +99,17 @@ def main() -> int:
             for name, us in sorted(kernels.items(), key=lambda kv: -kv[1])[:6]:
                 print(f"    {us:8.1f} us  {name[:110]}")
             torch.cuda.empty_cache()
+    if args.host:
+        fn = step_fn("gpushape", SHAPES[-1])
+        measure(fn)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        profiler.disable()
+        print(f"\nhost profile: 200 gpushape steps at {SHAPES[-1]}")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
     if args.out:
         write_results(args.out, rows, note="wall: median of 20 synchronised steps; kernels: "
                       "CUDA time per step, torch.profiler over 5 steps")
