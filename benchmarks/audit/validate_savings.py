@@ -11,7 +11,9 @@ For each case:
 3. the original and the fixed variant are timed alternately (gpushape.bench.compare, CUDA
    events, medians), one training step each: forward, then torch.autograd.grad of the output
    (a fixed random gradient) with respect to every parameter and input that needs one;
-4. measured saving = median(original) - median(fixed).
+4. measured saving = median(original) - median(fixed); on CUDA also with both steps replayed
+   from CUDA graphs ("graph": GPU time alone, which is what the cost model prices; the eager
+   figure adds the host's Python, launch and autograd cost, which decides single-op steps).
 Writes $OUT/validate_savings.json (default ./out) and prints the table last: predicted and
 measured saving in ms and as a share of the original step, and their ratio.
 """
@@ -36,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed
 from gpushape.audit import audit  # noqa: E402
 from gpushape.audit.context import BackendFlags  # noqa: E402
 from gpushape.audit.target import resolve_target  # noqa: E402
-from gpushape.bench import compare, write_results  # noqa: E402
+from gpushape.bench import compare, cuda_graph, write_results  # noqa: E402
 from gpushape.hardware import current_gpu  # noqa: E402
 from gpushape.models import create_model  # noqa: E402
 
@@ -274,19 +276,33 @@ def run_case(case: Case, args, target) -> dict:
         timings = compare(steps,
                           rounds=args.rounds, repeats_per_round=args.repeats, warmup=3,
                           device=args.device)
+        graph = None
+        if args.device.startswith("cuda") and case.rule != "launch-bound":  # that one IS graphs
+            try:
+                replays = {name: cuda_graph(fn) for name, fn in steps.items()}
+                graph = compare(replays, rounds=args.rounds, repeats_per_round=args.repeats,
+                                warmup=3, device=args.device)
+            except Exception as exc:  # a step that cannot be captured keeps its eager figure
+                torch.cuda.synchronize()
+                print(f"  {case.rule}: no CUDA-graph timing ({type(exc).__name__}: "
+                      f"{str(exc)[:100]})", file=sys.stderr)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
     as_is, fixed = timings["as_is"].median_s, timings["fixed"].median_s
-    return {"rule": case.rule, "max_rel_error": err, "predicted_saving_s": saving_s,
-            "predicted_step_s": step_s, "measured_as_is_s": as_is, "measured_fixed_s": fixed,
-            "measured_saving_s": as_is - fixed,
-            "timings_s": {k: list(t.times_s) for k, t in timings.items()},
-            "method": timings["as_is"].method}
+    row = {"rule": case.rule, "max_rel_error": err, "predicted_saving_s": saving_s,
+           "predicted_step_s": step_s, "measured_as_is_s": as_is, "measured_fixed_s": fixed,
+           "measured_saving_s": as_is - fixed,
+           "timings_s": {k: list(t.times_s) for k, t in timings.items()},
+           "method": timings["as_is"].method}
+    if graph is not None:
+        row.update(graph_as_is_s=graph["as_is"].median_s, graph_fixed_s=graph["fixed"].median_s,
+                   graph_saving_s=graph["as_is"].median_s - graph["fixed"].median_s)
+    return row
 
 
 def table(rows: list[dict]) -> str:
     head = (f"{'rule':<24} {'pred ms':>9} {'meas ms':>9} {'pred/meas':>9} "
-            f"{'pred share':>10} {'meas share':>10}")
+            f"{'pred share':>10} {'meas share':>10} {'graph ms':>9} {'pred/graph':>10}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
@@ -295,8 +311,12 @@ def table(rows: list[dict]) -> str:
         pred, meas = r["predicted_saving_s"], r["measured_saving_s"]
         ratio = f"{pred / meas:9.2f}" if pred is not None and meas > 0 else f"{'-':>9}"
         pshare = f"{pred / r['predicted_step_s']:10.1%}" if pred is not None else f"{'-':>10}"
+        g = r.get("graph_saving_s")
+        graph = f"{g * 1e3:9.3f}" if g is not None else f"{'-':>9}"
+        gratio = (f"{pred / g:10.2f}" if g is not None and pred is not None and g > 0
+                  else f"{'-':>10}")
         lines.append(f"{r['rule']:<24} {(pred or 0) * 1e3:9.3f} {meas * 1e3:9.3f} {ratio} "
-                     f"{pshare} {meas / r['measured_as_is_s']:10.1%}")
+                     f"{pshare} {meas / r['measured_as_is_s']:10.1%} {graph} {gratio}")
     return "\n".join(lines)
 
 

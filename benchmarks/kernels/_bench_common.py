@@ -15,7 +15,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
-from gpushape.bench import Timing, copy_bandwidth_bytes_per_s  # noqa: E402
+from gpushape.bench import Timing, copy_bandwidth_bytes_per_s, cuda_graph  # noqa: E402
 
 
 def load_gate() -> Callable:
@@ -68,23 +68,14 @@ def add_pct_copy(rows: list[dict], copy_gbps: float) -> None:
 
 
 def graphed(fn: Callable[[], object], device: str) -> Callable[[], object] | None:
-    """fn captured in a CUDA graph (warmed up on a side stream first); returns its replay, or
-    None (and says why) when fn cannot be captured. On the CPU, fn itself."""
+    """fn's CUDA-graph replay (gpushape.bench.cuda_graph), or None (and says why) when fn cannot
+    be captured. On the CPU, fn itself."""
     if device != "cuda":
         return fn
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
     try:
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        return cuda_graph(fn)
     except Exception as exc:  # a variant that cannot be captured is reported, not fatal
         torch.cuda.synchronize()
         print(f"  (not captured in a CUDA graph: {type(exc).__name__}: {str(exc)[:120]})",
               flush=True)
         return None
-    return graph.replay

@@ -40,7 +40,12 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
-from gpushape.bench import compare, copy_bandwidth_bytes_per_s, write_results  # noqa: E402
+from gpushape.bench import (  # noqa: E402
+    compare,
+    copy_bandwidth_bytes_per_s,
+    cuda_graph,
+    write_results,
+)
 from gpushape.kernels import FusedQKV, KVCache, softmax_dropout  # noqa: E402
 from gpushape.kernels.softmax_dropout import draw_seed, dropout_keep_mask  # noqa: E402
 
@@ -197,19 +202,8 @@ def _no_grad(fn, *args):
 
 
 def graphed(fn):
-    """fn captured in a CUDA graph (after warm-up on a side stream); returns its replay."""
-    if DEV != "cuda":
-        return fn
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    """fn's CUDA-graph replay (on the CPU smoke test, fn itself)."""
+    return cuda_graph(fn) if DEV == "cuda" else fn
 
 
 def sync() -> None:

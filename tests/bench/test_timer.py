@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from gpushape.bench import Timing, compare, time_fn
+from gpushape.bench import Timing, compare, cuda_graph, time_fn
 from gpushape.hardware import get_gpu
 
 
@@ -69,3 +69,27 @@ def test_cuda_events_time_a_gpu_matmul():
     x = torch.randn(2048, 2048, device="cuda")
     timing = time_fn(lambda: x @ x, warmup=2, repeats=5, flush_l2=True)
     assert timing.method == "cuda-events" and timing.median_s > 0
+
+
+def test_cuda_graph_needs_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        cuda_graph(lambda: None)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_a_training_step():
+    """Forward and backward captured once; each replay recomputes into the same buffers."""
+    w = torch.randn(64, 64, device="cuda", requires_grad=True)
+    x = torch.randn(32, 64, device="cuda")
+    out = {}
+
+    def step():
+        out["g"] = torch.autograd.grad((x @ w).square().sum(), w)[0]
+
+    replay = cuda_graph(step)
+    x.copy_(torch.randn_like(x))
+    replay()
+    torch.cuda.synchronize()
+    expect = torch.autograd.grad((x @ w).square().sum(), w)[0]
+    torch.testing.assert_close(out["g"], expect)

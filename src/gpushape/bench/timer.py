@@ -160,3 +160,22 @@ def compare(
             last[name] = timing
     return {name: Timing(tuple(pooled[name]), last[name].method, last[name].warmup,
                          last[name].flushed_l2, last[name].input_sets) for name in variants}
+
+
+def cuda_graph(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], None]:
+    """`fn` captured in a CUDA graph; returns the graph's replay. Warm-up calls run on a side
+    stream first (allocator pools, cuBLAS workspaces, autotuning), as capture requires. Timing
+    the replay gives GPU time alone: no Python, launch, autograd or allocator cost. Raises
+    RuntimeError without CUDA, and whatever the capture raises when fn cannot be captured."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("cuda_graph: needs a CUDA device")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
