@@ -1,0 +1,21 @@
+"""The examples run (on the CPU here: PyTorch reference paths, small sizes)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"gpushape_example_{name}", EXAMPLES / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fused_block_runs_and_matches(capsys):
+    assert _load("fused_block.py").main(["--width", "64", "--tokens", "32", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "max relative difference" in out and "gpushape eager" in out
