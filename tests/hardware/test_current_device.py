@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -32,3 +34,14 @@ def test_unknown_device_names_the_catalog(monkeypatch):
     _fake_device(monkeypatch, "NVIDIA Imaginary X1")
     with pytest.raises(UnknownGPUError, match="known: "):
         current_gpu()
+
+
+def test_no_driver_answers_without_importing_torch():
+    """`gpushape gpus` on a machine without an NVIDIA driver must not pay torch's import."""
+    code = ("import sys\n"
+            "import gpushape.hardware.lookup as lookup\n"
+            "lookup._nvidia_driver_present = lambda: False\n"
+            "print(lookup.current_gpu(), 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["None", "False"]

@@ -12,7 +12,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -35,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch  # here, not at the top: `gpushape gpus` and `--help` need no torch
+
     if not torch.cuda.is_available():
         raise NoCudaError("gpushape probe measures a GPU and needs a CUDA device; "
                           "none is visible on this machine")

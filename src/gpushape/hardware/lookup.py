@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import sys
 from functools import cache
 
 from ..errors import UnknownGPUError
@@ -55,12 +57,22 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
     return spec
 
 
+def _nvidia_driver_present() -> bool:
+    """False only where an NVIDIA driver certainly is absent (Linux without its /proc and /dev
+    entries); elsewhere True, and torch decides."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidiactl")
+
+
 def current_gpu(device: int | None = None) -> GPUSpec | None:
     """The catalog entry for this process's CUDA device, with the driver's own numbers.
 
     SM count, memory size and L2 size come from the driver (they differ between SKUs that share
     a name); None when there is no CUDA device. Raises UnknownGPUError for a chip not catalogued.
     """
+    if "torch" not in sys.modules and not _nvidia_driver_present():
+        return None  # no driver, no CUDA device: spare the caller torch's import (~1 s)
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency
