@@ -37,7 +37,6 @@ for spec in "$@"; do
     correlate) run correlate "$secs" python3 benchmarks/trace/correlate.py ;;
     tune-norms) run tune-norms "$secs" python3 benchmarks/kernels/tune_norms.py ;;
     gputests-bn) run gputests-bn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -k "not 2_pow_31" tests/kernels/test_batch_norm_act_gpu.py ;;
-    tune-bng) run tune-bng "$secs" python3 benchmarks/kernels/tune_batch_norm_grouped.py ${BNG_ARGS:-} ;;
     tune-bn) run tune-bn "$secs" python3 benchmarks/kernels/tune_batch_norm_act.py --quick ;;
     probe-quick) run probe-quick "$secs" python3 -m gpushape probe --quick -o "$OUT/probe-h200-quick/h200-sxm.json" ;;
     probe) run probe "$secs" python3 -m gpushape probe -o "$OUT/probe-h200/h200-sxm.json" ;;

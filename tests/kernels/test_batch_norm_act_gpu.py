@@ -1,13 +1,8 @@
 """batch_norm_act on a CUDA GPU (run `pytest -m gpu` on the GPU machine): the numeric gate over
 dtypes, layouts and shapes, running stats, determinism, torch.compile, CUDA graphs, > 2^31
-elements, and the direct launcher (`_launch.Launch`). At these shapes a channels_last training
-call takes the one-kernel grouped path (`_batch_norm_grouped.py`) and NCHW the two-kernel one;
-the tests at the end pin each path down explicitly."""
+elements, and the direct launcher (`_launch.Launch`)."""
 
 from __future__ import annotations
-
-import contextlib
-import dataclasses
 
 import pytest
 import torch
@@ -15,9 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpushape.kernels import _batch_norm_launch as launch
-from gpushape.kernels import _batch_norm_runtime as bn_runtime
 from gpushape.kernels import _launch as runtime
-from gpushape.kernels._batch_norm_tuning import GroupedConfig, batch_norm_tuning
 from gpushape.kernels.batch_norm_act import BatchNormAct2d, batch_norm_act, batch_norm_stats
 
 from ._batch_norm_cases import (
@@ -125,26 +118,10 @@ def test_gpu_cuda_graph_capture_and_replay():
     torch.testing.assert_close(bn.running_mean, ref.running_mean)
 
 
-def _path(name: str):
-    """Pin the path: "grouped" (forced even where its groups overflow L2), "two-kernel", or
-    "auto" (what the plans choose)."""
-    if name == "grouped":
-        return batch_norm_tuning(grouped=GroupedConfig(force=True))
-    if name == "two-kernel":
-        return batch_norm_tuning(grouped=GroupedConfig(enabled=False))
-    return contextlib.nullcontext()
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["grouped", "two-kernel"])
-def test_gpu_over_2_pow_31_elements(path):
+def test_gpu_over_2_pow_31_elements():
     """Index arithmetic past 2^31 elements: statistics, and the rows stored last (offsets past
     2^31), forward and backward, against float32 PyTorch."""
-    with _path(path):
-        _check_over_2_pow_31()
-
-
-def _check_over_2_pow_31():
     shape, eps = (2, 64, 4096, 4100), 1e-5  # 2.15e9 elements
     x = torch.randn(shape, device=CUDA, dtype=torch.bfloat16).contiguous(memory_format=CL)
     r, dy = torch.randn_like(x), torch.randn_like(x)
@@ -185,14 +162,10 @@ def test_gpu_direct_launcher_equals_jit_launch():
         assert runtime.FAST_LAUNCH, "the direct launcher failed and switched itself off"
     finally:
         runtime.FAST_LAUNCH = True
-    grouped = launch.grouped_forward_plan(x, w, b, None, r, True)
-    assert grouped is not None and grouped.launch.runner is not None
+    plan = launch.forward_plan(x, w, b, None, None, r, True, True)
+    assert plan.apply_launch.runner is not None and plan.reduction.launch.runner is not None
     for a, c in zip(slow, fast):
         assert torch.equal(a, c)
-    with _path("two-kernel"):
-        _run_fwd_bwd(x, r, dy, w, b)
-        plan = launch.forward_plan(x, w, b, None, None, r, True, True)
-        assert plan.apply_launch.runner is not None and plan.reduction.launch.runner is not None
 
 
 @pytest.mark.gpu
@@ -208,50 +181,3 @@ def test_gpu_misaligned_input_after_aligned_ones():
     assert x_off.data_ptr() % 16 == 2 and x_off.stride() == x.stride()
     for a, c in zip(expected, _run_fwd_bwd(x_off, r, dy, w, b)):
         torch.testing.assert_close(c, a)
-
-
-# ---- the grouped path pinned down (one kernel a direction, programs waiting on each other) ----
-
-@pytest.mark.gpu
-def test_gpu_grouped_path_is_taken_equals_two_kernel_and_is_deterministic():
-    x, w, b, r = (t.detach() for t in _inputs((32, 256, 14, 14), torch.bfloat16, CL, CUDA))
-    dy = torch.randn_like(x)
-    grouped = launch.grouped_forward_plan(x, w, b, None, r, True)
-    backward = launch.backward_plan(x, w, torch.empty(256, device=CUDA), True, True, True)
-    assert grouped is not None and grouped.P > 1 and backward.grouped is not None
-    with _path("two-kernel"):
-        expected = _run_fwd_bwd(x, r, dy, w, b)
-    first = _run_fwd_bwd(x, r, dy, w, b)
-    for a, e in zip(first, expected):
-        torch.testing.assert_close(a, e, rtol=2e-2, atol=2e-2)
-    for _ in range(20):
-        for a, c in zip(first, _run_fwd_bwd(x, r, dy, w, b)):
-            assert torch.equal(a, c)
-    torch.cuda.synchronize()
-    assert not bn_runtime.counters(x, 64).any()  # every group's counters back at zero
-
-
-GROUPED_CONFIGS = {
-    "lag0": GroupedConfig(force=True, lag=0),
-    "narrow": GroupedConfig(force=True, block_c=32, block_l=32, warps=4),
-    "wide": GroupedConfig(force=True, block_c=128, block_l=128, warps=8),
-    "two_per_sm": GroupedConfig(force=True, programs_per_sm=2, block_l=32),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(GROUPED_CONFIGS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_gpu_grouped_configurations_pass_the_gate(name, dtype):
-    with batch_norm_tuning(grouped=GROUPED_CONFIGS[name]):
-        for shape in [(16, 200, 14, 14), (4, 96, 28, 28), (3, 40, 5, 7)]:
-            _gate(shape, dtype, CL, device=CUDA)
-        _gate((8, 64, 9, 9), dtype, CL, device=CUDA, activation="none", residual=False,
-              affine=False)
-
-
-@pytest.mark.gpu
-def test_gpu_grouped_cuda_graph_replays_equal_eager():
-    cfg = dataclasses.replace(GROUPED_CONFIGS["narrow"], programs_per_sm=2)
-    with batch_norm_tuning(grouped=cfg):
-        test_gpu_cuda_graph_capture_and_replay()

@@ -153,16 +153,6 @@ def _finish_stats(part_ptr, cols, cmask, C, P, M, eps, momentum,
     s1 = _sum_partials(part_ptr, 0, P, C, cols, cmask, acc_ty, BLOCK_P, BLOCK_C)
     s2 = _sum_partials(part_ptr, P, P, C, cols, cmask, acc_ty, BLOCK_P, BLOCK_C)
     shift = tl.load(part_ptr + 2 * P * C + cols, mask=cmask, other=0.0, cache_modifier=".cg")
-    _stats_from_sums(s1, s2, shift, cols, cmask, M, eps, momentum, mean_ptr, rstd_ptr,
-                     rmean_ptr, rvar_ptr, UPDATE)
-
-
-@triton.jit
-def _stats_from_sums(s1, s2, shift, cols, cmask, M, eps, momentum, mean_ptr, rstd_ptr,
-                     rmean_ptr, rvar_ptr, UPDATE: tl.constexpr):
-    """mean, rstd (and the running stats) of channels `cols` from sum(x - K), sum((x - K)^2)
-    over the M rows, and K."""
-    acc_ty = mean_ptr.dtype.element_ty
     n = tl.zeros((), acc_ty) + M
     mean = shift + s1 / n
     m2 = tl.maximum(s2 - s1 * (s1 / n), 0.0)  # sum of squared deviations from the mean

@@ -21,11 +21,10 @@ from __future__ import annotations
 import torch
 
 from . import _batch_norm_tuning as tuning_table
-from ._batch_norm_grouped_plans import GroupedForward, grouped_backward, grouped_forward
 from ._batch_norm_plans import BackwardPlan, ForwardPlan, View, in_layout, stat_dtype
 
-__all__ = ["BackwardPlan", "ForwardPlan", "GroupedForward", "backward_plan", "forward_plan",
-           "grouped_forward_plan", "in_layout", "stat_dtype"]
+__all__ = ["BackwardPlan", "ForwardPlan", "backward_plan", "forward_plan", "in_layout",
+           "stat_dtype"]
 
 
 # ---- plans, cached per signature ----
@@ -62,22 +61,6 @@ def forward_plan(x, weight, bias, running_mean, running_var, residual, training:
     return _cached(key, build)
 
 
-def grouped_forward_plan(x, weight, bias, running_mean, residual,
-                         relu: bool) -> GroupedForward | None:
-    """The cached one-kernel plan of a training forward, or None where it does not apply."""
-    key = ("gfwd", x.shape, x.stride(), x.dtype, x.get_device(), _dtype(weight), _dtype(bias),
-           _dtype(running_mean), residual is not None, relu, tuning_table.generation)
-
-    def build():
-        view = View.of(x)
-        tuning = tuning_table.tuning_for(view.C, view.M, view.channels_last)
-        return grouped_forward(x, view, tuning.grouped, weight, bias, running_mean, residual,
-                               relu)
-    if key in _PLANS:
-        return _PLANS[key]
-    return _cached(key, build)
-
-
 def backward_plan(x, weight, stat, training: bool, relu: bool, res_grad: bool) -> BackwardPlan:
     key = ("bwd", x.shape, x.stride(), x.dtype, x.get_device(), _dtype(weight), stat.dtype,
            training, relu, res_grad, tuning_table.generation)
@@ -85,9 +68,7 @@ def backward_plan(x, weight, stat, training: bool, relu: bool, res_grad: bool) -
     def build():
         view = View.of(x)
         tuning = tuning_table.tuning_for(view.C, view.M, view.channels_last)
-        grouped = grouped_backward(x, view, tuning.grouped, weight, relu, res_grad) \
-            if training else None
-        return BackwardPlan(x, view, tuning, weight, stat, training, relu, res_grad, grouped)
+        return BackwardPlan(x, view, tuning, weight, stat, training, relu, res_grad)
     return _cached(key, build)
 
 

@@ -231,16 +231,12 @@ class ForwardPlan(_Layout):
 
 class BackwardPlan(_Layout):
     """The backward of one signature: a reduction (sums; in eval also dx) and, when training,
-    the elementwise dx pass; or, given `grouped`, that one launch."""
+    the elementwise dx pass."""
 
     def __init__(self, x, view: View, tuning: BatchNormTuning, weight, stat, training: bool,
-                 relu: bool, res_grad: bool, grouped=None):
+                 relu: bool, res_grad: bool):
         super().__init__(x, view)
         self.training, self.res_grad, self.has_w = training, res_grad, weight is not None
-        # the one-kernel path (`_batch_norm_grouped_plans.GroupedBackward`), where it applies
-        self.grouped = grouped
-        if grouped is not None:
-            return
         xk = self.kin(x)
         self.reduce_tiles = t = tiles(view, x.element_size(), tuning.bwd_reduce.tile_bytes,
                                       tuning.bwd_reduce.block_c)
@@ -289,12 +285,9 @@ class BackwardPlan(_Layout):
         dx, dxk = self.out(x)
         dres, dresk = self.out(x) if self.res_grad else (x.new_empty((0,)),) * 2
         dresk_or_dx = dresk if self.res_grad else dxk
-        if self.grouped is not None:
-            dw, db = self.grouped.run(ok, dyk, xk, weight, mean, stat, bits, dxk, dresk_or_dx)
-        else:
-            dw, db = self.sums(ok, dyk, xk, weight, mean, stat, bits, eps, dxk, dresk_or_dx)
-            if self.training:
-                self.grads(ok, dyk, xk, weight, mean, stat, bits, dw, db, dxk, dresk_or_dx)
+        dw, db = self.sums(ok, dyk, xk, weight, mean, stat, bits, eps, dxk, dresk_or_dx)
+        if self.training:
+            self.grads(ok, dyk, xk, weight, mean, stat, bits, dw, db, dxk, dresk_or_dx)
         for out, buf in ((dx, dxk), (dres, dresk)):
             if buf is not out:
                 out.copy_(buf)

@@ -5,8 +5,6 @@ Four kernels run per training step, each with its own configuration:
   apply       y = act(norm(x) + residual), mask bits          ApplyConfig
   bwd_reduce  reduction over dy, x, bits (dweight, dbias)     ReduceConfig
   bwd_apply   dx, d_residual                                  ApplyConfig
-or, in training with channels_last where a channel group's rows fit in L2, one kernel a
-direction (`grouped`, GroupedConfig: `_batch_norm_grouped.py`).
 
 `TUNED` is data: (C, N*H*W) of a channels_last input -> the configuration that
 benchmarks/kernels/tune_batch_norm_act.py measured fastest (that script prints entries in this
@@ -57,35 +55,13 @@ class ApplyConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GroupedConfig:
-    """The one-kernel-a-direction path of training, channels_last (`_batch_norm_grouped.py`):
-    channel groups of `block_c` (halved down to `min_block_c` until `lag` + 1 groups of the
-    tensors a phase re-reads fit `l2_share` of the L2), tiles of `block_l` rows, `warps` warps,
-    at most `programs_per_sm` programs an SM, partial sums added in teams of `team` programs.
-    `force`: take it whatever the L2 holds (tests, tuning); `enabled` = False: never."""
-
-    enabled: bool = True
-    block_c: int = 64
-    min_block_c: int = 32
-    block_l: int = 32
-    warps: int = 4
-    programs_per_sm: int = 4
-    lag: int = 1
-    team: int = 32
-    l2_share: float = 0.5
-    force: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
 class BatchNormTuning:
-    """One configuration per kernel (see the module docstring); `grouped` replaces stats +
-    apply (forward) and bwd_reduce + bwd_apply (backward) of training where it fits."""
+    """One configuration per kernel (see the module docstring)."""
 
     stats: ReduceConfig = ReduceConfig()
     apply: ApplyConfig = ApplyConfig()
     bwd_reduce: ReduceConfig = ReduceConfig()
     bwd_apply: ApplyConfig = ApplyConfig()
-    grouped: GroupedConfig = GroupedConfig()
 
 
 DEFAULT = BatchNormTuning()
@@ -148,7 +124,7 @@ def batch_norm_tuning(tuning: BatchNormTuning | None = None, **changes):
 
 
 KINDS = {"stats": ReduceConfig, "apply": ApplyConfig, "bwd_reduce": ReduceConfig,
-         "bwd_apply": ApplyConfig, "grouped": GroupedConfig}
+         "bwd_apply": ApplyConfig}
 
 
 def from_dict(d: dict) -> BatchNormTuning:

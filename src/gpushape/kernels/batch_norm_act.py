@@ -179,12 +179,6 @@ def _forward(x, weight, bias, running_mean, running_var, residual, training: boo
             mean, stat = running_mean.to(launch.stat_dtype(x)), running_var
         y, bits = _apply(x, mean, stat, weight, bias, residual, eps, training, activation)
         return y, mean, stat, bits
-    if training:  # one kernel where a channel group's rows fit in L2
-        grouped = launch.grouped_forward_plan(x, weight, bias, running_mean, residual, relu)
-        if grouped is not None:
-            y, mean, stat, bits = grouped.run(x, weight, bias, running_mean, running_var,
-                                              residual, momentum, eps)
-            return y, mean, stat, bits
     plan = launch.forward_plan(x, weight, bias, running_mean, running_var, residual, training,
                                relu)
     if training:
