@@ -5,7 +5,9 @@ no optimizer) of ResNet-50 (bf16, channels_last, batch 64) and BERT-base (bf16, 
 batch 16), built on the GPU from gpushape.models:
 1. Correctness first: one step on CUDA gives finite outputs and gradients, and gpushape's trace
    of the CUDA model with real tensors does the same GEMM FLOPs as its meta trace.
-2. Predicted: gpushape.cost(meta trace, current_gpu(), math="bf16"), per module (ops go to the
+2. Predicted: gpushape.cost(meta trace, GPU, math="bf16") with GPU = this device calibrated by
+   the profile gpushape ships for it (its measured ceilings and eager-kernel efficiencies; the
+   datasheet with --datasheet), per module (ops go to the
    innermost module; backward ops to the module of their forward op): `kernel_time_s` (device
    time, what the profiler sees) and `roofline_time_s` (+ launch overhead).
 3. Measured: torch.profiler over --steps steps after warm-up; each kernel's device time goes to
@@ -21,6 +23,7 @@ batch 16), built on the GPU from gpushape.models:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -35,6 +38,7 @@ from _attribution import module_ranges, spearman, time_per_module
 import gpushape
 from gpushape.bench import time_fn, write_results
 from gpushape.hardware import current_gpu, get_gpu
+from gpushape.hardware.profile import calibrated
 from gpushape.models import create_model
 
 SIZES = {  # name: (full batch, quick batch, options)
@@ -183,19 +187,31 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="smaller batches, 3 steps")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--datasheet", action="store_true",
+                        help="the catalog's datasheet numbers, not the shipped profile")
+    parser.add_argument("--flat-memory", action="store_true",
+                        help="the profile without its eager-kernel efficiencies (every memory "
+                             "family at the copy rate); writes correlate-flat-memory.*")
     args = parser.parse_args()
     if args.quick:
         args.steps = min(args.steps, 3)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("correlate.py: no CUDA device (use --device cpu to check the plumbing)")
     gpu = current_gpu() if args.device == "cuda" else get_gpu("h200")
+    if not args.datasheet:
+        gpu = calibrated(gpu)
+    stem = "correlate"
+    if args.flat_memory:
+        gpu = gpu.replace(achievable=dataclasses.replace(gpu.achievable, memory_efficiency={}))
+        stem = "correlate-flat-memory"
     out_dir = Path(os.environ.get("OUT", "out"))
     results = [run_model(name, args, gpu) for name in args.models.split(",")]
-    write_results(out_dir / "correlate.json", results, gpu_spec=gpu.name,
+    write_results(out_dir / f"{stem}.json", results, gpu_spec=gpu.name,
+                  memory_efficiency=dict(gpu.achievable.memory_efficiency),
                   method="torch.profiler device time per module (forward: module ranges; "
                          "backward: autograd sequence numbers), mean over steps; step time "
                          "median of CUDA events")
-    plot(results, out_dir / "correlate.png")
+    plot(results, out_dir / f"{stem}.png")
     print(f"{'model':<10}{'modules':>8}{'Spearman':>10}{'(roofline)':>11}{'pred ms':>9}"
           f"{'meas ms':>9}{'pred/meas':>10}{'step ms':>9}")
     for r in results:
@@ -208,7 +224,21 @@ def main() -> None:
             print(f"  {row['module'][:34]:<34} measured {row['measured_s'] * 1e3:7.3f} ms  "
                   f"predicted {row['predicted_kernel_s'] * 1e3:7.3f} ms")
     ok = all(not math.isnan(r["spearman_kernel_time"]) for r in results)
-    print(f"wrote {out_dir / 'correlate.json'} and correlate.png" + ("" if ok else " (NaN rho)"))
+    print("predicted / measured by module type (sums over a model's modules of that type):")
+    for r in results:
+        by_type = ", ".join(f"{t} {p / m:.2f}" for t, (p, m) in sorted(_by_type(r).items())
+                            if m > 0)
+        print(f"  {r['model']}: {by_type}")
+    print(f"wrote {out_dir / stem}.json and {stem}.png" + ("" if ok else " (NaN rho)"))
+
+
+def _by_type(result: dict) -> dict[str, tuple[float, float]]:
+    """module type -> (predicted kernel time, measured time), summed over its modules."""
+    sums: dict[str, tuple[float, float]] = {}
+    for row in result["rows"]:
+        p, m = sums.get(row["type"], (0.0, 0.0))
+        sums[row["type"]] = (p + row["predicted_kernel_s"], m + row["measured_s"])
+    return sums
 
 
 if __name__ == "__main__":

@@ -112,3 +112,26 @@ def test_launch_savings_count_only_when_the_step_is_launch_bound():
         assert big.totals.launch_s < big.totals.kernel_time_s  # the GPU sets the pace
         savings.append(big.findings[0].est_saving_s)
     assert savings[0] == pytest.approx(savings[1]) and savings[0] > 0
+
+
+def test_fusion_savings_follow_the_measured_kernel_efficiencies():
+    """unfused-norm-act: slower eager norms save more by fusing, a slower fused kernel less;
+    with nothing measured the saving is the removed bytes at the copy rate."""
+    import dataclasses
+
+    from .models import NormThen
+
+    model, inputs = build(NormThen), (meta(8, 512, 1024),)
+    h200 = get_gpu("h200")
+
+    def saving(**eff):
+        spec = h200.replace(achievable=dataclasses.replace(h200.achievable,
+                                                           memory_efficiency=eff))
+        (f,) = audit(model, inputs, gpu=spec, profile=None, rules=["unfused-norm-act"]).findings
+        return f.est_saving_s, f.evidence["bytes_saved"]
+
+    flat, nbytes = saving()
+    assert flat == pytest.approx(nbytes / h200.attainable_bandwidth_bytes_per_s())
+    slow_norm, _ = saving(norm=0.4, activation=0.6)
+    assert slow_norm > flat
+    assert saving(norm=0.4, activation=0.6, fused_norm_act=0.5)[0] < slow_norm

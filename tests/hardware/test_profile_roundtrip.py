@@ -86,3 +86,17 @@ def test_bundled_profile_for_another_chip_is_refused(tmp_path, monkeypatch):
     write_profile(_profile(get_gpu("h100")), tmp_path / "h200-sxm.json")
     with pytest.raises(ProfileError, match="is for 'h100-sxm', not 'h200-sxm'"):
         profile.calibrated("h200")
+
+
+def test_memory_efficiency_is_read_from_a_profile():
+    from gpushape.hardware import get_gpu
+    from gpushape.hardware.profile import apply_profile
+
+    profile = {"format": "gpushape-profile", "version": 1, "gpu": "h200-sxm",
+               "memory_efficiency": {"norm": {"efficiency": 0.4, "workload": "..."},
+                                     "pool": {"error": "failed"}}}
+    spec = apply_profile(get_gpu("h200"), profile)
+    assert spec.achievable.memory("norm") == 0.4
+    assert spec.achievable.memory("pool") == 1.0  # a failed measurement keeps the copy rate
+    assert spec.achievable.memory(None) == 1.0
+    assert "memory_efficiency" in spec.achievable.measured

@@ -143,6 +143,21 @@ class AuditContext:
         """Time to move `nbytes` at the chip's attainable bandwidth."""
         return nbytes / self.bandwidth_bytes_per_s()
 
+    def fusion_saving_s(self, recs: Iterable[OpRecord], removed_bytes: float,
+                        fused_family: str | None = None) -> float:
+        """What fusing forward ops `recs` (with their backward ops) into one memory-bound kernel
+        a direction saves in GPU time: their kernel time as the cost model prices it (each
+        op's bytes at its family's measured efficiency: eager kernels) less the fused kernels',
+        which move the same bytes but `removed_bytes` at the copy rate times the efficiency
+        measured for gpushape's kernel of that fix (`fused_family`; 1 when unmeasured). Never
+        less than the time of the removed bytes alone. Launches saved are the launch-bound
+        rule's to count."""
+        ops = [self.op_cost(o) for r in recs for o in self.with_backward(r)]
+        kept = max(sum(c.min_bytes for c in ops) - removed_bytes, 0.0)
+        unfused = sum(c.kernel_time_s for c in ops)
+        fused = self.bytes_time_s(kept) / self.gpu.achievable.memory(fused_family)
+        return max(unfused - fused, self.bytes_time_s(removed_bytes))
+
     # ---- making findings ---------------------------------------------------------------------
     def finding(self, rule: str, module: str, message: str, evidence: Mapping[str, Any], *,
                 saving_s: float | None, fix: str | None, severity: Severity | None = None,

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from ..errors import GpushapeError
 from ..hardware import GPUSpec
-from . import guide_claims, probe_profile
+from . import guide_claims, probe_memory, probe_profile
 from .probe_measure import (
     ConvShape,
     MeasureConfig,
@@ -48,6 +48,7 @@ _CONV_SETUP_S = 0.15  # cuDNN autotuning of a new shape, for the budget only
 _GEMM_SETUP_S = 0.01
 _MISALIGNED_SLOWDOWN = 4.0  # budget only: an unaligned GEMM runs at roughly a quarter speed
 _CLAIM_EST_S = 0.6  # budget only: one claim's A/B measurement, autotuning included
+_MEMORY_EST_S = 2.0  # budget only: one memory family's traced and graph-timed step
 
 
 class ProbeError(GpushapeError, RuntimeError):
@@ -201,8 +202,11 @@ def _budget_table(tasks: list[Task], plan: ProbePlan, claims: int) -> Table:
     for sweep, est in _by_sweep(tasks).items():
         table.add_row(sweep, str(est[0]), f"{est[1]:.1f}")
     table.add_row("guide claims (A/B measurements)", str(claims), f"{claims * _CLAIM_EST_S:.1f}")
-    total_s = sum(t.est_s for t in tasks) + claims * _CLAIM_EST_S
-    table.add_row("total", str(len(tasks) + claims), f"{total_s:.1f}")
+    families = len(probe_memory.WORKLOADS)
+    table.add_row("memory efficiency (eager kernels by family)", str(families),
+                  f"{families * _MEMORY_EST_S:.1f}")
+    total_s = sum(t.est_s for t in tasks) + claims * _CLAIM_EST_S + families * _MEMORY_EST_S
+    table.add_row("total", str(len(tasks) + claims + families), f"{total_s:.1f}")
     return table
 
 
@@ -237,7 +241,8 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
     sweeps: dict[str, list[dict[str, Any]]] = {}
     actual_s: dict[str, float] = {}
     with _progress(console, show_progress) as bar:
-        job = bar.add_task("ceilings: copy, launch", total=1 + len(tasks) + len(claims))
+        job = bar.add_task("ceilings: copy, launch", total=1 + len(tasks) + len(claims)
+                           + len(probe_memory.WORKLOADS))
         t0 = time.perf_counter()
         ceilings = _ceilings(plan, cfg)
         actual_s["ceilings"] = time.perf_counter() - t0
@@ -248,6 +253,8 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
             sweeps.setdefault(task.sweep, []).append(_run_task(task, cfg))
             actual_s[task.sweep] = actual_s.get(task.sweep, 0.0) + time.perf_counter() - t0
             bar.advance(job)
+        memory = _memory_efficiency(plan, cfg, spec, ceilings, bar, job)
+        actual_s["memory_efficiency"] = sum(r["wall_s"] for r in memory.values())
         analysis = probe_profile.analyze(sweeps, spec)
         context = guide_claims.ClaimContext(cfg=cfg, mode=plan.mode, spec=spec, ceilings=ceilings,
                                             sweeps=sweeps, analysis=analysis)
@@ -260,7 +267,26 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
               "total_s": round(time.perf_counter() - started, 2)}
     return probe_profile.build_profile(plan=plan, spec=spec, cfg=cfg, ceilings=ceilings,
                                        sweeps=sweeps, analysis=analysis, claims=results,
-                                       timing=timing)
+                                       timing=timing, memory=memory)
+
+
+def _memory_efficiency(plan: ProbePlan, cfg: MeasureConfig, spec: GPUSpec,
+                       ceilings: dict[str, float | None], bar: Progress, job: Any
+                       ) -> dict[str, dict[str, Any]]:
+    """Eager kernels' bandwidth per memory family against the copy rate just measured."""
+    copy = ceilings.get("copy_bytes_per_s")
+    if copy:
+        spec = spec.replace(achievable=dataclasses.replace(
+            spec.achievable, memory_bandwidth_fraction=copy / spec.memory_bandwidth_bytes_per_s))
+    out = {}
+    for work in probe_memory.WORKLOADS:
+        bar.update(job, description=f"memory efficiency: {work.family}")
+        t0 = time.perf_counter()
+        row = probe_memory.measure_memory_efficiency(
+            spec, device=cfg.device, scale=plan.memory_scale, families=(work.family,))
+        out[work.family] = {**row[work.family], "wall_s": round(time.perf_counter() - t0, 2)}
+        bar.advance(job)
+    return out
 
 
 def _on_claim(bar: Progress, job: Any, claim_id: str) -> None:

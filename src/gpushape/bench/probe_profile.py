@@ -140,7 +140,8 @@ def _device_name(device: str) -> str:
 def build_profile(*, plan: Any, spec: GPUSpec, cfg: MeasureConfig,
                   ceilings: Mapping[str, float | None], sweeps: Mapping[str, Rows],
                   analysis: Mapping[str, Any], claims: list[dict[str, Any]],
-                  timing: Mapping[str, Any]) -> dict[str, Any]:
+                  timing: Mapping[str, Any],
+                  memory: Mapping[str, Any] | None = None) -> dict[str, Any]:
     peaks = analysis["gemm_peak"]
     ceiling_out: dict[str, Any] = {
         "copy_bytes_per_s": ceilings["copy_bytes_per_s"],
@@ -162,6 +163,7 @@ def build_profile(*, plan: Any, spec: GPUSpec, cfg: MeasureConfig,
         "tc_align_elems": dict(analysis["tc_align_elems"]),
         "cliffs": {"gemm": analysis["gemm"], "conv": analysis["conv"], "batch": analysis["batch"]},
         "wave_quantization": analysis["wave"],
+        "memory_efficiency": dict(memory or {}),
         "guide_claims": claims,
         "probe": {"mode": plan.mode, "command": " ".join(shlex.quote(a) for a in sys.argv),
                   "method": "CUDA events (perf_counter on CPU), median of samples; each sample "

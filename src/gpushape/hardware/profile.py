@@ -16,6 +16,8 @@ Format (JSON, `"format": "gpushape-profile"`, `"version": 1`)::
         "graph_launch_overhead_s": 1.1e-6             # the same, replayed from a CUDA graph
       },
       "tc_align_elems": {"bf16": 8, "fp16": 8, ...},  # measured cliff granularity, elements
+      "memory_efficiency": {                          # eager kernels' bandwidth / copy rate,
+        "norm": {"efficiency": 0.34, ...}, ...},      # by family (trace/families.py)
       "sweeps": {...}                                 # raw sweep data (optional, free-form)
     }
 
@@ -95,11 +97,17 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
     for key in ("launch_overhead_s", "graph_launch_overhead_s"):
         if key in ceilings:
             fields[key] = float(ceilings[key])
+    efficiency = {family: float(row["efficiency"])
+                  for family, row in profile.get("memory_efficiency", {}).items()
+                  if isinstance(row, dict) and row.get("efficiency")}
+    if efficiency:
+        fields["memory_efficiency"] = {**old.memory_efficiency, **efficiency}
     if fields:
         measured = tuple(sorted(set(old.measured) | set(fields)))
         achievable = Achievable(**{**{f: getattr(old, f) for f in (
             "gemm_fraction", "memory_bandwidth_fraction", "launch_overhead_s",
-            "graph_launch_overhead_s")}, **fields}, source=note, measured=measured)
+            "graph_launch_overhead_s", "memory_efficiency")}, **fields}, source=note,
+            measured=measured)
         spec = spec.replace(note=note, achievable=achievable)
     if profile.get("tc_align_elems"):
         align = dict(spec.tc_align_elems)

@@ -66,11 +66,21 @@ class Achievable:
     memory_bandwidth_fraction: float = 0.88  # device-to-device copy / datasheet bandwidth
     launch_overhead_s: float = 5e-6  # one eager kernel launch, CPU side, PyTorch dispatch incl.
     graph_launch_overhead_s: float = 1.5e-6  # one kernel replayed from a CUDA graph
+    # Eager kernels' bandwidth / the copy rate, by memory family (trace/families.py); measured
+    # by `gpushape probe`. A family not here runs at the copy rate.
+    memory_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
     source: str = "assumed"
     measured: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "memory_efficiency", _frozen(self.memory_efficiency))
+
     def gemm(self, dtype: str) -> float:
         return self.gemm_fraction.get(dtype, self.gemm_fraction.get("default", 0.75))
+
+    def memory(self, family: str | None) -> float:
+        """The fraction of the copy rate kernels of `family` reach (1 when not measured)."""
+        return self.memory_efficiency.get(family, 1.0) if family else 1.0
 
 
 @dataclass(frozen=True, kw_only=True)

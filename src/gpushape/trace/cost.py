@@ -3,9 +3,12 @@
 Per op (FLOPs and minimum bytes from `flops.py`):
     compute_s = sum over its GEMMs of flops / (attainable tensor-core FLOP/s x GEMM efficiency)
                 + the rest of its FLOPs / CUDA-core FLOP/s of its dtype
-    memory_s  = (min_bytes + reread_bytes) / gpu.attainable_bandwidth_bytes_per_s()
+    memory_s  = (min_bytes + reread_bytes) / (gpu.attainable_bandwidth_bytes_per_s() x
+                                              efficiency of the op's memory family)
                 (reread_bytes: the second pass of two-pass algorithms such as BatchNorm in
-                training, whose statistics must be complete before any output is written)
+                training, whose statistics must be complete before any output is written;
+                the family efficiency: what eager kernels of its kind reach against the copy
+                rate, measured by `gpushape probe`, 1 where unmeasured: `families.py`)
     kernel_time_s   = max(compute_s, memory_s)          # time on the GPU
     launch_s        = kernels x gpu.achievable.launch_overhead_s
     roofline_time_s = kernel_time_s + launch_s          # serial: launch not hidden
@@ -33,6 +36,7 @@ from typing import Literal
 
 from ..errors import GpushapeError
 from ..hardware import GPUSpec, dtype_key, get_gpu
+from .families import memory_family
 from .flops import OpWork, op_work
 from .gemm_model import GemmEfficiency, gemm_efficiency
 from .records import OpRecord, Trace
@@ -225,7 +229,8 @@ def op_cost(rec: OpRecord, gpu: GPUSpec, math: str | None = None,
         math_key, used_tc = key, used_tc or tc
     rest = max(work.flops - gemm_flops, 0)
     compute_s += rest / gpu.attainable_flops(dtype, tensor_cores=False)
-    memory_s = (work.min_bytes + work.reread_bytes) / gpu.attainable_bandwidth_bytes_per_s()
+    memory_s = (work.min_bytes + work.reread_bytes) / (
+        gpu.attainable_bandwidth_bytes_per_s() * gpu.achievable.memory(memory_family(rec)))
     kernel_s = max(compute_s, memory_s)
     launch_s = work.kernels * gpu.achievable.launch_overhead_s
     if work.flops == 0 and work.min_bytes == 0 and work.kernels == 0:

@@ -5,7 +5,9 @@ tensor of its shape (a residual add), then an activation reading that shape. Unf
 tensor between the norm and the activation is written to memory and read back; fused, the
 activation is the norm kernel's epilogue. Saving per intermediate tensor of B bytes: 2B in the
 forward, and in training 2B more for its gradient (written by the activation's backward, read
-by the norm's), at the chip's attainable bandwidth.
+by the norm's). The saving is the chain's time as the cost model prices its eager kernels
+(each family at its measured efficiency) less a fused kernel's moving the remaining bytes at the
+rate measured for gpushape's LayerNormGELU (`AuditContext.fusion_saving_s`).
 """
 
 from __future__ import annotations
@@ -83,5 +85,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         if not ctx.train and chains[0].norm.name in BATCH_NORM_OPS:
             message += (" (for inference, folding the BatchNorm into the convolution before it "
                          "and the rest into its epilogue removes these passes altogether)")
+        saving = ctx.fusion_saving_s([r for c in chains for r in (c.norm, *c.ops)], nbytes,
+                                     "fused_norm_act")
         yield ctx.finding(RULE, module_pattern(c.norm.module for c in chains), message,
-                          evidence, saving_s=ctx.bytes_time_s(nbytes), fix="fuse-norm-act")
+                          evidence, saving_s=saving, fix="fuse-norm-act")

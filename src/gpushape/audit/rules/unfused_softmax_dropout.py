@@ -4,9 +4,11 @@ Unfused, the probabilities are written and read back, and dropout writes a boole
 is kept for backward and read there; in backward, dropout's gradient is written and read back
 by softmax's. A fused kernel (gpushape.kernels.softmax_dropout) applies dropout in softmax's
 epilogue and regenerates the mask from its random seed in backward. Saving, for P bytes of
-probabilities and M bytes of mask: 2P + M forward, plus 2P + M in training, at attainable
-bandwidth; the mask's bytes are also memory no longer held for backward. Where the softmax
-belongs to hand-written attention, manual-attention's fix (SDPA) removes this too.
+probabilities and M bytes of mask: 2P + M forward, plus 2P + M in training, of traffic; in
+time, the pair's eager kernels as the cost model prices them less a fused kernel's moving the
+rest at the rate measured for gpushape's kernel (`AuditContext.fusion_saving_s`). The mask's
+bytes are also memory no longer held for backward. Where the softmax belongs to hand-written
+attention, manual-attention's fix (SDPA) removes this too.
 """
 
 from __future__ import annotations
@@ -54,4 +56,6 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
                f"{mask / max(len(sites), 1) / 1e6:,.1f} MB mask per site; a fused kernel saves "
                f"{nbytes / 1e6:,.1f} MB of traffic a step")
     yield ctx.finding(RULE, module_pattern(s.module for s, _ in sites), message, evidence,
-                      saving_s=ctx.bytes_time_s(nbytes), fix="fuse-softmax-dropout")
+                      saving_s=ctx.fusion_saving_s([r for site in sites for r in site], nbytes,
+                                                   "fused_softmax_dropout"),
+                      fix="fuse-softmax-dropout")
