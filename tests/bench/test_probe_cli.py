@@ -39,12 +39,16 @@ def test_probe_end_to_end_on_cpu_at_toy_sizes(monkeypatch, capsys, tmp_path):
     assert profile["ceilings"]["copy_bytes_per_s"] > 0
     errors = {c["id"]: c["error"] for c in profile["guide_claims"] if "error" in c}
     assert not errors  # every claim's measurement ran (and its two variants agreed)
+    memory = profile["memory_efficiency"]
+    assert memory and all(0.01 <= r["efficiency"] <= 1 for r in memory.values())
     spec = load_profile(out)  # the written profile reads back through the hardware layer
     assert spec.name == "h200-sxm" and "memory_bandwidth_fraction" in spec.achievable.measured
+    assert set(spec.achievable.memory_efficiency) == set(memory)
     assert spec.achievable.source.startswith("measured")
 
     md = (reports / "probe-report.md").read_text()
     assert "## The guide's rules of thumb on this GPU" in md
+    assert "## Eager kernels against the copy rate" in md
     for png in sorted((reports / "plots").glob("*.png")):
         assert f"plots/{png.name}" in md and png.stat().st_size > 1000
 

@@ -145,6 +145,26 @@ def _claims(profile: Mapping[str, Any], plots: dict[str, Path]) -> list[str]:
     return [*lines, ""]
 
 
+def _memory(profile: Mapping[str, Any]) -> list[str]:
+    """Eager kernels' bandwidth per memory family (what the cost model prices bytes at)."""
+    rows = profile.get("memory_efficiency") or {}
+    if not rows:
+        return []
+    lines = ["## Eager kernels against the copy rate", "",
+             "One training step per family, its bytes counted by gpushape's formulas, timed "
+             "from a CUDA graph; the cost model divides each op's memory time by its family's "
+             "fraction.", "",
+             "| family | workload | fraction of copy rate | measured ms |",
+             "| --- | --- | ---: | ---: |"]
+    for family, row in rows.items():
+        if "error" in row:
+            lines.append(f"| {family} | {row.get('workload', '')} | failed: {row['error']} | |")
+        else:
+            lines.append(f"| {family} | {row['workload']} | {row['efficiency']:.2f} | "
+                         f"{row['measured_s'] * 1e3:.3f} |")
+    return [*lines, ""]
+
+
 def _header(profile: Mapping[str, Any]) -> list[str]:
     probe, sw = profile.get("probe", {}), profile.get("software", {})
     timing = probe.get("timing", {})
@@ -184,7 +204,8 @@ def write_report(profile: Mapping[str, Any] | str | Path, out_dir: str | Path) -
     out_dir = Path(out_dir)
     plots = write_plots(profile, out_dir / "plots")
     spec = _spec(profile)
-    lines = [*_header(profile), *_ceilings(profile, spec), *_gemm_cliffs(profile, spec, plots),
+    lines = [*_header(profile), *_ceilings(profile, spec), *_memory(profile),
+             *_gemm_cliffs(profile, spec, plots),
              *_conv_and_batch(profile, plots), *_claims(profile, plots)]
     path = out_dir / REPORT_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
