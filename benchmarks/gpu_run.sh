@@ -33,6 +33,8 @@ for spec in "$@"; do
     attn-qkv) run attn-qkv "$secs" python3 benchmarks/kernels/bench_attention.py --sections qkv ;;
     diag-bn) run diag-bn "$secs" python3 benchmarks/kernels/diagnose_batch_norm_act.py --repeats "${REPEATS:-6}" --out "$OUT/diagnose_batch_norm_act.json" ;;
     prof-bn) run prof-bn "$secs" python3 benchmarks/kernels/profile_batch_norm_act.py --host --out "$OUT/profile_batch_norm_act.json" ;;
+    prof-norms) run prof-norms "$secs" python3 benchmarks/kernels/profile_norms_host.py ;;
+    gputests-misc) run gputests-misc "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/bench tests/hardware tests/trace tests/audit tests/cli ;;
     normgate) run normgate "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "gpu_gate or tanh_gate" tests/kernels/test_add_layer_norm.py tests/kernels/test_layer_norm_gelu.py tests/kernels/test_rms_norm.py ;;
     correlate) run correlate "$secs" python3 benchmarks/trace/correlate.py ;;
     correlate-flat) run correlate-flat "$secs" python3 benchmarks/trace/correlate.py --flat-memory ;;
