@@ -1,12 +1,14 @@
-"""Add the memory efficiency of eager kernels (by family) to an existing gpushape profile.
+"""Add the memory efficiency of eager kernels (by family) and the RGB stem's convolution rate to
+an existing gpushape profile.
 
     python benchmarks/hardware/calibrate_memory_efficiency.py \
         [--profile src/gpushape/hardware/profiles/h200-sxm.json] [-o out/h200-sxm.json]
 
-`gpushape probe` measures it with everything else; this script measures only that part
-(`gpushape.bench.probe_memory`) on this GPU, relative to the copy rate the profile already
-holds, and writes the profile back with a "memory_efficiency" key (the rest unchanged), so a
-shipped profile gains it without re-measuring its other numbers. Prints a table last.
+`gpushape probe` measures both with everything else; this script measures only those parts
+(`gpushape.bench.probe_memory`, `probe_stem`) on this GPU, relative to the copy rate and GEMM
+rate the profile already holds, and writes the profile back with "memory_efficiency" and
+"conv_small_cin" keys (the rest unchanged), so a shipped profile gains them without
+re-measuring its other numbers. Prints a table last.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed
 
 from gpushape.bench.probe_memory import measure_memory_efficiency  # noqa: E402
 from gpushape.bench.probe_profile import write_profile  # noqa: E402
+from gpushape.bench.probe_stem import measure_small_cin_conv  # noqa: E402
 from gpushape.hardware.lookup import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
 
@@ -44,11 +47,17 @@ def main() -> None:
     rows = measure_memory_efficiency(spec, device=args.device, scale=args.scale,
                                      on_family=lambda f: print(f"measuring {f}", flush=True))
     profile["memory_efficiency"] = rows
+    batch, size = (64, 224) if args.scale == 1.0 else (2, 32)
+    stem = measure_small_cin_conv(spec, device=args.device, batch=batch, size=size)
+    profile["conv_small_cin"] = stem
     profile.setdefault("probe", {})["memory_efficiency_measured_at"] = \
         dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     profile["probe"]["memory_efficiency_command"] = " ".join(sys.argv)
     out = write_profile(profile, args.output or args.profile)
     print(f"wrote {out}")
+    print(f"\nRGB stem: {stem['efficiency']:.3f} of the GEMM model's rate "
+          f"({stem['measured_s'] * 1e3:.3f} ms against {stem['model_s'] * 1e3:.3f} ms), "
+          f"{stem['workload']}")
     print(f"\n{'family':<22} {'efficiency':>10} {'measured ms':>12} {'roofline ms':>12}  workload")
     for family, r in rows.items():
         if "error" in r:

@@ -39,6 +39,7 @@ def test_probe_end_to_end_on_cpu_at_toy_sizes(monkeypatch, capsys, tmp_path):
     assert profile["ceilings"]["copy_bytes_per_s"] > 0
     errors = {c["id"]: c["error"] for c in profile["guide_claims"] if "error" in c}
     assert not errors  # every claim's measurement ran (and its two variants agreed)
+    assert 0.01 <= profile["conv_small_cin"]["efficiency"] <= 1
     memory = profile["memory_efficiency"]
     assert memory and all(0.01 <= r["efficiency"] <= 1 for r in memory.values())
     spec = load_profile(out)  # the written profile reads back through the hardware layer

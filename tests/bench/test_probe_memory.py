@@ -37,3 +37,12 @@ def test_a_failing_workload_is_reported_not_raised(monkeypatch):
                                                  families=("norm",))
     assert out == {"norm": {"error": "RuntimeError: no kernel for this dtype",
                             "workload": "LayerNorm(4096) on 32768x4096"}}
+
+
+def test_the_stem_probe_compares_the_measured_step_with_the_gemm_model():
+    from gpushape.bench.probe_stem import measure_small_cin_conv
+
+    row = measure_small_cin_conv(get_gpu("h200"), device="cpu", batch=2, size=32, repeats=4)
+    assert row["model_s"] > 0 and row["measured_s"] > 0
+    assert row["efficiency"] == pytest.approx(
+        min(max(row["model_s"] / row["measured_s"], 0.01), 1.0), abs=1e-4)

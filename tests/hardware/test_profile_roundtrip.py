@@ -94,9 +94,11 @@ def test_memory_efficiency_is_read_from_a_profile():
 
     profile = {"format": "gpushape-profile", "version": 1, "gpu": "h200-sxm",
                "memory_efficiency": {"norm": {"efficiency": 0.4, "workload": "..."},
-                                     "pool": {"error": "failed"}}}
+                                     "pool": {"error": "failed"}},
+               "conv_small_cin": {"efficiency": 0.07}}
     spec = apply_profile(get_gpu("h200"), profile)
     assert spec.achievable.memory("norm") == 0.4
     assert spec.achievable.memory("pool") == 1.0  # a failed measurement keeps the copy rate
     assert spec.achievable.memory(None) == 1.0
     assert "memory_efficiency" in spec.achievable.measured
+    assert spec.achievable.small_cin_conv == 0.07

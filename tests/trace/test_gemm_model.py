@@ -106,3 +106,21 @@ def test_k_anchor(k):
     measured = K_SWEEP[k] / K_SWEEP[1024]
     predicted = _predicted(8192, 8192, k) / _predicted(8192, 8192, 1024)
     assert predicted == pytest.approx(measured, rel=0.15)
+
+
+def test_a_measured_small_cin_rate_prices_convolutions_on_few_channels():
+    """Fewer input channels per group than the alignment (an RGB stem) take the measured rate
+    when the profile has one; 63 channels keep the generic convolution penalty."""
+    import dataclasses
+
+    from gpushape.trace.flops import Gemm
+    from gpushape.trace.gemm_model import CONV_MISALIGNED, gemm_efficiency
+
+    h200 = get_gpu("h200")
+    stem = Gemm(m=802816, n=64, k=147, flops=2 * 802816 * 64 * 147, family="conv",
+                align_dims=(("Cin/groups", 3), ("Cout/groups", 64)))
+    wide = dataclasses.replace(stem, align_dims=(("Cin/groups", 63), ("Cout/groups", 64)))
+    assert gemm_efficiency(stem, h200, "bf16").alignment == CONV_MISALIGNED
+    measured = h200.replace(achievable=dataclasses.replace(h200.achievable, small_cin_conv=0.07))
+    assert gemm_efficiency(stem, measured, "bf16").alignment == 0.07
+    assert gemm_efficiency(wide, measured, "bf16").alignment == CONV_MISALIGNED

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from ..errors import GpushapeError
 from ..hardware import GPUSpec
-from . import guide_claims, probe_memory, probe_profile
+from . import guide_claims, probe_memory, probe_profile, probe_stem
 from .probe_measure import (
     ConvShape,
     MeasureConfig,
@@ -242,7 +242,7 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
     actual_s: dict[str, float] = {}
     with _progress(console, show_progress) as bar:
         job = bar.add_task("ceilings: copy, launch", total=1 + len(tasks) + len(claims)
-                           + len(probe_memory.WORKLOADS))
+                           + len(probe_memory.WORKLOADS) + 1)
         t0 = time.perf_counter()
         ceilings = _ceilings(plan, cfg)
         actual_s["ceilings"] = time.perf_counter() - t0
@@ -255,6 +255,12 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
             bar.advance(job)
         memory = _memory_efficiency(plan, cfg, spec, ceilings, bar, job)
         actual_s["memory_efficiency"] = sum(r["wall_s"] for r in memory.values())
+        bar.update(job, description="convolution on 3 input channels (stem)")
+        t0 = time.perf_counter()
+        stem = probe_stem.measure_small_cin_conv(spec, device=cfg.device,
+                                                 batch=plan.stem_shape[0], size=plan.stem_shape[1])
+        actual_s["conv_small_cin"] = time.perf_counter() - t0
+        bar.advance(job)
         analysis = probe_profile.analyze(sweeps, spec)
         context = guide_claims.ClaimContext(cfg=cfg, mode=plan.mode, spec=spec, ceilings=ceilings,
                                             sweeps=sweeps, analysis=analysis)
@@ -267,7 +273,7 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
               "total_s": round(time.perf_counter() - started, 2)}
     return probe_profile.build_profile(plan=plan, spec=spec, cfg=cfg, ceilings=ceilings,
                                        sweeps=sweeps, analysis=analysis, claims=results,
-                                       timing=timing, memory=memory)
+                                       timing=timing, memory=memory, stem=stem)
 
 
 def _memory_efficiency(plan: ProbePlan, cfg: MeasureConfig, spec: GPUSpec,

@@ -43,6 +43,7 @@ class ProbePlan:
     copy_bytes: int = 2**31
     launch_kernels: int = 1000
     memory_scale: float = 1.0  # size of the memory-efficiency workloads (probe_memory.py)
+    stem_shape: tuple[int, int] = (64, 224)  # batch, image size of the RGB stem (probe_stem.py)
     peak_dtypes: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
     peak_sizes: tuple[int, ...] = (4096, 8192)
     # GEMM alignment: dims move around each base, the other two dims at other_by_base[base]
@@ -115,5 +116,5 @@ def tiny_plan(device: str = "cpu") -> ProbePlan:
         conv_sweeps=(ConvSweep(kernel=3, vary="cin", base=8, fixed=8),),
         conv_offsets=(-1, 0, 1, 8), conv_batch=2, conv_hw=8, batch_windows=(8,),
         gemm_batch_context=(1,), gemm_batch_nk=16, conv_batch_context=(1,), conv_batch_channels=8,
-        wave_steps=6, wave_nk=64, memory_scale=0.002,
+        wave_steps=6, wave_nk=64, memory_scale=0.002, stem_shape=(2, 32),
     )

@@ -141,7 +141,8 @@ def build_profile(*, plan: Any, spec: GPUSpec, cfg: MeasureConfig,
                   ceilings: Mapping[str, float | None], sweeps: Mapping[str, Rows],
                   analysis: Mapping[str, Any], claims: list[dict[str, Any]],
                   timing: Mapping[str, Any],
-                  memory: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  memory: Mapping[str, Any] | None = None,
+                  stem: Mapping[str, Any] | None = None) -> dict[str, Any]:
     peaks = analysis["gemm_peak"]
     ceiling_out: dict[str, Any] = {
         "copy_bytes_per_s": ceilings["copy_bytes_per_s"],
@@ -164,6 +165,7 @@ def build_profile(*, plan: Any, spec: GPUSpec, cfg: MeasureConfig,
         "cliffs": {"gemm": analysis["gemm"], "conv": analysis["conv"], "batch": analysis["batch"]},
         "wave_quantization": analysis["wave"],
         "memory_efficiency": dict(memory or {}),
+        "conv_small_cin": dict(stem or {}),
         "guide_claims": claims,
         "probe": {"mode": plan.mode, "command": " ".join(shlex.quote(a) for a in sys.argv),
                   "method": "CUDA events (perf_counter on CPU), median of samples; each sample "

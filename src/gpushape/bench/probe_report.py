@@ -162,6 +162,13 @@ def _memory(profile: Mapping[str, Any]) -> list[str]:
         else:
             lines.append(f"| {family} | {row['workload']} | {row['efficiency']:.2f} | "
                          f"{row['measured_s'] * 1e3:.3f} |")
+    stem = profile.get("conv_small_cin") or {}
+    if stem.get("efficiency"):
+        lines += ["", f"A convolution on 3 input channels ({stem['workload']}) ran at "
+                      f"{stem['efficiency']:.3f} of the GEMM model's rate for its shape "
+                      f"({stem['measured_s'] * 1e3:.3f} ms against {stem['model_s'] * 1e3:.3f} "
+                      "ms): the cost model prices convolutions with fewer input channels per "
+                      "group than the tensor-core alignment at that rate."]
     return [*lines, ""]
 
 

@@ -18,6 +18,7 @@ Format (JSON, `"format": "gpushape-profile"`, `"version": 1`)::
       "tc_align_elems": {"bf16": 8, "fp16": 8, ...},  # measured cliff granularity, elements
       "memory_efficiency": {                          # eager kernels' bandwidth / copy rate,
         "norm": {"efficiency": 0.34, ...}, ...},      # by family (trace/families.py)
+      "conv_small_cin": {"efficiency": 0.1, ...},     # an RGB stem conv / the GEMM model's rate
       "sweeps": {...}                                 # raw sweep data (optional, free-form)
     }
 
@@ -102,11 +103,15 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
                   if isinstance(row, dict) and row.get("efficiency")}
     if efficiency:
         fields["memory_efficiency"] = {**old.memory_efficiency, **efficiency}
+    stem = profile.get("conv_small_cin", {})
+    if isinstance(stem, dict) and stem.get("efficiency"):
+        fields["small_cin_conv"] = float(stem["efficiency"])
     if fields:
         measured = tuple(sorted(set(old.measured) | set(fields)))
         achievable = Achievable(**{**{f: getattr(old, f) for f in (
             "gemm_fraction", "memory_bandwidth_fraction", "launch_overhead_s",
-            "graph_launch_overhead_s", "memory_efficiency")}, **fields}, source=note,
+            "graph_launch_overhead_s", "memory_efficiency", "small_cin_conv")}, **fields},
+            source=note,
             measured=measured)
         spec = spec.replace(note=note, achievable=achievable)
     if profile.get("tc_align_elems"):

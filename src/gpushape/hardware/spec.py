@@ -69,6 +69,10 @@ class Achievable:
     # Eager kernels' bandwidth / the copy rate, by memory family (trace/families.py); measured
     # by `gpushape probe`. A family not here runs at the copy rate.
     memory_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
+    # A convolution with fewer input channels per group than the tensor-core alignment (an RGB
+    # stem): its rate / the GEMM model's rate for its shape; 0: not measured (trace/gemm_model.py
+    # then applies its generic misalignment penalty).
+    small_cin_conv: float = 0.0
     source: str = "assumed"
     measured: tuple[str, ...] = ()
 

@@ -45,6 +45,10 @@ shape at hand. It has three parts.
    Convolutions (cuDNN implicit GEMM) fall back more gently: a 3x3 conv with 63 input
    channels ran at 169.1 against 242.3 TFLOP/s with 64 -> CONV_MISALIGNED = 0.70, applied to
    any misalignment of channels per group (no anchor separates half from odd there).
+   A convolution with fewer input channels per group than the alignment (the RGB stem of
+   every CNN: 3 channels) falls much further, to what `gpushape probe` measures for a 7x7
+   stride-2 stem (`Achievable.small_cin_conv`, the measured rate over this model's rate with
+   no penalty); unmeasured, it takes CONV_MISALIGNED.
    These are one chip's measurements, used for every chip until `gpushape probe` measures its
    own cliffs.
 """
@@ -127,11 +131,16 @@ def _reference(sms: int) -> float:
     return tile_eff * wave_eff
 
 
-def alignment_penalty(value: int, align_elems: int, family: str) -> float:
-    """1.0 if `value` is a multiple of `align_elems`, else the calibrated penalty."""
+def alignment_penalty(value: int, align_elems: int, family: str,
+                      small_cin_conv: float = 0.0) -> float:
+    """1.0 if `value` is a multiple of `align_elems`, else the calibrated penalty.
+    `small_cin_conv`: the measured rate of a convolution whose channels per group are fewer
+    than `align_elems` (0: not measured, the generic convolution penalty)."""
     if value <= 0 or value % align_elems == 0:
         return 1.0
     if family == "conv":
+        if 0 < value < align_elems and small_cin_conv > 0:
+            return small_cin_conv
         return CONV_MISALIGNED
     reached = math.gcd(value, align_elems)  # elements of alignment the dimension has
     return GEMM_MISALIGNED.get(align_elems // reached, GEMM_MISALIGNED_WORST)
@@ -151,7 +160,8 @@ def gemm_efficiency(gemm: Gemm, gpu: GPUSpec, dtype: str, tensor_cores: bool = T
     penalty, misaligned = 1.0, []
     if align and gemm.family != "attention":
         for name, value in gemm.align_dims:
-            p = alignment_penalty(value, align, gemm.family)
+            small = gpu.achievable.small_cin_conv if name == "Cin/groups" else 0.0
+            p = alignment_penalty(value, align, gemm.family, small)
             if p < 1.0:
                 misaligned.append(f"{name}={value}")
                 penalty = min(penalty, p)

@@ -86,7 +86,7 @@ def _message(s: dict, saving_s: float, feature: bool) -> str:
     if s["library_pads"]:
         return (f"{what}, but {s['value']} channels are fewer than {s['align']}: the library "
                 f"pads them itself, so padding the model saves nothing (a {s['bound']}-bound "
-                f"conv)")
+                f"conv at {s['efficiency']:.0%} of the GEMM rate)")
     if saving_s <= 0:
         return (f"{what}, but padding to {s['padded']} saves nothing here ({s['bound']}-bound: "
                 f"the extra work costs as much as the faster kernel gains)")
