@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,3 +80,19 @@ def graphed(fn: Callable[[], object], device: str) -> Callable[[], object] | Non
         print(f"  (not captured in a CUDA graph: {type(exc).__name__}: {str(exc)[:120]})",
               flush=True)
         return None
+
+
+def host_and_wall_us(fn: Callable[[], object], calls: int = 50, warmup: int = 1
+                     ) -> tuple[float, float]:
+    """(host, wall) microseconds per call of `fn` queued `calls` times without synchronising:
+    what the CPU pays to queue it, and when the GPU is done. host >= the GPU time: host-bound."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - start
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    return host / calls * 1e6, wall / calls * 1e6

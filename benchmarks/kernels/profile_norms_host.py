@@ -14,7 +14,6 @@ import argparse
 import cProfile
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -46,19 +45,6 @@ def _steps(op: str, shape, device="cuda"):
     return step(ours), step(eager)
 
 
-def _host_and_wall(fn, steps=50):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    host = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    return host / steps * 1e6, wall / steps * 1e6
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", type=common.parse_shapes,
@@ -70,15 +56,15 @@ def main() -> None:
     for op in args.ops.split(","):
         for shape in args.shapes:
             ours, eager = _steps(op, shape)
-            h, w = _host_and_wall(ours)
-            eh, ew = _host_and_wall(eager)
+            h, w = common.host_and_wall_us(ours)
+            eh, ew = common.host_and_wall_us(eager)
             graph = common.graphed(ours, "cuda")
-            _, gw = _host_and_wall(graph)
+            _, gw = common.host_and_wall_us(graph)
             print(f"{op} {shape}: gpushape host {h:.0f} us, wall {w:.0f} us, graph {gw:.0f} us; "
                   f"eager host {eh:.0f} us, wall {ew:.0f} us", flush=True)
     op, shape = args.ops.split(",")[0], args.shapes[0]
     ours, _ = _steps(op, shape)
-    _host_and_wall(ours)
+    common.host_and_wall_us(ours, warmup=5)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(200):

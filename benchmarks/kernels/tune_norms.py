@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _bench_common as common  # noqa: E402
 from tune_norms_grid import bwd_grid, fwd_grid, table_lines  # noqa: E402
 
 import gpushape.kernels  # noqa: E402, F401  (registers the gpushape:: custom ops)
@@ -126,14 +127,7 @@ def graph_of(fn, calls: int):
 
 def host_us(fn, calls: int = 50) -> float:
     """Host time per call, queued without synchronising (what a training step's CPU pays)."""
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    return common.host_and_wall_us(fn, calls)[0]
 
 
 def sweep_direction(op: Op, direction: str, configs: list, rounds: int, repeats: int,
