@@ -29,6 +29,7 @@ from rich.table import Table
 
 from ..errors import GpushapeError
 from ..hardware import GPUSpec
+from ..hardware.profile import apply_profile
 from . import guide_claims, probe_memory, probe_profile, probe_stem
 from .probe_measure import (
     ConvShape,
@@ -48,7 +49,7 @@ _CONV_SETUP_S = 0.15  # cuDNN autotuning of a new shape, for the budget only
 _GEMM_SETUP_S = 0.01
 _MISALIGNED_SLOWDOWN = 4.0  # budget only: an unaligned GEMM runs at roughly a quarter speed
 _CLAIM_EST_S = 0.6  # budget only: one claim's A/B measurement, autotuning included
-_MEMORY_EST_S = 2.0  # budget only: one memory family's traced and graph-timed step
+_MEMORY_EST_S = 2.0  # budget only: one memory family's (or the stem's) traced, timed step
 
 
 class ProbeError(GpushapeError, RuntimeError):
@@ -202,8 +203,8 @@ def _budget_table(tasks: list[Task], plan: ProbePlan, claims: int) -> Table:
     for sweep, est in _by_sweep(tasks).items():
         table.add_row(sweep, str(est[0]), f"{est[1]:.1f}")
     table.add_row("guide claims (A/B measurements)", str(claims), f"{claims * _CLAIM_EST_S:.1f}")
-    families = len(probe_memory.WORKLOADS)
-    table.add_row("memory efficiency (eager kernels by family)", str(families),
+    families = len(probe_memory.WORKLOADS) + 1  # and the stem convolution
+    table.add_row("eager kernels by memory family, stem conv", str(families),
                   f"{families * _MEMORY_EST_S:.1f}")
     total_s = sum(t.est_s for t in tasks) + claims * _CLAIM_EST_S + families * _MEMORY_EST_S
     table.add_row("total", str(len(tasks) + claims + families), f"{total_s:.1f}")
@@ -241,8 +242,8 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
     sweeps: dict[str, list[dict[str, Any]]] = {}
     actual_s: dict[str, float] = {}
     with _progress(console, show_progress) as bar:
-        job = bar.add_task("ceilings: copy, launch", total=1 + len(tasks) + len(claims)
-                           + len(probe_memory.WORKLOADS) + 1)
+        job = bar.add_task("ceilings: copy, launch",
+                           total=1 + len(tasks) + len(claims) + len(probe_memory.WORKLOADS) + 1)
         t0 = time.perf_counter()
         ceilings = _ceilings(plan, cfg)
         actual_s["ceilings"] = time.perf_counter() - t0
@@ -253,15 +254,19 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
             sweeps.setdefault(task.sweep, []).append(_run_task(task, cfg))
             actual_s[task.sweep] = actual_s.get(task.sweep, 0.0) + time.perf_counter() - t0
             bar.advance(job)
-        memory = _memory_efficiency(plan, cfg, spec, ceilings, bar, job)
+        analysis = probe_profile.analyze(sweeps, spec)
+        # the rates below are fractions of the copy and GEMM rates just measured
+        measured = apply_profile(spec, {"ceilings": {
+            "copy_bytes_per_s": ceilings["copy_bytes_per_s"],
+            "gemm_flops": probe_profile.tensor_core_peaks(analysis)}})
+        memory = _memory_efficiency(plan, cfg, measured, bar, job)
         actual_s["memory_efficiency"] = sum(r["wall_s"] for r in memory.values())
         bar.update(job, description="convolution on 3 input channels (stem)")
         t0 = time.perf_counter()
-        stem = probe_stem.measure_small_cin_conv(spec, device=cfg.device,
+        stem = probe_stem.measure_small_cin_conv(measured, device=cfg.device,
                                                  batch=plan.stem_shape[0], size=plan.stem_shape[1])
         actual_s["conv_small_cin"] = time.perf_counter() - t0
         bar.advance(job)
-        analysis = probe_profile.analyze(sweeps, spec)
         context = guide_claims.ClaimContext(cfg=cfg, mode=plan.mode, spec=spec, ceilings=ceilings,
                                             sweeps=sweeps, analysis=analysis)
         t0 = time.perf_counter()
@@ -276,14 +281,9 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
                                        timing=timing, memory=memory, stem=stem)
 
 
-def _memory_efficiency(plan: ProbePlan, cfg: MeasureConfig, spec: GPUSpec,
-                       ceilings: dict[str, float | None], bar: Progress, job: Any
-                       ) -> dict[str, dict[str, Any]]:
-    """Eager kernels' bandwidth per memory family against the copy rate just measured."""
-    copy = ceilings.get("copy_bytes_per_s")
-    if copy:
-        spec = spec.replace(achievable=dataclasses.replace(
-            spec.achievable, memory_bandwidth_fraction=copy / spec.memory_bandwidth_bytes_per_s))
+def _memory_efficiency(plan: ProbePlan, cfg: MeasureConfig, spec: GPUSpec, bar: Progress,
+                       job: Any) -> dict[str, dict[str, Any]]:
+    """Eager kernels' bandwidth per memory family against `spec`'s (measured) copy rate."""
     out = {}
     for work in probe_memory.WORKLOADS:
         bar.update(job, description=f"memory efficiency: {work.family}")

@@ -137,6 +137,11 @@ def _device_name(device: str) -> str:
     return platform.processor() or "cpu"
 
 
+def tensor_core_peaks(analysis: Mapping[str, Any]) -> dict[str, float]:
+    """The large-GEMM peaks of the dtypes that run on tensor cores, by dtype key."""
+    return {d: f for d, f in analysis["gemm_peak"].items() if d not in _CUDA_CORE_DTYPES}
+
+
 def build_profile(*, plan: Any, spec: GPUSpec, cfg: MeasureConfig,
                   ceilings: Mapping[str, float | None], sweeps: Mapping[str, Rows],
                   analysis: Mapping[str, Any], claims: list[dict[str, Any]],
@@ -146,7 +151,7 @@ def build_profile(*, plan: Any, spec: GPUSpec, cfg: MeasureConfig,
     peaks = analysis["gemm_peak"]
     ceiling_out: dict[str, Any] = {
         "copy_bytes_per_s": ceilings["copy_bytes_per_s"],
-        "gemm_flops": {d: f for d, f in peaks.items() if d not in _CUDA_CORE_DTYPES},
+        "gemm_flops": tensor_core_peaks(analysis),
         "gemm_flops_cuda_cores": {d: f for d, f in peaks.items() if d in _CUDA_CORE_DTYPES},
         "gemm_peak_sizes": list(plan.peak_sizes),
         "launch_overhead_s": ceilings["launch_overhead_s"],
