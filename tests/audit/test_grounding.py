@@ -135,3 +135,39 @@ def test_fusion_savings_follow_the_measured_kernel_efficiencies():
     slow_norm, _ = saving(norm=0.4, activation=0.6)
     assert slow_norm > flat
     assert saving(norm=0.4, activation=0.6, fused_norm_act=0.5)[0] < slow_norm
+
+
+def test_a_fused_batch_norm_keeps_the_statistics_pass_in_its_bytes():
+    """ConvBN's BatchNorm -> ReLU in training: the fused kernel is priced moving the chain's
+    bytes (the two-pass BatchNorm's re-reads included) less the removed intermediates; halving
+    its efficiency costs exactly that many bytes' time once more."""
+    import dataclasses
+
+    from gpushape.trace.flops import op_work
+
+    from .models import ConvBN
+
+    model, inputs = build(ConvBN), (meta(8, 64, 32, 32, channels_last=True),)
+    h200 = get_gpu("h200")
+
+    def finding(fused: float):
+        spec = h200.replace(achievable=dataclasses.replace(
+            h200.achievable, memory_efficiency={"batch_norm": 0.4, "fused_norm_act": fused}))
+        (f,) = audit(model, inputs, gpu=spec, profile=None, rules=["unfused-norm-act"]).findings
+        return f
+
+    full, half = finding(1.0), finding(0.5)
+    kept_s = full.est_saving_s - half.est_saving_s  # kept bytes at the copy rate
+    ops = _traced_ops(model, inputs)
+    assert sum(op_work(r).reread_bytes for r in ops if r.name == "native_batch_norm") > 0
+    bw = h200.attainable_bandwidth_bytes_per_s()
+    chain = [r for r in ops if r.name in ("native_batch_norm", "native_batch_norm_backward",
+                                          "relu_", "threshold_backward")]
+    moved = sum(op_work(r).min_bytes + op_work(r).reread_bytes for r in chain)
+    assert kept_s * bw == pytest.approx(moved - full.evidence["bytes_saved"], rel=1e-6)
+
+
+def _traced_ops(model, inputs):
+    import gpushape
+
+    return gpushape.trace(model, inputs, train=True).ops

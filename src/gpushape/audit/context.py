@@ -14,6 +14,7 @@ from typing import Any
 
 from ..hardware import GPUSpec
 from ..trace.cost import CostReport, OpCost, op_cost
+from ..trace.flops import op_work
 from ..trace.records import OpRecord, Trace
 from .finding import (
     MEMORY_SHARE_THRESHOLDS,
@@ -149,11 +150,14 @@ class AuditContext:
         a direction saves in GPU time: their kernel time as the cost model prices it (each
         op's bytes at its family's measured efficiency: eager kernels) less the fused kernels',
         which move the same bytes but `removed_bytes` at the copy rate times the efficiency
-        measured for gpushape's kernel of that fix (`fused_family`; 1 when unmeasured). Never
-        less than the time of the removed bytes alone. Launches saved are the launch-bound
-        rule's to count."""
-        ops = [self.op_cost(o) for r in recs for o in self.with_backward(r)]
-        kept = max(sum(c.min_bytes for c in ops) - removed_bytes, 0.0)
+        measured for gpushape's kernel of that fix (`fused_family`; 1 when unmeasured). The
+        bytes kept include the second passes of two-pass ops (BatchNorm in training), which a
+        fused kernel makes too. Never less than the time of the removed bytes alone. Launches
+        saved are the launch-bound rule's to count."""
+        recs = [o for r in recs for o in self.with_backward(r)]
+        ops = [self.op_cost(o) for o in recs]
+        moved = sum(c.min_bytes + op_work(o).reread_bytes for c, o in zip(ops, recs))
+        kept = max(moved - removed_bytes, 0.0)
         unfused = sum(c.kernel_time_s for c in ops)
         fused = self.bytes_time_s(kept) / self.gpu.achievable.memory(fused_family)
         return max(unfused - fused, self.bytes_time_s(removed_bytes))
