@@ -21,9 +21,7 @@ import torch
 from torch import nn
 
 from ..hardware import GPUSpec
-from .timer import cuda_graph, time_fn
-
-_MIN_EFFICIENCY = 0.01
+from .probe_memory import capped, step_s
 
 
 def model_s(spec: GPUSpec, conv: nn.Conv2d, batch: int, size: int, dtype: torch.dtype) -> float:
@@ -58,12 +56,8 @@ def measure_small_cin_conv(spec: GPUSpec, *, device: str = "cuda", batch: int = 
         out = conv(x)
         return torch.autograd.grad(out, conv.weight, torch.ones_like(out))
 
-    if torch.device(device).type == "cuda":
-        measured = time_fn(cuda_graph(step), warmup=3, repeats=repeats, device=device).median_s
-    else:
-        measured = time_fn(step, warmup=1, repeats=max(repeats // 4, 2), device=device).median_s
-    efficiency = predicted / measured if measured > 0 else _MIN_EFFICIENCY
-    return {"efficiency": round(min(max(efficiency, _MIN_EFFICIENCY), 1.0), 4),
+    measured = step_s(step, device, repeats)
+    return {"efficiency": capped(predicted, measured),
             "workload": f"Conv2d(3, 64, 7, stride 2) on {batch}x3x{size}x{size} channels_last, "
                         "forward + weight gradient",
             "dtype": str(dtype).removeprefix("torch."), "measured_s": measured,
