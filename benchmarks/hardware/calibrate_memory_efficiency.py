@@ -1,14 +1,15 @@
-"""Add the memory efficiency of eager kernels (by family) and the RGB stem's convolution rate to
-an existing gpushape profile.
+"""Add the memory efficiency of eager kernels (by family), the RGB stem's convolution rate and
+fused attention's rates to an existing gpushape profile.
 
     python benchmarks/hardware/calibrate_memory_efficiency.py \
-        [--profile src/gpushape/hardware/profiles/h200-sxm.json] [-o out/h200-sxm.json]
+        [--profile src/gpushape/hardware/profiles/h200-sxm.json] [-o out/h200-sxm.json] \
+        [--parts memory,stem,attention]
 
-`gpushape probe` measures both with everything else; this script measures only those parts
-(`gpushape.bench.probe_memory`, `probe_stem`) on this GPU, relative to the copy rate and GEMM
-rate the profile already holds, and writes the profile back with "memory_efficiency" and
-"conv_small_cin" keys (the rest unchanged), so a shipped profile gains them without
-re-measuring its other numbers. Prints a table last.
+`gpushape probe` measures these with everything else; this script measures only those parts
+(`gpushape.bench.probe_memory`, `probe_stem`, `probe_attention`) on this GPU, relative to the
+copy rate and GEMM rate the profile already holds, and writes the profile back with
+"memory_efficiency", "conv_small_cin" and "attention" keys (the rest unchanged), so a shipped
+profile gains them without re-measuring its other numbers. Prints a table last.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
+from gpushape.bench.probe_attention import measure_attention  # noqa: E402
 from gpushape.bench.probe_memory import measure_memory_efficiency  # noqa: E402
 from gpushape.bench.probe_profile import write_profile  # noqa: E402
 from gpushape.bench.probe_stem import measure_small_cin_conv  # noqa: E402
@@ -39,25 +41,60 @@ def main() -> None:
                         help="where to write (default: over --profile)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--scale", type=float, default=1.0, help="workload size (cpu: 0.002)")
+    parser.add_argument("--parts", default="memory,stem,attention",
+                        help="what to measure (comma-separated); the rest of the profile stays")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= {"memory", "stem", "attention"}:
+        sys.exit(f"calibrate_memory_efficiency.py: unknown parts {sorted(parts)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("calibrate_memory_efficiency.py: needs a CUDA GPU (or --device cpu --scale 0.002)")
     profile = read_profile(args.profile)
     spec = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(args.profile))
-    rows = measure_memory_efficiency(spec, device=args.device, scale=args.scale,
-                                     on_family=lambda f: print(f"measuring {f}", flush=True))
-    profile["memory_efficiency"] = rows
-    batch, size = (64, 224) if args.scale == 1.0 else (2, 32)
-    stem = measure_small_cin_conv(spec, device=args.device, batch=batch, size=size)
-    profile["conv_small_cin"] = stem
-    profile.setdefault("probe", {})["memory_efficiency_measured_at"] = \
-        dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    profile["probe"]["memory_efficiency_command"] = " ".join(sys.argv)
+    rows = stem = attention = None
+    if "memory" in parts:
+        rows = measure_memory_efficiency(spec, device=args.device, scale=args.scale,
+                                         on_family=lambda f: print(f"measuring {f}", flush=True))
+        profile["memory_efficiency"] = rows
+    if "stem" in parts:
+        batch, size = (64, 224) if args.scale == 1.0 else (2, 32)
+        stem = measure_small_cin_conv(spec, device=args.device, batch=batch, size=size)
+        profile["conv_small_cin"] = stem
+    if "attention" in parts:
+        shape = (8, 16, 1024) if args.scale == 1.0 else (1, 2, 16)
+        attention = measure_attention(spec, device=args.device, shape=shape,
+                                      on_config=lambda c: print(f"measuring {c.describe}",
+                                                                flush=True))
+        profile["attention"] = attention
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for part in sorted(parts):
+        profile.setdefault("probe", {})[f"{part}_calibrated_at"] = stamp
+        profile["probe"][f"{part}_calibrate_command"] = " ".join(sys.argv)
     out = write_profile(profile, args.output or args.profile)
     print(f"wrote {out}")
-    print(f"\nRGB stem: {stem['efficiency']:.3f} of the GEMM model's rate "
-          f"({stem['measured_s'] * 1e3:.3f} ms against {stem['model_s'] * 1e3:.3f} ms), "
-          f"{stem['workload']}")
+    if attention:
+        _print_attention(attention)
+    if stem:
+        print(f"\nRGB stem: {stem['efficiency']:.3f} of the GEMM model's rate "
+              f"({stem['measured_s'] * 1e3:.3f} ms against {stem['model_s'] * 1e3:.3f} ms), "
+              f"{stem['workload']}")
+    if rows:
+        _print_memory(rows)
+
+
+def _print_attention(rows: dict) -> None:
+    print(f"\n{'attention':<46} {'fwd':>6} {'TFLOP/s':>8} {'bwd':>6} {'TFLOP/s':>8}")
+    for r in rows.values():
+        if "error" in r:
+            print(f"{r['workload']:<46} failed: {r['error']}")
+            continue
+        fwd = next(v for k, v in r.items() if "/fwd/" in k)
+        bwd = next(v for k, v in r.items() if "/bwd/" in k)
+        print(f"{r['workload']:<46} {fwd:>6.3f} {r['tflops_fwd']:>8.0f} {bwd:>6.3f} "
+              f"{r['tflops_bwd']:>8.0f}")
+
+
+def _print_memory(rows: dict) -> None:
     print(f"\n{'family':<22} {'efficiency':>10} {'measured ms':>12} {'roofline ms':>12}  workload")
     for family, r in rows.items():
         if "error" in r:

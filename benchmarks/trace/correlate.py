@@ -44,12 +44,16 @@ from gpushape.models import create_model
 SIZES = {  # name: (full batch, quick batch, options)
     "resnet50": (64, 16, {}),
     "bert-base": (16, 4, {"seq_len": 512}),
+    # attention written out (matmul, softmax, dropout, matmul): what manual-attention prices
+    "bert-base-manual": (16, 4, {"seq_len": 512, "attention": "manual"}),
 }
-CPU_SIZES = {"resnet50": (2, {"image_size": 64}), "bert-base": (1, {"seq_len": 32, "layers": 2})}
+CPU_SIZES = {"resnet50": (2, {"image_size": 64}), "bert-base": (1, {"seq_len": 32, "layers": 2}),
+             "bert-base-manual": (1, {"seq_len": 32, "layers": 2, "attention": "manual"})}
 
 
 def build(name: str, batch: int, options: dict, device: str, dtype=torch.bfloat16):
-    model, inputs = create_model(name, batch=batch, dtype=dtype, device=device, **options)
+    model, inputs = create_model(name.removesuffix("-manual"), batch=batch, dtype=dtype,
+                                 device=device, **options)
     if name.startswith("resnet"):  # the layout that takes cuDNN's fast path
         model = model.to(memory_format=torch.channels_last)
         inputs = tuple(x.contiguous(memory_format=torch.channels_last) for x in inputs)

@@ -102,3 +102,33 @@ def test_memory_efficiency_is_read_from_a_profile():
     assert spec.achievable.memory(None) == 1.0
     assert "memory_efficiency" in spec.achievable.measured
     assert spec.achievable.small_cin_conv == 0.07
+
+
+def test_attention_rates_are_read_from_a_profile_and_looked_up_by_kernel():
+    from gpushape.hardware import get_gpu
+    from gpushape.hardware.profile import apply_profile
+
+    profile = {"format": "gpushape-profile", "version": 1, "gpu": "h200-sxm",
+               "attention": {
+                   "flash/d64": {"flash/fwd/d64": 0.5, "flash/bwd/d64": 0.3,
+                                 "workload": "...", "measured_fwd_s": 1e-4},
+                   "flash/d128": {"flash/fwd/d128": 0.7, "flash/bwd/d128": 0.45},
+                   "flash/dropout/d64": {"flash/fwd/dropout/d64": 0.4,
+                                         "flash/bwd/dropout/d64": 0.25},
+                   "efficient/d64": {"error": "no kernel"}}}
+    a = apply_profile(get_gpu("h200"), profile).achievable
+    assert "attention" in a.measured
+    assert a.attention_rate("flash", False, False, False, 64) == 0.5
+    assert a.attention_rate("flash", True, False, False, 128) == 0.45
+    # the nearest measured head size, on a log scale: 96 sits between 64 and 128 (ties: smaller)
+    assert a.attention_rate("flash", False, False, False, 32) == 0.5
+    assert a.attention_rate("flash", False, False, False, 256) == 0.7
+    assert a.attention_rate("flash", False, False, False, 100) == 0.7
+    # dropout measured at 64 only: the nearest size with dropout, not the plain kernel at 128
+    assert a.attention_rate("flash", True, True, False, 128) == 0.25
+    # causal not measured: the same kernel without the flag
+    assert a.attention_rate("flash", False, True, True, 64) == 0.4
+    # a backend with no (or a failed) measurement keeps the GEMM model's rate
+    assert a.attention_rate("efficient", False, False, False, 64) == 1.0
+    assert a.attention_rate("cudnn", True, False, False, 64) == 1.0
+    assert get_gpu("h100").achievable.attention_rate("flash", False, False, False, 64) == 1.0

@@ -30,7 +30,7 @@ from rich.table import Table
 from ..errors import GpushapeError
 from ..hardware import GPUSpec
 from ..hardware.profile import apply_profile
-from . import guide_claims, probe_memory, probe_profile, probe_stem
+from . import guide_claims, probe_attention, probe_memory, probe_profile, probe_stem
 from .probe_measure import (
     ConvShape,
     MeasureConfig,
@@ -203,8 +203,9 @@ def _budget_table(tasks: list[Task], plan: ProbePlan, claims: int) -> Table:
     for sweep, est in _by_sweep(tasks).items():
         table.add_row(sweep, str(est[0]), f"{est[1]:.1f}")
     table.add_row("guide claims (A/B measurements)", str(claims), f"{claims * _CLAIM_EST_S:.1f}")
-    families = len(probe_memory.WORKLOADS) + 1  # and the stem convolution
-    table.add_row("eager kernels by memory family, stem conv", str(families),
+    # and the stem convolution, and the fused-attention configurations
+    families = len(probe_memory.WORKLOADS) + 1 + len(probe_attention.CONFIGS)
+    table.add_row("eager kernels by memory family, stem conv, attention", str(families),
                   f"{families * _MEMORY_EST_S:.1f}")
     total_s = sum(t.est_s for t in tasks) + claims * _CLAIM_EST_S + families * _MEMORY_EST_S
     table.add_row("total", str(len(tasks) + claims + families), f"{total_s:.1f}")
@@ -243,7 +244,8 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
     actual_s: dict[str, float] = {}
     with _progress(console, show_progress) as bar:
         job = bar.add_task("ceilings: copy, launch",
-                           total=1 + len(tasks) + len(claims) + len(probe_memory.WORKLOADS) + 1)
+                           total=1 + len(tasks) + len(claims) + len(probe_memory.WORKLOADS) + 1
+                           + len(probe_attention.CONFIGS))
         t0 = time.perf_counter()
         ceilings = _ceilings(plan, cfg)
         actual_s["ceilings"] = time.perf_counter() - t0
@@ -267,6 +269,11 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
                                                  batch=plan.stem_shape[0], size=plan.stem_shape[1])
         actual_s["conv_small_cin"] = time.perf_counter() - t0
         bar.advance(job)
+        t0 = time.perf_counter()
+        attention = probe_attention.measure_attention(
+            measured, device=cfg.device, shape=plan.attention_shape,
+            on_config=lambda c: _on_attention(bar, job, c))
+        actual_s["attention"] = time.perf_counter() - t0
         context = guide_claims.ClaimContext(cfg=cfg, mode=plan.mode, spec=spec, ceilings=ceilings,
                                             sweeps=sweeps, analysis=analysis)
         t0 = time.perf_counter()
@@ -278,7 +285,8 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
               "total_s": round(time.perf_counter() - started, 2)}
     return probe_profile.build_profile(plan=plan, spec=spec, cfg=cfg, ceilings=ceilings,
                                        sweeps=sweeps, analysis=analysis, claims=results,
-                                       timing=timing, memory=memory, stem=stem)
+                                       timing=timing, memory=memory, stem=stem,
+                                       attention=attention)
 
 
 def _memory_efficiency(plan: ProbePlan, cfg: MeasureConfig, spec: GPUSpec, bar: Progress,
@@ -293,6 +301,11 @@ def _memory_efficiency(plan: ProbePlan, cfg: MeasureConfig, spec: GPUSpec, bar: 
         out[work.family] = {**row[work.family], "wall_s": round(time.perf_counter() - t0, 2)}
         bar.advance(job)
     return out
+
+
+def _on_attention(bar: Progress, job: Any, cfg: probe_attention.AttentionConfig) -> None:
+    bar.update(job, description=cfg.describe)
+    bar.advance(job)
 
 
 def _on_claim(bar: Progress, job: Any, claim_id: str) -> None:

@@ -44,6 +44,8 @@ class ProbePlan:
     launch_kernels: int = 1000
     memory_scale: float = 1.0  # size of the memory-efficiency workloads (probe_memory.py)
     stem_shape: tuple[int, int] = (64, 224)  # batch, image size of the RGB stem (probe_stem.py)
+    # batch, heads, sequence length of the fused-attention calls (probe_attention.py)
+    attention_shape: tuple[int, int, int] = (8, 16, 1024)
     peak_dtypes: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
     peak_sizes: tuple[int, ...] = (4096, 8192)
     # GEMM alignment: dims move around each base, the other two dims at other_by_base[base]
@@ -117,4 +119,5 @@ def tiny_plan(device: str = "cpu") -> ProbePlan:
         conv_offsets=(-1, 0, 1, 8), conv_batch=2, conv_hw=8, batch_windows=(8,),
         gemm_batch_context=(1,), gemm_batch_nk=16, conv_batch_context=(1,), conv_batch_channels=8,
         wave_steps=6, wave_nk=64, memory_scale=0.002, stem_shape=(2, 32),
+        attention_shape=(1, 2, 16),
     )

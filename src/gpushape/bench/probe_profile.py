@@ -147,7 +147,8 @@ def build_profile(*, plan: Any, spec: GPUSpec, cfg: MeasureConfig,
                   analysis: Mapping[str, Any], claims: list[dict[str, Any]],
                   timing: Mapping[str, Any],
                   memory: Mapping[str, Any] | None = None,
-                  stem: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  stem: Mapping[str, Any] | None = None,
+                  attention: Mapping[str, Any] | None = None) -> dict[str, Any]:
     peaks = analysis["gemm_peak"]
     ceiling_out: dict[str, Any] = {
         "copy_bytes_per_s": ceilings["copy_bytes_per_s"],
@@ -171,6 +172,7 @@ def build_profile(*, plan: Any, spec: GPUSpec, cfg: MeasureConfig,
         "wave_quantization": analysis["wave"],
         "memory_efficiency": dict(memory or {}),
         "conv_small_cin": dict(stem or {}),
+        "attention": dict(attention or {}),
         "guide_claims": claims,
         "probe": {"mode": plan.mode, "command": " ".join(shlex.quote(a) for a in sys.argv),
                   "method": "CUDA events (perf_counter on CPU), median of samples; each sample "

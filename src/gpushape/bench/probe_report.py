@@ -169,6 +169,27 @@ def _memory(profile: Mapping[str, Any]) -> list[str]:
                       f"({stem['measured_s'] * 1e3:.3f} ms against {stem['model_s'] * 1e3:.3f} "
                       "ms): the cost model prices convolutions with fewer input channels per "
                       "group than the tensor-core alignment at that rate."]
+    return [*lines, "", *_attention_section(profile)]
+
+
+def _attention_section(profile: Mapping[str, Any]) -> list[str]:
+    rows = profile.get("attention") or {}
+    if not rows:
+        return []
+    lines = ["## Fused attention against the GEMM model", "",
+             "One SDPA call per configuration, forward and forward + backward from a CUDA "
+             "graph; the cost model multiplies an attention kernel's GEMM efficiency by the "
+             "fraction measured for its backend, pass and flags at the nearest head size.", "",
+             "| workload | fwd fraction | fwd TFLOP/s | bwd fraction | bwd TFLOP/s |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for row in rows.values():
+        if "error" in row:
+            lines.append(f"| {row.get('workload', '')} | failed: {row['error']} | | | |")
+            continue
+        fwd = next(v for k, v in row.items() if "/fwd/" in k)
+        bwd = next(v for k, v in row.items() if "/bwd/" in k)
+        lines.append(f"| {row['workload']} | {fwd:.2f} | {row['tflops_fwd']:.0f} | {bwd:.2f} | "
+                     f"{row['tflops_bwd']:.0f} |")
     return [*lines, ""]
 
 

@@ -19,6 +19,8 @@ Format (JSON, `"format": "gpushape-profile"`, `"version": 1`)::
       "memory_efficiency": {                          # eager kernels' bandwidth / copy rate,
         "norm": {"efficiency": 0.34, ...}, ...},      # by family (trace/families.py)
       "conv_small_cin": {"efficiency": 0.1, ...},     # an RGB stem conv / the GEMM model's rate
+      "attention": {"flash/d64": {"flash/fwd/d64": 0.5, "flash/bwd/d64": 0.4, ...}, ...},
+                                          # fused attention / the GEMM model's rate, per pass
       "sweeps": {...}                                 # raw sweep data (optional, free-form)
     }
 
@@ -106,11 +108,17 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
     stem = profile.get("conv_small_cin", {})
     if isinstance(stem, dict) and stem.get("efficiency"):
         fields["small_cin_conv"] = float(stem["efficiency"])
+    attention = {key: float(value) for row in profile.get("attention", {}).values()
+                 if isinstance(row, dict) for key, value in row.items()
+                 if "/" in key and isinstance(value, (int, float)) and value > 0}
+    if attention:
+        fields["attention"] = {**old.attention, **attention}
     if fields:
         measured = tuple(sorted(set(old.measured) | set(fields)))
         achievable = Achievable(**{**{f: getattr(old, f) for f in (
             "gemm_fraction", "memory_bandwidth_fraction", "launch_overhead_s",
-            "graph_launch_overhead_s", "memory_efficiency", "small_cin_conv")}, **fields},
+            "graph_launch_overhead_s", "memory_efficiency", "small_cin_conv", "attention")},
+            **fields},
             source=note,
             measured=measured)
         spec = spec.replace(note=note, achievable=achievable)

@@ -7,6 +7,7 @@ are kept apart: `peak_flops()` is the datasheet, `attainable_flops()` applies th
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -73,11 +74,16 @@ class Achievable:
     # stem): its rate / the GEMM model's rate for its shape; 0: not measured (trace/gemm_model.py
     # then applies its generic misalignment penalty).
     small_cin_conv: float = 0.0
+    # Fused attention kernels: their rate / the GEMM model's rate, by
+    # "backend/pass[/dropout][/causal]/d<head size>" ("flash/bwd/dropout/d64"); measured by
+    # `gpushape probe` (bench/probe_attention.py). Unmeasured: the model's rate.
+    attention: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
     source: str = "assumed"
     measured: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory_efficiency", _frozen(self.memory_efficiency))
+        object.__setattr__(self, "attention", _frozen(self.attention))
 
     def gemm(self, dtype: str) -> float:
         return self.gemm_fraction.get(dtype, self.gemm_fraction.get("default", 0.75))
@@ -85,6 +91,24 @@ class Achievable:
     def memory(self, family: str | None) -> float:
         """The fraction of the copy rate kernels of `family` reach (1 when not measured)."""
         return self.memory_efficiency.get(family, 1.0) if family else 1.0
+
+    def attention_rate(self, backend: str, backward: bool, dropout: bool, causal: bool,
+                       head_dim: int) -> float:
+        """The measured factor for one fused attention kernel (1 when nothing fits): the
+        configuration with the same backend, pass and flags at the nearest measured head size;
+        failing that, without the causal flag, then without dropout."""
+        if not self.attention or head_dim <= 0:
+            return 1.0
+        stage = "bwd" if backward else "fwd"
+        for flags in ((dropout, causal), (dropout, False), (False, causal), (False, False)):
+            prefix = "/".join((backend, stage, *(("dropout",) if flags[0] else ()),
+                               *(("causal",) if flags[1] else ()))) + "/d"
+            sizes = {int(k[len(prefix):]): v for k, v in self.attention.items()
+                     if k.startswith(prefix) and k[len(prefix):].isdigit()}
+            if sizes:
+                near = min(sizes, key=lambda d: (abs(math.log2(d / head_dim)), d))
+                return sizes[near]
+        return 1.0
 
 
 @dataclass(frozen=True, kw_only=True)

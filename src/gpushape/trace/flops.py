@@ -30,6 +30,17 @@ GemmFamily = Literal["gemm", "conv", "attention"]
 
 
 @dataclass(frozen=True, slots=True)
+class AttentionKernel:
+    """Which fused attention kernel runs a GEMM of family "attention": its measured rate
+    (`Achievable.attention_rate`) depends on these and the head size."""
+
+    backend: str  # "flash", "efficient", "cudnn"; "" for kernels gpushape has no rate for
+    backward: bool
+    dropout: bool
+    causal: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Gemm:
     """One GEMM-shaped kernel inside an op: C[m, n] = A[m, k] @ B[k, n], `batch` times.
 
@@ -47,6 +58,7 @@ class Gemm:
     batch: int = 1
     align_dims: tuple[tuple[str, int], ...] = ()
     tensor_cores: bool = True
+    attention: AttentionKernel | None = None  # family "attention" only; k is the head size
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ counts it by hand). An explicit mask (attn_bias) is not inspected: all pairs cou
 
 from __future__ import annotations
 
-from .flops import Gemm, OpWork, io_bytes, register_formula
+from .flops import AttentionKernel, Gemm, OpWork, io_bytes, register_formula
 from .records import OpRecord
 
 
@@ -37,6 +37,19 @@ def _shapes(rec: OpRecord):
     return b, hq, tq, tk, d, dv, pairs
 
 
+_BACKENDS = {"flash": "flash", "efficient": "efficient", "cudnn": "cudnn"}
+
+
+def kernel_of(rec: OpRecord, backward: bool) -> AttentionKernel:
+    """The backend from the op's name ("aten._scaled_dot_product_flash_attention" -> "flash"),
+    dropout and causal masking from its arguments."""
+    name = rec.op.split("._scaled_dot_product_", 1)[-1]
+    backend = _BACKENDS.get(name.split("_", 1)[0], "") if "for_cpu" not in name else ""
+    return AttentionKernel(backend=backend, backward=backward,
+                           dropout=float(rec.params.get("dropout_p", 0.0) or 0.0) > 0,
+                           causal=bool(rec.params.get("is_causal", False)))
+
+
 def _work(rec: OpRecord, backward: bool, kernels: int = 1) -> OpWork:
     b, hq, tq, tk, d, dv, pairs = _shapes(rec)
     per_pair = (3 * d + 2 * dv) if backward else (d + dv)
@@ -44,7 +57,7 @@ def _work(rec: OpRecord, backward: bool, kernels: int = 1) -> OpWork:
     # One CTA per (batch, head, block of 128 rows): queries forward, keys backward.
     rows = tk if backward else tq
     gemm = Gemm(m=rows, n=tq if backward else tk, k=d, batch=b * hq, flops=flops,
-                family="attention")
+                family="attention", attention=kernel_of(rec, backward))
     return OpWork(flops=flops, min_bytes=io_bytes(rec), gemms=(gemm,), kernels=kernels)
 
 

@@ -51,6 +51,11 @@ shape at hand. It has three parts.
    no penalty); unmeasured, it takes CONV_MISALIGNED.
    These are one chip's measurements, used for every chip until `gpushape probe` measures its
    own cliffs.
+4. Fused attention kernels (flash, memory-efficient) do more than their two or five matmuls:
+   online softmax and rescaling, the backward's recomputation, Philox for dropout, and at head
+   size 64 thin tiles. Their efficiency is multiplied by the rate `gpushape probe` measured for
+   the kernel's backend, pass, dropout and causal flags at the nearest head size
+   (`Achievable.attention_rate`, bench/probe_attention.py; 1 where unmeasured).
 """
 
 from __future__ import annotations
@@ -87,7 +92,8 @@ class GemmEfficiency:
     wave_eff: float
     alignment: float  # 1.0, or the misalignment penalty
     misaligned: tuple[str, ...]  # "K=4095" for each dimension that misses the alignment
-    efficiency: float  # quantization (relative to the reference shape) x alignment
+    efficiency: float  # quantization (relative to the reference shape) x alignment x kernel_rate
+    kernel_rate: float = 1.0  # fused attention: the rate measured for its kernel (else 1)
 
     @property
     def last_wave_fill(self) -> float:
@@ -165,6 +171,12 @@ def gemm_efficiency(gemm: Gemm, gpu: GPUSpec, dtype: str, tensor_cores: bool = T
             if p < 1.0:
                 misaligned.append(f"{name}={value}")
                 penalty = min(penalty, p)
+    rate = 1.0
+    kernel = gemm.attention
+    if kernel is not None and kernel.backend:
+        rate = gpu.achievable.attention_rate(kernel.backend, kernel.backward, kernel.dropout,
+                                             kernel.causal, gemm.k)
     return GemmEfficiency(gemm=gemm, sm_count=sms, tile=tile, ctas=ctas, split_k=split, waves=waves,
                           tile_eff=tile_eff, wave_eff=wave_eff, alignment=penalty,
-                          misaligned=tuple(misaligned), efficiency=quantization * penalty)
+                          misaligned=tuple(misaligned), efficiency=quantization * penalty * rate,
+                          kernel_rate=rate)
