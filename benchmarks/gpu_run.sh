@@ -37,12 +37,13 @@ for spec in "$@"; do
     prof-norms) run prof-norms "$secs" python3 benchmarks/kernels/profile_norms_host.py ;;
     gputests-misc) run gputests-misc "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/bench tests/hardware tests/trace tests/audit tests/cli ;;
     normgate) run normgate "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "gpu_gate or tanh_gate" tests/kernels/test_add_layer_norm.py tests/kernels/test_layer_norm_gelu.py tests/kernels/test_rms_norm.py ;;
-    correlate) run correlate "$secs" python3 benchmarks/trace/correlate.py ;;
+    correlate) run correlate "$secs" python3 benchmarks/trace/correlate.py --models resnet50,bert-base,bert-base-manual ;;
     correlate-bert) run correlate-bert "$secs" python3 benchmarks/trace/correlate.py --models bert-base,bert-base-manual ;;
     correlate-flat) run correlate-flat "$secs" python3 benchmarks/trace/correlate.py --flat-memory ;;
     # eager kernels' memory efficiency added to the shipped profile, which later steps then use
     calib-mem) run calib-mem "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     # fused attention's rates added to the shipped profile, which later steps then use
+    calib-bn-family) run calib-bn-family "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families fused_batch_norm_act -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     calib-attn) run calib-attn "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts attention -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     tune-norms) run tune-norms "$secs" python3 benchmarks/kernels/tune_norms.py ;;
     gputests-bn) run gputests-bn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -k "not 2_pow_31" tests/kernels/test_batch_norm_act_gpu.py ;;

@@ -60,6 +60,11 @@ class Case:
     atol: float = 3e-2  # outputs compared relative to the original's largest magnitude
     cuda_only: bool = False
     check_train: bool = False  # compare in train mode (BatchNorm's batch statistics)
+    label: str = ""  # a second case of one rule: "rule (what)"
+
+    @property
+    def name(self) -> str:
+        return f"{self.rule} ({self.label})" if self.label else self.rule
 
 
 def _div(n: int, scale: int) -> int:
@@ -151,6 +156,24 @@ def norm_act(device, s):
     return Variant(a, (x,)), Variant(b, (x,))
 
 
+class BatchNormAddReLU(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(channels)
+
+    def forward(self, x, residual):
+        return F.relu(self.bn(x) + residual)
+
+
+def batch_norm_act(device, s):  # unfused-norm-act on ResNet-50's 56x56 stage
+    from gpushape.kernels import BatchNormAct2d
+
+    a = BatchNormAddReLU(256).to(device, BF16)
+    b = BatchNormAct2d.from_batchnorm(copy.deepcopy(a.bn))
+    x, r = (_x(_div(64, s), 256, 56, 56, device=device, channels_last=True) for _ in range(2))
+    return Variant(a, (x, r)), Variant(b, (x, r))
+
+
 def resnet(device, s):  # nchw-conv
     a, (x,) = create_model("resnet50", batch=_div(64, s), device=device)
     b, _ = create_model("resnet50", batch=_div(64, s), device=device)
@@ -212,9 +235,10 @@ def tiny(device, s):  # launch-bound: eager against a CUDA graph of forward and 
     return Variant(a, (x,)), Variant(b, (x,))
 
 
-CASES = {c.rule: c for c in (
+CASES = {c.name: c for c in (
     Case("tc-align", head), Case("separate-qkv", qkv), Case("manual-attention", bert),
     Case("unfused-softmax-dropout", softmax_dropout), Case("unfused-norm-act", norm_act),
+    Case("unfused-norm-act", batch_norm_act, check_train=True, label="BN"),
     Case("nchw-conv", resnet), Case("conv-bias-before-bn", conv_bias, check_train=True),
     Case("fp32-math", fp32, BackendFlags(matmul_tf32=False, cudnn_tf32=False), atol=0.1),
     Case("launch-bound", tiny, cuda_only=True, check_train=True),
@@ -231,7 +255,7 @@ def check(case: Case, a: Variant, b: Variant) -> float:
         v.model.train(True)
     err = ((ya - yb).abs().max() / ya.abs().max().clamp_min(1e-6)).item()
     if not err <= case.atol:
-        raise AssertionError(f"{case.rule}: the fixed variant differs by {err:.3g} (relative)")
+        raise AssertionError(f"{case.name}: the fixed variant differs by {err:.3g} (relative)")
     return err
 
 
@@ -289,7 +313,8 @@ def run_case(case: Case, args, target) -> dict:
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
     as_is, fixed = timings["as_is"].median_s, timings["fixed"].median_s
-    row = {"rule": case.rule, "max_rel_error": err, "predicted_saving_s": saving_s,
+    row = {"rule": case.rule, "case": case.name, "max_rel_error": err,
+           "predicted_saving_s": saving_s,
            "predicted_step_s": step_s, "measured_as_is_s": as_is, "measured_fixed_s": fixed,
            "measured_saving_s": as_is - fixed,
            "timings_s": {k: list(t.times_s) for k, t in timings.items()},
@@ -306,7 +331,7 @@ def table(rows: list[dict]) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['rule']:<24} {r['error'][:70]}")
+            lines.append(f"{r.get('case', r['rule']):<24} {r['error'][:70]}")
             continue
         pred, meas = r["predicted_saving_s"], r["measured_saving_s"]
         ratio = f"{pred / meas:9.2f}" if pred is not None and meas > 0 else f"{'-':>9}"
@@ -315,15 +340,17 @@ def table(rows: list[dict]) -> str:
         graph = f"{g * 1e3:9.3f}" if g is not None else f"{'-':>9}"
         gratio = (f"{pred / g:10.2f}" if g is not None and pred is not None and g > 0
                   else f"{'-':>10}")
-        lines.append(f"{r['rule']:<24} {(pred or 0) * 1e3:9.3f} {meas * 1e3:9.3f} {ratio} "
-                     f"{pshare} {meas / r['measured_as_is_s']:10.1%} {graph} {gratio}")
+        lines.append(f"{r.get('case', r['rule']):<24} {(pred or 0) * 1e3:9.3f} "
+                     f"{meas * 1e3:9.3f} {ratio} {pshare} "
+                     f"{meas / r['measured_as_is_s']:10.1%} {graph} {gratio}")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
-    parser.add_argument("--cases", help="comma-separated rule ids (default: all)")
+    parser.add_argument("--cases", help="comma-separated case names: rule ids, or "
+                                        "'unfused-norm-act (BN)' (default: all)")
     parser.add_argument("--device", default="cuda", help="cpu smoke-tests the script")
     parser.add_argument("--scale", type=int, default=1, help="divide batch sizes by this")
     args = parser.parse_args()
@@ -334,15 +361,15 @@ def main() -> None:
     spec, calibration = target.spec, target.calibration
     wanted = args.cases.split(",") if args.cases else list(CASES)
     rows = []
-    for rule in wanted:
-        case = CASES[rule]
+    for name in wanted:
+        case = CASES[name]
         if case.cuda_only and not cuda:
             continue
-        print(f"... {rule}", file=sys.stderr, flush=True)
+        print(f"... {name}", file=sys.stderr, flush=True)
         try:
             rows.append(run_case(case, args, target))
         except Exception as exc:  # one broken case must not hide the others' results
-            rows.append({"rule": rule, "error": f"{type(exc).__name__}: {exc}"})
+            rows.append({"rule": case.rule, "case": name, "error": f"{type(exc).__name__}: {exc}"})
         torch.cuda.empty_cache() if cuda else None
     out = Path(os.environ.get("OUT", "./out")) / "validate_savings.json"
     write_results(out, rows, gpu_spec=spec.name, calibration=calibration,

@@ -41,6 +41,9 @@ def main() -> None:
                         help="where to write (default: over --profile)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--scale", type=float, default=1.0, help="workload size (cpu: 0.002)")
+    parser.add_argument("--families", default=None,
+                        help="with --parts memory: only these families (comma-separated), "
+                             "merged into the profile's other families")
     parser.add_argument("--parts", default="memory,stem,attention",
                         help="what to measure (comma-separated); the rest of the profile stays")
     args = parser.parse_args()
@@ -53,9 +56,11 @@ def main() -> None:
     spec = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(args.profile))
     rows = stem = attention = None
     if "memory" in parts:
+        families = tuple(args.families.split(",")) if args.families else None
         rows = measure_memory_efficiency(spec, device=args.device, scale=args.scale,
+                                         families=families,
                                          on_family=lambda f: print(f"measuring {f}", flush=True))
-        profile["memory_efficiency"] = rows
+        profile["memory_efficiency"] = {**(profile.get("memory_efficiency") or {}), **rows}
     if "stem" in parts:
         batch, size = (64, 224) if args.scale == 1.0 else (2, 32)
         stem = measure_small_cin_conv(spec, device=args.device, batch=batch, size=size)

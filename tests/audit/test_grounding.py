@@ -167,6 +167,31 @@ def test_a_fused_batch_norm_keeps_the_statistics_pass_in_its_bytes():
     assert kept_s * bw == pytest.approx(moved - full.evidence["bytes_saved"], rel=1e-6)
 
 
+def test_a_batch_norm_chain_is_priced_at_the_fused_batch_norm_rate_once_measured():
+    """BatchNorm -> ReLU: gpushape's BatchNormAct2d rate prices the fix when the profile has it;
+    LayerNormGELU's stands in when it does not, and never prices a LayerNorm chain."""
+    import dataclasses
+
+    from .models import ConvBN, NormThen
+
+    h200 = get_gpu("h200")
+
+    def saving(model, inputs, **eff):
+        spec = h200.replace(achievable=dataclasses.replace(h200.achievable,
+                                                           memory_efficiency=eff))
+        (f,) = audit(model, inputs, gpu=spec, profile=None, rules=["unfused-norm-act"]).findings
+        return f.est_saving_s
+
+    bn = build(ConvBN), (meta(8, 64, 32, 32, channels_last=True),)
+    stand_in = saving(*bn, batch_norm=0.4, fused_norm_act=0.6)
+    assert saving(*bn, batch_norm=0.4, fused_norm_act=0.6, fused_batch_norm_act=0.3) < stand_in
+    assert saving(*bn, batch_norm=0.4, fused_norm_act=0.3,
+                  fused_batch_norm_act=0.6) == pytest.approx(stand_in)
+    ln = build(NormThen), (meta(8, 512, 1024),)
+    assert saving(*ln, norm=0.4, fused_norm_act=0.6) == pytest.approx(
+        saving(*ln, norm=0.4, fused_norm_act=0.6, fused_batch_norm_act=0.1))
+
+
 def _traced_ops(model, inputs):
     import gpushape
 

@@ -61,11 +61,16 @@ class FamilyWorkload:
 
 
 def _fused(kind: str, scale: float) -> nn.Module:
-    from ..kernels import LayerNormGELU, SoftmaxDropout
+    from ..kernels import BatchNormAct2d, LayerNormGELU, SoftmaxDropout
 
     if kind == "norm_act":
         return _Workload(lambda m, x: m.layers["op"](x), (_rows(scale, 32768), 4096),
                          modules={"op": LayerNormGELU(4096)})
+    if kind == "batch_norm_act":  # a smoke test's scale shrinks every dimension
+        c, hw = (256, 56) if scale >= 0.05 else (16, 8)
+        shape = (max(int(64 * scale), 2), c, hw, hw)
+        return _Workload(lambda m, x, r: m.layers["op"](x, r), shape, shape, channels_last=True,
+                         modules={"op": BatchNormAct2d(c)})
     return _Workload(lambda m, x: m.layers["op"](x), (_rows(scale, 65536), 1024),
                      modules={"op": SoftmaxDropout(0.1)})
 
@@ -108,6 +113,12 @@ WORKLOADS = (
     # fwd: read x, write y; bwd: read dy and x (or y), write dx
     FamilyWorkload("fused_norm_act", "gpushape LayerNormGELU(4096) on 32768x4096",
                    lambda s: _fused("norm_act", s), passes=5),
+    # the bytes the audit keeps for a BatchNorm -> add -> ReLU chain once fused: the eager
+    # chain's 16 passes (BatchNorm 3 + add 3 + ReLU 2 forward; ReLU 3 + BatchNorm 5 backward,
+    # re-reads included) less the 8 the fusion removes; the kernel itself makes 10
+    FamilyWorkload("fused_batch_norm_act",
+                   "gpushape BatchNormAct2d(256) + residual, training, 64x256x56x56 "
+                   "channels_last", lambda s: _fused("batch_norm_act", s), passes=8),
     FamilyWorkload("fused_softmax_dropout", "gpushape SoftmaxDropout(0.1) on 65536x1024",
                    lambda s: _fused("softmax_dropout", s), passes=5),
 )

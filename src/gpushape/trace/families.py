@@ -42,7 +42,7 @@ _BY_PACKET = {op: family for family, ops in FAMILIES.items() for op in ops}
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
 # gpushape's own fused kernels, which the audit's fusion rules propose: what they reach prices
 # a fix's kernel (`AuditContext.fusion_saving_s`), not a traced op.
-FUSED = ("fused_norm_act", "fused_softmax_dropout")
+FUSED = ("fused_norm_act", "fused_batch_norm_act", "fused_softmax_dropout")
 ALL_FAMILIES = (*FAMILIES, *TAGGED.values(), *FUSED)
 
 

@@ -7,7 +7,9 @@ activation is the norm kernel's epilogue. Saving per intermediate tensor of B by
 forward, and in training 2B more for its gradient (written by the activation's backward, read
 by the norm's). The saving is the chain's time as the cost model prices its eager kernels
 (each family at its measured efficiency) less a fused kernel's moving the remaining bytes at the
-rate measured for gpushape's LayerNormGELU (`AuditContext.fusion_saving_s`).
+rate measured for gpushape's kernel of that fix (`AuditContext.fusion_saving_s`): BatchNormAct2d
+for a BatchNorm chain, LayerNormGELU for the others (and for BatchNorm where the first is not
+measured).
 """
 
 from __future__ import annotations
@@ -68,6 +70,14 @@ def find_chains(ops: list[OpRecord]) -> list[Chain]:
     return chains
 
 
+def _fused_family(ctx: AuditContext, norm: OpRecord) -> str:
+    """The measured family whose rate prices the fused kernel of this chain."""
+    if (norm.name in BATCH_NORM_OPS
+            and "fused_batch_norm_act" in ctx.gpu.achievable.memory_efficiency):
+        return "fused_batch_norm_act"
+    return "fused_norm_act"
+
+
 @register_rule(RULE, title="normalization then activation as separate kernels")
 def check(ctx: AuditContext) -> Iterable[Finding]:
     by_pattern: dict[str, list[Chain]] = {}
@@ -86,6 +96,6 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
             message += (" (for inference, folding the BatchNorm into the convolution before it "
                          "and the rest into its epilogue removes these passes altogether)")
         saving = ctx.fusion_saving_s([r for c in chains for r in (c.norm, *c.ops)], nbytes,
-                                     "fused_norm_act")
+                                     _fused_family(ctx, chains[0].norm))
         yield ctx.finding(RULE, module_pattern(c.norm.module for c in chains), message,
                           evidence, saving_s=saving, fix="fuse-norm-act")
