@@ -115,17 +115,76 @@ def aten_ops(fn):
     return prof.events()
 
 
-def test_one_gemm_forward_and_one_cat_backward():
+@pytest.mark.parametrize("assembled", [True, False], ids=["triton-assemble", "autograd-cat"])
+def test_one_gemm_forward_and_one_copy_backward(assembled, monkeypatch):
+    """Forward: one GEMM and views. Backward: dq, dk, dv become one matrix (the Triton copy on
+    its path, autograd's cat on the plain one), then one mm for dX and one for dW, no adds."""
+    from gpushape.kernels import fused_qkv as module
+    from gpushape.kernels._dispatch import use_triton
+
+    if assembled and not use_triton(torch.empty(0)):
+        pytest.skip("the Triton path runs on CUDA or under TRITON_INTERPRET=1")
+    if not assembled:
+        monkeypatch.setattr(module, "use_triton", lambda *t: False)
     fused = FusedQKV(64, 4, 2)
     x = torch.randn(2, 5, 64, requires_grad=True)
     outs = fused(x)
     top = Counter(e.name for e in aten_ops(lambda: fused(x)) if e.cpu_parent is None)
     assert top["aten::linear"] == 1
-    assert set(top) <= {"aten::linear", "aten::view", "aten::split_with_sizes", "aten::transpose"}
+    assert set(top) <= {"aten::linear", "aten::view", "aten::split_with_sizes", "aten::transpose",
+                        "_SplitHeads"}
     grad_outs = [torch.randn_like(o) for o in outs]
     ops = Counter(e.name for e in aten_ops(lambda: grads(fused, x, outs, grad_outs)))
-    assert ops["aten::cat"] == 1 and ops["aten::mm"] == 2  # dqkv assembled once; dX and dW
+    assert ops["aten::cat"] == (0 if assembled else 1) and ops["aten::mm"] == 2
     assert ops["aten::add"] == ops["aten::add_"] == 0  # no partial dX to sum
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim, seq", [(4, 2, 16, 5), (3, 3, 24, 70),
+                                                            (8, 1, 8, 1)])
+@pytest.mark.parametrize("layout", ["contiguous", "btHd", "last-dim-strided"])
+def test_assembled_gradient_equals_the_cat_of_the_parts(heads, kv_heads, head_dim, seq, layout):
+    """assemble_heads (Triton on CUDA / under the interpreter, copy_ otherwise) against
+    torch.cat of the transposed parts, bitwise: head counts that are not powers of two, a head
+    size that is not, T past one tile, gradients in (B, H, T, D), in (B, T, H, D) transposed
+    back, and with a strided last dimension (the copy_ fallback); a missing part is zeros."""
+    from gpushape.kernels._qkv_assemble import assemble_heads
+
+    batch = 2
+    sizes = (heads, kv_heads, kv_heads)
+
+    def part(h):
+        if layout == "contiguous":
+            return torch.randn(batch, h, seq, head_dim, device=DEV)
+        if layout == "btHd":
+            return torch.randn(batch, seq, h, head_dim, device=DEV).transpose(1, 2)
+        return torch.randn(batch, h, seq, 2 * head_dim, device=DEV)[..., ::2]
+
+    parts = [part(h) for h in sizes]
+    r = sum(sizes) * head_dim
+    out = assemble_heads(tuple(parts), sizes, (batch, seq, r), torch.float32, torch.device(DEV))
+    want = torch.cat([p.transpose(1, 2) for p in parts], dim=2).reshape(batch, seq, r)
+    assert out.is_contiguous() and torch.equal(out, want)
+    missing = assemble_heads((parts[0], None, parts[2]), sizes, (batch, seq, r), torch.float32,
+                             torch.device(DEV))
+    cut = heads * head_dim, (heads + kv_heads) * head_dim
+    assert torch.equal(missing[..., cut[0]:cut[1]], torch.zeros_like(want[..., cut[0]:cut[1]]))
+    assert torch.equal(missing[..., :cut[0]], want[..., :cut[0]])
+    assert torch.equal(missing[..., cut[1]:], want[..., cut[1]:])
+
+
+def test_gradients_when_only_some_outputs_are_used():
+    """q alone reaches the loss: dk and dv are zero, dX and dW match the three layers'."""
+    torch.manual_seed(0)
+    base = ThreeLinears(64, 4, 2).to(DEV)
+    fused = FusedQKV.from_linears(*base.layers(), 4, 2)
+    x = torch.randn(2, 5, 64, device=DEV, requires_grad=True)
+    gq = torch.randn(2, 4, 5, 16, device=DEV)
+    g_base = torch.autograd.grad(base(x)[0], [x, *base.parameters()], gq, allow_unused=True)
+    g_fused = torch.autograd.grad(fused(x)[0], [x, *fused.parameters()], gq)
+    torch.testing.assert_close(g_fused[0], g_base[0])
+    dw = g_fused[1].split(fused.split_sizes)
+    torch.testing.assert_close(dw[0], g_base[1])
+    assert not dw[1].any() and not dw[2].any()
 
 
 def three_layer_checkpoint(heads=4, kv_heads=2, names=None, bias=True):
@@ -266,3 +325,42 @@ def test_gpu_bf16_gate_at_bert_width():
     x = torch.randn(4, 128, 768, device="cuda", dtype=torch.float64)
     for name, o, t, r in zip("qkv", fused(x.bfloat16()), base(x.bfloat16()), ref(x)):
         assert_gate(name, o, t, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads, kv_heads", [(12, 12), (8, 2)])
+def test_gpu_bf16_gradients_and_cuda_graph(heads, kv_heads):
+    """bf16 on the GPU: dX and every original parameter's gradient through the Triton assembly
+    pass the gate against float64, and a CUDA graph of fwd+bwd replays to the same gradients."""
+    torch.manual_seed(0)
+    e = 64 * heads
+    ref = ThreeLinears(e, heads, kv_heads).to("cuda", torch.float64)
+    base = ThreeLinears(e, heads, kv_heads).to("cuda", torch.bfloat16)
+    base.load_state_dict(ref.state_dict())
+    fused = FusedQKV.from_linears(*base.layers(), heads, kv_heads)
+    x = torch.randn(2, 300, e, device="cuda", dtype=torch.float64, requires_grad=True)
+    outs_ref = ref(x)
+    grad_outs = [torch.randn_like(o) for o in outs_ref]
+    low = [g.bfloat16() for g in grad_outs]
+    xs = x.detach().bfloat16().requires_grad_()
+    g_ref, g_base = grads(ref, x, outs_ref, grad_outs), grads(base, xs, base(xs), low)
+    g_fused = grads(fused, xs, fused(xs), low)
+    assert_gate("grad x", g_fused[0], g_base[0], g_ref[0])
+    parts = list(zip(*[p.split(fused.split_sizes) for p in g_fused[1:]]))
+    flat = [g for layer in parts for g in layer]
+    for i, (o, t, r) in enumerate(zip(flat, g_base[1:], g_ref[1:])):
+        assert_gate(f"grad of original parameter {i}", o, t, r)
+    static = {}
+
+    def step():
+        static["g"] = grads(fused, xs, fused(xs), low)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(static["g"], g_fused):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

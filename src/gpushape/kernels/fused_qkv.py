@@ -9,9 +9,11 @@ then v). The GEMM writes (B, T, (H + 2 * Hkv) * D); q, k and v are strided views
 permuted to the (B, heads, T, D) layout scaled_dot_product_attention takes (its kernels need
 only the last dim contiguous), so nothing is copied between the GEMM and the attention.
 
-Backward: splitting a (B, T, H + 2 * Hkv, D) view along the head dim makes autograd assemble
-dqkv with a single cat kernel (split's backward), which the GEMM backward then reads as one
-matrix: one dX GEMM and one dW GEMM instead of three each, and no adds of three dX partials.
+Backward: dq, dk and dv are written into one (B, T, (H + 2 * Hkv) * D) gradient of the GEMM's
+output, which the GEMM backward then reads as one matrix: one dX GEMM and one dW GEMM instead of
+three each, and no adds of three dX partials. In eager mode a Triton kernel does the writing
+(`_qkv_assemble.py`: autograd's own `cat` over the transposed views ran at ~1 TB/s on the H200);
+under torch.compile the views are plain PyTorch and Inductor generates that copy itself.
 
 Checkpoints: state_dict() saves the layout of three separate nn.Linear layers (`q_proj.weight`,
 `q_proj.bias`, `k_proj...`, `v_proj...`; the names are configurable), as views of the fused
@@ -26,6 +28,9 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ._dispatch import use_triton
+from ._qkv_assemble import assemble_heads
 
 __all__ = ["FusedQKV"]
 
@@ -86,11 +91,12 @@ class FusedQKV(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"FusedQKV: expected x of shape (batch, seq, {self.embed_dim}), "
                              f"got {tuple(x.shape)}")
-        batch, seq = x.shape[0], x.shape[1]
         qkv = F.linear(x, self.weight, self.bias)  # (B, T, (H + 2 Hkv) * D), one GEMM
-        heads = qkv.view(batch, seq, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, D)
+        sizes = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
+        if (qkv.requires_grad and type(qkv) is torch.Tensor and use_triton(qkv)
+                and not torch.compiler.is_compiling()):
+            return _SplitHeads.apply(qkv, sizes, self.head_dim)
+        return _split_heads(qkv, sizes, self.head_dim)
 
     @classmethod
     def from_linears(cls, q_proj: nn.Linear, k_proj: nn.Linear, v_proj: nn.Linear,
@@ -138,6 +144,30 @@ class FusedQKV(nn.Module):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
                 f"bias={self.bias is not None}, names={self.names}")
+
+
+def _split_heads(qkv: torch.Tensor, sizes: tuple[int, int, int], head_dim: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, T, R) -> q, k, v as (B, heads, T, D) strided views: nothing is copied."""
+    batch, seq = qkv.shape[0], qkv.shape[1]
+    heads = qkv.view(batch, seq, sum(sizes), head_dim)
+    q, k, v = heads.split(list(sizes), dim=2)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+class _SplitHeads(torch.autograd.Function):
+    """_split_heads whose backward writes dq, dk, dv into one (B, T, R) gradient with the
+    Triton copy of _qkv_assemble.py instead of autograd's cat."""
+
+    @staticmethod
+    def forward(ctx, qkv, sizes, head_dim):
+        ctx.sizes, ctx.meta = sizes, (tuple(qkv.shape), qkv.dtype, qkv.device)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None (zeros)
+        return _split_heads(qkv, sizes, head_dim)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        return assemble_heads((dq, dk, dv), ctx.sizes, *ctx.meta), None, None
 
 
 def _save_as_three_linears(module: FusedQKV, state_dict, prefix: str, local_metadata) -> None:
