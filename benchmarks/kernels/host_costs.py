@@ -57,10 +57,10 @@ class _Identity(torch.autograd.Function):
         return dy
 
 
-def breakdown(x, w, dy, calls: int) -> None:
-    """Time spent inside each layer of one eager rms_norm forward+backward (timers wrapped
-    around the Function's forward/backward and the launchers they call)."""
-    fn_cls = norm_common._NormFunction
+def breakdown(title: str, step, targets: dict[str, tuple[object, str]], calls: int) -> None:
+    """Time spent inside each layer of `step` (an eager forward+backward): a timer wrapped
+    around each target (an object and attribute: a module function, a Function's static
+    forward or backward), the whole step timed too. Microseconds per step."""
     spent: dict[str, float] = {}
 
     def timed(name, f):
@@ -72,26 +72,25 @@ def breakdown(x, w, dy, calls: int) -> None:
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
         return wrapper
 
-    saved = (norm_common.norm_forward, norm_common.norm_backward, fn_cls.forward,
-             fn_cls.backward)
-    norm_common.norm_forward = timed("norm_forward", saved[0])
-    norm_common.norm_backward = timed("norm_backward", saved[1])
-    fn_cls.forward = staticmethod(timed("Function.forward body", saved[2]))
-    fn_cls.backward = staticmethod(timed("Function.backward body", saved[3]))
-    fwd = timed("rms_norm() call", rms_norm)
-    grad = timed("autograd.grad call", torch.autograd.grad)
+    saved = {name: (obj, attr, obj.__dict__[attr]) for name, (obj, attr) in targets.items()}
+    for name, (obj, attr, original) in saved.items():
+        f = original.__func__ if isinstance(original, staticmethod) else original
+        wrapped = timed(name, f)
+        setattr(obj, attr, staticmethod(wrapped) if isinstance(original, staticmethod)
+                else wrapped)
+    whole = timed("whole step", step)
     try:
         for _ in range(20):
-            grad(fwd(x, w), (x, w), dy)
+            whole()
         torch.cuda.synchronize()
         spent.clear()
         for _ in range(calls):
-            grad(fwd(x, w), (x, w), dy)
+            whole()
         torch.cuda.synchronize()
     finally:
-        (norm_common.norm_forward, norm_common.norm_backward) = saved[:2]
-        fn_cls.forward, fn_cls.backward = staticmethod(saved[2]), staticmethod(saved[3])
-    print("rms_norm fwd+bwd, time inside each layer (us per step):")
+        for obj, attr, original in saved.values():
+            setattr(obj, attr, original)
+    print(f"{title}, time inside each layer (us per step):")
     for name, total in spent.items():
         print(f"  {name:40s} {total / calls * 1e6:8.2f}")
 
@@ -180,7 +179,12 @@ def pieces(calls: int) -> dict[str, float]:
         lambda: torch.autograd.grad(rms_norm(x, w), (x, w), dy))
     sys.setswitchinterval(switch)
     print("python threads:", [t.name for t in threading.enumerate()], flush=True)
-    breakdown(x, w, dy, calls)
+    fn_cls = norm_common._NormFunction
+    breakdown("rms_norm fwd+bwd", lambda: torch.autograd.grad(rms_norm(x, w), (x, w), dy),
+              {"norm_forward": (norm_common, "norm_forward"),
+               "norm_backward": (norm_common, "norm_backward"),
+               "Function.forward body": (fn_cls, "forward"),
+               "Function.backward body": (fn_cls, "backward")}, calls)
 
     shape = (8, 1024, 14, 14)
     xb = torch.randn(shape, device=dev, dtype=torch.bfloat16).contiguous(
@@ -197,6 +201,27 @@ def pieces(calls: int) -> dict[str, float]:
         lambda: torch.autograd.grad(ours(xb, rb), params, dyb))
     put("BatchNorm2d+add+relu fwd+bwd (PyTorch)",
         lambda: torch.autograd.grad(F.relu(bn(xb) + rb), [xb, rb, bn.weight, bn.bias], dyb))
+    # FusedQKV at BERT-base width, tiny batch: the Triton assembly against autograd's cat
+    from gpushape.kernels import FusedQKV
+    from gpushape.kernels import fused_qkv as qkv_module
+
+    fq = FusedQKV(768, 12).to(dev, torch.bfloat16)
+    xq = torch.randn(1, 16, 768, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    gq = [torch.randn(1, 12, 16, 64, device=dev, dtype=torch.bfloat16) for _ in range(3)]
+    put("FusedQKV fwd+bwd, Triton assembly",
+        lambda: torch.autograd.grad(fq(xq), [xq, fq.weight, fq.bias], gq))
+    real = qkv_module.use_triton
+    qkv_module.use_triton = lambda *t: False
+    try:
+        put("FusedQKV fwd+bwd, autograd cat",
+            lambda: torch.autograd.grad(fq(xq), [xq, fq.weight, fq.bias], gq))
+    finally:
+        qkv_module.use_triton = real
+    breakdown("FusedQKV fwd+bwd (Triton assembly)",
+              lambda: torch.autograd.grad(fq(xq), [xq, fq.weight, fq.bias], gq),
+              {"_SplitHeads.forward body": (qkv_module._SplitHeads, "forward"),
+               "_SplitHeads.backward body": (qkv_module._SplitHeads, "backward"),
+               "assemble_heads": (qkv_module, "assemble_heads")}, calls)
     profiler = cProfile.Profile()
     with torch.no_grad():
         profiler.enable()

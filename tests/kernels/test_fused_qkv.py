@@ -147,7 +147,8 @@ def test_assembled_gradient_equals_the_cat_of_the_parts(heads, kv_heads, head_di
     torch.cat of the transposed parts, bitwise: head counts that are not powers of two, a head
     size that is not, T past one tile, gradients in (B, H, T, D), in (B, T, H, D) transposed
     back, and with a strided last dimension (the copy_ fallback); a missing part is zeros."""
-    from gpushape.kernels._qkv_assemble import assemble_heads
+    from gpushape.kernels._dispatch import use_triton
+    from gpushape.kernels._qkv_assemble import assemble_heads, assembly_plan
 
     batch = 2
     sizes = (heads, kv_heads, kv_heads)
@@ -164,6 +165,11 @@ def test_assembled_gradient_equals_the_cat_of_the_parts(heads, kv_heads, head_di
     out = assemble_heads(tuple(parts), sizes, (batch, seq, r), torch.float32, torch.device(DEV))
     want = torch.cat([p.transpose(1, 2) for p in parts], dim=2).reshape(batch, seq, r)
     assert out.is_contiguous() and torch.equal(out, want)
+    if use_triton(want):  # the forward's plan: taken for contiguous parts, checked otherwise
+        plan = assembly_plan((batch, seq, r), sizes, torch.float32, torch.device(DEV))
+        planned = assemble_heads(tuple(parts), sizes, (batch, seq, r), torch.float32,
+                                 torch.device(DEV), plan)
+        assert torch.equal(planned, want)
     missing = assemble_heads((parts[0], None, parts[2]), sizes, (batch, seq, r), torch.float32,
                              torch.device(DEV))
     cut = heads * head_dim, (heads + kv_heads) * head_dim

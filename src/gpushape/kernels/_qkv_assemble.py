@@ -15,6 +15,7 @@ the output's slices.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -56,42 +57,75 @@ def _kernel():
     return _assemble_heads_kernel
 
 
-_PLANS: dict[tuple, Launch] = {}
+_LAUNCHES: dict[tuple, Launch] = {}
 
 
-def _launch(args: tuple, batch: int, t: int, heads: int, d: int) -> None:
-    """One launch for these integer arguments. The key holds every integer argument: Triton
-    specialises a compiled kernel on their values (1, multiples of 16), and `Launch` reuses the
-    compiled kernel without asking again."""
-    tensors, ints = args[:4], args[4:]
-    dst = tensors[-1]
-    key = (*ints, dst.dtype, dst.device)
-    plan = _PLANS.get(key)
-    if plan is None:
+def _launch_for(ints: tuple, batch: int, dtype: torch.dtype, device: torch.device) -> Launch:
+    """The launch for these integer arguments (t, H0, H1, heads, R, D, 9 strides). The key holds
+    every one: Triton specialises a compiled kernel on their values (1, multiples of 16), and
+    `Launch` reuses the compiled kernel without asking again."""
+    key = (*ints, batch, dtype, device)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
         import triton
 
+        t, heads, d = ints[0], ints[3], ints[5]
         block_d = triton.next_power_of_2(d)
         block_t = max(1, min(_TILE_ELEMENTS // block_d, triton.next_power_of_2(t)))
-        plan = _PLANS[key] = Launch(_kernel(), (triton.cdiv(t, block_t), batch * heads),
-                                    dict(BLOCK_T=block_t, BLOCK_D=block_d, num_warps=4))
-    plan(aligned(*tensors), *args)
+        launch = _LAUNCHES[key] = Launch(_kernel(), (triton.cdiv(t, block_t), batch * heads),
+                                         dict(BLOCK_T=block_t, BLOCK_D=block_d, num_warps=4))
+    return launch
+
+
+def _ints(t: int, heads: tuple[int, ...], d: int, strides: list[int]) -> tuple:
+    return (t, heads[0], heads[1], sum(heads), sum(heads) * d, d, *strides)
+
+
+class AssemblyPlan(NamedTuple):
+    """What the backward needs when dq, dk, dv arrive contiguous in (B, h, T, D), the common
+    case, built once per shape in the forward: the launch, its integer arguments, and the
+    strides that case has (checked against the gradients that come)."""
+
+    launch: Launch
+    ints: tuple
+    strides: tuple[tuple[int, ...], ...]
+
+
+_PLANS: dict[tuple, AssemblyPlan] = {}
+
+
+def assembly_plan(shape: tuple[int, int, int], heads: tuple[int, ...], dtype: torch.dtype,
+                  device: torch.device) -> AssemblyPlan:
+    key = (shape, heads, dtype, device)
+    plan = _PLANS.get(key)
+    if plan is None:
+        batch, t, r = shape
+        d = r // sum(heads)
+        strides = tuple((h * t * d, t * d, d, 1) for h in heads)
+        ints = _ints(t, heads, d, [s for st in strides for s in st[:3]])
+        plan = _PLANS[key] = AssemblyPlan(_launch_for(ints, batch, dtype, device), ints, strides)
+    return plan
 
 
 def assemble_heads(grads: tuple[torch.Tensor | None, ...], heads: tuple[int, ...],
-                   shape: tuple[int, int, int], dtype: torch.dtype,
-                   device: torch.device) -> torch.Tensor:
+                   shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device,
+                   plan: AssemblyPlan | None = None) -> torch.Tensor:
     """The (B, T, R) gradient of the GEMM output from the gradients (B, h_i, T, D) of q, k and v
-    in head order; a None part (an output that got no gradient) contributes zeros."""
+    in head order; a None part (an output that got no gradient) contributes zeros. `plan`
+    (from the forward) skips the checks when the gradients come contiguous."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if plan is not None and all(g is not None and g.dtype is dtype for g in grads) and \
+            tuple(g.stride() for g in grads) == plan.strides:
+        plan.launch(aligned(*grads, out), *grads, out, *plan.ints)
+        return out
     batch, t, r = shape
     d = r // sum(heads)
-    out = torch.empty((batch, t, r), dtype=dtype, device=device)
     if not out.numel():
         return out
     if use_triton(out) and all(g is not None and g.stride(-1) == 1 and g.dtype == dtype
                                for g in grads):
-        strides = [s for g in grads for s in g.stride()[:3]]
-        _launch((*grads, out, t, heads[0], heads[1], sum(heads), r, d, *strides),
-                batch, t, sum(heads), d)
+        ints = _ints(t, heads, d, [s for g in grads for s in g.stride()[:3]])
+        _launch_for(ints, batch, dtype, device)(aligned(*grads, out), *grads, out, *ints)
         return out
     view = out.view(batch, t, sum(heads), d)
     head0 = 0

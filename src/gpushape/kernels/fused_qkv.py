@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._dispatch import use_triton
-from ._qkv_assemble import assemble_heads
+from ._qkv_assemble import assemble_heads, assembly_plan
 
 __all__ = ["FusedQKV"]
 
@@ -161,13 +161,17 @@ class _SplitHeads(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, sizes, head_dim):
-        ctx.sizes, ctx.meta = sizes, (tuple(qkv.shape), qkv.dtype, qkv.device)
+        meta = (tuple(qkv.shape), qkv.dtype, qkv.device)
+        ctx.sizes, ctx.meta = sizes, meta
+        # built here, on the calling thread: the backward runs on autograd's device thread,
+        # where the same Python costs about twice as much (benchmarks/kernels/host_costs.py)
+        ctx.plan = assembly_plan(meta[0], sizes, meta[1], meta[2]) if qkv.numel() else None
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None (zeros)
         return _split_heads(qkv, sizes, head_dim)
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
-        return assemble_heads((dq, dk, dv), ctx.sizes, *ctx.meta), None, None
+        return assemble_heads((dq, dk, dv), ctx.sizes, *ctx.meta, ctx.plan), None, None
 
 
 def _save_as_three_linears(module: FusedQKV, state_dict, prefix: str, local_metadata) -> None:
