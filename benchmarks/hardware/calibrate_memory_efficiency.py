@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
-from gpushape.bench.probe_attention import measure_attention  # noqa: E402
+from gpushape.bench.probe_attention import measure_attention, pass_rates  # noqa: E402
 from gpushape.bench.probe_memory import measure_memory_efficiency  # noqa: E402
 from gpushape.bench.probe_profile import write_profile  # noqa: E402
 from gpushape.bench.probe_stem import measure_small_cin_conv  # noqa: E402
@@ -93,8 +93,7 @@ def _print_attention(rows: dict) -> None:
         if "error" in r:
             print(f"{r['workload']:<46} failed: {r['error']}")
             continue
-        fwd = next(v for k, v in r.items() if "/fwd/" in k)
-        bwd = next(v for k, v in r.items() if "/bwd/" in k)
+        fwd, bwd = pass_rates(r)
         print(f"{r['workload']:<46} {fwd:>6.3f} {r['tflops_fwd']:>8.0f} {bwd:>6.3f} "
               f"{r['tflops_bwd']:>8.0f}")
 

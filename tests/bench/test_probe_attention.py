@@ -38,7 +38,11 @@ def test_each_configuration_gives_a_forward_and_a_backward_rate():
     assert row["model_fwd_s"] > 0 and row["measured_fwd_s"] > 0
     assert row["efficient/fwd/dropout/d128"] == pytest.approx(
         min(max(row["model_fwd_s"] / row["measured_fwd_s"], 0.01), 1.0), abs=1e-4)
-    flat = probe_attention.efficiencies(rows)
+    from gpushape.hardware.profile import attention_rates
+
+    assert probe_attention.pass_rates(row) == (row["efficient/fwd/dropout/d128"],
+                                               row["efficient/bwd/dropout/d128"])
+    flat = attention_rates(rows)
     assert set(flat) == {"flash/fwd/d64", "flash/bwd/d64", "efficient/fwd/dropout/d128",
                          "efficient/bwd/dropout/d128"}
 

@@ -163,7 +163,8 @@ def measure_attention(spec: GPUSpec, *, device: str = "cuda",
     return out
 
 
-def efficiencies(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """The flat {key: efficiency} the GPU spec holds, from measure_attention's rows."""
-    return {key: float(value) for row in rows.values() if isinstance(row, dict)
-            for key, value in row.items() if "/" in key and isinstance(value, (int, float))}
+def pass_rates(row: dict[str, Any]) -> tuple[float, float]:
+    """(forward, backward) rate of one measured configuration's row."""
+    fwd = next(v for k, v in row.items() if "/fwd/" in k)
+    bwd = next(v for k, v in row.items() if "/bwd/" in k)
+    return fwd, bwd

@@ -15,6 +15,7 @@ from ..errors import UnknownGPUError
 from ..hardware import GPUSpec, get_gpu
 from . import probe_plots
 from .claim_check import RULE
+from .probe_attention import pass_rates
 
 REPORT_NAME = "probe-report.md"
 
@@ -186,8 +187,7 @@ def _attention_section(profile: Mapping[str, Any]) -> list[str]:
         if "error" in row:
             lines.append(f"| {row.get('workload', '')} | failed: {row['error']} | | | |")
             continue
-        fwd = next(v for k, v in row.items() if "/fwd/" in k)
-        bwd = next(v for k, v in row.items() if "/bwd/" in k)
+        fwd, bwd = pass_rates(row)
         lines.append(f"| {row['workload']} | {fwd:.2f} | {row['tflops_fwd']:.0f} | {bwd:.2f} | "
                      f"{row['tflops_bwd']:.0f} |")
     return [*lines, ""]

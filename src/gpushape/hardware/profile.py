@@ -48,6 +48,7 @@ A profile shipped with gpushape for a catalog chip lives in `hardware/profiles/<
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +109,7 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
     stem = profile.get("conv_small_cin", {})
     if isinstance(stem, dict) and stem.get("efficiency"):
         fields["small_cin_conv"] = float(stem["efficiency"])
-    attention = {key: float(value) for row in profile.get("attention", {}).values()
-                 if isinstance(row, dict) for key, value in row.items()
-                 if "/" in key and isinstance(value, (int, float)) and value > 0}
+    attention = attention_rates(profile.get("attention", {}))
     if attention:
         fields["attention"] = {**old.attention, **attention}
     if fields:
@@ -127,6 +126,14 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
         align.update({dtype_key(k): int(v) for k, v in profile["tc_align_elems"].items()})
         spec = spec.replace(note=note, tc_align_elems=align)
     return spec
+
+
+def attention_rates(rows: Mapping[str, Any]) -> dict[str, float]:
+    """A profile's "attention" rows flattened to {"flash/fwd/d64": rate, ...} (what
+    `Achievable.attention` holds); failed rows (no rates) contribute nothing."""
+    return {key: float(value) for row in rows.values() if isinstance(row, Mapping)
+            for key, value in row.items()
+            if "/" in key and isinstance(value, (int, float)) and value > 0}
 
 
 def load_profile(path: str | Path) -> GPUSpec:
