@@ -122,3 +122,15 @@ def test_report_renders_again_from_the_profile_file(synthetic_profile, tmp_path)
     path = write_profile(synthetic_profile, tmp_path / "profile.json")
     md = write_report(path, tmp_path / "again").read_text()
     assert "gpushape probe:" in md and math.isfinite(len(md))
+
+
+def test_report_has_the_attention_rates_when_the_profile_does(synthetic_profile, tmp_path):
+    profile = {**synthetic_profile, "attention": {
+        "flash/d64": {"flash/fwd/d64": 0.36, "flash/bwd/d64": 0.28, "tflops_fwd": 271.0,
+                      "tflops_bwd": 209.0,
+                      "workload": "flash attention, head size 64, 8x16x1024x64"},
+        "efficient/d64": {"error": "RuntimeError: no kernel", "workload": "efficient attention"}}}
+    md = write_report(profile, tmp_path).read_text()
+    assert "## Fused attention against the GEMM model" in md
+    assert "| flash attention, head size 64, 8x16x1024x64 | 0.36 | 271 | 0.28 | 209 |" in md
+    assert "| efficient attention | failed: RuntimeError: no kernel |" in md

@@ -170,10 +170,10 @@ def _memory(profile: Mapping[str, Any]) -> list[str]:
                       f"({stem['measured_s'] * 1e3:.3f} ms against {stem['model_s'] * 1e3:.3f} "
                       "ms): the cost model prices convolutions with fewer input channels per "
                       "group than the tensor-core alignment at that rate."]
-    return [*lines, "", *_attention_section(profile)]
+    return [*lines, ""]
 
 
-def _attention_section(profile: Mapping[str, Any]) -> list[str]:
+def _attention(profile: Mapping[str, Any]) -> list[str]:
     rows = profile.get("attention") or {}
     if not rows:
         return []
@@ -233,6 +233,7 @@ def write_report(profile: Mapping[str, Any] | str | Path, out_dir: str | Path) -
     plots = write_plots(profile, out_dir / "plots")
     spec = _spec(profile)
     lines = [*_header(profile), *_ceilings(profile, spec), *_memory(profile),
+             *_attention(profile),
              *_gemm_cliffs(profile, spec, plots),
              *_conv_and_batch(profile, plots), *_claims(profile, plots)]
     path = out_dir / REPORT_NAME
