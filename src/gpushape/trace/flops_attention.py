@@ -37,14 +37,15 @@ def _shapes(rec: OpRecord):
     return b, hq, tq, tk, d, dv, pairs
 
 
-_BACKENDS = {"flash": "flash", "efficient": "efficient", "cudnn": "cudnn"}
+_BACKENDS = ("flash", "efficient", "cudnn")  # the ones `gpushape probe` may have a rate for
 
 
 def kernel_of(rec: OpRecord, backward: bool) -> AttentionKernel:
     """The backend from the op's name ("aten._scaled_dot_product_flash_attention" -> "flash"),
     dropout and causal masking from its arguments."""
     name = rec.op.split("._scaled_dot_product_", 1)[-1]
-    backend = _BACKENDS.get(name.split("_", 1)[0], "") if "for_cpu" not in name else ""
+    first = name.split("_", 1)[0]
+    backend = first if first in _BACKENDS and "for_cpu" not in name else ""
     return AttentionKernel(backend=backend, backward=backward,
                            dropout=float(rec.params.get("dropout_p", 0.0) or 0.0) > 0,
                            causal=bool(rec.params.get("is_causal", False)))

@@ -1,10 +1,11 @@
 """GEMM efficiency: the fraction of a GPU's attainable tensor-core rate one GEMM-shaped kernel gets.
 
     efficiency = quantization(shape) / quantization(reference shape) x alignment(dims)
+                 x measured kernel rate (fused attention only)
 
 `gpu.attainable_flops(dtype)` is what a large aligned GEMM reaches (datasheet peak x a GEMM
 fraction, assumed or measured by `gpushape probe` at 8192^3); this model scales it for the
-shape at hand. It has three parts.
+shape at hand. It has four parts.
 
 1. Tile quantization. cuBLAS and cuDNN cover the M x N output with BM x BN tiles, one thread
    block (CTA) each, and a partial tile at an edge costs a whole one:
