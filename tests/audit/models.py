@@ -121,6 +121,9 @@ class Attention(nn.Module):
             q, k, v = (self._split(f(x)) for f in (self.query, self.key, self.value))
         if self.manual:
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, T)
+            if self.mask:  # as Hugging Face's BERT does: fill where the mask says "no"
+                keep = torch.ones(T, T, dtype=torch.bool, device=x.device)
+                scores = scores.masked_fill(~keep, float("-inf"))
             out = self.drop(torch.softmax(scores, dim=-1)) @ v
         else:
             mask = torch.ones(T, T, dtype=torch.bool, device=x.device) if self.mask else None

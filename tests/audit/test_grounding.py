@@ -196,3 +196,31 @@ def _traced_ops(model, inputs):
     import gpushape
 
     return gpushape.trace(model, inputs, train=True).ops
+
+
+def test_masked_manual_attention_is_priced_as_the_memory_efficient_kernel():
+    """A hand-written attention with a boolean mask (filled where ~mask, as BERT does) is found
+    past the mask's own ops; SDPA would take the memory-efficient kernel there, priced at its
+    measured rate. Where that kernel is no faster, the finding says the gain is memory only."""
+    import dataclasses
+
+    from .models import Attention
+
+    model = build(Attention, manual=True, mask=True, dropout=0.1)
+    inputs = (meta(8, 512, 768),)
+    h200 = get_gpu("h200")
+
+    def finding(**rates):
+        spec = h200.replace(achievable=dataclasses.replace(h200.achievable, attention=rates))
+        (f,) = audit(model, inputs, gpu=spec, profile=None, train=True,
+                     rules=["manual-attention"]).findings
+        return f
+
+    fast = finding()
+    assert fast.evidence["mask"] and fast.evidence["dropout"]
+    assert fast.evidence["fused_kernel"] == "efficient" and fast.est_saving_s > 0
+    rates = {f"efficient/{p}/dropout/d64": 0.001 for p in ("fwd", "bwd")}
+    slow = finding(**rates)
+    assert slow.est_saving_s == 0 and slow.evidence["time_fused_s"] > fast.evidence["time_fused_s"]
+    assert "no faster for these shapes with a mask and dropout" in slow.message
+    assert slow.severity.name == "INFO"

@@ -24,14 +24,20 @@ MAX_STEPS = 4
 
 
 def _scores_producer(ops: list[OpRecord], pos: int) -> tuple[OpRecord, list[OpRecord]] | None:
-    """The bmm that made softmax `ops[pos]`'s input, and the elementwise ops in between."""
+    """The bmm that made softmax `ops[pos]`'s input, and the elementwise ops in between. Ops
+    that neither read nor write a score-sized tensor (`~mask` on a (T, T) or (B, 1, 1, T)
+    boolean mask, computed between the two) are side work, skipped."""
     numel, between = ops[pos].inputs[0].numel, []
-    for rec in preceding(ops, pos, limit=MAX_STEPS):
+    for rec in preceding(ops, pos, limit=2 * MAX_STEPS):
         if not rec.outputs or rec.outputs[0].numel != numel:
-            return None
+            if any(t.numel == numel for t in rec.inputs):
+                return None  # the scores went into something else: not this pattern
+            continue
         if rec.name in BMM_OPS:
             return rec, between
         between.append(rec)
+        if len(between) >= MAX_STEPS:
+            return None
     return None
 
 
@@ -98,6 +104,10 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
                f"{s.tq}x{s.tk} score matrix goes through memory ({s.score_bytes() / 1e6:,.1f} MB "
                f"per site); F.scaled_dot_product_attention runs it as one "
                f"{backend or 'fused'} kernel")
+    if backend and saving_s <= 0:
+        message += (f", which on {ctx.gpu.name} is no faster for these shapes"
+                    f"{' with a mask and dropout' if s.has_mask and s.dropout else ''}: "
+                    "the gain is the score matrix not kept for the backward")
     severity = None if backend else Severity.INFO
     yield ctx.finding(RULE, module_pattern(x["module"] for x in sites), message, evidence,
                       saving_s=saving_s, fix="sdpa", severity=severity)
