@@ -219,8 +219,23 @@ def test_masked_manual_attention_is_priced_as_the_memory_efficient_kernel():
     fast = finding()
     assert fast.evidence["mask"] and fast.evidence["dropout"]
     assert fast.evidence["fused_kernel"] == "efficient" and fast.est_saving_s > 0
+    # a (T, T) mask may be the causal one: flash with is_causal=True is priced beside it
+    assert fast.evidence["time_fused_if_causal_s"] < fast.evidence["time_fused_s"]
+    assert "if the mask is causal, is_causal=True" in fast.message
     rates = {f"efficient/{p}/dropout/d64": 0.001 for p in ("fwd", "bwd")}
     slow = finding(**rates)
     assert slow.est_saving_s == 0 and slow.evidence["time_fused_s"] > fast.evidence["time_fused_s"]
     assert "no faster for these shapes with a mask and dropout" in slow.message
     assert slow.severity.name == "INFO"
+
+
+def test_a_key_padding_mask_gets_no_causal_hint():
+    """BERT's (B, 1, 1, T) padding mask does not vary over queries: it cannot be the causal one."""
+    model, (ids,) = create_model("bert-base", batch=2, seq_len=64, layers=1, attention="manual",
+                                 dtype=torch.bfloat16)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones(ids.shape, dtype=torch.long,
+                                                             device="meta")}
+    (f,) = audit(model, inputs, gpu=get_gpu("h200"), train=True,
+                 rules=["manual-attention"]).findings
+    assert f.evidence["mask"] and f.evidence["fused_kernel"] == "efficient"
+    assert "time_fused_if_causal_s" not in f.evidence and "is_causal" not in f.message

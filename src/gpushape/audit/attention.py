@@ -29,6 +29,9 @@ class AttentionShape:
     dtype: str  # "bfloat16"
     has_mask: bool = False
     dropout: bool = False
+    # the mask varies over query positions too (a (T, T) mask, as a causal one does; a
+    # key-padding mask of shape (B, 1, 1, T) does not)
+    mask_per_query: bool = False
 
     def score_bytes(self) -> int:
         return self.bh * self.tq * self.tk * tensor((1,), self.dtype).itemsize
@@ -46,7 +49,8 @@ def fused_backend(s: AttentionShape) -> str | None:
     return None
 
 
-def fused_records(s: AttentionShape, train: bool, backend: str = "flash") -> list[OpRecord]:
+def fused_records(s: AttentionShape, train: bool, backend: str = "flash",
+                  causal: bool = False) -> list[OpRecord]:
     q = tensor((s.bh, 1, s.tq, s.d), s.dtype)
     k = tensor((s.bh, 1, s.tk, s.d), s.dtype)
     v = tensor((s.bh, 1, s.tk, s.dv), s.dtype)
@@ -54,7 +58,7 @@ def fused_records(s: AttentionShape, train: bool, backend: str = "flash") -> lis
     lse = tensor((s.bh, 1, s.tq), "float32")
     name = ("aten._scaled_dot_product_flash_attention" if backend == "flash"
             else "aten._scaled_dot_product_efficient_attention")
-    params = {"dropout_p": 0.1 if s.dropout else 0.0, "is_causal": False}
+    params = {"dropout_p": 0.1 if s.dropout else 0.0, "is_causal": causal}
     recs = [record(f"{name}.default", {"query": q, "key": k, "value": v}, [out, lse],
                    params=params)]
     if train:
