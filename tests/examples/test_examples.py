@@ -19,3 +19,12 @@ def test_fused_block_runs_and_matches(capsys):
     assert _load("fused_block.py").main(["--width", "64", "--tokens", "32", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "max relative difference" in out and "gpushape eager" in out
+
+
+def test_audit_attention_finds_the_hand_written_attention_and_clears_it(capsys):
+    assert _load("audit_attention.py").main(["--batch", "2", "--seq", "256"]) == 0
+    out = capsys.readouterr().out
+    hand, fixed = out.split("\nfixed:")
+    for rule in ("manual-attention", "separate-qkv", "unfused-softmax-dropout"):
+        assert rule in hand and rule not in fixed, rule
+    assert "is_causal=True" in hand  # (so small a block is launch-bound either way)
