@@ -271,6 +271,26 @@ def test_bad_input_and_bad_linears():
         FusedQKV.from_linears(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8), 2, 1)
 
 
+def test_torch_func_grad_and_vmap_work():
+    """Under torch.func transforms the projection stays plain PyTorch (the Triton assembly's
+    autograd.Function is not a functorch one): per-sample gradients match autograd's."""
+    torch.manual_seed(0)
+    fused = FusedQKV(32, 4, 2).to(DEV)
+    x = torch.randn(3, 5, 32, device=DEV)
+    params = {k: v.detach() for k, v in fused.named_parameters()}
+
+    def loss(p, xi):
+        q, k, v = torch.func.functional_call(fused, p, (xi[None],))
+        return q.square().sum() + 2 * k.sum() + 3 * v.sum()
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
+    for i in range(x.shape[0]):
+        want = torch.autograd.grad(loss(dict(fused.named_parameters()), x[i]),
+                                   list(fused.parameters()))
+        for name, w in zip(params, want):
+            torch.testing.assert_close(per_sample[name][i], w)
+
+
 def test_compile_fullgraph_matches_eager():
     fused = FusedQKV(64, 4, 2).to(DEV)
     backend = "inductor" if DEV == "cuda" else "aot_eager"

@@ -26,6 +26,13 @@ def triton_available() -> bool:
     return True
 
 
+def functorch_active() -> bool:
+    """torch.func transforms (grad, vmap, jacrev, ...) are running. gpushape's eager
+    autograd.Functions and custom ops do not support them, so the ops then take their
+    plain-PyTorch reference, which the transforms differentiate (and batch) like any code."""
+    return torch._C._are_functorch_transforms_active()
+
+
 def use_triton(*tensors: torch.Tensor | None) -> bool:
     """True when these (same-device) tensors should run the Triton kernels."""
     device = next(t.device for t in tensors if t is not None)

@@ -16,7 +16,13 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._dispatch import FLOAT_DTYPES, check_float, check_same_device, use_triton
+from ._dispatch import (
+    FLOAT_DTYPES,
+    check_float,
+    check_same_device,
+    functorch_active,
+    use_triton,
+)
 from ._launch import aligned
 from ._norm_launch import backward_plan, forward_plan
 from ._norm_reference import (
@@ -169,6 +175,9 @@ def eager_path(x: torch.Tensor) -> bool:
 
 def run_eager(x, residual, weight, bias, eps: float, *, act: int, rms: bool):
     """y, or (y, s) when residual is given; autograd only when a gradient is wanted."""
+    if functorch_active():
+        out = reference_forward(x, residual, weight, bias, eps, act=act, rms=rms)
+        return out.y if residual is None else (out.y, out.s)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (x, residual, weight, bias)):
         return _NormFunction.apply(x, residual, weight, bias, eps, act, rms)

@@ -26,7 +26,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _batch_norm_launch as launch
-from ._dispatch import FLOAT_DTYPES, check_float, check_same_device, use_triton
+from ._dispatch import (
+    FLOAT_DTYPES,
+    check_float,
+    check_same_device,
+    functorch_active,
+    use_triton,
+)
 
 ACTIVATIONS = ("relu", "none")
 _OP = "batch_norm_act"
@@ -294,6 +300,10 @@ def batch_norm_act(x: Tensor, weight: Tensor | None, bias: Tensor | None,
     """
     _check(x, weight, bias, running_mean, running_var, residual, training, eps, activation)
     eps, momentum = float(eps), float(momentum)
+    if functorch_active():  # torch.func: PyTorch's own ops, which it differentiates
+        y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        y = y if residual is None else y + residual
+        return F.relu(y) if activation == "relu" else y
     if not torch.compiler.is_compiling():
         return _BatchNormActFn.apply(x, weight, bias, running_mean, running_var, residual,
                                      training, momentum, eps, activation)

@@ -32,7 +32,13 @@ from torch import nn
 from . import _attn_softmax_kernels as K
 from ._attn_philox import drop_threshold, keep_mask_reference
 from ._attn_softmax_reference import backward_reference, compute_dtype, forward_reference
-from ._dispatch import FLOAT_DTYPES, check_float, check_same_device, use_triton
+from ._dispatch import (
+    FLOAT_DTYPES,
+    check_float,
+    check_same_device,
+    functorch_active,
+    use_triton,
+)
 
 __all__ = ["SINGLE_PASS_MAX_N", "SoftmaxDropout", "draw_seed", "dropout_keep_mask",
            "softmax_dropout"]
@@ -280,6 +286,9 @@ def softmax_dropout(x: torch.Tensor, p: float, training: bool = True, scale: flo
     _check_inputs(x, p, scale, attn_mask, is_causal)
     drop = bool(training) and p > 0
     seed = draw_seed(x.device) if drop else None
+    if functorch_active():  # torch.func: the plain-PyTorch reference, same Philox mask
+        return forward_reference(x, seed, float(p) if drop else 0.0, float(scale), attn_mask,
+                                 bool(is_causal))[0]
     y, _ = softmax_dropout_fwd(x, seed, float(p) if drop else 0.0, float(scale), attn_mask,
                                bool(is_causal))
     return y
