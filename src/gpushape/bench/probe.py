@@ -50,6 +50,7 @@ _GEMM_SETUP_S = 0.01
 _MISALIGNED_SLOWDOWN = 4.0  # budget only: an unaligned GEMM runs at roughly a quarter speed
 _CLAIM_EST_S = 0.6  # budget only: one claim's A/B measurement, autotuning included
 _MEMORY_EST_S = 2.0  # budget only: one memory family's (or the stem's) traced, timed step
+_ATTENTION_EST_S = 0.5  # budget only: one SDPA configuration, forward and fwd+bwd (H200: 0.4 s)
 
 
 class ProbeError(GpushapeError, RuntimeError):
@@ -203,12 +204,15 @@ def _budget_table(tasks: list[Task], plan: ProbePlan, claims: int) -> Table:
     for sweep, est in _by_sweep(tasks).items():
         table.add_row(sweep, str(est[0]), f"{est[1]:.1f}")
     table.add_row("guide claims (A/B measurements)", str(claims), f"{claims * _CLAIM_EST_S:.1f}")
-    # and the stem convolution, and the fused-attention configurations
-    families = len(probe_memory.WORKLOADS) + 1 + len(probe_attention.CONFIGS)
-    table.add_row("eager kernels by memory family, stem conv, attention", str(families),
+    families = len(probe_memory.WORKLOADS) + 1  # and the stem convolution
+    table.add_row("eager kernels by memory family, stem conv", str(families),
                   f"{families * _MEMORY_EST_S:.1f}")
-    total_s = sum(t.est_s for t in tasks) + claims * _CLAIM_EST_S + families * _MEMORY_EST_S
-    table.add_row("total", str(len(tasks) + claims + families), f"{total_s:.1f}")
+    attention = len(probe_attention.CONFIGS)
+    table.add_row("fused attention (SDPA backends, head sizes)", str(attention),
+                  f"{attention * _ATTENTION_EST_S:.1f}")
+    total_s = (sum(t.est_s for t in tasks) + claims * _CLAIM_EST_S + families * _MEMORY_EST_S
+               + attention * _ATTENTION_EST_S)
+    table.add_row("total", str(len(tasks) + claims + families + attention), f"{total_s:.1f}")
     return table
 
 
