@@ -47,14 +47,20 @@ def per_call_us(fn, calls: int, repeats: int = 5) -> float:
     return statistics.median(runs)
 
 
-class _Identity(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
+def on_worker(x, dy, work=None):
+    """A fwd+bwd through an identity Python autograd.Function whose backward, run on autograd's
+    device thread, calls `work` first (nothing: the engine's own cost)."""
+    class Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
 
-    @staticmethod
-    def backward(ctx, dy):
-        return dy
+        @staticmethod
+        def backward(ctx, g):
+            if work is not None:
+                work()
+            return g
+    return lambda: torch.autograd.grad(Identity.apply(x), (x,), dy)
 
 
 def breakdown(title: str, step, targets: dict[str, tuple[object, str]], calls: int) -> None:
@@ -143,8 +149,7 @@ def pieces(calls: int) -> dict[str, float]:
         put("rms_norm fwd, no grad", lambda: rms_norm(x, w))
     put("rms_norm fwd, Function.apply", lambda: rms_norm(x, w))
     put("F.rms_norm fwd, autograd", lambda: F.rms_norm(x, (16384,), w))
-    put("identity Function fwd+bwd (engine baseline)",
-        lambda: torch.autograd.grad(_Identity.apply(x), (x,), dy))
+    put("identity Function fwd+bwd (engine baseline)", on_worker(x, dy))
     put("x*2 native fwd+bwd (engine baseline)", lambda: torch.autograd.grad(x * 2, (x,), dy))
     put("rms_norm fwd+bwd (gpushape)", lambda: torch.autograd.grad(rms_norm(x, w), (x, w), dy))
     put("F.rms_norm fwd+bwd (PyTorch)",
@@ -152,27 +157,15 @@ def pieces(calls: int) -> dict[str, float]:
 
     # the same backward work on the calling thread, and on autograd's worker thread
     wd = w.detach()
-    put("norm_backward direct (calling thread)",
-        lambda: norm_common.norm_backward(dy, None, xd, wd, None, None, rstd, act=0, rms=True))
-
-    def on_worker(work):
-        class Fn(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, t):
-                return t.view_as(t)
-
-            @staticmethod
-            def backward(ctx, g):
-                work()
-                return g
-        return lambda: torch.autograd.grad(Fn.apply(x), (x,), dy)
-
-    put("worker thread: norm_backward", on_worker(
-        lambda: norm_common.norm_backward(dy, None, xd, wd, None, None, rstd, act=0, rms=True)))
-    put("worker thread: 5 empty_like", on_worker(lambda: [torch.empty_like(xd) for _ in range(5)]))
-    put("worker thread: 3 Launch", on_worker(
-        lambda: [plan.launch(True, *ptrs, *sizes) for _ in range(3)]))
-    put("calling thread: 3 Launch", lambda: [plan.launch(True, *ptrs, *sizes) for _ in range(3)])
+    backward = lambda: norm_common.norm_backward(
+        dy, None, xd, wd, None, None, rstd, act=0, rms=True)
+    launches = lambda: [plan.launch(True, *ptrs, *sizes) for _ in range(3)]
+    put("norm_backward direct (calling thread)", backward)
+    put("worker thread: norm_backward", on_worker(x, dy, backward))
+    put("worker thread: 5 empty_like",
+        on_worker(x, dy, lambda: [torch.empty_like(xd) for _ in range(5)]))
+    put("worker thread: 3 Launch", on_worker(x, dy, launches))
+    put("calling thread: 3 Launch", launches)
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     put("rms_norm fwd+bwd, GIL switch interval 1 us",
