@@ -178,6 +178,19 @@ def test_assembled_gradient_equals_the_cat_of_the_parts(heads, kv_heads, head_di
     assert torch.equal(missing[..., cut[1]:], want[..., cut[1]:])
 
 
+def test_more_programs_than_the_grid_holds_take_the_torch_copy(monkeypatch):
+    """batch x heads past CUDA's 65535 grid rows: no plan, and the copy_ path, same result."""
+    from gpushape.kernels import _qkv_assemble as qa
+
+    monkeypatch.setattr(qa, "_MAX_GRID_Y", 7)  # 2 x (4 + 2 + 2) = 16 programs > 7
+    sizes, shape = (4, 2, 2), (2, 5, 128)
+    assert qa.assembly_plan(shape, sizes, torch.float32, torch.device(DEV)) is None
+    parts = [torch.randn(2, h, 5, 16, device=DEV) for h in sizes]
+    out = qa.assemble_heads(tuple(parts), sizes, shape, torch.float32, torch.device(DEV))
+    want = torch.cat([p.transpose(1, 2) for p in parts], dim=2).reshape(shape)
+    assert torch.equal(out, want)
+
+
 def test_gradients_when_only_some_outputs_are_used():
     """q alone reaches the loss: dk and dv are zero, dX and dW match the three layers'."""
     torch.manual_seed(0)

@@ -23,6 +23,7 @@ from ._dispatch import use_triton
 from ._launch import Launch, aligned
 
 _TILE_ELEMENTS = 4096  # elements a program copies (8 KB of bf16)
+_MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dimension (batch x heads here)
 
 
 @functools.cache
@@ -95,7 +96,11 @@ _PLANS: dict[tuple, AssemblyPlan] = {}
 
 
 def assembly_plan(shape: tuple[int, int, int], heads: tuple[int, ...], dtype: torch.dtype,
-                  device: torch.device) -> AssemblyPlan:
+                  device: torch.device) -> AssemblyPlan | None:
+    """The plan for contiguous gradients of this shape; None when batch x heads programs do
+    not fit the grid (the backward then copies with torch)."""
+    if shape[0] * sum(heads) > _MAX_GRID_Y:
+        return None
     key = (shape, heads, dtype, device)
     plan = _PLANS.get(key)
     if plan is None:
@@ -122,8 +127,8 @@ def assemble_heads(grads: tuple[torch.Tensor | None, ...], heads: tuple[int, ...
     d = r // sum(heads)
     if not out.numel():
         return out
-    if use_triton(out) and all(g is not None and g.stride(-1) == 1 and g.dtype == dtype
-                               for g in grads):
+    if (use_triton(out) and batch * sum(heads) <= _MAX_GRID_Y
+            and all(g is not None and g.stride(-1) == 1 and g.dtype == dtype for g in grads)):
         ints = _ints(t, heads, d, [s for g in grads for s in g.stride()[:3]])
         _launch_for(ints, batch, dtype, device)(aligned(*grads, out), *grads, out, *ints)
         return out
