@@ -26,6 +26,14 @@ def triton_available() -> bool:
     return True
 
 
+def eager_path(x: torch.Tensor) -> bool:
+    """Plain tensors outside torch.compile skip the custom ops (or plain-PyTorch glue) for an
+    eager autograd.Function: the custom ops' Python dispatch (schema, fake and autograd layers)
+    costs more host time than these kernels take on the GPU. Subclasses (fake tensors,
+    DTensor, ...) and compilation keep the registered custom ops."""
+    return type(x) is torch.Tensor and not torch.compiler.is_compiling()
+
+
 def functorch_active() -> bool:
     """torch.func transforms (grad, vmap, jacrev, ...) are running. gpushape's eager
     autograd.Functions and custom ops do not support them, so the ops then take their

@@ -20,6 +20,7 @@ from ._dispatch import (
     FLOAT_DTYPES,
     check_float,
     check_same_device,
+    eager_path,  # noqa: F401  (re-exported for the norm ops)
     functorch_active,
     use_triton,
 )
@@ -166,13 +167,6 @@ def norm_backward(dy: torch.Tensor, ds: torch.Tensor | None, xs: torch.Tensor,
 # ---------------------------------------------------------------------------------------------
 # eager path: one autograd.Function straight to the launchers (the custom ops serve torch.compile)
 # ---------------------------------------------------------------------------------------------
-def eager_path(x: torch.Tensor) -> bool:
-    """Plain tensors outside torch.compile skip the custom ops: their Python dispatch (schema,
-    fake and autograd layers) costs more host time than these kernels take on the GPU.
-    Subclasses (fake tensors, DTensor, ...) and compilation keep the registered custom ops."""
-    return type(x) is torch.Tensor and not torch.compiler.is_compiling()
-
-
 def run_eager(x, residual, weight, bias, eps: float, *, act: int, rms: bool):
     """y, or (y, s) when residual is given; autograd only when a gradient is wanted."""
     if functorch_active():

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._dispatch import functorch_active, use_triton
+from ._dispatch import eager_path, functorch_active, use_triton
 from ._qkv_assemble import assemble_heads, assembly_plan
 
 __all__ = ["FusedQKV"]
@@ -93,8 +93,7 @@ class FusedQKV(nn.Module):
                              f"got {tuple(x.shape)}")
         qkv = F.linear(x, self.weight, self.bias)  # (B, T, (H + 2 Hkv) * D), one GEMM
         sizes = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
-        if (qkv.requires_grad and type(qkv) is torch.Tensor and use_triton(qkv)
-                and not torch.compiler.is_compiling()
+        if (qkv.requires_grad and eager_path(qkv) and use_triton(qkv)
                 and not functorch_active()):  # torch.func: plain ops
             return _SplitHeads.apply(qkv, sizes, self.head_dim)
         return _split_heads(qkv, sizes, self.head_dim)
