@@ -34,6 +34,7 @@ for spec in "$@"; do
     diag-bn) run diag-bn "$secs" python3 benchmarks/kernels/diagnose_batch_norm_act.py --repeats "${REPEATS:-6}" --out "$OUT/diagnose_batch_norm_act.json" ;;
     prof-bn) run prof-bn "$secs" python3 benchmarks/kernels/profile_batch_norm_act.py --host --out "$OUT/profile_batch_norm_act.json" ;;
     qkv-gemms) run qkv-gemms "$secs" python3 benchmarks/kernels/probe_qkv_gemms.py --out "$OUT/probe_qkv_gemms.json" ;;
+    qkv-grads) run qkv-grads "$secs" python3 benchmarks/kernels/probe_qkv_grads.py --out "$OUT/probe_qkv_grads.json" ;;
     host) run host "$secs" python3 benchmarks/kernels/host_costs.py --out "$OUT/host_costs.json" ;;
     prof-norms) run prof-norms "$secs" python3 benchmarks/kernels/profile_norms_host.py ;;
     gputests-misc) run gputests-misc "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/bench tests/hardware tests/trace tests/audit tests/cli ;;

@@ -35,9 +35,10 @@ def criteria(sm, qkv, counts, kv) -> list[dict]:
     mem = ratio(sm, "eager", "gpushape", field="held_mb", case=main, direction="memory")
     judge("softmax_dropout memory held / eager @262144x1024", mem and 1 / mem, 0.5, True)
     for label in cases(qkv):
-        judge(f"FusedQKV fwd+bwd vs 3 Linear @{label}",
+        # gradients of q, k, v as scaled_dot_product_attention's backward lays them out
+        judge(f"FusedQKV fwd+bwd (SDPA's grad layout) vs 3 Linear @{label}",
               ratio(qkv, "3 Linear", "gpushape", case=label, direction="fwd+bwd"), 1.15)
-        judge(f"FusedQKV fwd+bwd GPU time (CUDA graph) vs 3 Linear @{label}",
+        judge(f"FusedQKV fwd+bwd GPU time (CUDA graph, SDPA's grad layout) vs 3 Linear @{label}",
               ratio(qkv, "3 Linear", "gpushape", case=label, direction="fwd+bwd graph"), 1.15)
         c = counts.get(label)
         judge(f"FusedQKV no kernel between GEMM and SDPA @{label}",
@@ -99,10 +100,12 @@ def print_table(sm, qkv, counts, kv, verdicts, copy_gbps) -> None:
                ("eager", "compile", "gpushape")]
         print(f"{case:16s} {'held MB':8s}" + "".join(
             f" {m['held_mb']:8.0f}" if m["held_mb"] is not None else f" {'n/a':>8s}" for m in mem))
-    print(f"\n{'FusedQKV':10s} {'dir':14s} {'3 Linear':>9s} {'gpushape':>9s} {'speedup':>8s}"
+    print("\nFusedQKV: gradients of q, k, v laid out as SDPA's backward gives them, unless the row"
+          " says otherwise")
+    print(f"{'FusedQKV':10s} {'dir':31s} {'3 Linear':>9s} {'gpushape':>9s} {'speedup':>8s}"
           f" {'kernels fwd+SDPA':>17s} {'bwd':>9s} {'bwd copies':>11s}")
     for case in cases(qkv):
-        for d in ("fwd", "fwd+bwd", "fwd+bwd graph"):
+        for d in dict.fromkeys(r["direction"] for r in qkv if r["case"] == case):
             b, g = pick(qkv, case=case, direction=d, variant="3 Linear"), pick(
                 qkv, case=case, direction=d, variant="gpushape")
             if b is None:
@@ -111,7 +114,7 @@ def print_table(sm, qkv, counts, kv, verdicts, copy_gbps) -> None:
                 f" {counts[case]['3 Linear'][key]:>{w}d}->{counts[case]['gpushape'][key]:<4d}"
                 for key, w in (("fwd_with_sdpa_kernels", 12), ("bwd_kernels", 4),
                                ("bwd_copy_kernels", 6)))
-            print(f"{case:10s} {d:14s} {b['median_ms']:9.3f} {g['median_ms']:9.3f} "
+            print(f"{case:10s} {d:31s} {b['median_ms']:9.3f} {g['median_ms']:9.3f} "
                   f"{b['median_ms'] / g['median_ms']:8.2f}{k}")
     if kv:
         names = list(dict.fromkeys(r["variant"] for r in kv))

@@ -12,11 +12,14 @@
    exactly as /work/shared/anchors/measure_baselines.py. GB/s from minimum bytes: forward 2 S
    (read x, write y), forward+backward 5 S (+ read x, dy, write dx), S = bytes of x.
 4. FusedQKV against three Linear + view/transpose at BERT-base (E 768, 12 heads, T 512, B 32,
-   bias) and LLaMA-7B (E 4096, 32 heads, T 2048, B 1): forward (no_grad), forward+backward
-   (autograd.grad w.r.t. x and all parameters; random grads of q, k, v); torch.profiler kernel
-   counts of the forward through scaled_dot_product_attention, and of the backward. The
-   forward+backward is also replayed from a CUDA graph ("fwd+bwd graph"): GPU time alone,
-   without the host's launch, autograd and allocator cost that the eager timing includes.
+   bias) and LLaMA-7B (E 4096, 32 heads, T 2048, B 1, causal): forward (no_grad),
+   forward+backward (autograd.grad w.r.t. x and all parameters; random grads of q, k, v laid
+   out as SDPA's backward gives them, see `qkv_grads`); torch.profiler kernel counts of the
+   forward through scaled_dot_product_attention, and of the backward. The forward+backward is
+   also replayed from a CUDA graph ("fwd+bwd graph"): GPU time alone, without the host's
+   launch, autograd and allocator cost that the eager timing includes. Two more graph rows:
+   gradients contiguous in (B, heads, T, D), as a written-out attention gives them, and the
+   projections with scaled_dot_product_attention after them.
 5. Appending one step (B 4, 32 heads, D 128) at cache lengths 128 .. 32768: KVCache.append,
    append_static (eager and replayed from a CUDA graph), torch.cat of the whole cache.
 Timings: CUDA events, variants alternated round by round (gpushape.bench.compare), medians.
@@ -56,8 +59,8 @@ P, DTYPE = 0.1, torch.bfloat16
 DEV = "cuda"  # --device cpu (TRITON_INTERPRET=1, tiny sizes) only smoke-tests this script
 SOFTMAX_SHAPES = {"262144x1024": (262144, 1024), "scores T=1024": (16, 16, 1024, 1024),
                   "scores T=2048": (16, 16, 2048, 2048)}
-QKV_SHAPES = {"BERT-base": dict(E=768, H=12, KV=12, T=512, B=32, bias=True),
-              "LLaMA-7B": dict(E=4096, H=32, KV=32, T=2048, B=1, bias=False)}
+QKV_SHAPES = {"BERT-base": dict(E=768, H=12, KV=12, T=512, B=32, bias=True, causal=False),
+              "LLaMA-7B": dict(E=4096, H=32, KV=32, T=2048, B=1, bias=False, causal=True)}
 KV_LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 
 
@@ -224,8 +227,31 @@ def cuda_kernels(fn) -> Counter:
 
 
 def copy_like(kernels: Counter) -> int:
+    """Kernels that only move data: torch's copies and cats, and FusedQKV's gradient assembly."""
     return sum(n for name, n in kernels.items()
-               if "copy" in name.lower() or "CatArray" in name)
+               if "copy" in name.lower() or "CatArray" in name or "assemble" in name)
+
+
+def qkv_grads(cfg, layout: str) -> list[torch.Tensor]:
+    """Random gradients of q, k, v (B, heads, T, D). "sdpa": laid out as the backward of
+    scaled_dot_product_attention gives them on the H200, flash and memory-efficient alike
+    ((B, T, heads, D) memory, transposed; benchmarks/kernels/probe_qkv_grads.py), which the
+    three Linear layers reshape for free. "bhtd": contiguous (B, heads, T, D), for which they
+    each pay a transposing copy."""
+    d = cfg["E"] // cfg["H"]
+    shapes = [(cfg["B"], h, cfg["T"], d) for h in (cfg["H"], cfg["KV"], cfg["KV"])]
+    if layout == "bhtd":
+        return [torch.randn(s, device=DEV, dtype=DTYPE) for s in shapes]
+    return [torch.randn(b, t, h, dd, device=DEV, dtype=DTYPE).transpose(1, 2)
+            for b, h, t, dd in shapes]
+
+
+# (row label, gradient layout, through SDPA, replayed from a CUDA graph); the first three rows
+# are the criteria's: the projections' own forward+backward with gradients as SDPA gives them
+QKV_DIRECTIONS = (("fwd", None, False, False), ("fwd+bwd", "sdpa", False, False),
+                  ("fwd+bwd graph", "sdpa", False, True),
+                  ("fwd+bwd graph, (B,H,T,D) grads", "bhtd", False, True),
+                  ("fwd+bwd graph, with SDPA", None, True, True))
 
 
 def time_qkv(label, cfg, rounds, repeats) -> tuple[list[dict], dict]:
@@ -237,23 +263,33 @@ def time_qkv(label, cfg, rounds, repeats) -> tuple[list[dict], dict]:
     variants = {"3 Linear": (baseline_qkv(layers, d),
                              [x] + [p for layer in layers for p in layer.parameters()]),
                 "gpushape": (fused, [x, *fused.parameters()])}
-    grads = [torch.randn(cfg["B"], h, cfg["T"], d, device=DEV, dtype=DTYPE)
-             for h in (cfg["H"], cfg["KV"], cfg["KV"])]
+    gqa = dict(enable_gqa=True) if cfg["KV"] != cfg["H"] else {}
+    causal = cfg.get("causal", False)
+    grad_out = torch.randn(cfg["B"], cfg["H"], cfg["T"], d, device=DEV, dtype=DTYPE)
+
+    def step(f, wrt, layout, sdpa):
+        if sdpa:  # the projections and the attention they feed, forward and backward
+            return lambda: torch.autograd.grad(
+                F.scaled_dot_product_attention(*f(x), is_causal=causal, **gqa), wrt, grad_out)
+        if layout is None:
+            return lambda: _no_grad(f, x)
+        grads = qkv_grads(cfg, layout)
+        return lambda: torch.autograd.grad(f(x), wrt, grads)
+
     rows = []
-    for direction in ("fwd", "fwd+bwd", "fwd+bwd graph"):
-        timed = {name: ((lambda f=f: _no_grad(f, x)) if direction == "fwd" else
-                        (lambda f=f, wrt=wrt: torch.autograd.grad(f(x), wrt, grads)))
-                 for name, (f, wrt) in variants.items()}
-        if direction.endswith("graph"):  # GPU time alone: no host, allocator or launch cost
+    for direction, layout, sdpa, graph in QKV_DIRECTIONS:
+        timed = {name: step(f, wrt, layout, sdpa) for name, (f, wrt) in variants.items()}
+        if graph:  # GPU time alone: no host, allocator or launch cost
             timed = {name: graphed(fn) for name, fn in timed.items()}
         warm_up(timed)
         for name, t in compare(timed, rounds=rounds, repeats_per_round=repeats,
                                warmup=2).items():
             rows.append(dict(case=label, direction=direction, variant=name, config=cfg,
+                             grad_layout=layout, with_sdpa=sdpa,
                              median_ms=t.median_s * 1e3, p10_ms=t.p10_s * 1e3,
                              p90_ms=t.p90_s * 1e3, repeats=t.repeats))
+    grads = qkv_grads(cfg, "sdpa")
     counts = {}
-    gqa = dict(enable_gqa=True) if cfg["KV"] != cfg["H"] else {}
     for name, (f, wrt) in variants.items():
         sdpa = lambda f=f: F.scaled_dot_product_attention(*f(x), is_causal=True, **gqa)
         fwd = cuda_kernels(lambda sdpa=sdpa: _no_grad(sdpa))

@@ -12,8 +12,11 @@ only the last dim contiguous), so nothing is copied between the GEMM and the att
 Backward: dq, dk and dv are written into one (B, T, (H + 2 * Hkv) * D) gradient of the GEMM's
 output, which the GEMM backward then reads as one matrix: one dX GEMM and one dW GEMM instead of
 three each, and no adds of three dX partials. In eager mode a Triton kernel does the writing
-(`_qkv_assemble.py`: autograd's own `cat` over the transposed views ran at ~1 TB/s on the H200);
-under torch.compile the views are plain PyTorch and Inductor generates that copy itself.
+(`_qkv_assemble.py`); under torch.compile the views are plain PyTorch and Inductor generates that
+copy itself. The layout the gradients come in decides what that kernel is worth. SDPA's backward
+gives (B, T, heads, D) memory, which autograd's own `cat` copies as fast; a written-out
+attention's matmul gives contiguous (B, heads, T, D), where that `cat` ran at ~1 TB/s on the
+H200 and the kernel at ~4 TB/s (benchmarks/kernels/probe_qkv_grads.py).
 
 Checkpoints: state_dict() saves the layout of three separate nn.Linear layers (`q_proj.weight`,
 `q_proj.bias`, `k_proj...`, `v_proj...`; the names are configurable), as views of the fused
