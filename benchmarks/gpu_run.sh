@@ -46,12 +46,14 @@ for spec in "$@"; do
     calib-mem) run calib-mem "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     # fused attention's rates added to the shipped profile, which later steps then use
     calib-bn-family) run calib-bn-family "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families fused_batch_norm_act -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
+    calib-nchw) run calib-nchw "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-batch_norm_nchw,pool_nchw,nchw_conversion}" -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     calib-attn) run calib-attn "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts attention -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     tune-norms) run tune-norms "$secs" python3 benchmarks/kernels/tune_norms.py ;;
     gputests-bn) run gputests-bn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -k "not 2_pow_31" tests/kernels/test_batch_norm_act_gpu.py ;;
     tune-bn) run tune-bn "$secs" python3 benchmarks/kernels/tune_batch_norm_act.py --quick ;;
     probe-quick) run probe-quick "$secs" python3 -m gpushape probe --quick -o "$OUT/probe-h200-quick/h200-sxm.json" ;;
     probe) run probe "$secs" python3 -m gpushape probe -o "$OUT/probe-h200/h200-sxm.json" ;;
+    diag-nchw) run diag-nchw "$secs" python3 benchmarks/audit/diagnose_nchw.py --out "$OUT/diagnose_nchw.json" ;;
     audit-validate) run audit-validate "$secs" python3 benchmarks/audit/validate_savings.py ;;
     # make test on a clean export of HEAD (uncommitted work in the tree does not count)
     # (.carry/head.tar: `git archive -o .carry/head.tar HEAD`, carried to the machine)

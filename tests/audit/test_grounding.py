@@ -64,6 +64,52 @@ def test_nchw_conv_against_the_h200_channels_last_anchor():
     assert measured_share / 1.6 <= share <= measured_share * 1.6
 
 
+def test_nchw_conv_divides_the_conversions_by_their_measured_efficiency():
+    """A profile's "nchw_conversion" efficiency (bench/probe_layout.py) scales the saving: at
+    0.4 of the copy rate the conversions take 2.5x as long as at the copy rate."""
+    import dataclasses
+
+    from .models import ConvBN
+
+    h200 = get_gpu("h200")
+    model, inputs = build(ConvBN), (meta(32, 64, 56, 56),)
+    (f,) = audit(model, inputs, gpu=h200, profile=None, rules=["nchw-conv"]).findings
+    measured = h200.replace(achievable=dataclasses.replace(
+        h200.achievable, memory_efficiency={"nchw_conversion": 0.4}))
+    (g,) = audit(model, inputs, gpu=measured, profile=None, rules=["nchw-conv"]).findings
+    assert f.evidence["conversion_efficiency"] == 1.0
+    assert g.evidence["conversion_efficiency"] == 0.4
+    assert g.est_saving_s == pytest.approx(f.est_saving_s / 0.4)
+    assert g.evidence["conversion_bytes"] == f.evidence["conversion_bytes"]
+
+
+def test_nchw_conv_adds_what_nchw_batch_norm_loses_to_channels_last():
+    """With NCHW BatchNorm measured at a third of channels_last BatchNorm's efficiency, the
+    saving adds two thirds of the NCHW BatchNorm ops' memory time (forward and backward)."""
+    import dataclasses
+
+    import gpushape
+    from gpushape.trace.cost import op_cost
+    from gpushape.trace.families import memory_family
+
+    from .models import ConvBN
+
+    h200 = get_gpu("h200")
+    model, inputs = build(ConvBN), (meta(32, 64, 56, 56),)
+    (plain,) = audit(model, inputs, gpu=h200, profile=None, rules=["nchw-conv"]).findings
+    spec = h200.replace(achievable=dataclasses.replace(
+        h200.achievable, memory_efficiency={"batch_norm": 0.6, "batch_norm_nchw": 0.2}))
+    report = audit(model, inputs, gpu=spec, profile=None, rules=["nchw-conv"])
+    (f,) = report.findings
+    traced = gpushape.trace(model, inputs, train=True)
+    bn = [r for r in traced.ops if memory_family(r) == "batch_norm_nchw"]
+    assert len(bn) == 2 == f.evidence["nchw_norm_pool_ops"]  # forward and backward
+    extra = sum(op_cost(r, spec).memory_s for r in bn) * (1 - 0.2 / 0.6)
+    assert f.evidence["nchw_norm_pool_s"] == pytest.approx(extra)
+    assert f.est_saving_s == pytest.approx(plain.est_saving_s + extra)
+    assert "BatchNorm/pooling" in f.message and "BatchNorm/pooling" not in plain.message
+
+
 def test_checkpointing_is_only_advised_when_memory_is_short():
     """The same stack draws checkpoint-candidate on a 24 GB chip and nothing on a 141 GB one
     at a batch whose activations (~26 GB) fit the latter easily but not the former."""

@@ -134,3 +134,16 @@ def test_report_has_the_attention_rates_when_the_profile_does(synthetic_profile,
     assert "## Fused attention against the GEMM model" in md
     assert "| flash attention, head size 64, 8x16x1024x64 | 0.36 | 271 | 0.28 | 209 |" in md
     assert "| efficient attention | failed: RuntimeError: no kernel |" in md
+
+
+def test_memory_section_explains_the_nchw_row_and_shows_an_unmeasured_one():
+    from gpushape.bench.probe_report import _memory
+
+    nchw = {"efficiency": 0.4, "workload": "bottlenecks", "measured_s": 3e-3,
+            "channels_last_s": 1e-3, "conversion_bytes": 3.4e9}
+    text = "\n".join(_memory({"memory_efficiency": {"nchw_conversion": nchw}}))
+    assert "| nchw_conversion | bottlenecks | 0.40 | 3.000 |" in text
+    assert "took 3.000 ms against 1.000 ms in channels_last" in text and "3.40 GB" in text
+    quiet = dict(nchw, efficiency=None, note="NCHW ran no slower than channels_last")
+    text = "\n".join(_memory({"memory_efficiency": {"nchw_conversion": quiet}}))
+    assert "none: NCHW ran no slower" in text and "took" not in text

@@ -93,3 +93,25 @@ def test_cuda_graph_replays_a_training_step():
     torch.cuda.synchronize()
     expect = torch.autograd.grad((x @ w).square().sum(), w)[0]
     torch.testing.assert_close(out["g"], expect)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_keeps_what_the_captured_step_owns():
+    """The step's closure owns its input; the caller keeps only the replay. The replay must
+    keep the input alive: freed, its memory would be handed out again and the graph would
+    read someone else's numbers (or fault)."""
+    import gc
+
+    out = torch.zeros(1 << 20, device="cuda")
+
+    def make_step():
+        x = torch.full((1 << 20,), 3.0, device="cuda")
+        return lambda: out.copy_(x * 2)
+
+    replay = cuda_graph(make_step())
+    gc.collect()
+    others = [torch.full((1 << 20,), -1.0, device="cuda") for _ in range(16)]
+    out.zero_()
+    replay()
+    torch.cuda.synchronize()
+    assert bool(torch.all(out == 6.0)) and len(others) == 16

@@ -13,7 +13,7 @@ from _trace_helpers import meta, only, trace_fn
 from gpushape.hardware import get_gpu
 from gpushape.hardware.profile import calibrated
 from gpushape.trace.cost import op_cost
-from gpushape.trace.families import ALL_FAMILIES, FAMILIES, memory_family
+from gpushape.trace.families import ALL_FAMILIES, FAMILIES, memory_family, priced_family
 
 
 def _family_of(fn, *shapes, name: str, train: bool = True) -> str | None:
@@ -25,7 +25,13 @@ def _family_of(fn, *shapes, name: str, train: bool = True) -> str | None:
     (lambda x: F.layer_norm(x, (64,)), [(8, 64)], "native_layer_norm", "norm"),
     (lambda x: F.layer_norm(x, (64,)), [(8, 64)], "native_layer_norm_backward", "norm"),
     (lambda x: torch.softmax(x, -1), [(8, 64)], "_softmax", "softmax"),
-    (lambda x: F.max_pool2d(x, 2), [(2, 3, 8, 8)], "max_pool2d_with_indices", "pool"),
+    (lambda x: F.max_pool2d(x, 2), [(2, 3, 8, 8)], "max_pool2d_with_indices", "pool_nchw"),
+    (lambda x: F.max_pool2d(x.contiguous(memory_format=torch.channels_last), 2), [(2, 3, 8, 8)],
+     "max_pool2d_with_indices", "pool"),
+    (lambda x: F.batch_norm(x, None, None, training=True), [(2, 3, 8, 8)],
+     "native_batch_norm_backward", "batch_norm_nchw"),
+    (lambda x: F.batch_norm(x, None, None, training=True), [(2, 3, 8)],
+     "native_batch_norm", "batch_norm"),  # BatchNorm1d: no layouts to tell apart
     (lambda x: F.gelu(x), [(8, 64)], "gelu_backward", "activation"),
     (lambda x, y: torch.relu(x + y), [(8, 64), (8, 64)], "add", "elementwise"),
     (lambda x: x.sum(0), [(8, 64)], "sum", "reduction"),
@@ -66,3 +72,23 @@ def test_the_shipped_h200_profile_carries_measured_efficiencies():
 def test_family_tables_do_not_overlap():
     ops = [op for family in FAMILIES.values() for op in family]
     assert len(ops) == len(set(ops))
+
+
+def test_an_unmeasured_nchw_family_is_priced_as_its_channels_last_one():
+    """A profile without the NCHW figure prices NCHW BatchNorm at the batch_norm family's (the
+    chips measured before the split), one with it at its own."""
+    rec = only(trace_fn(lambda x: F.batch_norm(x, None, None, training=True),
+                        (meta(8, 64, 16, 16),)), "native_batch_norm")
+    assert memory_family(rec) == "batch_norm_nchw"
+    assert priced_family("batch_norm_nchw", {"batch_norm": 0.5}) == "batch_norm"
+    assert priced_family("batch_norm_nchw", {"batch_norm_nchw": 0.2}) == "batch_norm_nchw"
+    assert priced_family("norm", {}) == "norm" and priced_family(None, {}) is None
+    spec = get_gpu("h200")
+
+    def with_eff(**eff):
+        return spec.replace(achievable=dataclasses.replace(spec.achievable,
+                                                           memory_efficiency=eff))
+    base = op_cost(rec, spec).memory_s
+    assert op_cost(rec, with_eff(batch_norm=0.5)).memory_s == pytest.approx(2 * base)
+    assert op_cost(rec, with_eff(batch_norm=0.5, batch_norm_nchw=0.25)).memory_s == \
+        pytest.approx(4 * base)

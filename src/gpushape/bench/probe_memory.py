@@ -52,12 +52,14 @@ class _Workload(nn.Module):
 @dataclass(frozen=True)
 class FamilyWorkload:
     """`passes`: for gpushape's fused kernels (not traced: the meta trace would record their
-    plain-PyTorch reference), the minimum bytes of the step as passes over its parameter."""
+    plain-PyTorch reference), the minimum bytes of the step as passes over its parameter.
+    `measure`: a family measured its own way instead of `measure_family` (same arguments)."""
 
     family: str
     describe: str
-    build: Callable[[float], nn.Module]
+    build: Callable[[float], nn.Module] | None
     passes: int = 0
+    measure: Callable[..., dict[str, Any]] | None = None
 
 
 def _fused(kind: str, scale: float) -> nn.Module:
@@ -73,6 +75,12 @@ def _fused(kind: str, scale: float) -> nn.Module:
                          modules={"op": BatchNormAct2d(c)})
     return _Workload(lambda m, x: m.layers["op"](x), (_rows(scale, 65536), 1024),
                      modules={"op": SoftmaxDropout(0.1)})
+
+
+def _nchw_conversion(work: FamilyWorkload, spec: GPUSpec, **kwargs: Any) -> dict[str, Any]:
+    from .probe_layout import measure_nchw_conversion  # it imports this module
+
+    return measure_nchw_conversion(work, spec, **kwargs)
 
 
 def _rows(scale: float, full: int) -> int:
@@ -98,12 +106,18 @@ WORKLOADS = (
     FamilyWorkload("batch_norm", "BatchNorm2d(256), training, 64x256x56x56 channels_last",
                    lambda s: _Workload(lambda m, x: m.layers["bn"](x), (_rows(s, 64), 256, 56, 56),
                                        channels_last=True, modules={"bn": nn.BatchNorm2d(256)})),
+    FamilyWorkload("batch_norm_nchw", "BatchNorm2d(256), training, 64x256x56x56 NCHW",
+                   lambda s: _Workload(lambda m, x: m.layers["bn"](x), (_rows(s, 64), 256, 56, 56),
+                                       modules={"bn": nn.BatchNorm2d(256)})),
     FamilyWorkload("softmax", "softmax(dim=-1) on 65536x1024",
                    lambda s: _Workload(lambda m, x: torch.softmax(x, -1),
                                        (_rows(s, 65536), 1024))),
     FamilyWorkload("pool", "MaxPool2d(3, 2, 1) on 64x64x112x112 channels_last",
                    lambda s: _Workload(lambda m, x: F.max_pool2d(x, 3, 2, 1),
                                        (_rows(s, 64), 64, 112, 112), channels_last=True)),
+    FamilyWorkload("pool_nchw", "MaxPool2d(3, 2, 1) on 64x64x112x112 NCHW",
+                   lambda s: _Workload(lambda m, x: F.max_pool2d(x, 3, 2, 1),
+                                       (_rows(s, 64), 64, 112, 112))),
     FamilyWorkload("gather", "Embedding(30522, 768) over 32x512 token ids", _embedding),
     FamilyWorkload("dropout", "dropout(p=0.1), training, 8192x8192",
                    lambda s: _Workload(lambda m, x: F.dropout(x, 0.1, True),
@@ -121,6 +135,10 @@ WORKLOADS = (
                    "channels_last", lambda s: _fused("batch_norm_act", s), passes=8),
     FamilyWorkload("fused_softmax_dropout", "gpushape SoftmaxDropout(0.1) on 65536x1024",
                    lambda s: _fused("softmax_dropout", s), passes=5),
+    # not a kernel family: NCHW convolutions' loss against channels_last (bench/probe_layout.py)
+    FamilyWorkload("nchw_conversion", "ResNet-50 bottleneck convolutions (stages 1 and 3, "
+                   "batch 64), training, NCHW against channels_last", None,
+                   measure=_nchw_conversion),
 )
 
 
@@ -191,7 +209,8 @@ def measure_memory_efficiency(spec: GPUSpec, *, device: str = "cuda", scale: flo
         if on_family is not None:
             on_family(work.family)
         try:
-            out[work.family] = measure_family(work, spec, device=device, scale=scale)
+            measure = work.measure or measure_family
+            out[work.family] = measure(work, spec, device=device, scale=scale)
         except (RuntimeError, ValueError, NotImplementedError) as exc:  # one family, reported
             out[work.family] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}",
                                 "workload": work.describe}

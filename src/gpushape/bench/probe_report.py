@@ -161,8 +161,17 @@ def _memory(profile: Mapping[str, Any]) -> list[str]:
         if "error" in row:
             lines.append(f"| {family} | {row.get('workload', '')} | failed: {row['error']} | |")
         else:
-            lines.append(f"| {family} | {row['workload']} | {row['efficiency']:.2f} | "
+            fraction = ("none: " + row.get("note", "not measured") if row.get("efficiency")
+                        is None else f"{row['efficiency']:.2f}")
+            lines.append(f"| {family} | {row['workload']} | {fraction} | "
                          f"{row['measured_s'] * 1e3:.3f} |")
+    nchw = rows.get("nchw_conversion") or {}
+    if nchw.get("efficiency"):
+        nchw_ms, cl_ms = nchw["measured_s"] * 1e3, nchw["channels_last_s"] * 1e3
+        lines += ["", f"nchw_conversion is not a kernel: NCHW convolutions took {nchw_ms:.3f} "
+                      f"ms against {cl_ms:.3f} ms in channels_last, the difference priced as "
+                      f"cuDNN's layout conversions' {nchw['conversion_bytes'] / 1e9:.2f} GB at "
+                      f"{nchw['efficiency']:.2f} of the copy rate (the nchw-conv rule's price)."]
     stem = profile.get("conv_small_cin") or {}
     if stem.get("efficiency"):
         lines += ["", f"A convolution on 3 input channels ({stem['workload']}) ran at "

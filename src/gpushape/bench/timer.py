@@ -166,7 +166,11 @@ def cuda_graph(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], None]:
     """`fn` captured in a CUDA graph; returns the graph's replay. Warm-up calls run on a side
     stream first (allocator pools, cuBLAS workspaces, autotuning), as capture requires. Timing
     the replay gives GPU time alone: no Python, launch, autograd or allocator cost. Raises
-    RuntimeError without CUDA, and whatever the capture raises when fn cannot be captured."""
+    RuntimeError without CUDA, and whatever the capture raises when fn cannot be captured.
+
+    The replay holds `fn`, and so whatever tensors fn's closure owns: the graph reads and
+    writes their memory, which must outlive it (a replay over freed inputs reads whatever was
+    allocated there since, or faults)."""
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_graph: needs a CUDA device")
     side = torch.cuda.Stream()
@@ -178,4 +182,9 @@ def cuda_graph(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], None]:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return graph.replay
+
+    def replay() -> None:
+        graph.replay()
+
+    replay.graph, replay.captured = graph, fn  # type: ignore[attr-defined]
+    return replay

@@ -36,7 +36,7 @@ from typing import Literal
 
 from ..errors import GpushapeError
 from ..hardware import GPUSpec, dtype_key, get_gpu
-from .families import memory_family
+from .families import memory_family, priced_family
 from .flops import OpWork, op_work
 from .gemm_model import GemmEfficiency, gemm_efficiency
 from .records import OpRecord, Trace
@@ -230,7 +230,8 @@ def op_cost(rec: OpRecord, gpu: GPUSpec, math: str | None = None,
     rest = max(work.flops - gemm_flops, 0)
     compute_s += rest / gpu.attainable_flops(dtype, tensor_cores=False)
     memory_s = (work.min_bytes + work.reread_bytes) / (
-        gpu.attainable_bandwidth_bytes_per_s() * gpu.achievable.memory(memory_family(rec)))
+        gpu.attainable_bandwidth_bytes_per_s() * gpu.achievable.memory(
+            priced_family(memory_family(rec), gpu.achievable.memory_efficiency)))
     kernel_s = max(compute_s, memory_s)
     launch_s = work.kernels * gpu.achievable.launch_overhead_s
     if work.flops == 0 and work.min_bytes == 0 and work.kernels == 0:

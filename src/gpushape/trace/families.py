@@ -10,6 +10,8 @@ or a family the profile has not measured, keeps the copy rate.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .flops import packet
 from .records import OpRecord
 
@@ -38,20 +40,58 @@ FAMILIES: dict[str, tuple[str, ...]] = {
                    "aten.mish", "aten.mish_backward", "aten.erf", "aten.exp"),
 }
 _BY_PACKET = {op: family for family, ops in FAMILIES.items() for op in ops}
+# Families whose eager kernels depend on the memory format: on 4-D tensors in NCHW
+# (contiguous) PyTorch runs other kernels than on channels_last ones (the H200 ran ResNet-50's
+# NCHW BatchNorm several times slower), so the probe measures them apart. Where a profile lacks
+# the NCHW figure, the family's own prices them (`priced_family`).
+NCHW_VARIANTS = {"batch_norm": "batch_norm_nchw", "pool": "pool_nchw"}
 # Families from the op's tags, for ops no table above names.
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
 # gpushape's own fused kernels, which the audit's fusion rules propose: what they reach prices
 # a fix's kernel (`AuditContext.fusion_saving_s`), not a traced op.
 FUSED = ("fused_norm_act", "fused_batch_norm_act", "fused_softmax_dropout")
-ALL_FAMILIES = (*FAMILIES, *TAGGED.values(), *FUSED)
+# What a convolution loses in NCHW against channels_last, as an efficiency of the bytes cuDNN's
+# layout conversions move (`nchw_conversion_bytes`): the nchw-conv rule's price.
+LAYOUT = ("nchw_conversion",)
+ALL_FAMILIES = (*FAMILIES, *NCHW_VARIANTS.values(), *TAGGED.values(), *FUSED, *LAYOUT)
+
+
+def nchw_conversion_bytes(x_bytes: int, y_bytes: int, *, grad_input: bool,
+                          grad_weight: bool) -> int:
+    """Bytes cuDNN's NHWC conversions move around one NCHW tensor-core convolution with input
+    of `x_bytes` and output of `y_bytes`, each conversion reading and writing its tensor once:
+    forward x in and y out; the input gradient dy in and dx out; the weight gradient x and dy
+    in."""
+    per_pass = 2 * (x_bytes + y_bytes)
+    return per_pass * (1 + int(grad_input) + int(grad_weight))
+
+
+def runs_nchw(rec: OpRecord) -> bool:
+    """Whether `rec`'s first tensor is 4-D NCHW where the layouts differ (C > 1, H x W > 1)."""
+    x = rec.inputs[0] if rec.inputs else None
+    return (x is not None and len(x.shape) == 4 and x.memory_format == "contiguous"
+            and x.shape[1] > 1 and x.shape[2] * x.shape[3] > 1)
 
 
 def memory_family(rec: OpRecord) -> str | None:
     """The family whose measured efficiency prices `rec`'s bytes; None: the copy rate."""
     family = _BY_PACKET.get(packet(rec.op))
     if family is not None:
+        if family in NCHW_VARIANTS and runs_nchw(rec):
+            return NCHW_VARIANTS[family]
         return family
     for tag, name in TAGGED.items():
         if tag in rec.tags:
             return name
     return None
+
+
+def priced_family(family: str | None, measured: Mapping[str, float]) -> str | None:
+    """The family whose figure prices `family`: itself when measured, else the family an NCHW
+    variant belongs to (`NCHW_VARIANTS`)."""
+    if family is None or family in measured:
+        return family
+    return _NCHW_BASE.get(family, family)
+
+
+_NCHW_BASE = {nchw: base for base, nchw in NCHW_VARIANTS.items()}
