@@ -41,6 +41,7 @@ for spec in "$@"; do
     normgate) run normgate "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "gpu_gate or tanh_gate" tests/kernels/test_add_layer_norm.py tests/kernels/test_layer_norm_gelu.py tests/kernels/test_rms_norm.py ;;
     correlate) run correlate "$secs" python3 benchmarks/trace/correlate.py --models resnet50,bert-base,bert-base-manual ;;
     correlate-bert) run correlate-bert "$secs" python3 benchmarks/trace/correlate.py --models bert-base,bert-base-manual ;;
+    correlate-nchw) run correlate-nchw "$secs" python3 benchmarks/trace/correlate.py --models resnet50,resnet50-nchw --stem correlate-nchw ;;
     correlate-flat) run correlate-flat "$secs" python3 benchmarks/trace/correlate.py --flat-memory ;;
     # eager kernels' memory efficiency added to the shipped profile, which later steps then use
     calib-mem) run calib-mem "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;

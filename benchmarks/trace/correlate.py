@@ -17,6 +17,7 @@ batch 16), built on the GPU from gpushape.models:
    profiler. Writes $OUT/correlate.json and $OUT/correlate.png; prints a short table last.
 
     OUT=out python benchmarks/trace/correlate.py [--quick] [--models resnet50,bert-base]
+    (models: resnet50, bert-base, bert-base-manual, resnet50-nchw; --stem names the files)
     python benchmarks/trace/correlate.py --device cpu --quick   # checks the plumbing, no GPU
 """
 
@@ -46,15 +47,18 @@ SIZES = {  # name: (full batch, quick batch, options)
     "bert-base": (16, 4, {"seq_len": 512}),
     # attention written out (matmul, softmax, dropout, matmul): what manual-attention prices
     "bert-base-manual": (16, 4, {"seq_len": 512, "attention": "manual"}),
+    # ResNet-50 left in NCHW: what nchw-conv prices (BatchNorm and pooling at their NCHW rates)
+    "resnet50-nchw": (64, 16, {}),
 }
 CPU_SIZES = {"resnet50": (2, {"image_size": 64}), "bert-base": (1, {"seq_len": 32, "layers": 2}),
-             "bert-base-manual": (1, {"seq_len": 32, "layers": 2, "attention": "manual"})}
+             "bert-base-manual": (1, {"seq_len": 32, "layers": 2, "attention": "manual"}),
+             "resnet50-nchw": (2, {"image_size": 64})}
 
 
 def build(name: str, batch: int, options: dict, device: str, dtype=torch.bfloat16):
-    model, inputs = create_model(name.removesuffix("-manual"), batch=batch, dtype=dtype,
-                                 device=device, **options)
-    if name.startswith("resnet"):  # the layout that takes cuDNN's fast path
+    model, inputs = create_model(name.removesuffix("-manual").removesuffix("-nchw"), batch=batch,
+                                 dtype=dtype, device=device, **options)
+    if name.startswith("resnet") and not name.endswith("-nchw"):  # cuDNN's fast path
         model = model.to(memory_format=torch.channels_last)
         inputs = tuple(x.contiguous(memory_format=torch.channels_last) for x in inputs)
     return model, inputs
@@ -196,6 +200,8 @@ def main() -> None:
     parser.add_argument("--flat-memory", action="store_true",
                         help="the profile without its eager-kernel efficiencies (every memory "
                              "family at the copy rate); writes correlate-flat-memory.*")
+    parser.add_argument("--stem", default=None,
+                        help="output files' stem (default: correlate, correlate-flat-memory)")
     args = parser.parse_args()
     if args.quick:
         args.steps = min(args.steps, 3)
@@ -208,6 +214,7 @@ def main() -> None:
     if args.flat_memory:
         gpu = gpu.replace(achievable=dataclasses.replace(gpu.achievable, memory_efficiency={}))
         stem = "correlate-flat-memory"
+    stem = args.stem or stem
     out_dir = Path(os.environ.get("OUT", "out"))
     results = [run_model(name, args, gpu) for name in args.models.split(",")]
     write_results(out_dir / f"{stem}.json", results, gpu_spec=gpu.name,
