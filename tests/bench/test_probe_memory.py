@@ -72,7 +72,7 @@ def _nchw_row(monkeypatch, nchw_s, cl_s):
 
 def test_nchw_conversion_is_the_conversions_time_over_the_layouts_difference(monkeypatch):
     from gpushape.bench.probe_layout import conversion_bytes
-    from gpushape.trace.families import nchw_conversion_bytes
+    from gpushape.trace.layout import nchw_conversion_bytes
 
     # the smoke blocks: (32 -> 16 -> 16 -> 32) at 8x8 and (64 -> 32 -> 32 -> 64) at 4x4, batch 2
     blocks = ((32, 16, 8), (64, 32, 4))

@@ -2,7 +2,7 @@
 bytes cuDNN's layout conversions move (the nchw-conv rule's model).
 
 The nchw-conv rule prices an NCHW convolution's penalty as its NHWC conversions' bytes
-(`trace.families.nchw_conversion_bytes`) at the copy rate. The real NCHW path loses more than
+(`trace.layout.nchw_conversion_bytes`) at the copy rate. The real NCHW path loses more than
 that: the conversions run below the copy rate, and some kernels are slower. One training step of
 two ResNet bottlenecks' convolutions (1x1, 3x3, 1x1; no norms, so the convolutions are all
 there is) is timed in both layouts from CUDA graphs, alternated, and
@@ -57,7 +57,7 @@ def conversion_bytes(blocks: tuple[tuple[int, int, int], ...], batch: int,
                      element_size: int) -> int:
     """The conversions' bytes in one training step of the blocks (input and weight gradients
     of every convolution: the blocks' inputs require grad)."""
-    from ..trace.families import nchw_conversion_bytes
+    from ..trace.layout import nchw_conversion_bytes
 
     total = 0
     for c, m, size in blocks:

@@ -9,8 +9,10 @@ Per op (FLOPs and minimum bytes from `flops.py`):
                 training, whose statistics must be complete before any output is written;
                 the family efficiency: what eager kernels of its kind reach against the copy
                 rate, measured by `gpushape probe`, 1 where unmeasured: `families.py`)
-    kernel_time_s   = max(compute_s, memory_s)          # time on the GPU
-    launch_s        = kernels x gpu.achievable.launch_overhead_s
+    layout_s        = an NCHW convolution on tensor cores: cuDNN's NHWC conversions' bytes
+                      (`layout.py`) / (copy rate x the profile's "nchw_conversion" efficiency)
+    kernel_time_s   = max(compute_s, memory_s) + layout_s   # time on the GPU
+    launch_s        = kernels x gpu.achievable.launch_overhead_s   (conversions: 2 a pass)
     roofline_time_s = kernel_time_s + launch_s          # serial: launch not hidden
 Views, detach and allocations cost nothing and launch nothing. `bound` says which side of the
 roofline the op sits on ("compute" or "memory"; "none" for ops that do no work).
@@ -39,6 +41,7 @@ from ..hardware import GPUSpec, dtype_key, get_gpu
 from .families import memory_family, priced_family
 from .flops import OpWork, op_work
 from .gemm_model import GemmEfficiency, gemm_efficiency
+from .layout import conversion_bytes_of, conversion_passes
 from .records import OpRecord, Trace
 
 MathMode = Literal["bf16", "fp16", "fp32", "tf32"]
@@ -71,6 +74,7 @@ class OpCost:
     gemm_flops: int  # FLOPs of the op's GEMMs (the tensor-core work; 2 x MACs)
     gemms: tuple[GemmEfficiency, ...] = ()
     misaligned: tuple[str, ...] = ()  # "K=4095": dimensions missing the tensor-core alignment
+    layout_s: float = 0.0  # an NCHW tensor-core convolution's layout conversions (in kernel_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +237,15 @@ def op_cost(rec: OpRecord, gpu: GPUSpec, math: str | None = None,
         gpu.attainable_bandwidth_bytes_per_s() * gpu.achievable.memory(
             priced_family(memory_family(rec), gpu.achievable.memory_efficiency)))
     kernel_s = max(compute_s, memory_s)
-    launch_s = work.kernels * gpu.achievable.launch_overhead_s
+    kernels = work.kernels
+    layout_s = 0.0
+    passes = conversion_passes(rec) if used_tc else 0
+    if passes:  # cuDNN's NHWC conversions: kernels of their own, after and before the GEMM
+        layout_s = conversion_bytes_of(rec) / (gpu.attainable_bandwidth_bytes_per_s()
+                                               * gpu.achievable.memory("nchw_conversion"))
+        kernel_s += layout_s
+        kernels += 2 * passes
+    launch_s = kernels * gpu.achievable.launch_overhead_s
     if work.flops == 0 and work.min_bytes == 0 and work.kernels == 0:
         bound: Bound = "none"
     else:
@@ -246,7 +258,7 @@ def op_cost(rec: OpRecord, gpu: GPUSpec, math: str | None = None,
         phase=rec.phase, flops=work.flops, min_bytes=work.min_bytes,
         intensity=work.flops / work.min_bytes if work.min_bytes else 0.0, bound=bound,
         compute_s=compute_s, memory_s=memory_s, kernel_time_s=kernel_s, launch_s=launch_s,
-        roofline_time_s=kernel_s + launch_s, kernels=work.kernels, math=math_key,
+        roofline_time_s=kernel_s + launch_s, kernels=kernels, math=math_key,
         tensor_cores=used_tc, efficiency=efficiency, gemm_flops=gemm_flops, gemms=tuple(effs),
-        misaligned=tuple(m for e in effs for m in e.misaligned),
+        misaligned=tuple(m for e in effs for m in e.misaligned), layout_s=layout_s,
     )

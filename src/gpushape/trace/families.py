@@ -51,19 +51,9 @@ TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
 # a fix's kernel (`AuditContext.fusion_saving_s`), not a traced op.
 FUSED = ("fused_norm_act", "fused_batch_norm_act", "fused_softmax_dropout")
 # What a convolution loses in NCHW against channels_last, as an efficiency of the bytes cuDNN's
-# layout conversions move (`nchw_conversion_bytes`): the nchw-conv rule's price.
+# layout conversions move (trace/layout.py): the cost model's price of NCHW convolutions.
 LAYOUT = ("nchw_conversion",)
 ALL_FAMILIES = (*FAMILIES, *NCHW_VARIANTS.values(), *TAGGED.values(), *FUSED, *LAYOUT)
-
-
-def nchw_conversion_bytes(x_bytes: int, y_bytes: int, *, grad_input: bool,
-                          grad_weight: bool) -> int:
-    """Bytes cuDNN's NHWC conversions move around one NCHW tensor-core convolution with input
-    of `x_bytes` and output of `y_bytes`, each conversion reading and writing its tensor once:
-    forward x in and y out; the input gradient dy in and dx out; the weight gradient x and dy
-    in."""
-    per_pass = 2 * (x_bytes + y_bytes)
-    return per_pass * (1 + int(grad_input) + int(grad_weight))
 
 
 def runs_nchw(rec: OpRecord) -> bool:

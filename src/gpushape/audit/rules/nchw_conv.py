@@ -1,74 +1,37 @@
 """nchw-conv: convolutions run in contiguous NCHW where channels_last would take the fast path.
 
-cuDNN's tensor-core convolutions work in NHWC. Given NCHW tensors it converts them: the input
-to NHWC and the output back before the forward, grad_output in and grad_input out for the
-input gradient, input and grad_output again for the weight gradient. Each conversion reads and
-writes the tensor once (`trace.families.nchw_conversion_bytes`):
-    forward:   2 x (x + y)      grad_input: 2 x (dy + dx)      grad_weight: 2 x (x + dy)
-The conversions are priced at the chip's copy rate divided by the efficiency `gpushape probe`
-measured for them (family "nchw_conversion", `bench/probe_layout.py`: NCHW against
-channels_last convolutions, timed); unmeasured, the copy rate.
+cuDNN's tensor-core convolutions work in NHWC; given NCHW tensors it converts them around each
+convolution, forward and backward (`trace/layout.py` says which and counts the bytes). The
+cost model prices those conversions into the convolutions' time (`OpCost.layout_s`: the bytes
+at the copy rate divided by the efficiency `gpushape probe` measured for them, family
+"nchw_conversion", `bench/probe_layout.py`), and channels_last saves them.
 
 The convolutions are not all a model loses: BatchNorm and pooling run other, slower eager
 kernels on NCHW tensors (on the H200, ResNet-50's NCHW BatchNorm kernels took 14.8 ms a step,
 the whole channels_last step 14.7: benchmarks/audit/diagnose_nchw.py). The cost model
 prices those ops at their NCHW families' measured efficiency (`trace.families.NCHW_VARIANTS`);
 converting the model moves them to the channels_last families, and the difference is part of
-the saving.
-A convolution runs NHWC when its input or its weight is channels_last (cuDNN's own rule), so
-the weight's strides count too: on the meta device, convolution outputs come back contiguous
-even for channels_last inputs, while a channels_last model's weights keep their strides.
-Depthwise convolutions and convolutions off tensor cores are left out (no conversion there).
+the saving. Depthwise convolutions and convolutions off tensor cores are left out (no
+conversion there).
 
 Checked against the H200 (anchors/h200-2026-11-30.json): ResNet-50 training, bf16, batch 256
 ran 2404 img/s in NCHW and 4654 img/s in channels_last, 106.5 against 55.0 ms a step, a
-saving of 48 % of the NCHW step. tests/audit/test_nchw_anchor.py compares this estimate's
-share of the cost model's step with that 48 %.
+saving of 48 % of the NCHW step (tests/audit/test_grounding.py); and the audit's own textbook
+case in benchmarks/audit/validate_savings.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...trace.families import NCHW_VARIANTS, memory_family, nchw_conversion_bytes
-from ...trace.records import OpRecord, TensorMeta
+from ...trace.families import NCHW_VARIANTS, memory_family
+from ...trace.layout import conversion_bytes_of, runs_nhwc
 from ..context import AuditContext
 from ..finding import Finding
 from ..patterns import CONV_OPS, first_modules, module_pattern
 from ..registry import register_rule
 
 RULE = "nchw-conv"
-
-
-def channels_last_strides(t: TensorMeta) -> bool:
-    """Whether PyTorch's `suggest_memory_format` would call `t` channels_last: the strides
-    order C, W, H, N (ties from size-1 dimensions broken as PyTorch breaks them)."""
-    if len(t.shape) != 4 or len(t.strides) != 4 or 0 in t.shape:
-        return False
-    smallest = 0
-    for d in (1, 3, 2, 0):
-        stride, size = t.strides[d], t.shape[d]
-        if stride < smallest or (d == 0 and smallest == t.strides[1]):
-            return False
-        smallest = stride * size if size > 1 else stride
-    return True
-
-
-def runs_nhwc(rec: OpRecord) -> bool:
-    x, w = rec.inputs[0], rec.input("weight") if rec.has_input("weight") else rec.inputs[1]
-    return x.channels_last or channels_last_strides(x) or channels_last_strides(w)
-
-
-def conversion_bytes(ctx: AuditContext, rec: OpRecord) -> int:
-    grad_input = grad_weight = False
-    for back in ctx.backward_of(rec):  # autograd may file a gradient's add under the conv too
-        if "convolution_backward" not in back.name:
-            continue
-        mask = tuple(back.params.get("output_mask", (True, True, True)))
-        grad_input |= bool(mask[0])
-        grad_weight |= len(mask) > 1 and bool(mask[1])
-    return nchw_conversion_bytes(rec.inputs[0].nbytes, rec.outputs[0].nbytes,
-                                 grad_input=grad_input, grad_weight=grad_weight)
 
 
 def layout_bound(ctx: AuditContext) -> tuple[float, int]:
@@ -94,9 +57,10 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
              and not runs_nhwc(r)]
     if not convs:
         return
-    nbytes = sum(conversion_bytes(ctx, r) for r in convs)
-    efficiency = ctx.gpu.achievable.memory_efficiency.get("nchw_conversion", 1.0)
-    conversions_s = ctx.bytes_time_s(nbytes) / efficiency
+    ops = [o for r in convs for o in ctx.with_backward(r)]
+    nbytes = sum(conversion_bytes_of(o) for o in ops)
+    efficiency = ctx.gpu.achievable.memory("nchw_conversion")
+    conversions_s = sum(ctx.op_cost(o).layout_s for o in ops)  # as the cost model prices them
     others_s, others = layout_bound(ctx)
     saving_s = conversions_s + others_s
     conv_s = sum(ctx.time_s(ctx.with_backward(r)) for r in convs)
