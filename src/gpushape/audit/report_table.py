@@ -104,7 +104,8 @@ def render_table(report: Report, console: Any = None, *, top: int = 15) -> None:
         f"FLOPs count a multiply-add as 2 (FLOPs = 2 x MACs): {t.gemm_flops / 2e9:,.3f} GMACs "
         f"in matmuls, convolutions and attention of {t.flops / 1e9:,.3f} GFLOP in all.\n"
         f"Predicted time per op = max(FLOPs / attainable FLOP/s x GEMM efficiency, min bytes / "
-        f"attainable bandwidth) + launch overhead x kernels: {t.kernel_time_s * 1e3:,.3f} ms on "
+        f"attainable bandwidth) (+ cuDNN's layout conversions for an NCHW convolution) + launch "
+        f"overhead x kernels: {t.kernel_time_s * 1e3:,.3f} ms on "
         f"the GPU + {t.launch_s * 1e3:,.3f} ms launching {t.kernels} kernels (eager, not "
         f"overlapped).",
         highlight=False)
