@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
 from gpushape.audit import audit  # noqa: E402
-from gpushape.bench import compare, cuda_graph  # noqa: E402
+from gpushape.bench import compare, cuda_graph, kernel_times  # noqa: E402
 from gpushape.bench.record import environment  # noqa: E402
 from gpushape.hardware import current_gpu, get_gpu  # noqa: E402
 from gpushape.models import create_model  # noqa: E402
@@ -111,20 +111,11 @@ def rule_bytes(build, shape, needs_grad) -> tuple[int, float]:
     return f.evidence["conversion_bytes"], f.est_saving_s
 
 
-def kernels(step, calls=3) -> Counter:
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(2):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            step()
-        torch.cuda.synchronize()
+def kernels(step) -> Counter:
+    """Device microseconds a step, summed by kernel name."""
     out = Counter()
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            out[e.name[:90]] += e.device_time / calls
+    for name, us in kernel_times(step, warmup=2):
+        out[name] += us
     return out
 
 

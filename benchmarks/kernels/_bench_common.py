@@ -19,15 +19,21 @@ sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed
 from gpushape.bench import Timing, copy_bandwidth_bytes_per_s, cuda_graph  # noqa: E402
 
 
-def load_gate() -> Callable:
-    """The numeric gate of the tests (tests/kernels/_numeric.py): one rule for both. Loaded by
-    path, so no other installed package named `tests` can stand in for it."""
+def load_numeric():
+    """The tests' numeric module (tests/kernels/_numeric.py): one rule for tests and
+    benchmarks. Loaded by path, so no other installed package named `tests` can stand in for
+    it."""
     path = ROOT / "tests" / "kernels" / "_numeric.py"
     spec = importlib.util.spec_from_file_location("gpushape_tests_numeric", path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
+    sys.modules[spec.name] = module  # dataclasses look their module up here
     spec.loader.exec_module(module)
-    return module.gate_forward_backward
+    return module
+
+
+def load_gate() -> Callable:
+    """The numeric gate of the tests (`gate_forward_backward`)."""
+    return load_numeric().gate_forward_backward
 
 
 def add_device_arg(parser: argparse.ArgumentParser) -> None:

@@ -29,7 +29,6 @@ Writes $OUT/bench_attention.json and .png (OUT defaults to ./out); prints a tabl
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from collections import Counter
@@ -43,16 +42,12 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
-from gpushape.bench import (  # noqa: E402
-    compare,
-    copy_bandwidth_bytes_per_s,
-    cuda_graph,
-    write_results,
-)
+from gpushape.bench import compare, cuda_graph, write_results  # noqa: E402
 from gpushape.kernels import FusedQKV, KVCache, softmax_dropout  # noqa: E402
 from gpushape.kernels.softmax_dropout import draw_seed, dropout_keep_mask  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # attention_report, beside this
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helpers, beside this
+import _bench_common as common  # noqa: E402
 from attention_report import criteria, plot, print_table  # noqa: E402
 
 P, DTYPE = 0.1, torch.bfloat16
@@ -64,17 +59,7 @@ QKV_SHAPES = {"BERT-base": dict(E=768, H=12, KV=12, T=512, B=32, bias=True, caus
 KV_LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 
 
-def _load_gate():
-    """The tests' numeric gate (tests/kernels/_numeric.py), loaded by path."""
-    spec = importlib.util.spec_from_file_location("gpushape_tests_numeric",
-                                                  ROOT / "tests" / "kernels" / "_numeric.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-NUMERIC = _load_gate()
+NUMERIC = common.load_numeric()
 
 
 def torch_softmax_dropout(x):
@@ -379,8 +364,7 @@ def main(argv=None) -> int:
               "KVCache": check_kv()}
     for name, verdict in checks.items():
         print(f"check {name}: {verdict}", flush=True)
-    copy_gbps = copy_bandwidth_bytes_per_s(2**30 if DEV == "cuda" else 2**22, device=DEV) / 1e9
-    print(f"copy bandwidth: {copy_gbps:.0f} GB/s", flush=True)
+    copy_gbps = common.measure_copy_gbps(DEV)
     sm, qkv, counts, kv = [], [], {}, []
     if "softmax" in sections:
         shapes = dict(SOFTMAX_SHAPES)

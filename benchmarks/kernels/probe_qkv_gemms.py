@@ -24,7 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench_common as common  # first: it puts this working tree's src/ on the path
 
-from gpushape.bench import compare
+from gpushape.bench import compare, kernel_times
 from gpushape.bench.record import environment
 from gpushape.kernels import FusedQKV
 
@@ -87,24 +87,8 @@ def variants() -> dict[str, tuple[callable, float]]:
 def kernels(fns: dict) -> dict[str, list[tuple[str, float]]]:
     """Each whole fwd+bwd's CUDA kernels in order, with their device time (us), from
     torch.profiler (the mean of 5 calls)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    out = {}
-    for name, (fn, _) in fns.items():
-        if not name.startswith("fwd+bwd"):
-            continue
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-        events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-        per = len(events) // 5
-        out[name] = [(e.name[:70], round(sum(x.device_time for x in events[i::per]) / 5, 1))
-                     for i, e in enumerate(events[:per])]
-    return out
+    return {name: [(k[:70], round(us, 1)) for k, us in kernel_times(fn, calls=5)]
+            for name, (fn, _) in fns.items() if name.startswith("fwd+bwd")}
 
 
 def run(label: str, rounds: int, repeats: int) -> list[dict]:

@@ -32,7 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench_common as common  # first: it puts this working tree's src/ on the path
 
-from gpushape.bench import compare
+from gpushape.bench import compare, kernel_times
 from gpushape.bench.record import environment
 from gpushape.kernels import FusedQKV
 from gpushape.kernels.fused_qkv import _split_heads
@@ -52,10 +52,7 @@ class _NoAssembly(torch.autograd.Function):
     def forward(ctx, x, weight, bias, heads, d):
         ctx.save_for_backward(x, weight)
         ctx.heads, ctx.d, ctx.has_bias = heads, d, bias is not None
-        y = F.linear(x, weight, bias)
-        b, t = x.shape[:2]
-        q, k, v = y.view(b, t, sum(heads), d).split(list(heads), 2)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return _split_heads(F.linear(x, weight, bias), heads, d)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -83,10 +80,7 @@ class _AssemblyFree(torch.autograd.Function):
     def forward(ctx, x, weight, bias, heads, d, packed):
         ctx.save_for_backward(x, weight, packed)
         ctx.has_bias = bias is not None
-        y = F.linear(x, weight, bias)
-        b, t = x.shape[:2]
-        q, k, v = y.view(b, t, sum(heads), d).split(list(heads), 2)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return _split_heads(F.linear(x, weight, bias), heads, d)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -180,22 +174,6 @@ def timed_variants(cfg, fns, params) -> dict[str, dict[str, callable]]:
     return cases
 
 
-def kernel_list(fn, calls=3) -> list[tuple[str, float]]:
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    per = len(events) // calls
-    return [(e.name[:80], round(sum(x.device_time for x in events[i::per]) / calls, 1))
-            for i, e in enumerate(events[:per])]
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="probe_qkv_grads.json")
@@ -217,7 +195,7 @@ def main(argv=None) -> int:
             graphs = {n: g for n, g in graphs.items() if g is not None}
             times = compare(graphs, rounds=args.rounds, repeats_per_round=10, warmup=2)
             entry["times"][case] = {n: t.median_s * 1e3 for n, t in times.items()}
-            entry["kernels"][case] = {n: kernel_list(f) for n, f in variants.items()}
+            entry["kernels"][case] = {n: kernel_times(f) for n, f in variants.items()}
             base = times["3 Linear"].median_s
             for n, t in times.items():
                 table.append((label, case, n, t.median_s * 1e3, base / t.median_s))

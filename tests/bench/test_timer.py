@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from gpushape.bench import Timing, compare, cuda_graph, time_fn
+from gpushape.bench import Timing, compare, cuda_graph, kernel_times, time_fn
 from gpushape.hardware import get_gpu
 
 
@@ -115,3 +115,12 @@ def test_cuda_graph_replay_keeps_what_the_captured_step_owns():
     replay()
     torch.cuda.synchronize()
     assert bool(torch.all(out == 6.0)) and len(others) == 16
+
+
+@pytest.mark.gpu
+def test_kernel_times_lists_one_calls_kernels_in_order():
+    x = torch.randn(1024, 1024, device="cuda")
+    listing = kernel_times(lambda: (x @ x).relu(), calls=4)
+    assert len(listing) == 2 and all(us > 0 for _, us in listing)
+    (gemm, _), (relu, _) = listing  # launch order: the matmul, then relu's elementwise kernel
+    assert "elementwise" not in gemm and "elementwise" in relu

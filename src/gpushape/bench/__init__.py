@@ -1,7 +1,7 @@
 """Measuring: timing, memory, kernel counts, A/B of baseline against optimized."""
 
 from .record import copy_bandwidth_bytes_per_s, environment, write_results
-from .timer import Timing, compare, cuda_graph, time_fn
+from .timer import Timing, compare, cuda_graph, kernel_times, time_fn
 
 __all__ = ["Timing", "compare", "copy_bandwidth_bytes_per_s", "cuda_graph", "environment",
-           "time_fn", "write_results"]
+           "kernel_times", "time_fn", "write_results"]

@@ -188,3 +188,23 @@ def cuda_graph(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], None]:
 
     replay.graph, replay.captured = graph, fn  # type: ignore[attr-defined]
     return replay
+
+
+def kernel_times(fn: Callable[[], Any], *, calls: int = 3, warmup: int = 3,
+                 name_chars: int = 90) -> list[tuple[str, float]]:
+    """The CUDA kernels one call of `fn` launches, in launch order, each with its device time
+    in microseconds (the mean over `calls` calls under torch.profiler, after `warmup` calls).
+    For finding where a step's time goes; time with `time_fn` / `cuda_graph`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    per = len(events) // calls
+    return [(e.name[:name_chars], sum(x.device_time for x in events[i::per]) / calls)
+            for i, e in enumerate(events[:per])]
