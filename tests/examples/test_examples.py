@@ -28,3 +28,13 @@ def test_audit_attention_finds_the_hand_written_attention_and_clears_it(capsys):
     for rule in ("manual-attention", "separate-qkv", "unfused-softmax-dropout"):
         assert rule in hand and rule not in fixed, rule
     assert "is_causal=True" in hand  # (so small a block is launch-bound either way)
+
+
+def test_audit_channels_last_names_nchw_conv_and_clears_it(capsys):
+    assert _load("audit_channels_last.py").main(["--batch", "8"]) == 0
+    out = capsys.readouterr().out
+    nchw, cl = out.split("\nchannels_last:")
+    assert "nchw-conv" in nchw and "NCHW BatchNorm/pooling" in nchw
+    assert "no nchw-conv finding" in cl
+    before, after = (float(part.split("predicted ")[1].split(" ms")[0]) for part in (nchw, cl))
+    assert after < before
