@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .flops import packet
+from .layout import runs_nchw
 from .records import OpRecord
 
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -54,13 +55,6 @@ FUSED = ("fused_norm_act", "fused_batch_norm_act", "fused_softmax_dropout")
 # layout conversions move (trace/layout.py): the cost model's price of NCHW convolutions.
 LAYOUT = ("nchw_conversion",)
 ALL_FAMILIES = (*FAMILIES, *NCHW_VARIANTS.values(), *TAGGED.values(), *FUSED, *LAYOUT)
-
-
-def runs_nchw(rec: OpRecord) -> bool:
-    """Whether `rec`'s first tensor is 4-D NCHW where the layouts differ (C > 1, H x W > 1)."""
-    x = rec.inputs[0] if rec.inputs else None
-    return (x is not None and len(x.shape) == 4 and x.memory_format == "contiguous"
-            and x.shape[1] > 1 and x.shape[2] * x.shape[3] > 1)
 
 
 def memory_family(rec: OpRecord) -> str | None:

@@ -1,4 +1,4 @@
-"""Convolutions in NCHW on tensor cores: the layout conversions cuDNN runs around them.
+"""Memory layout: NCHW tensors, and the conversions cuDNN runs around an NCHW convolution.
 
 cuDNN's tensor-core convolutions work in NHWC. A convolution runs NHWC when its input or its
 weight is channels_last (cuDNN's own rule; the tracer gives a meta convolution's output the
@@ -32,6 +32,14 @@ def channels_last_strides(t: TensorMeta) -> bool:
             return False
         smallest = stride * size if size > 1 else stride
     return True
+
+
+def runs_nchw(rec: OpRecord) -> bool:
+    """Whether `rec`'s first tensor is 4-D NCHW where the layouts differ (C > 1, H x W > 1):
+    BatchNorm and pooling then run their NCHW kernels (`families.NCHW_VARIANTS`)."""
+    x = rec.inputs[0] if rec.inputs else None
+    return (x is not None and len(x.shape) == 4 and x.memory_format == "contiguous"
+            and x.shape[1] > 1 and x.shape[2] * x.shape[3] > 1)
 
 
 def is_conv(rec: OpRecord) -> bool:
