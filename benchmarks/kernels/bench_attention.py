@@ -42,7 +42,7 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
-from gpushape.bench import compare, cuda_graph, write_results  # noqa: E402
+from gpushape.bench import compare, write_results  # noqa: E402
 from gpushape.kernels import FusedQKV, KVCache, softmax_dropout  # noqa: E402
 from gpushape.kernels.softmax_dropout import draw_seed, dropout_keep_mask  # noqa: E402
 
@@ -189,11 +189,6 @@ def _no_grad(fn, *args):
 
 
 
-def graphed(fn):
-    """fn's CUDA-graph replay (on the CPU smoke test, fn itself)."""
-    return cuda_graph(fn) if DEV == "cuda" else fn
-
-
 def sync() -> None:
     if DEV == "cuda":
         torch.cuda.synchronize()
@@ -265,7 +260,7 @@ def time_qkv(label, cfg, rounds, repeats) -> tuple[list[dict], dict]:
     for direction, layout, sdpa, graph in QKV_DIRECTIONS:
         timed = {name: step(f, wrt, layout, sdpa) for name, (f, wrt) in variants.items()}
         if graph:  # GPU time alone: no host, allocator or launch cost
-            timed = {name: graphed(fn) for name, fn in timed.items()}
+            timed = {name: common.graphed(fn, DEV) for name, fn in timed.items()}
         warm_up(timed)
         for name, t in compare(timed, rounds=rounds, repeats_per_round=repeats,
                                warmup=2).items():
