@@ -46,6 +46,7 @@ _BY_PACKET = {op: family for family, ops in FAMILIES.items() for op in ops}
 # NCHW BatchNorm several times slower), so the probe measures them apart. Where a profile lacks
 # the NCHW figure, the family's own prices them (`priced_family`).
 NCHW_VARIANTS = {"batch_norm": "batch_norm_nchw", "pool": "pool_nchw"}
+NCHW_BASE = {nchw: base for base, nchw in NCHW_VARIANTS.items()}  # NCHW family -> its own
 # Families from the op's tags, for ops no table above names.
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
 # gpushape's own fused kernels, which the audit's fusion rules propose: what they reach prices
@@ -75,7 +76,4 @@ def priced_family(family: str | None, measured: Mapping[str, float]) -> str | No
     variant belongs to (`NCHW_VARIANTS`)."""
     if family is None or family in measured:
         return family
-    return _NCHW_BASE.get(family, family)
-
-
-_NCHW_BASE = {nchw: base for base, nchw in NCHW_VARIANTS.items()}
+    return NCHW_BASE.get(family, family)

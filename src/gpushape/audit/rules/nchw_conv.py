@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...trace.families import NCHW_VARIANTS, memory_family
+from ...trace.families import NCHW_BASE, memory_family
 from ...trace.layout import conversion_bytes_of, runs_nhwc
 from ..context import AuditContext
 from ..finding import Finding
@@ -38,14 +38,13 @@ def layout_bound(ctx: AuditContext) -> tuple[float, int]:
     """(seconds, ops): what the ops priced at a measured NCHW family (forward and backward)
     take beyond the same bytes at their channels_last family's efficiency."""
     measured = ctx.gpu.achievable.memory_efficiency
-    nchw_base = {nchw: base for base, nchw in NCHW_VARIANTS.items()}
     total, ops = 0.0, 0
     for rec in ctx.trace.ops:
         family = memory_family(rec)
-        if family not in nchw_base or family not in measured:
+        if family not in NCHW_BASE or family not in measured:
             continue
         memory_s = ctx.op_cost(rec).memory_s
-        total += memory_s * (1 - measured[family] / ctx.gpu.achievable.memory(nchw_base[family]))
+        total += memory_s * (1 - measured[family] / ctx.gpu.achievable.memory(NCHW_BASE[family]))
         ops += 1
     return total, ops
 
