@@ -35,50 +35,36 @@ from gpushape.bench import compare, cuda_graph, kernel_times  # noqa: E402
 from gpushape.bench.record import environment  # noqa: E402
 from gpushape.hardware import current_gpu, get_gpu  # noqa: E402
 from gpushape.models import create_model  # noqa: E402
+from gpushape.models.resnet import Bottleneck  # noqa: E402
 
 DT = torch.bfloat16
 
 
-def cbr(cin, cout, k, stride=1, relu=True):
-    layers = [nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout)]
-    return [*layers, nn.ReLU()] if relu else layers
+def convs(c, m):
+    """A bottleneck's three convolutions alone (what the probe's nchw_conversion times)."""
+    return nn.Sequential(nn.Conv2d(c, m, 1, bias=False), nn.Conv2d(m, m, 3, 1, 1, bias=False),
+                         nn.Conv2d(m, c, 1, bias=False))
 
 
-class Bottleneck(nn.Module):
-    def __init__(self, c, m, out, stride=1, norms=True):
-        super().__init__()
-        if norms:
-            self.body = nn.Sequential(*cbr(c, m, 1), *cbr(m, m, 3, stride), *cbr(m, out, 1,
-                                                                                  relu=False))
-        else:
-            self.body = nn.Sequential(nn.Conv2d(c, m, 1, bias=False),
-                                      nn.Conv2d(m, m, 3, stride, 1, bias=False),
-                                      nn.Conv2d(m, out, 1, bias=False))
-        self.norms = norms
-        self.down = (nn.Sequential(*cbr(c, out, 1, stride, relu=False))
-                     if stride != 1 or c != out else None)
-
-    def forward(self, x):
-        y = self.body(x)
-        if not self.norms:
-            return y
-        return torch.relu(y + (x if self.down is None else self.down(x)))
+def stem():
+    return nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                         nn.MaxPool2d(3, 2, 1))
 
 
 def workloads():
-    """name -> (build(device) -> module, input shape, input needs grad)."""
+    """name -> (build(device) -> module, input shape, input needs grad); the bottlenecks are
+    gpushape's own ResNet-50 blocks (models/resnet.py)."""
     return {
         "ResNet-50, batch 64": (lambda dev: create_model("resnet50", batch=64, device=dev)[0],
                                 (64, 3, 224, 224), False),
         "bottleneck convolutions (256-64-256 @56)": (
-            lambda dev: Bottleneck(256, 64, 256, norms=False).to(dev), (64, 256, 56, 56), True),
+            lambda dev: convs(256, 64).to(dev), (64, 256, 56, 56), True),
         "bottleneck + BN + ReLU + add (256-64-256 @56)": (
-            lambda dev: Bottleneck(256, 64, 256).to(dev), (64, 256, 56, 56), True),
+            lambda dev: Bottleneck(256, 64).to(dev), (64, 256, 56, 56), True),
         "stem: 7x7/2 conv + BN + ReLU + max pool @224": (
-            lambda dev: nn.Sequential(*cbr(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1)).to(dev),
-            (64, 3, 224, 224), False),
+            lambda dev: stem().to(dev), (64, 3, 224, 224), False),
         "stride-2 bottleneck + downsample (256-128-512 @56)": (
-            lambda dev: Bottleneck(256, 128, 512, stride=2).to(dev), (64, 256, 56, 56), True),
+            lambda dev: Bottleneck(256, 128, stride=2).to(dev), (64, 256, 56, 56), True),
     }
 
 
