@@ -23,7 +23,7 @@ for spec in "$@"; do
   case $name in
     info) run info "$secs" bash -c 'nvidia-smi -L; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; python3 -m gpushape gpus' ;;
     gputests) run gputests "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -n 4 tests/kernels ;;
-    gputests-attn) run gputests-attn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_softmax_dropout.py tests/kernels/test_fused_qkv.py tests/kernels/test_kv_cache.py tests/bench tests/cli tests/hardware ;;
+    gputests-attn) run gputests-attn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_softmax_dropout.py tests/kernels/test_fused_qkv.py tests/kernels/test_kv_cache.py tests/bench tests/probe tests/cli tests/hardware ;;
     gputests-k) run gputests-k "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 3 -k "not 2_31 and not 2_pow_31" tests ;;
     gputests-big) run gputests-big "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "2_31 or 2_pow_31" tests ;;
     gputests-all) run gputests-all "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests ;;
@@ -37,7 +37,7 @@ for spec in "$@"; do
     qkv-grads) run qkv-grads "$secs" python3 benchmarks/kernels/probe_qkv_grads.py --out "$OUT/probe_qkv_grads.json" ;;
     host) run host "$secs" python3 benchmarks/kernels/host_costs.py --out "$OUT/host_costs.json" ;;
     prof-norms) run prof-norms "$secs" python3 benchmarks/kernels/profile_norms_host.py ;;
-    gputests-misc) run gputests-misc "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/bench tests/hardware tests/trace tests/audit tests/cli ;;
+    gputests-misc) run gputests-misc "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/bench tests/probe tests/hardware tests/tracing tests/auditing tests/cli ;;
     normgate) run normgate "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "gpu_gate or tanh_gate" tests/kernels/test_add_layer_norm.py tests/kernels/test_layer_norm_gelu.py tests/kernels/test_rms_norm.py ;;
     correlate) run correlate "$secs" python3 benchmarks/trace/correlate.py --models resnet50,bert-base,bert-base-manual ;;
     correlate-bert) run correlate-bert "$secs" python3 benchmarks/trace/correlate.py --models bert-base,bert-base-manual ;;

@@ -30,7 +30,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
-from gpushape.audit import audit  # noqa: E402
+from gpushape.auditing import audit  # noqa: E402
 from gpushape.bench import compare, cuda_graph, kernel_times  # noqa: E402
 from gpushape.bench.record import environment  # noqa: E402
 from gpushape.hardware import current_gpu, get_gpu  # noqa: E402

@@ -35,9 +35,9 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
-from gpushape.audit import audit  # noqa: E402
-from gpushape.audit.context import BackendFlags  # noqa: E402
-from gpushape.audit.target import resolve_target  # noqa: E402
+from gpushape.auditing import audit  # noqa: E402
+from gpushape.auditing.context import BackendFlags  # noqa: E402
+from gpushape.auditing.target import resolve_target  # noqa: E402
 from gpushape.bench import compare, cuda_graph, write_results  # noqa: E402
 from gpushape.hardware import current_gpu  # noqa: E402
 from gpushape.models import create_model  # noqa: E402

@@ -6,7 +6,7 @@ fused attention's rates to an existing gpushape profile.
         [--parts memory,stem,attention]
 
 `gpushape probe` measures these with everything else; this script measures only those parts
-(`gpushape.bench.probe_memory`, `probe_stem`, `probe_attention`) on this GPU, relative to the
+(`gpushape.probe.memory`, `stem`, `attention`) on this GPU, relative to the
 copy rate and GEMM rate the profile already holds, and writes the profile back with
 "memory_efficiency", "conv_small_cin" and "attention" keys (the rest unchanged), so a shipped
 profile gains them without re-measuring its other numbers. Prints a table last.
@@ -24,12 +24,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
-from gpushape.bench.probe_attention import measure_attention, pass_rates  # noqa: E402
-from gpushape.bench.probe_memory import measure_memory_efficiency  # noqa: E402
-from gpushape.bench.probe_profile import write_profile  # noqa: E402
-from gpushape.bench.probe_stem import measure_small_cin_conv  # noqa: E402
 from gpushape.hardware.lookup import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
+from gpushape.probe.attention import measure_attention, pass_rates  # noqa: E402
+from gpushape.probe.memory import measure_memory_efficiency  # noqa: E402
+from gpushape.probe.profile import write_profile  # noqa: E402
+from gpushape.probe.stem import measure_small_cin_conv  # noqa: E402
 
 DEFAULT = ROOT / "src" / "gpushape" / "hardware" / "profiles" / "h200-sxm.json"
 

@@ -20,8 +20,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
-from gpushape.kernels import _batch_norm_launch as launch  # noqa: E402
-from gpushape.kernels._batch_norm_tuning import (  # noqa: E402
+from gpushape.kernels.batch_norm import _launch as launch  # noqa: E402
+from gpushape.kernels.batch_norm._tuning import (  # noqa: E402
     DEFAULT,
     KINDS,
     ApplyConfig,

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from gpushape.bench import compare
 from gpushape.kernels import BatchNormAct2d, batch_norm_act
 from gpushape.kernels import _launch as runtime
-from gpushape.kernels._batch_norm_tuning import DEFAULT, BatchNormTuning, batch_norm_tuning
+from gpushape.kernels.batch_norm._tuning import DEFAULT, BatchNormTuning, batch_norm_tuning
 
 SPIN_CYCLES = 200_000  # GPU clock cycles of the spin kernel before each timed repeat
 

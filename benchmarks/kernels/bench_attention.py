@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed
 
 from gpushape.bench import compare, write_results  # noqa: E402
 from gpushape.kernels import FusedQKV, KVCache, softmax_dropout  # noqa: E402
-from gpushape.kernels.softmax_dropout import draw_seed, dropout_keep_mask  # noqa: E402
+from gpushape.kernels.attention.softmax_dropout import draw_seed, dropout_keep_mask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helpers, beside this
 import _bench_common as common  # noqa: E402

@@ -46,7 +46,7 @@ import _bench_common as common  # first: it puts this working tree's src/ on the
 
 from gpushape.bench import compare, write_results
 from gpushape.kernels import BatchNormAct2d, batch_norm_act
-from gpushape.kernels._batch_norm_tuning import load_table
+from gpushape.kernels.batch_norm._tuning import load_table
 
 gate_forward_backward = common.load_gate()
 

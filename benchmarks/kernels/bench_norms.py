@@ -39,7 +39,7 @@ from norms_report import add_speedups, criteria, plot, print_table
 
 from gpushape.bench import Timing, compare, write_results
 from gpushape.kernels import add_layer_norm, layer_norm_gelu, rms_norm
-from gpushape.kernels._norm_common import norm_tuning
+from gpushape.kernels.norms._common import norm_tuning
 
 gate_forward_backward = common.load_gate()
 

@@ -19,14 +19,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from gpushape.bench import write_results
-from gpushape.kernels import _batch_norm_launch as launch
-from gpushape.kernels._batch_norm_tuning import (
+from gpushape.kernels.batch_norm import _launch as launch
+from gpushape.kernels.batch_norm._tuning import (
     DEFAULT,
     ApplyConfig,
     ReduceConfig,
     batch_norm_tuning,
 )
-from gpushape.kernels.batch_norm_act import _unpack_bits_ref
+from gpushape.kernels.batch_norm.batch_norm_act import _unpack_bits_ref
 
 CH = (1, -1, 1, 1)
 SHAPES = [((8, 64, 56, 56), "nchw"), ((4, 63, 9, 11), "cl"), ((4, 65, 9, 11), "nchw"),

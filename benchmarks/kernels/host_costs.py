@@ -29,8 +29,8 @@ import _bench_common as common  # first: it puts this working tree's src/ on the
 
 from gpushape.bench.record import environment
 from gpushape.kernels import BatchNormAct2d, rms_norm
-from gpushape.kernels import _norm_common as norm_common
-from gpushape.kernels._norm_launch import forward_plan
+from gpushape.kernels.norms import _common as norm_common
+from gpushape.kernels.norms._launch import forward_plan
 
 
 def per_call_us(fn, calls: int, repeats: int = 5) -> float:
@@ -196,7 +196,7 @@ def pieces(calls: int) -> dict[str, float]:
         lambda: torch.autograd.grad(F.relu(bn(xb) + rb), [xb, rb, bn.weight, bn.bias], dyb))
     # FusedQKV at BERT-base width, tiny batch: the Triton assembly against autograd's cat
     from gpushape.kernels import FusedQKV
-    from gpushape.kernels import fused_qkv as qkv_module
+    from gpushape.kernels.attention import fused_qkv as qkv_module
 
     fq = FusedQKV(768, 12).to(dev, torch.bfloat16)
     xq = torch.randn(1, 16, 768, device=dev, dtype=torch.bfloat16, requires_grad=True)

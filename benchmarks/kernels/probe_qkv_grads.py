@@ -35,7 +35,7 @@ import _bench_common as common  # first: it puts this working tree's src/ on the
 from gpushape.bench import compare, kernel_times
 from gpushape.bench.record import environment
 from gpushape.kernels import FusedQKV
-from gpushape.kernels.fused_qkv import _split_heads
+from gpushape.kernels.attention.fused_qkv import _split_heads
 
 DT = torch.bfloat16
 SHAPES = {"BERT-base": dict(E=768, H=12, T=512, B=32, bias=True, causal=False),

@@ -39,7 +39,7 @@ import _tune_batch_norm_grid as grid
 import _tune_batch_norm_measure as measure
 
 from gpushape.bench import copy_bandwidth_bytes_per_s, write_results
-from gpushape.kernels._batch_norm_tuning import DEFAULT, BatchNormTuning, tuning_for
+from gpushape.kernels.batch_norm._tuning import DEFAULT, BatchNormTuning, tuning_for
 
 # Furthest from the targets first: if the time budget runs out, the large shapes lose configs.
 SHAPES = [(256, 1024, 14, 14), (256, 512, 28, 28), (256, 256, 56, 56), (256, 64, 112, 112)]

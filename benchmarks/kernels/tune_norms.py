@@ -40,7 +40,7 @@ from tune_norms_grid import bwd_grid, fwd_grid, table_lines  # noqa: E402
 
 import gpushape.kernels  # noqa: E402, F401  (registers the gpushape:: custom ops)
 from gpushape.bench import compare, copy_bandwidth_bytes_per_s, write_results  # noqa: E402
-from gpushape.kernels._norm_tuning import (  # noqa: E402
+from gpushape.kernels.norms._tuning import (  # noqa: E402
     bwd_config,
     fwd_config,
     norm_tuning,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from gpushape.kernels._norm_tuning import BwdConfig, FwdConfig, pow2
+from gpushape.kernels.norms._tuning import BwdConfig, FwdConfig, pow2
 
 _WARPS = (2, 4, 8, 16, 32)
 

@@ -1,5 +1,5 @@
 import sys
 
-from gpushape.cli.main import main
+from .cli.main import main
 
 sys.exit(main())

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from gpushape.cli.main import main
-from gpushape.trace import TraceError
+from gpushape.tracing import TraceError
 
 FACTORIES = textwrap.dedent("""
     import torch

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from gpushape.bench.probe_measure import MeasureConfig
-from gpushape.bench.probe_plan import quick_plan
-from gpushape.bench.probe_profile import analyze, build_profile, write_profile
 from gpushape.errors import ProfileError
 from gpushape.hardware import get_gpu, load_profile, profile
+from gpushape.probe.measure import MeasureConfig
+from gpushape.probe.plan import quick_plan
+from gpushape.probe.profile import analyze, build_profile, write_profile
 
 TFLOP = 1e12
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gpushape.kernels.batch_norm_act import (
+from gpushape.kernels.batch_norm.batch_norm_act import (
     BatchNormAct2d,
     batch_norm_act,
     batch_norm_act_apply,

@@ -48,8 +48,9 @@ def main() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from gpushape.kernels import _norm_common, _norm_kernels
-    from gpushape.kernels._norm_reference import ACT_NONE, GELU_ERF, GELU_TANH
+    from gpushape.kernels.norms import _common as _norm_common
+    from gpushape.kernels.norms import _kernels as _norm_kernels
+    from gpushape.kernels.norms._reference import ACT_NONE, GELU_ERF, GELU_TANH
 
     launches = []
 

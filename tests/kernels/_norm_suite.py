@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpushape.kernels._norm_common import norm_tuning
-from gpushape.kernels._norm_tuning import BwdConfig
+from gpushape.kernels.norms._common import norm_tuning
+from gpushape.kernels.norms._tuning import BwdConfig
 
 from . import _norm_cases as nc
 

@@ -2,18 +2,15 @@
 the kernel is gated against, the mask the op draws after `torch.manual_seed(SEED)`, and the
 dropout statistics check."""
 
-import importlib
 import math
 
 import torch
 import torch.nn.functional as F
 
-from gpushape.kernels.softmax_dropout import draw_seed, dropout_keep_mask, softmax_dropout
+from gpushape.kernels.attention.softmax_dropout import draw_seed, dropout_keep_mask, softmax_dropout
 
 from ._numeric import gate_forward_backward
 
-# the module (the package exports the function of the same name, which shadows it as an attribute)
-sd = importlib.import_module("gpushape.kernels.softmax_dropout")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SEED = 1234
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

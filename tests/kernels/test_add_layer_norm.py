@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpushape.kernels.add_layer_norm import AddLayerNorm, add_layer_norm
+from gpushape.kernels.norms.add_layer_norm import AddLayerNorm, add_layer_norm
 
 from . import _norm_cases as nc
 from ._norm_suite import NormSuite

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from gpushape.kernels.batch_norm_act import (
+from gpushape.kernels.batch_norm.batch_norm_act import (
     BatchNormAct2d,
     batch_norm_act,
     batch_norm_act_apply,

@@ -9,9 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpushape.kernels import _batch_norm_launch as launch
 from gpushape.kernels import _launch as runtime
-from gpushape.kernels.batch_norm_act import BatchNormAct2d, batch_norm_act, batch_norm_stats
+from gpushape.kernels.batch_norm import _launch as launch
+from gpushape.kernels.batch_norm.batch_norm_act import (
+    BatchNormAct2d,
+    batch_norm_act,
+    batch_norm_stats,
+)
 
 from ._batch_norm_cases import (
     CF,

@@ -14,11 +14,11 @@ import json
 import pytest
 import torch
 
-from gpushape.kernels import _batch_norm_launch as launch
-from gpushape.kernels import _batch_norm_runtime as runtime
-from gpushape.kernels import _batch_norm_tuning as tuning
 from gpushape.kernels import _launch
-from gpushape.kernels._batch_norm_tuning import (
+from gpushape.kernels.batch_norm import _launch as launch
+from gpushape.kernels.batch_norm import _runtime as runtime
+from gpushape.kernels.batch_norm import _tuning as tuning
+from gpushape.kernels.batch_norm._tuning import (
     ApplyConfig,
     BatchNormTuning,
     ReduceConfig,

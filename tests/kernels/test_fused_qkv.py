@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from gpushape.kernels.fused_qkv import FusedQKV
+from gpushape.kernels.attention.fused_qkv import FusedQKV
 
 from ._numeric import assert_gate
 
@@ -119,8 +119,8 @@ def aten_ops(fn):
 def test_one_gemm_forward_and_one_copy_backward(assembled, monkeypatch):
     """Forward: one GEMM and views. Backward: dq, dk, dv become one matrix (the Triton copy on
     its path, autograd's cat on the plain one), then one mm for dX and one for dW, no adds."""
-    from gpushape.kernels import fused_qkv as module
     from gpushape.kernels._dispatch import use_triton
+    from gpushape.kernels.attention import fused_qkv as module
 
     if assembled and not use_triton(torch.empty(0)):
         pytest.skip("the Triton path runs on CUDA or under TRITON_INTERPRET=1")

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from gpushape.kernels.kv_cache import KVCache
+from gpushape.kernels.attention.kv_cache import KVCache
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 B, H, D = 2, 3, 8

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpushape.kernels._norm_common import norm_tuning
-from gpushape.kernels.layer_norm_gelu import LayerNormGELU, layer_norm_gelu
+from gpushape.kernels.norms._common import norm_tuning
+from gpushape.kernels.norms.layer_norm_gelu import LayerNormGELU, layer_norm_gelu
 
 from . import _norm_cases as nc
 from ._norm_suite import GPU_N, NormSuite

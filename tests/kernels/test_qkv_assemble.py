@@ -17,7 +17,7 @@ def test_assembled_gradient_equals_the_cat_of_the_parts(heads, kv_heads, head_di
     size that is not, T past one tile, gradients in (B, H, T, D), in (B, T, H, D) transposed
     back, and with a strided last dimension (the copy_ fallback); a missing part is zeros."""
     from gpushape.kernels._dispatch import use_triton
-    from gpushape.kernels._qkv_assemble import assemble_heads, assembly_plan
+    from gpushape.kernels.attention._qkv_assemble import assemble_heads, assembly_plan
 
     batch = 2
     sizes = (heads, kv_heads, kv_heads)
@@ -49,7 +49,7 @@ def test_assembled_gradient_equals_the_cat_of_the_parts(heads, kv_heads, head_di
 
 def test_more_programs_than_the_grid_holds_take_the_torch_copy(monkeypatch):
     """batch x heads past CUDA's 65535 grid rows: no plan, and the copy_ path, same result."""
-    from gpushape.kernels import _qkv_assemble as qa
+    from gpushape.kernels.attention import _qkv_assemble as qa
 
     monkeypatch.setattr(qa, "_MAX_GRID_Y", 7)  # 2 x (4 + 2 + 2) = 16 programs > 7
     sizes, shape = (4, 2, 2), (2, 5, 128)

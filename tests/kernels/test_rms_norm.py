@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpushape.kernels.rms_norm import RMSNorm, rms_norm
+from gpushape.kernels.norms.rms_norm import RMSNorm, rms_norm
 
 from . import _norm_cases as nc
 from ._norm_suite import NormSuite

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from gpushape.kernels._attn_softmax_reference import backward_reference, forward_reference
-from gpushape.kernels.softmax_dropout import (
+from gpushape.kernels.attention._softmax_reference import backward_reference, forward_reference
+from gpushape.kernels.attention.softmax_dropout import (
     SoftmaxDropout,
     draw_seed,
     dropout_keep_mask,

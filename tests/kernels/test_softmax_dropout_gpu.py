@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpushape.kernels._attn_philox import keep_mask_reference
-from gpushape.kernels.softmax_dropout import (
+from gpushape.kernels.attention._philox import keep_mask_reference
+from gpushape.kernels.attention.softmax_dropout import (
     draw_seed,
     dropout_keep_mask,
     softmax_dropout,

@@ -63,7 +63,7 @@ def _torch_dtype(name: str):
 
 def _flags(dtype: str):
     """fp32: TF32 off for matmuls and convolutions; tf32: on for both; half: as this process."""
-    from ..audit.context import BackendFlags
+    from ..auditing.context import BackendFlags
 
     if dtype == "fp32":
         return BackendFlags(matmul_tf32=False, cudnn_tf32=False)
@@ -73,7 +73,7 @@ def _flags(dtype: str):
 
 
 def _fail_on(text: str | None):
-    from ..audit.finding import Severity
+    from ..auditing.finding import Severity
 
     if text is None:
         return None
@@ -89,8 +89,8 @@ def _fail_on(text: str | None):
 
 def build_report(args: argparse.Namespace):
     """Resolve, trace, cost and audit the model the arguments name: an `audit.report.Report`."""
-    from ..audit.api import audit
-    from ..audit.target import AUTO, resolve_target
+    from ..auditing.api import audit
+    from ..auditing.target import AUTO, resolve_target
     from ..models.resolve import resolve_model
 
     # Bad GPU, profile or severity fails before any work.

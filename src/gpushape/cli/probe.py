@@ -40,10 +40,10 @@ def run(args: argparse.Namespace) -> int:
         raise NoCudaError("gpushape probe measures a GPU and needs a CUDA device; "
                           "none is visible on this machine")
     # imported here: the measuring code pulls in matplotlib and the claims' modules
-    from ..bench.probe import run_probe
-    from ..bench.probe_plan import full_plan, quick_plan
-    from ..bench.probe_profile import write_profile
-    from ..bench.probe_report import write_report
+    from ..probe.plan import full_plan, quick_plan
+    from ..probe.profile import write_profile
+    from ..probe.report import write_report
+    from ..probe.runner import run_probe
 
     spec = current_gpu()
     assert spec is not None  # CUDA is available

@@ -17,7 +17,7 @@ Format (JSON, `"format": "gpushape-profile"`, `"version": 1`)::
       },
       "tc_align_elems": {"bf16": 8, "fp16": 8, ...},  # measured cliff granularity, elements
       "memory_efficiency": {                          # eager kernels' bandwidth / copy rate,
-        "norm": {"efficiency": 0.34, ...}, ...},      # by family (trace/families.py)
+        "norm": {"efficiency": 0.34, ...}, ...},      # by family (tracing/families.py)
       "conv_small_cin": {"efficiency": 0.1, ...},     # an RGB stem conv / the GEMM model's rate
       "attention": {"flash/d64": {"flash/fwd/d64": 0.5, "flash/bwd/d64": 0.4, ...}, ...},
                                           # fused attention / the GEMM model's rate, per pass

@@ -67,16 +67,16 @@ class Achievable:
     memory_bandwidth_fraction: float = 0.88  # device-to-device copy / datasheet bandwidth
     launch_overhead_s: float = 5e-6  # one eager kernel launch, CPU side, PyTorch dispatch incl.
     graph_launch_overhead_s: float = 1.5e-6  # one kernel replayed from a CUDA graph
-    # Eager kernels' bandwidth / the copy rate, by memory family (trace/families.py); measured
+    # Eager kernels' bandwidth / the copy rate, by memory family (tracing/families.py); measured
     # by `gpushape probe`. A family not here runs at the copy rate.
     memory_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
     # A convolution with fewer input channels per group than the tensor-core alignment (an RGB
-    # stem): its rate / the GEMM model's rate for its shape; 0: not measured (trace/gemm_model.py
+    # stem): its rate / the GEMM model's rate for its shape; 0: not measured (tracing/gemm_model.py
     # then applies its generic misalignment penalty).
     small_cin_conv: float = 0.0
     # Fused attention kernels: their rate / the GEMM model's rate, by
     # "backend/pass[/dropout][/causal]/d<head size>" ("flash/bwd/dropout/d64"); measured by
-    # `gpushape probe` (bench/probe_attention.py). Unmeasured: the model's rate.
+    # `gpushape probe` (probe/attention.py). Unmeasured: the model's rate.
     attention: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
     source: str = "assumed"
     measured: tuple[str, ...] = ()

@@ -1,0 +1,86 @@
+"""`gpushape.audit(model, example_inputs, gpu="h100", ...) -> Report`: the whole audit.
+
+    report = gpushape.audit(model, (x,), gpu="h200", dtype=torch.bfloat16, train=True,
+                            optimizer=opt, dataloader=loader)
+    for f in report.findings: print(f.severity.label, f.rule, f.module, f.message)
+    report.to_html("report.html")
+
+The model is traced once on the meta device (no memory, no compute: a 70B model audits on a
+laptop), every op is costed on the target chip, and every registered rule reads the result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import GpushapeError
+from ..hardware import GPUSpec, dtype_key
+from ..tracing.cost import cost
+from ..tracing.tracer import trace
+from .cast import inputs_as, model_as
+from .context import AuditContext, BackendFlags
+from .observe import observe
+from .registry import run_rules
+from .report.core import Report
+from .target import AUTO, Target, resolve_target
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype most of the model's floating-point parameters have (fp32 when none)."""
+    counts: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    return max(counts, key=counts.__getitem__) if counts else torch.float32
+
+
+def dtype_label(dtype: torch.dtype, flags: BackendFlags) -> str:
+    """'bf16', 'fp16', 'fp32' or 'tf32' (fp32 tensors with TF32 math)."""
+    if flags.autocast:
+        return flags.autocast
+    key = dtype_key(dtype)
+    if key == "fp32" and flags.math_mode() == "tf32":
+        return "tf32"
+    return key
+
+
+def audit(model: nn.Module, example_inputs: Any, gpu: GPUSpec | Target | str = "h100",
+          dtype: torch.dtype | None = torch.bfloat16, train: bool = True,
+          optimizer: Any = None, dataloader: Any = None, *, profile: Any = AUTO,
+          flags: BackendFlags | None = None, rules: list[str] | None = None,
+          name: str | None = None, device: str | None = None) -> Report:
+    """Audit `model` on `example_inputs` for `gpu`.
+
+    dtype: the dtype the model trains/runs in; a model in another dtype is audited as a meta
+        copy cast to it (the model itself is not touched). None: as the model is.
+    train: a training step (forward and backward) or inference (forward only).
+    optimizer, dataloader: optional; rules about them (optimizer-not-fused, dataloader) read
+        their settings only.
+    gpu: a catalog name, a GPUSpec, or a `target.Target` (a chip already resolved with its
+        profile, as the CLI passes it).
+    profile: "auto" applies the profile shipped for the chip (the H200's), a path that
+        profile, None the datasheet.
+    flags: TF32 and autocast settings; default: this process's torch.backends settings.
+    rules: rule ids to run (default: all).
+    """
+    if not isinstance(model, nn.Module):
+        raise GpushapeError(f"audit() needs an nn.Module, got {type(model).__name__}")
+    target = resolve_target(gpu, profile)
+    spec = target.spec
+    flags = flags or BackendFlags.current()
+    if dtype is not None:
+        model, example_inputs = model_as(model, dtype), inputs_as(example_inputs, dtype)
+    with observe(model) as seen:
+        traced = trace(model, example_inputs, train=train, device=device,
+                       name=name or type(model).__name__)
+    costed = cost(traced, spec, math=flags.math_mode())
+    ctx = AuditContext(trace=traced, cost=costed, gpu=spec, model=model, observed=seen,
+                       optimizer=optimizer, dataloader=dataloader, flags=flags,
+                       profile=target.calibration, measured=target.measured)
+    report = Report.from_cost(costed, dtype=dtype_label(dtype or model_dtype(model), flags))
+    report.findings = run_rules(ctx, rules)
+    report.calibration = target.calibration
+    return report

@@ -1,0 +1,79 @@
+"""nchw-conv: convolutions run in contiguous NCHW where channels_last would take the fast path.
+
+cuDNN's tensor-core convolutions work in NHWC; given NCHW tensors it converts them around each
+convolution, forward and backward (`tracing/layout.py` says which and counts the bytes). The
+cost model prices those conversions into the convolutions' time (`OpCost.layout_s`: the bytes
+at the copy rate divided by the efficiency `gpushape probe` measured for them, family
+"nchw_conversion", `probe/layout.py`), and channels_last saves them.
+
+The convolutions are not all a model loses: BatchNorm and pooling run other, slower eager
+kernels on NCHW tensors (on the H200, ResNet-50's NCHW BatchNorm kernels took 14.8 ms a step,
+the whole channels_last step 14.7: benchmarks/audit/diagnose_nchw.py). The cost model
+prices those ops at their NCHW families' measured efficiency (`trace.families.NCHW_VARIANTS`);
+converting the model moves them to the channels_last families, and the difference is part of
+the saving. Depthwise convolutions and convolutions off tensor cores are left out (no
+conversion there).
+
+Checked against the H200 (anchors/h200-2026-11-30.json): ResNet-50 training, bf16, batch 256
+ran 2404 img/s in NCHW and 4654 img/s in channels_last, 106.5 against 55.0 ms a step, a
+saving of 48 % of the NCHW step (tests/audit/test_grounding.py); and the audit's own textbook
+case in benchmarks/audit/validate_savings.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ...tracing.families import NCHW_BASE, memory_family
+from ...tracing.layout import conversion_bytes_of, runs_nhwc
+from ..context import AuditContext
+from ..finding import Finding
+from ..patterns import CONV_OPS, first_modules, module_pattern
+from ..registry import register_rule
+
+RULE = "nchw-conv"
+
+
+def layout_bound(ctx: AuditContext) -> tuple[float, int]:
+    """(seconds, ops): what the ops priced at a measured NCHW family (forward and backward)
+    take beyond the same bytes at their channels_last family's efficiency."""
+    measured = ctx.gpu.achievable.memory_efficiency
+    total, ops = 0.0, 0
+    for rec in ctx.trace.ops:
+        family = memory_family(rec)
+        if family not in NCHW_BASE or family not in measured:
+            continue
+        memory_s = ctx.op_cost(rec).memory_s
+        total += memory_s * (1 - measured[family] / ctx.gpu.achievable.memory(NCHW_BASE[family]))
+        ops += 1
+    return total, ops
+
+
+@register_rule(RULE, title="convolutions in NCHW where channels_last takes the fast path")
+def check(ctx: AuditContext) -> Iterable[Finding]:
+    convs = [r for r in ctx.forward_compute() if r.name in CONV_OPS
+             and len(r.inputs[0].shape) == 4 and ctx.op_cost(r).tensor_cores
+             and not runs_nhwc(r)]
+    if not convs:
+        return
+    ops = [o for r in convs for o in ctx.with_backward(r)]
+    nbytes = sum(conversion_bytes_of(o) for o in ops)
+    efficiency = ctx.gpu.achievable.memory("nchw_conversion")
+    conversions_s = sum(ctx.op_cost(o).layout_s for o in ops)  # as the cost model prices them
+    others_s, others = layout_bound(ctx)
+    saving_s = conversions_s + others_s
+    conv_s = sum(ctx.time_s(ctx.with_backward(r)) for r in convs)
+    evidence = {"convolutions": len(convs), "layout": "NCHW (contiguous)",
+                "conversion_bytes": nbytes, "conv_time_s": conv_s,
+                "bandwidth_bytes_per_s": ctx.bandwidth_bytes_per_s(),
+                "conversion_efficiency": efficiency, "conversions_s": conversions_s,
+                "nchw_norm_pool_ops": others, "nchw_norm_pool_s": others_s,
+                "modules": first_modules(r.module for r in convs),
+                "first_input_shape": list(convs[0].inputs[0].shape)}
+    also = (f", and {others} BatchNorm/pooling ops run NCHW kernels that are slower on this "
+            f"chip" if others_s > 0 else "")
+    message = (f"{len(convs)} tensor-core convolutions run NCHW: cuDNN converts each input "
+               f"and output to NHWC and back ({nbytes / 1e9:,.2f} GB a step){also}; convert "
+               f"the model and its inputs to channels_last")
+    yield ctx.finding(RULE, module_pattern(r.module for r in convs), message, evidence,
+                      saving_s=saving_s, fix="channels-last")

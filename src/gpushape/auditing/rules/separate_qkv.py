@@ -1,0 +1,91 @@
+"""separate-qkv: several Linear projections read the same tensor where one GEMM would do.
+
+Found from module calls (auditing/observe.py): sibling nn.Linear modules called on the very same
+input tensor (query/key/value of an attention; gate/up of a gated MLP; key/value of a cross
+attention). One Linear with the outputs concatenated reads the input once, launches one GEMM
+instead of n (each backward GEMM likewise), fills the SMs with one larger grid, and needs no
+summing of n input gradients. Both sides are priced as Linear kernels by the cost model
+(pricing/linear.py): n separate layers plus the n - 1 gradient additions, against one layer
+of width sum(N).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from ..context import AuditContext
+from ..finding import Finding
+from ..observe import ModuleCall
+from ..patterns import module_pattern
+from ..pricing.linear import linear_records
+from ..pricing.synth import record, tensor
+from ..registry import register_rule
+
+RULE = "separate-qkv"
+LINEAR_TYPES = ("Linear",)
+
+
+def _groups(ctx: AuditContext) -> list[list[ModuleCall]]:
+    """Calls of sibling Linear modules on one input tensor, two or more distinct modules."""
+    groups: dict[tuple[str, int], list[ModuleCall]] = {}
+    for call in ctx.observed.calls:
+        if call.module_type in LINEAR_TYPES and call.inputs:
+            parent = call.module.rpartition(".")[0]
+            groups.setdefault((parent, call.inputs[0]), []).append(call)
+    return [calls for calls in groups.values()
+            if len({c.module for c in calls}) >= 2]
+
+
+def _layer(ctx: AuditContext, path: str):
+    try:
+        return ctx.model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def _price(ctx: AuditContext, calls: list[ModuleCall]) -> dict | None:
+    layers = [_layer(ctx, c.module) for c in calls]
+    if any(layer is None or not hasattr(layer, "out_features") for layer in layers):
+        return None
+    k = layers[0].in_features
+    m = math.prod(calls[0].input_shapes[0]) // k  # tokens
+    dtype = str(layers[0].weight.dtype).removeprefix("torch.")
+    widths = [layer.out_features for layer in layers]
+    bias = all(layer.bias is not None for layer in layers)
+    separate = [r for n in widths
+                for r in linear_records(m, k, n, dtype, bias=bias, train=ctx.train)]
+    if ctx.train:  # autograd sums the n input gradients: n - 1 additions of (M, K)
+        x = tensor((m, k), dtype)
+        separate += [record("aten.add.Tensor", {"self": x, "other": x}, [x], phase="backward")
+                     for _ in widths[1:]]
+    fused = linear_records(m, k, sum(widths), dtype, bias=bias, train=ctx.train)
+    return {"separate_s": ctx.price(separate), "fused_s": ctx.price(fused), "tokens": m,
+            "in_features": k,
+            "out_features": widths, "dtype": dtype,
+            "projections": [c.module.rpartition(".")[2] for c in calls]}
+
+
+@register_rule(RULE, title="projections of the same input as separate GEMMs")
+def check(ctx: AuditContext) -> Iterable[Finding]:
+    if ctx.model is None:
+        return
+    by_kind: dict[tuple, list[tuple[str, dict]]] = {}
+    for calls in _groups(ctx):
+        priced = _price(ctx, calls)
+        if priced is not None:
+            kind = (tuple(priced["projections"]), priced["in_features"])
+            by_kind.setdefault(kind, []).append((calls[0].module.rpartition(".")[0], priced))
+    for (names, k), sites in by_kind.items():
+        separate_s = sum(p["separate_s"] for _, p in sites)
+        fused_s = sum(p["fused_s"] for _, p in sites)
+        first = sites[0][1]
+        evidence = {"projections": list(names), "in_features": k,
+                    "out_features": first["out_features"], "tokens": first["tokens"],
+                    "dtype": first["dtype"], "sites": len(sites),
+                    "time_separate_s": separate_s, "time_fused_s": fused_s}
+        message = (f"{', '.join(names)} are {len(names)} Linear layers reading the same input "
+                   f"({len(sites)} site(s)): one Linear of width {sum(first['out_features'])} "
+                   f"reads it once and launches one GEMM per pass")
+        yield ctx.finding(RULE, module_pattern(path for path, _ in sites), message, evidence,
+                          saving_s=max(separate_s - fused_s, 0.0), fix="fuse-qkv")

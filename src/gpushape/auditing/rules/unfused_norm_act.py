@@ -1,0 +1,101 @@
+"""unfused-norm-act: a normalization feeds an elementwise activation as separate kernels.
+
+Pattern (forward, program order): a normalization, then up to two elementwise binary ops on a
+tensor of its shape (a residual add), then an activation reading that shape. Unfused, every
+tensor between the norm and the activation is written to memory and read back; fused, the
+activation is the norm kernel's epilogue. Saving per intermediate tensor of B bytes: 2B in the
+forward, and in training 2B more for its gradient (written by the activation's backward, read
+by the norm's). The saving is the chain's time as the cost model prices its eager kernels
+(each family at its measured efficiency) less a fused kernel's moving the remaining bytes at the
+rate measured for gpushape's kernel of that fix (`AuditContext.fusion_saving_s`): BatchNormAct2d
+for a BatchNorm chain, LayerNormGELU for the others (and for BatchNorm where the first is not
+measured).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ...tracing.records import OpRecord
+from ..context import AuditContext
+from ..finding import Finding
+from ..patterns import (
+    ACTIVATION_OPS,
+    BATCH_NORM_OPS,
+    BINARY_POINTWISE_OPS,
+    NORM_OPS,
+    first_modules,
+    following,
+    module_pattern,
+    reads_like,
+)
+from ..registry import register_rule
+
+RULE = "unfused-norm-act"
+MAX_BETWEEN = 2  # elementwise ops allowed between the norm and the activation
+
+
+@dataclass(frozen=True)
+class Chain:
+    norm: OpRecord
+    ops: tuple[OpRecord, ...]  # what follows the norm, the activation last
+
+    @property
+    def pattern(self) -> str:
+        return "->".join([self.norm.module_type or self.norm.name, *(o.name for o in self.ops)])
+
+    @property
+    def intermediate_bytes(self) -> int:
+        """Bytes of the tensors written before the activation: the norm's and each op's."""
+        return sum(r.outputs[0].nbytes for r in (self.norm, *self.ops[:-1]))
+
+
+def find_chains(ops: list[OpRecord]) -> list[Chain]:
+    chains = []
+    for pos, rec in enumerate(ops):
+        if rec.phase != "forward" or rec.name not in NORM_OPS or not rec.outputs:
+            continue
+        produced, between = rec.outputs[0], []
+        for nxt in following(ops, pos, limit=MAX_BETWEEN + 1):
+            if not reads_like(nxt, produced):
+                break
+            between.append(nxt)
+            if nxt.name in ACTIVATION_OPS:
+                chains.append(Chain(rec, tuple(between)))
+                break
+            if nxt.name not in BINARY_POINTWISE_OPS or not nxt.outputs:
+                break
+            produced = nxt.outputs[0]
+    return chains
+
+
+def _fused_family(ctx: AuditContext, norm: OpRecord) -> str:
+    """The measured family whose rate prices the fused kernel of this chain."""
+    if (norm.name in BATCH_NORM_OPS
+            and "fused_batch_norm_act" in ctx.gpu.achievable.memory_efficiency):
+        return "fused_batch_norm_act"
+    return "fused_norm_act"
+
+
+@register_rule(RULE, title="normalization then activation as separate kernels")
+def check(ctx: AuditContext) -> Iterable[Finding]:
+    by_pattern: dict[str, list[Chain]] = {}
+    for chain in find_chains(ctx.trace.ops):
+        by_pattern.setdefault(chain.pattern, []).append(chain)
+    passes = 4 if ctx.train else 2  # write + read, and the same for the gradient in training
+    for pattern, chains in by_pattern.items():
+        nbytes = passes * sum(c.intermediate_bytes for c in chains)
+        evidence = {"pattern": pattern, "sites": len(chains),
+                    "intermediate_shape": list(chains[0].norm.outputs[0].shape),
+                    "dtype": chains[0].norm.outputs[0].dtype, "bytes_saved": nbytes,
+                    "modules": first_modules(c.norm.module for c in chains)}
+        message = (f"{pattern} runs as {1 + len(chains[0].ops)} kernels at {len(chains)} "
+                   f"site(s): fusing writes and re-reads {nbytes / 1e6:,.1f} MB less a step")
+        if not ctx.train and chains[0].norm.name in BATCH_NORM_OPS:
+            message += (" (for inference, folding the BatchNorm into the convolution before it "
+                         "and the rest into its epilogue removes these passes altogether)")
+        saving = ctx.fusion_saving_s([r for c in chains for r in (c.norm, *c.ops)], nbytes,
+                                     _fused_family(ctx, chains[0].norm))
+        yield ctx.finding(RULE, module_pattern(c.norm.module for c in chains), message,
+                          evidence, saving_s=saving, fix="fuse-norm-act")

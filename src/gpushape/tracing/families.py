@@ -1,0 +1,79 @@
+"""Memory families: the kind of eager kernel an op runs, for measured bandwidth efficiencies.
+
+The roofline prices an op's minimum bytes at the chip's copy rate. Eager PyTorch kernels of
+some kinds reach only a fraction of it: on an H200 LayerNorm moves its bytes at about a third of
+the copy rate, and pooling and embedding backward at less. `gpushape probe` measures that
+fraction per family (`probe/memory.py`), the profile carries it, and the cost model
+divides an op's memory time by it (`Achievable.memory_efficiency`). An op outside every family,
+or a family the profile has not measured, keeps the copy rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .flops.registry import packet
+from .layout import runs_nchw
+from .records import OpRecord
+
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "norm": ("aten.native_layer_norm", "aten.native_layer_norm_backward",
+             "aten.native_group_norm", "aten.native_group_norm_backward",
+             "aten._fused_rms_norm", "aten._fused_rms_norm_backward"),
+    "batch_norm": ("aten.native_batch_norm", "aten.native_batch_norm_backward",
+                   "aten._native_batch_norm_legit", "aten._native_batch_norm_legit_functional",
+                   "aten._native_batch_norm_legit_no_training", "aten._batch_norm_with_update",
+                   "aten.batch_norm_backward", "aten.cudnn_batch_norm",
+                   "aten.cudnn_batch_norm_backward"),
+    "softmax": ("aten._softmax", "aten._softmax_backward_data", "aten._log_softmax",
+                "aten._log_softmax_backward_data"),
+    "pool": ("aten.max_pool2d_with_indices", "aten.max_pool2d_with_indices_backward",
+             "aten.avg_pool2d", "aten.avg_pool2d_backward", "aten._adaptive_avg_pool2d",
+             "aten._adaptive_avg_pool2d_backward", "aten.max_pool3d_with_indices",
+             "aten.max_pool3d_with_indices_backward"),
+    "gather": ("aten.embedding", "aten.embedding_dense_backward", "aten.index_select",
+               "aten.gather", "aten.index", "aten.index_add", "aten.scatter_add"),
+    "dropout": ("aten.native_dropout", "aten.native_dropout_backward"),
+    # pointwise ops with transcendental math (eager kernels run them below the copy rate)
+    "activation": ("aten.gelu", "aten.gelu_backward", "aten.silu", "aten.silu_backward",
+                   "aten.tanh", "aten.tanh_backward", "aten.sigmoid", "aten.sigmoid_backward",
+                   "aten.elu", "aten.elu_backward", "aten.softplus", "aten.softplus_backward",
+                   "aten.mish", "aten.mish_backward", "aten.erf", "aten.exp"),
+}
+_BY_PACKET = {op: family for family, ops in FAMILIES.items() for op in ops}
+# Families whose eager kernels depend on the memory format: on 4-D tensors in NCHW
+# (contiguous) PyTorch runs other kernels than on channels_last ones (the H200 ran ResNet-50's
+# NCHW BatchNorm several times slower), so the probe measures them apart. Where a profile lacks
+# the NCHW figure, the family's own prices them (`priced_family`).
+NCHW_VARIANTS = {"batch_norm": "batch_norm_nchw", "pool": "pool_nchw"}
+NCHW_BASE = {nchw: base for base, nchw in NCHW_VARIANTS.items()}  # NCHW family -> its own
+# Families from the op's tags, for ops no table above names.
+TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
+# gpushape's own fused kernels, which the audit's fusion rules propose: what they reach prices
+# a fix's kernel (`AuditContext.fusion_saving_s`), not a traced op.
+FUSED = ("fused_norm_act", "fused_batch_norm_act", "fused_softmax_dropout")
+# What a convolution loses in NCHW against channels_last, as an efficiency of the bytes cuDNN's
+# layout conversions move (tracing/layout.py): the cost model's price of NCHW convolutions.
+LAYOUT = ("nchw_conversion",)
+ALL_FAMILIES = (*FAMILIES, *NCHW_VARIANTS.values(), *TAGGED.values(), *FUSED, *LAYOUT)
+
+
+def memory_family(rec: OpRecord) -> str | None:
+    """The family whose measured efficiency prices `rec`'s bytes; None: the copy rate."""
+    family = _BY_PACKET.get(packet(rec.op))
+    if family is not None:
+        if family in NCHW_VARIANTS and runs_nchw(rec):
+            return NCHW_VARIANTS[family]
+        return family
+    for tag, name in TAGGED.items():
+        if tag in rec.tags:
+            return name
+    return None
+
+
+def priced_family(family: str | None, measured: Mapping[str, float]) -> str | None:
+    """The family whose figure prices `family`: itself when measured, else the family an NCHW
+    variant belongs to (`NCHW_VARIANTS`)."""
+    if family is None or family in measured:
+        return family
+    return NCHW_BASE.get(family, family)

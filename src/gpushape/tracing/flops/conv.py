@@ -1,0 +1,102 @@
+"""Convolutions, forward and backward, with groups, stride, dilation, padding, transposition.
+
+A convolution does one multiply-add per (output position, output channel, input channel of its
+group, kernel tap): MACs = N x Cout x prod(out spatial) x (Cin / groups) x prod(kernel), and
+FLOPs = 2 x MACs. Padding taps are counted (dense kernels multiply the zeros too), as the usual
+ResNet-50 figure of 4.09 GMACs does. Stride and dilation enter through the output size. A bias
+adds one FLOP per output element.
+
+A transposed convolution scatters each input position through the kernel instead:
+MACs = N x Cin x prod(in spatial) x (Cout / groups) x prod(kernel) (weight (Cin, Cout/g, *k)).
+
+Backward (`aten.convolution_backward`, one op computing what `output_mask` asks):
+- grad_input (dgrad) is a transposed convolution of grad_output with the weight: the same MACs
+  as the forward;
+- grad_weight (wgrad) correlates the input with grad_output: again the same MACs, since every
+  weight element sums over N x prod(out spatial) products. With groups it is
+  (Cout/g) x (Cin/g) x prod(kernel) weights per group, g groups: groups do NOT multiply it
+  (torch.utils.flop_counter counts Cout x Cin x ... here, `groups` times too much; see
+  tests/tracing/test_flop_counter_differences.py);
+- grad_bias is a reduction of grad_output: one FLOP per element.
+
+As implicit GEMMs (NHWC, per group): forward M = N x out positions, N = Cout/g,
+K = Cin/g x taps; dgrad M = N x in positions, N = Cin/g, K = Cout/g x taps; wgrad M = Cout/g,
+N = Cin/g x taps, K = N x out positions. Channels per group must meet the tensor-core alignment;
+depthwise convolutions (one input channel per group) run on CUDA cores.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..records import OpRecord
+from .registry import Gemm, OpWork, io_bytes, register_formula
+
+
+def _channels(rec: OpRecord, x: str, w: str):
+    """(N, Cin, Cout, groups, in spatial, taps) for a forward conv's input and weight shapes."""
+    X, W = rec.input(x).shape, rec.input(w).shape
+    groups = int(rec.params.get("groups", 1))
+    transposed = bool(rec.params.get("transposed", False))
+    cin = X[1]
+    cout = W[1] * groups if transposed else W[0]
+    return X[0], cin, cout, groups, math.prod(X[2:]), math.prod(W[2:]), transposed
+
+
+def conv_macs(n: int, cin: int, cout: int, groups: int, in_pos: int, out_pos: int, taps: int,
+              transposed: bool) -> int:
+    """Multiply-adds of one convolution (see the module docstring)."""
+    if transposed:
+        return n * cin * in_pos * (cout // groups) * taps
+    return n * cout * out_pos * (cin // groups) * taps
+
+
+def _align(cin: int, cout: int, groups: int) -> tuple[tuple[str, int], ...]:
+    return (("Cin/groups", cin // groups), ("Cout/groups", cout // groups))
+
+
+def _gemm(m: int, n: int, k: int, flops: int, cin: int, cout: int, groups: int) -> Gemm:
+    return Gemm(m=m, n=n, k=k, flops=flops, family="conv", batch=groups,
+                align_dims=_align(cin, cout, groups), tensor_cores=cin // groups > 1)
+
+
+@register_formula("aten.convolution", "aten._convolution", "aten.convolution_overrideable",
+                  "aten.cudnn_convolution", "aten.mkldnn_convolution",
+                  "aten._slow_conv2d_forward", "aten.thnn_conv2d")
+def convolution(rec: OpRecord) -> OpWork:
+    names = rec.input_names
+    n, cin, cout, groups, in_pos, taps, transposed = _channels(rec, names[0], names[1])
+    out = rec.outputs[0]
+    out_pos = math.prod(out.shape[2:])
+    macs = conv_macs(n, cin, cout, groups, in_pos, out_pos, taps, transposed)
+    # one GEMM row per output position (a transposed conv runs as a dgrad kernel, the same way)
+    gemm = _gemm(n * out_pos, cout // groups, cin // groups * taps, 2 * macs, cin, cout, groups)
+    bias = out.numel if rec.has_input("bias") else 0
+    return OpWork(flops=2 * macs + bias, min_bytes=io_bytes(rec), gemms=(gemm,))
+
+
+@register_formula("aten.convolution_backward", "aten.convolution_backward_overrideable")
+def convolution_backward(rec: OpRecord) -> OpWork:
+    grad_out = rec.input("grad_output")
+    n, cin, cout, groups, in_pos, taps, transposed = _channels(rec, "input", "weight")
+    out_pos = math.prod(grad_out.shape[2:])
+    macs = conv_macs(n, cin, cout, groups, in_pos, out_pos, taps, transposed)
+    mask = tuple(rec.params.get("output_mask", (True, True, True)))
+    gemms, flops, kernels, skip = [], 0, 0, []
+    if mask[0]:  # grad_input: one GEMM row per input position
+        gemms.append(_gemm(n * in_pos, cin // groups, cout // groups * taps, 2 * macs,
+                           cin, cout, groups))
+        flops, kernels = flops + 2 * macs, kernels + 1
+    else:
+        skip.append("weight")  # only the input gradient reads the weight
+    if mask[1]:  # grad_weight: one GEMM row per weight row, K runs over batch x positions
+        rows, cols, depth = (cin, cout, n * in_pos) if transposed else (cout, cin, n * out_pos)
+        gemms.append(_gemm(rows // groups, cols // groups * taps, depth, 2 * macs,
+                           cin, cout, groups))
+        flops, kernels = flops + 2 * macs, kernels + 1
+    else:
+        skip.append("input")  # only the weight gradient reads the input
+    if len(mask) > 2 and mask[2]:  # grad_bias: sum of grad_output over N and positions
+        flops, kernels = flops + grad_out.numel, kernels + 1
+    return OpWork(flops=flops, min_bytes=io_bytes(rec, skip=skip), gemms=tuple(gemms),
+                  kernels=max(kernels, 1))

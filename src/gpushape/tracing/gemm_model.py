@@ -1,0 +1,183 @@
+"""GEMM efficiency: the fraction of a GPU's attainable tensor-core rate one GEMM-shaped kernel gets.
+
+    efficiency = quantization(shape) / quantization(reference shape) x alignment(dims)
+                 x measured kernel rate (fused attention only)
+
+`gpu.attainable_flops(dtype)` is what a large aligned GEMM reaches (datasheet peak x a GEMM
+fraction, assumed or measured by `gpushape probe` at 8192^3); this model scales it for the
+shape at hand. It has four parts.
+
+1. Tile quantization. cuBLAS and cuDNN cover the M x N output with BM x BN tiles, one thread
+   block (CTA) each, and a partial tile at an edge costs a whole one:
+       tiles = ceil(M / BM) x ceil(N / BN) x batch
+       tile_eff = M N / (ceil(M / BM) BM x ceil(N / BN) BN)
+   The library picks among tile shapes; we take the best of TILES (128x256, 256x128, 128x128,
+   128x64, 64x128: the shapes Hopper and Ampere cuBLAS/CUTLASS kernels use; the H200 profile's
+   conv kernels report `tilesize128x128x64`). K is not tiled into waste: its remainder is a
+   short last step.
+2. Wave quantization. CTAs run in waves of `gpu.sm_count`, one per SM (these large-tile kernels
+   fill an SM's shared memory), and a partly filled last wave takes as long as a full one:
+       waves = ceil(ctas / sm_count), wave_eff = ctas / (waves x sm_count)
+   Split-K: when the tiles do not fill one wave and the GEMM is deep and narrow
+   (K >= SPLIT_K_DEPTH_RATIO x max(M, N), as weight gradients are: M = Cout, N = Cin x taps,
+   K = batch x positions), the library splits K over min(sm_count // tiles,
+   K // SPLIT_K_MIN_DEPTH) CTAs per tile. A skinny GEMM without a deep K gets no split: the
+   H200 ran M=128, N=K=4096 at 0.22 of the large-GEMM rate, where this model's best tile
+   (128x64, 64 CTAs) says 0.48, so skinny GEMMs are predicted optimistically (they are near
+   the memory roofline anyway).
+   Attention kernels give one CTA to each (batch x head, block of ATTENTION_BLOCK_ROWS query
+   rows) forward, key rows backward; only the row dimension is tiled.
+   Quantization = tile_eff x wave_eff, divided by its value at the reference shape (8192^3,
+   where the GEMM fraction is measured), so the reference shape has efficiency 1.
+3. Tensor-core alignment. The fast path needs every leading dimension (and a convolution's
+   channels per group) to be a multiple of `gpu.tc_alignment(dtype)` elements (16 bytes). A
+   dimension that misses it runs a slower kernel. Its penalty depends on how far it misses:
+   the dimension's largest power-of-two byte alignment as a fraction of the 16 required.
+   Calibrated on the H200 anchors (/work/shared/anchors/h200-2026-11-30.json, bf16 TFLOP/s,
+   torch 2.11 / cuBLAS of CUDA 13), dividing out this model's own quantization change:
+       half aligned (8 of 16 bytes): K=1028 236.0 vs K=1024 663.3 -> 0.356;
+         square 4100 210.9 vs 4096 736.7, model quantization 0.943 -> 0.304;     mean 0.33
+       odd (2 of 16 bytes): K=1023 135.2, K=1025 136.8 -> 0.204, 0.206;
+         square 4095 147.9 -> 0.201, 4097 131.8 -> 0.190 (quantization 0.942);  mean 0.20
+       quarter aligned (4 of 16 bytes): no anchor; the geometric mean of the two, 0.26.
+     M alone misaligned costs nothing (M = 127/128/129 and 2047/2048/2049 run alike), which is
+     why only leading dimensions count. Several misaligned dimensions cost the worst one's
+     penalty, not the product (square 4095, all three dims odd, matches K=1023 alone).
+   Convolutions (cuDNN implicit GEMM) fall back more gently: a 3x3 conv with 63 input
+   channels ran at 169.1 against 242.3 TFLOP/s with 64 -> CONV_MISALIGNED = 0.70, applied to
+   any misalignment of channels per group (no anchor separates half from odd there).
+   A convolution with fewer input channels per group than the alignment (the RGB stem of
+   every CNN: 3 channels) falls much further, to what `gpushape probe` measures for a 7x7
+   stride-2 stem (`Achievable.small_cin_conv`, the measured rate over this model's rate with
+   no penalty); unmeasured, it takes CONV_MISALIGNED.
+   These are one chip's measurements, used for every chip until `gpushape probe` measures its
+   own cliffs.
+4. Fused attention kernels (flash, memory-efficient) do more than their two or five matmuls:
+   online softmax and rescaling, the backward's recomputation, Philox for dropout, and at head
+   size 64 thin tiles. Their efficiency is multiplied by the rate `gpushape probe` measured for
+   the kernel's backend, pass, dropout and causal flags at the nearest head size
+   (`Achievable.attention_rate`, probe/attention.py; 1 where unmeasured).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..hardware import GPUSpec
+from .flops.registry import Gemm
+
+TILES = ((128, 256), (256, 128), (128, 128), (128, 64), (64, 128))
+ATTENTION_BLOCK_ROWS = 128
+SPLIT_K_MIN_DEPTH = 256
+SPLIT_K_DEPTH_RATIO = 4
+REFERENCE_GEMM = (8192, 8192, 8192)
+
+# Penalty by the fraction of the required 16-byte alignment a dimension reaches (see above).
+GEMM_MISALIGNED = {2: 0.33, 4: 0.26}  # 1/2 aligned, 1/4 aligned
+GEMM_MISALIGNED_WORST = 0.20  # 1/8 or less (odd bf16/fp16 dimensions)
+CONV_MISALIGNED = 0.70
+
+
+@dataclass(frozen=True, slots=True)
+class GemmEfficiency:
+    """How well one GEMM fits the GPU, and why."""
+
+    gemm: Gemm
+    sm_count: int
+    tile: tuple[int, int]  # (BM, BN) chosen; (rows, 0) for attention
+    ctas: int  # thread blocks launched (tiles x splits)
+    split_k: int
+    waves: int
+    tile_eff: float
+    wave_eff: float
+    alignment: float  # 1.0, or the misalignment penalty
+    misaligned: tuple[str, ...]  # "K=4095" for each dimension that misses the alignment
+    efficiency: float  # quantization (relative to the reference shape) x alignment x kernel_rate
+    kernel_rate: float = 1.0  # fused attention: the rate measured for its kernel (else 1)
+
+    @property
+    def last_wave_fill(self) -> float:
+        """Fraction of SMs busy in the last wave (1.0: full)."""
+        if self.waves == 0:
+            return 1.0
+        return (self.ctas - (self.waves - 1) * self.sm_count) / self.sm_count
+
+
+def _quantize(m: int, n: int, k: int, batch: int, sms: int, bm: int, bn: int):
+    tiles_m, tiles_n = math.ceil(m / bm), math.ceil(n / bn)
+    tile_eff = (m * n) / (tiles_m * bm * tiles_n * bn)
+    tiles = tiles_m * tiles_n * batch
+    split = 1
+    if tiles < sms and k >= SPLIT_K_DEPTH_RATIO * max(m, n):
+        split = max(1, min(sms // tiles, k // SPLIT_K_MIN_DEPTH))
+    ctas = tiles * split
+    waves = math.ceil(ctas / sms)
+    return tile_eff, ctas / (waves * sms), ctas, split, waves
+
+
+def _best_tile(gemm: Gemm, sms: int):
+    if gemm.family == "attention":
+        rows = ATTENTION_BLOCK_ROWS
+        blocks = math.ceil(gemm.m / rows)
+        ctas = blocks * gemm.batch
+        waves = math.ceil(ctas / sms)
+        return (rows, 0), gemm.m / (blocks * rows), ctas / (waves * sms), ctas, 1, waves
+    best = None
+    for bm, bn in TILES:
+        tile_eff, wave_eff, ctas, split, waves = _quantize(
+            gemm.m, gemm.n, gemm.k, gemm.batch, sms, bm, bn)
+        if best is None or tile_eff * wave_eff > best[1] * best[2] + 1e-12:
+            best = ((bm, bn), tile_eff, wave_eff, ctas, split, waves)
+    return best
+
+
+def _reference(sms: int) -> float:
+    m, n, k = REFERENCE_GEMM
+    _, tile_eff, wave_eff, *_ = _best_tile(Gemm(m=m, n=n, k=k, flops=2 * m * n * k), sms)
+    return tile_eff * wave_eff
+
+
+def alignment_penalty(value: int, align_elems: int, family: str,
+                      small_cin_conv: float = 0.0) -> float:
+    """1.0 if `value` is a multiple of `align_elems`, else the calibrated penalty.
+    `small_cin_conv`: the measured rate of a convolution whose channels per group are fewer
+    than `align_elems` (0: not measured, the generic convolution penalty)."""
+    if value <= 0 or value % align_elems == 0:
+        return 1.0
+    if family == "conv":
+        if 0 < value < align_elems and small_cin_conv > 0:
+            return small_cin_conv
+        return CONV_MISALIGNED
+    reached = math.gcd(value, align_elems)  # elements of alignment the dimension has
+    return GEMM_MISALIGNED.get(align_elems // reached, GEMM_MISALIGNED_WORST)
+
+
+def gemm_efficiency(gemm: Gemm, gpu: GPUSpec, dtype: str, tensor_cores: bool = True
+                    ) -> GemmEfficiency:
+    """The efficiency model above for one GEMM on `gpu` with math in `dtype` ("bf16", "tf32"...)."""
+    sms = gpu.sm_count
+    if gemm.m <= 0 or gemm.n <= 0 or gemm.k <= 0:
+        return GemmEfficiency(gemm=gemm, sm_count=sms, tile=(0, 0), ctas=0, split_k=1, waves=0,
+                              tile_eff=1.0, wave_eff=1.0, alignment=1.0, misaligned=(),
+                              efficiency=1.0)
+    tile, tile_eff, wave_eff, ctas, split, waves = _best_tile(gemm, sms)
+    quantization = min(1.0, tile_eff * wave_eff / _reference(sms))
+    align = gpu.tc_alignment(dtype) if tensor_cores else None
+    penalty, misaligned = 1.0, []
+    if align and gemm.family != "attention":
+        for name, value in gemm.align_dims:
+            small = gpu.achievable.small_cin_conv if name == "Cin/groups" else 0.0
+            p = alignment_penalty(value, align, gemm.family, small)
+            if p < 1.0:
+                misaligned.append(f"{name}={value}")
+                penalty = min(penalty, p)
+    rate = 1.0
+    kernel = gemm.attention
+    if kernel is not None and kernel.backend:
+        rate = gpu.achievable.attention_rate(kernel.backend, kernel.backward, kernel.dropout,
+                                             kernel.causal, gemm.k)
+    return GemmEfficiency(gemm=gemm, sm_count=sms, tile=tile, ctas=ctas, split_k=split, waves=waves,
+                          tile_eff=tile_eff, wave_eff=wave_eff, alignment=penalty,
+                          misaligned=tuple(misaligned), efficiency=quantization * penalty * rate,
+                          kernel_rate=rate)

@@ -1,0 +1,161 @@
+"""For every rule: a model where it must fire (and where) and a twin where it must not.
+
+`CASES[rule_id]` is a `Case`; tests/audit/test_rules.py runs both sides for every rule in the
+registry, so a rule added without a case here fails the suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from gpushape.auditing.context import BackendFlags
+
+from .models import (
+    Attention,
+    ConvBN,
+    ManyTiny,
+    MLPStack,
+    NormThen,
+    OneLinear,
+    SoftmaxThen,
+)
+
+BF16 = torch.bfloat16
+
+
+def meta(*shape: int, dtype: torch.dtype = BF16, channels_last: bool = False) -> torch.Tensor:
+    t = torch.empty(shape, dtype=dtype, device="meta")
+    return t.to(memory_format=torch.channels_last) if channels_last else t
+
+
+def scores() -> torch.Tensor:
+    """Attention scores (B, H, T, T) that need a gradient (the model has no parameters)."""
+    return meta(64, 12, 512, 512).requires_grad_()
+
+
+def build(cls: type, *args: Any, dtype: torch.dtype = BF16, **kwargs: Any) -> torch.nn.Module:
+    """`cls(*args, **kwargs)` made on the meta device (no memory, no init), in `dtype`."""
+    with torch.device("meta"):
+        return cls(*args, **kwargs).to(dtype)
+
+
+@dataclass(frozen=True)
+class Side:
+    model: Callable[[], torch.nn.Module]
+    inputs: Callable[[], Any]
+    kwargs: dict = field(default_factory=dict)  # extra audit() arguments
+
+    def build(self) -> tuple[torch.nn.Module, Any, dict]:
+        kwargs = {"gpu": "h100", **self.kwargs}
+        kwargs = {k: v() if callable(v) and k in ("optimizer", "dataloader") else v
+                  for k, v in kwargs.items()}
+        return self.model(), self.inputs(), kwargs
+
+
+@dataclass(frozen=True)
+class Case:
+    fires: Side
+    twin: Side
+    module: str  # where the finding must point
+    saving: str = "time"  # "time": est_saving_s > 0; "memory": bytes in evidence; "none"
+
+
+def _loader(**options: Any) -> DataLoader:
+    data = TensorDataset(torch.zeros(16, 4))
+    return DataLoader(data, batch_size=4, **options)
+
+
+def _adamw(**options: Any) -> torch.optim.Optimizer:
+    params = [torch.nn.Parameter(torch.zeros(256, 256)) for _ in range(8)]
+    return torch.optim.AdamW(params, **options)
+
+
+def _cl(model: torch.nn.Module) -> torch.nn.Module:
+    return model.to(memory_format=torch.channels_last)
+
+
+TOKENS = (8, 512, 768)
+CASES: dict[str, Case] = {
+    # K = 4095 in bf16 on an H100: the GEMM cliff; K = 4096 is aligned.
+    "tc-align": Case(
+        fires=Side(lambda: build(OneLinear, 4095, 4096), lambda: (meta(8192, 4095),)),
+        twin=Side(lambda: build(OneLinear, 4096, 4096), lambda: (meta(8192, 4096),)),
+        module="fc"),
+    "nchw-conv": Case(
+        fires=Side(lambda: build(ConvBN), lambda: (meta(32, 64, 56, 56),)),
+        twin=Side(lambda: _cl(build(ConvBN)), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
+        module="conv"),
+    # fp32 with PyTorch's default flags (no TF32 for matmuls) against TF32 allowed.
+    "fp32-math": Case(
+        fires=Side(lambda: OneLinear(1024, 1024), lambda: (meta(4096, 1024),),
+                   {"dtype": torch.float32, "flags": BackendFlags(matmul_tf32=False)}),
+        twin=Side(lambda: OneLinear(1024, 1024), lambda: (meta(4096, 1024),),
+                  {"dtype": torch.float32, "flags": BackendFlags(matmul_tf32=True)}),
+        module="fc"),
+    "unfused-norm-act": Case(
+        fires=Side(lambda: build(NormThen, act_after_norm=True), lambda: (meta(8, 512, 1024),)),
+        twin=Side(lambda: build(NormThen, act_after_norm=False), lambda: (meta(8, 512, 1024),)),
+        module="norm"),
+    "bn-no-running-stats": Case(
+        fires=Side(lambda: _cl(build(ConvBN, running_stats=False)),
+                   lambda: (meta(32, 64, 56, 56, channels_last=True),)),
+        twin=Side(lambda: _cl(build(ConvBN)), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
+        module="bn"),
+    "conv-bias-before-bn": Case(
+        fires=Side(lambda: _cl(build(ConvBN, bias=True)),
+                   lambda: (meta(32, 64, 56, 56, channels_last=True),)),
+        twin=Side(lambda: _cl(build(ConvBN)), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
+        module="conv"),
+    "separate-qkv": Case(
+        fires=Side(lambda: build(Attention, fused_qkv=False), lambda: (meta(*TOKENS),)),
+        twin=Side(lambda: build(Attention), lambda: (meta(*TOKENS),)),
+        module=""),
+    "manual-attention": Case(
+        fires=Side(lambda: build(Attention, manual=True), lambda: (meta(*TOKENS),)),
+        twin=Side(lambda: build(Attention), lambda: (meta(*TOKENS),)),
+        module=""),
+    # With a mask SDPA needs the memory-efficient kernel: head size a multiple of 8 (bf16).
+    "attention-head-dim": Case(
+        fires=Side(lambda: build(Attention, head_dim=36, mask=True), lambda: (meta(*TOKENS),)),
+        twin=Side(lambda: build(Attention, head_dim=32, mask=True), lambda: (meta(*TOKENS),)),
+        module=""),
+    "unfused-softmax-dropout": Case(
+        fires=Side(lambda: SoftmaxThen(0.1), lambda: (scores(),)),
+        twin=Side(lambda: SoftmaxThen(0.0), lambda: (scores(),)),
+        module=""),
+    "launch-bound": Case(
+        fires=Side(lambda: build(ManyTiny), lambda: (meta(16, 64),)),
+        twin=Side(lambda: build(OneLinear, 8192, 8192), lambda: (meta(8192, 8192),)),
+        module=""),
+    # 1216 x 1728 x 504: no tile or split-K of the library fills the 132 SMs of an H100
+    # (best: 65 %); 8192 x 1024 x 512 fills them.
+    "wave-quantization": Case(
+        fires=Side(lambda: build(OneLinear, 504, 1728), lambda: (meta(1216, 504),),
+                   {"train": False}),
+        twin=Side(lambda: build(OneLinear, 512, 1024), lambda: (meta(8192, 512),),
+                  {"train": False}),
+        module="fc"),
+    # 16 blocks of 4096 wide at 256k tokens keep ~100 GB for backward: more than an H100 has.
+    "checkpoint-candidate": Case(
+        fires=Side(lambda: build(MLPStack), lambda: (meta(262144, 4096),)),
+        twin=Side(lambda: build(MLPStack), lambda: (meta(1024, 4096),)),
+        module="blocks.*", saving="memory"),
+    "optimizer-not-fused": Case(
+        fires=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
+                   {"optimizer": lambda: _adamw(foreach=False)}),
+        twin=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
+                  {"optimizer": lambda: _adamw(fused=True)}),
+        module=""),
+    "dataloader": Case(
+        fires=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
+                   {"dataloader": lambda: _loader(num_workers=0)}),
+        twin=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
+                  {"dataloader": lambda: _loader(num_workers=2, pin_memory=True,
+                                                 persistent_workers=True)}),
+        module="", saving="none"),
+}

@@ -1,0 +1,80 @@
+"""The claims registry and the verdict rule (the measurements themselves run in the probe's
+CPU end-to-end test and on the GPU)."""
+
+import pytest
+import torch
+
+from gpushape.hardware import get_gpu
+from gpushape.probe import guide_claims
+from gpushape.probe.claim_check import (
+    FAILS,
+    HOLDS,
+    NOT_MEASURED,
+    PARTLY,
+    ClaimContext,
+    check_same,
+    gain_of,
+    verdict,
+)
+from gpushape.probe.guide_claims_more import lowered_ops
+from gpushape.probe.measure import MeasureConfig
+from gpushape.probe.plan import quick_plan, tiny_plan
+
+
+@pytest.mark.parametrize(("claimed", "gain", "expected"), [
+    (0.26, 0.13, HOLDS),  # exactly half the claim
+    (0.26, 0.40, HOLDS),
+    (0.26, 0.12, PARTLY),
+    (0.26, 0.031, PARTLY),
+    (0.26, 0.03, FAILS),  # the noise floor
+    (0.26, -0.2, FAILS),  # the opposite way
+    (0.2, None, NOT_MEASURED),
+    (0.2, float("nan"), NOT_MEASURED),
+])
+def test_verdict_rule(claimed, gain, expected):
+    assert verdict(claimed, gain) == expected
+
+
+def test_gain_of():
+    assert gain_of(0.689, 0.4886) == pytest.approx(0.41, abs=0.01)  # the H200's 63 vs 64
+
+
+def test_every_design_table_claim_is_registered_in_report_order():
+    ids = [c.id for c in guide_claims.selected(quick_plan())]
+    assert ids == list(guide_claims.ORDER)
+    for needed in ("conv-channels-63-vs-64", "dims-multiple-of-32", "batch-127-vs-128",
+                   "pool-vs-mean", "stem-7x7-pad-to-32", "channels-last", "launch-overhead",
+                   "layernorm-gelu-fusion", "einsum-vs-bmm"):
+        assert needed in ids
+    for c in guide_claims.REGISTRY.values():
+        assert c.where and c.says and c.claimed and c.claimed_gain > 0
+
+
+def test_no_claims_when_the_plan_says_so():
+    import dataclasses
+
+    assert guide_claims.selected(dataclasses.replace(tiny_plan(), claims=False)) == []
+
+
+def test_check_same_refuses_different_results():
+    a = torch.randn(4, 4)
+    check_same("same", a, a.clone())
+    with pytest.raises(AssertionError, match="disagree"):
+        check_same("different", a, a + 1)
+
+
+def test_lowering_is_read_from_the_dispatcher():
+    x = torch.randn(2, 3, 5, 5)
+    assert lowered_ops(lambda: torch.nn.functional.adaptive_avg_pool2d(x, 1)) == ["mean"]
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(2, 4, 3)
+    assert "bmm" in lowered_ops(lambda: torch.einsum("bhid,hdj->bhij", q, k))
+
+
+def test_launch_claim_needs_a_graph_figure():
+    ctx = ClaimContext(cfg=MeasureConfig(device="cpu"), mode="tiny", spec=get_gpu("h200"),
+                       ceilings={"launch_overhead_s": 7e-6, "graph_launch_overhead_s": None})
+    measured = guide_claims.REGISTRY["launch-overhead"].measure(ctx)
+    assert measured.gain is None
+    ctx = ClaimContext(cfg=ctx.cfg, mode="tiny", spec=ctx.spec,
+                       ceilings={"launch_overhead_s": 6.9e-6, "graph_launch_overhead_s": 1.1e-6})
+    assert guide_claims.REGISTRY["launch-overhead"].measure(ctx).gain == pytest.approx(5.27, 0.01)

@@ -1,0 +1,79 @@
+"""probe_attention's plumbing on the CPU (tiny SDPA calls): the model time it divides by is the
+GEMM model's for the traced call, each configuration yields one key per pass, failures are
+reported, and the rates reach the cost model through a profile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpushape.hardware import get_gpu
+from gpushape.probe import attention as probe_attention
+from gpushape.probe.attention import AttentionConfig
+
+SHAPE = (1, 2, 16)
+
+
+def test_the_model_time_covers_both_passes_with_the_attention_flops():
+    spec = get_gpu("h200")
+    b, h, t = 2, 4, 256
+    fwd_s, bwd_s, fwd_flops, bwd_flops = probe_attention.model_s(
+        spec, AttentionConfig("flash", 64), (b, h, t), torch.bfloat16)
+    assert fwd_flops == 4 * b * h * t * t * 64  # QK^T and PV
+    assert bwd_flops == pytest.approx(2.5 * fwd_flops)
+    assert 0 < fwd_s < bwd_s
+    causal = probe_attention.model_s(spec, AttentionConfig("flash", 64, causal=True),
+                                     (b, h, t), torch.bfloat16)
+    assert causal[2] == 2 * b * h * t * (t + 1) * 64  # only the unmasked pairs
+
+
+def test_each_configuration_gives_a_forward_and_a_backward_rate():
+    spec = get_gpu("h200")
+    configs = (AttentionConfig("flash", 64), AttentionConfig("efficient", 128, dropout=0.1))
+    rows = probe_attention.measure_attention(spec, device="cpu", shape=SHAPE, configs=configs)
+    assert set(rows) == {"flash/d64", "efficient/dropout/d128"}
+    row = rows["efficient/dropout/d128"]
+    for key in ("efficient/fwd/dropout/d128", "efficient/bwd/dropout/d128"):
+        assert 0.01 <= row[key] <= 1.0
+    assert row["model_fwd_s"] > 0 and row["measured_fwd_s"] > 0
+    assert row["efficient/fwd/dropout/d128"] == pytest.approx(
+        min(max(row["model_fwd_s"] / row["measured_fwd_s"], 0.01), 1.0), abs=1e-4)
+    from gpushape.hardware.profile import attention_rates
+
+    assert probe_attention.pass_rates(row) == (row["efficient/fwd/dropout/d128"],
+                                               row["efficient/bwd/dropout/d128"])
+    flat = attention_rates(rows)
+    assert set(flat) == {"flash/fwd/d64", "flash/bwd/d64", "efficient/fwd/dropout/d128",
+                         "efficient/bwd/dropout/d128"}
+
+
+def test_a_configuration_that_cannot_run_is_reported(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("No available kernel")
+    monkeypatch.setattr(probe_attention, "measure_config", broken)
+    rows = probe_attention.measure_attention(get_gpu("h200"), device="cpu", shape=SHAPE,
+                                             configs=(AttentionConfig("flash", 64),))
+    assert rows == {"flash/d64": {"error": "RuntimeError: No available kernel",
+                                  "workload": "flash attention, head size 64"}}
+
+
+def test_measured_rates_slow_the_cost_model_s_attention():
+    """A profile's attention rates divide into the fused kernel's predicted rate, per pass."""
+    from gpushape.hardware.profile import apply_profile
+    from gpushape.tracing import trace
+    from gpushape.tracing.cost import cost
+
+    spec = get_gpu("h200")
+    profile = {"format": "gpushape-profile", "version": 1, "gpu": "h200-sxm",
+               "attention": {"flash/dropout/d64": {"flash/fwd/dropout/d64": 0.5,
+                                                   "flash/bwd/dropout/d64": 0.25}}}
+    calibrated = apply_profile(spec, profile)
+    qkv = tuple(torch.empty(4, 8, 512, 64, dtype=torch.bfloat16, device="meta",
+                            requires_grad=True) for _ in range(3))
+    model = probe_attention._Attention(AttentionConfig("flash", 64, dropout=0.1))
+    t = trace(model, qkv, train=True)
+    before, after = ({op.phase: op for op in cost(t, s).ops if "flash" in op.op}
+                     for s in (spec, calibrated))
+    assert after["forward"].compute_s == pytest.approx(before["forward"].compute_s / 0.5)
+    assert after["backward"].compute_s == pytest.approx(before["backward"].compute_s / 0.25)
+    assert after["forward"].gemms[0].kernel_rate == 0.5

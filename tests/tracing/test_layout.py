@@ -1,0 +1,71 @@
+"""NCHW tensor-core convolutions (trace/layout.py): which records convert, how many bytes, and
+how the cost model adds their time to the convolution's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _trace_helpers import meta, only, trace_fn
+
+from gpushape.hardware import get_gpu
+from gpushape.tracing.cost import op_cost
+from gpushape.tracing.layout import conversion_bytes_of, conversion_passes, nchw_conversion_bytes
+
+BF16 = torch.bfloat16
+X, W = (8, 64, 28, 28), (32, 64, 3, 3)  # bf16: x 802,816 bytes, y 401,408
+
+
+def _conv_trace(channels_last: bool, *, weight_grad: bool = True, input_grad: bool = True):
+    x = meta(*X, dtype=BF16, requires_grad=input_grad)
+    w = torch.empty(W, dtype=BF16, device="meta")
+    if channels_last:
+        x = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_(input_grad)
+        w = w.contiguous(memory_format=torch.channels_last)
+    fn = (lambda x, w: F.conv2d(x, w, padding=1)) if weight_grad else \
+        (lambda x: F.conv2d(x, w, padding=1))
+    return trace_fn(fn, (x,), (w,) if weight_grad else (), train=True)
+
+
+def test_an_nchw_convolution_converts_in_each_pass_it_runs():
+    t = _conv_trace(False)
+    fwd, bwd = only(t, "convolution"), only(t, "convolution_backward")
+    x, y = 8 * 64 * 28 * 28 * 2, 8 * 32 * 28 * 28 * 2
+    assert conversion_passes(fwd) == 1 and conversion_bytes_of(fwd) == 2 * (x + y)
+    assert conversion_passes(bwd) == 2 and conversion_bytes_of(bwd) == 4 * (x + y)
+    assert conversion_bytes_of(fwd) + conversion_bytes_of(bwd) == nchw_conversion_bytes(
+        x, y, grad_input=True, grad_weight=True)
+
+
+def test_only_the_gradients_computed_convert():
+    bwd = only(_conv_trace(False, weight_grad=False), "convolution_backward")
+    assert conversion_passes(bwd) == 1  # grad_input only: the weight is a constant
+
+
+def test_channels_last_converts_nothing():
+    t = _conv_trace(True)
+    assert not any(conversion_passes(r) for r in t.ops)
+    assert conversion_bytes_of(only(t, "convolution")) == 0
+
+
+def test_the_cost_model_adds_the_conversions_at_the_measured_efficiency():
+    fwd = only(_conv_trace(False), "convolution")
+    spec = get_gpu("h200")
+    c = op_cost(fwd, spec)
+    assert c.tensor_cores and c.layout_s == pytest.approx(
+        conversion_bytes_of(fwd) / spec.attainable_bandwidth_bytes_per_s())
+    assert c.kernel_time_s == pytest.approx(max(c.compute_s, c.memory_s) + c.layout_s)
+    slow = spec.replace(achievable=dataclasses.replace(
+        spec.achievable, memory_efficiency={"nchw_conversion": 0.5}))
+    assert op_cost(fwd, slow).layout_s == pytest.approx(2 * c.layout_s)
+    assert op_cost(fwd, spec).kernels == 1 + 2  # the GEMM and its two conversions
+    cl = op_cost(only(_conv_trace(True), "convolution"), spec)
+    assert cl.layout_s == 0 and cl.kernels == 1
+
+
+def test_no_conversion_off_tensor_cores():
+    fwd = only(_conv_trace(False), "convolution")
+    c = op_cost(fwd, get_gpu("v100"), math="fp32")  # fp32 on CUDA cores: cuDNN stays NCHW
+    assert not c.tensor_cores and c.layout_s == 0
