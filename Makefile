@@ -22,9 +22,12 @@ test-gpu: $(STAMP)
 lint: $(STAMP)
 	@$(PY) -m ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q "ruff>=0.5"
 	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff format --check src tests benchmarks examples
 
 format: $(STAMP)
-	$(PY) -m ruff format src tests benchmarks
+	@$(PY) -m ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q "ruff>=0.5"
+	$(PY) -m ruff format src tests benchmarks examples
+	$(PY) -m ruff check --fix src tests benchmarks examples
 
 venv: $(STAMP)
 

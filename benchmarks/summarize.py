@@ -15,9 +15,11 @@ from pathlib import Path
 
 
 def environment_line(env: dict) -> str:
-    return (f"{env.get('gpu')} ({env.get('sm_count')} SMs), torch {env.get('torch')}, "
-            f"triton {env.get('triton')}, CUDA {env.get('cuda')}, {env.get('date_utc')}, "
-            f"`{env.get('command')}`")
+    return (
+        f"{env.get('gpu')} ({env.get('sm_count')} SMs), torch {env.get('torch')}, "
+        f"triton {env.get('triton')}, CUDA {env.get('cuda')}, {env.get('date_utc')}, "
+        f"`{env.get('command')}`"
+    )
 
 
 def criteria_table(criteria: list[dict]) -> list[str]:
@@ -31,11 +33,17 @@ def criteria_table(criteria: list[dict]) -> list[str]:
         value = "n/a" if c.get("value") is None else f"{c['value']:.3g}"
         lines.append(f"| {c['criterion']} | {value} | {c['target']:g} | {c['verdict']} |")
     if floor:
-        failed = [f"{c['criterion'].replace(' not slower than eager', '')} "
-                  f"({c['value']:.2f}x)" for c in floor if c["verdict"] != "PASS"]
-        lines += ["", f"Not slower than eager: {len(floor) - len(failed)} of {len(floor)} "
-                  "(op, shape, pass) checks pass" + (f"; below 1x: {', '.join(failed)}."
-                                                      if failed else ".")]
+        failed = [
+            f"{c['criterion'].replace(' not slower than eager', '')} ({c['value']:.2f}x)"
+            for c in floor
+            if c["verdict"] != "PASS"
+        ]
+        lines += [
+            "",
+            f"Not slower than eager: {len(floor) - len(failed)} of {len(floor)} "
+            "(op, shape, pass) checks pass"
+            + (f"; below 1x: {', '.join(failed)}." if failed else "."),
+        ]
     return lines
 
 

@@ -36,8 +36,10 @@ class HandWrittenBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
-        q, k, v = (p(x).view(b, t, self.heads, c // self.heads).transpose(1, 2)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(x).view(b, t, self.heads, c // self.heads).transpose(1, 2)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         scores = scores.masked_fill(~self.causal[:t, :t], float("-inf"))
         y = self.drop(torch.softmax(scores, dim=-1)) @ v
@@ -54,8 +56,9 @@ class FixedBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(x)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.p if self.training else 0.0)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.p if self.training else 0.0
+        )
         return self.out(y.transpose(1, 2).reshape(b, t, c))
 
 
@@ -77,13 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     args = parser.parse_args(argv)
-    x = torch.empty(args.batch, args.seq, 768, device="meta", dtype=torch.bfloat16,
-                    requires_grad=True)
-    before = report("hand-written", HandWrittenBlock(max_len=args.seq).to(torch.bfloat16), x,
-                    args.gpu)
+    x = torch.empty(
+        args.batch, args.seq, 768, device="meta", dtype=torch.bfloat16, requires_grad=True
+    )
+    before = report(
+        "hand-written", HandWrittenBlock(max_len=args.seq).to(torch.bfloat16), x, args.gpu
+    )
     after = report("fixed", FixedBlock().to(torch.bfloat16), x, args.gpu)
-    print(f"\npredicted: {before:.2f} -> {after:.2f} ms ({before / after:.2f}x); the audit's "
-          "numbers are the cost model's, measured against the H200 in README.md")
+    print(
+        f"\npredicted: {before:.2f} -> {after:.2f} ms ({before / after:.2f}x); the audit's "
+        "numbers are the cost model's, measured against the H200 in README.md"
+    )
     return 0
 
 

@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         def run():
             y, s = block(x, r)
             torch.autograd.grad((y, s), [x, r, *block.parameters()], grads, allow_unused=True)
+
         return run
 
     runs = {"torch eager": step(ref, x, r), "gpushape eager": step(fused, x, r)}
@@ -96,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     timings = compare(runs, rounds=3, repeats_per_round=args.steps, warmup=2)
     base = timings["torch eager"].median_s
     for name, t in timings.items():
-        print(f"{name:16s} {t.median_s * 1e3:8.3f} ms a training step  "
-              f"({base / t.median_s:.2f}x torch eager)")
+        print(
+            f"{name:16s} {t.median_s * 1e3:8.3f} ms a training step  "
+            f"({base / t.median_s:.2f}x torch eager)"
+        )
     if not cuda:
         print("(no CUDA device: CPU reference path; the kernels and the graphs need a GPU)")
     return 0

@@ -44,7 +44,8 @@ def interpreter_problem() -> str | None:
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(
-            reason="needs a CUDA device (run `pytest -m gpu` on the GPU machine)")
+            reason="needs a CUDA device (run `pytest -m gpu` on the GPU machine)"
+        )
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
@@ -52,8 +53,10 @@ def pytest_collection_modifyitems(config, items):
     # A CUDA machine whose Triton interpreter is too old (the GPU image's Triton 3.6): its CPU
     # interpreter lane cannot run the kernels; the GPU lane (`pytest -m gpu`) tests them there.
     if os.environ.get("TRITON_INTERPRET") == "1" and interpreter_problem():
-        skip = pytest.mark.skip(reason=f"{interpreter_problem()}; `pytest -m gpu` tests the "
-                                       "kernels on this machine's GPU")
+        skip = pytest.mark.skip(
+            reason=f"{interpreter_problem()}; `pytest -m gpu` tests the "
+            "kernels on this machine's GPU"
+        )
         for item in items:
             if "gpu" not in item.keywords and KERNEL_TESTS in Path(str(item.fspath)).parents:
                 item.add_marker(skip)

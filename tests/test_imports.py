@@ -30,7 +30,8 @@ def test_parent_attribute_is_the_module(name):
     importlib.import_module(name)
     parent, _, child = name.rpartition(".")
     assert isinstance(getattr(sys.modules[parent], child), types.ModuleType), (
-        f"{parent}.{child} is not the module {name}")
+        f"{parent}.{child} is not the module {name}"
+    )
 
 
 def test_front_door_functions():

@@ -19,8 +19,18 @@ ALLOWED = {
     "probe": {"bench", "tracing", "kernels", "hardware", "errors"},
     "auditing": {"tracing", "models", "hardware", "errors"},
     "transforms": {"auditing", "tracing", "kernels", "models", "bench", "hardware", "errors"},
-    "cli": {"auditing", "transforms", "probe", "data", "bench", "tracing", "kernels", "models",
-            "hardware", "errors"},
+    "cli": {
+        "auditing",
+        "transforms",
+        "probe",
+        "data",
+        "bench",
+        "tracing",
+        "kernels",
+        "models",
+        "hardware",
+        "errors",
+    },
 }
 # the package's own front door (`gpushape.audit()` and friends) and `python -m gpushape`
 TOP_LEVEL = {"__init__", "__main__"}
@@ -66,8 +76,9 @@ def test_layer_imports_run_one_way(layer):
 
 def test_architecture_lists_every_layer():
     text = (PACKAGE.parents[1] / "ARCHITECTURE.md").read_text()
-    missing = [layer for layer in _layers() if f"`{layer}/`" not in text
-               and f"`{layer}.py`" not in text]
+    missing = [
+        layer for layer in _layers() if f"`{layer}/`" not in text and f"`{layer}.py`" not in text
+    ]
     assert not missing, f"ARCHITECTURE.md does not describe {missing}"
 
 

@@ -42,29 +42,48 @@ DT = torch.bfloat16
 
 def convs(c, m):
     """A bottleneck's three convolutions alone (what the probe's nchw_conversion times)."""
-    return nn.Sequential(nn.Conv2d(c, m, 1, bias=False), nn.Conv2d(m, m, 3, 1, 1, bias=False),
-                         nn.Conv2d(m, c, 1, bias=False))
+    return nn.Sequential(
+        nn.Conv2d(c, m, 1, bias=False),
+        nn.Conv2d(m, m, 3, 1, 1, bias=False),
+        nn.Conv2d(m, c, 1, bias=False),
+    )
 
 
 def stem():
-    return nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-                         nn.MaxPool2d(3, 2, 1))
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
+    )
 
 
 def workloads():
     """name -> (build(device) -> module, input shape, input needs grad); the bottlenecks are
     gpushape's own ResNet-50 blocks (models/resnet.py)."""
     return {
-        "ResNet-50, batch 64": (lambda dev: create_model("resnet50", batch=64, device=dev)[0],
-                                (64, 3, 224, 224), False),
+        "ResNet-50, batch 64": (
+            lambda dev: create_model("resnet50", batch=64, device=dev)[0],
+            (64, 3, 224, 224),
+            False,
+        ),
         "bottleneck convolutions (256-64-256 @56)": (
-            lambda dev: convs(256, 64).to(dev), (64, 256, 56, 56), True),
+            lambda dev: convs(256, 64).to(dev),
+            (64, 256, 56, 56),
+            True,
+        ),
         "bottleneck + BN + ReLU + add (256-64-256 @56)": (
-            lambda dev: Bottleneck(256, 64).to(dev), (64, 256, 56, 56), True),
+            lambda dev: Bottleneck(256, 64).to(dev),
+            (64, 256, 56, 56),
+            True,
+        ),
         "stem: 7x7/2 conv + BN + ReLU + max pool @224": (
-            lambda dev: stem().to(dev), (64, 3, 224, 224), False),
+            lambda dev: stem().to(dev),
+            (64, 3, 224, 224),
+            False,
+        ),
         "stride-2 bottleneck + downsample (256-128-512 @56)": (
-            lambda dev: Bottleneck(256, 128, stride=2).to(dev), (64, 256, 56, 56), True),
+            lambda dev: Bottleneck(256, 128, stride=2).to(dev),
+            (64, 256, 56, 56),
+            True,
+        ),
     }
 
 
@@ -75,6 +94,7 @@ def step_fn(model, x):
 
     def step():
         return torch.autograd.grad(model(x), params, gy)
+
     return step
 
 
@@ -128,33 +148,64 @@ def main(argv=None) -> int:
         t = compare(steps, rounds=args.rounds, repeats_per_round=10, warmup=2)
         nbytes, rule_s = rule_bytes(build, shape, needs_grad)
         nchw, cl = t["nchw"].median_s, t["channels_last"].median_s
-        rows.append(dict(workload=name, nchw_ms=nchw * 1e3, channels_last_ms=cl * 1e3,
-                         difference_ms=(nchw - cl) * 1e3, rule_bytes=nbytes,
-                         rule_at_copy_rate_ms=rule_s * 1e3))
+        rows.append(
+            dict(
+                workload=name,
+                nchw_ms=nchw * 1e3,
+                channels_last_ms=cl * 1e3,
+                difference_ms=(nchw - cl) * 1e3,
+                rule_bytes=nbytes,
+                rule_at_copy_rate_ms=rule_s * 1e3,
+            )
+        )
         print(f"timed {name}", flush=True)
     profiles = profiles or {"nchw": Counter(), "channels_last": Counter()}
     names = set(profiles["nchw"]) | set(profiles["channels_last"])
-    diff = sorted(((profiles["nchw"][n] - profiles["channels_last"][n], n) for n in names),
-                  reverse=True)
-    top = [dict(kernel=n, nchw_us=profiles["nchw"][n],
-                channels_last_us=profiles["channels_last"][n], difference_us=d)
-           for d, n in diff[:25]]
+    diff = sorted(
+        ((profiles["nchw"][n] - profiles["channels_last"][n], n) for n in names), reverse=True
+    )
+    top = [
+        dict(
+            kernel=n,
+            nchw_us=profiles["nchw"][n],
+            channels_last_us=profiles["channels_last"][n],
+            difference_us=d,
+        )
+        for d, n in diff[:25]
+    ]
     totals = {k: sum(v.values()) for k, v in profiles.items()}
-    Path(args.out).write_text(json.dumps(dict(environment=environment(), command=" ".join(
-        sys.argv), rows=rows, resnet50_kernel_totals_us=totals, resnet50_top_kernels=top),
-        indent=1))
-    print(f"\nResNet-50 kernel time a step (us): NCHW {totals['nchw']:.0f}, channels_last "
-          f"{totals['channels_last']:.0f}")
+    Path(args.out).write_text(
+        json.dumps(
+            dict(
+                environment=environment(),
+                command=" ".join(sys.argv),
+                rows=rows,
+                resnet50_kernel_totals_us=totals,
+                resnet50_top_kernels=top,
+            ),
+            indent=1,
+        )
+    )
+    print(
+        f"\nResNet-50 kernel time a step (us): NCHW {totals['nchw']:.0f}, channels_last "
+        f"{totals['channels_last']:.0f}"
+    )
     print(f"{'difference us':>14} {'NCHW us':>9} {'CL us':>9}  kernel")
     for r in top:
-        print(f"{r['difference_us']:14.0f} {r['nchw_us']:9.0f} {r['channels_last_us']:9.0f}  "
-              f"{r['kernel']}")
-    print(f"\n{'workload':52} {'NCHW ms':>8} {'CL ms':>8} {'diff ms':>8} {'rule GB':>8} "
-          f"{'rule@copy ms':>12}")
+        print(
+            f"{r['difference_us']:14.0f} {r['nchw_us']:9.0f} {r['channels_last_us']:9.0f}  "
+            f"{r['kernel']}"
+        )
+    print(
+        f"\n{'workload':52} {'NCHW ms':>8} {'CL ms':>8} {'diff ms':>8} {'rule GB':>8} "
+        f"{'rule@copy ms':>12}"
+    )
     for r in rows:
-        print(f"{r['workload']:52} {r['nchw_ms']:8.3f} {r['channels_last_ms']:8.3f} "
-              f"{r['difference_ms']:8.3f} {r['rule_bytes'] / 1e9:8.2f} "
-              f"{r['rule_at_copy_rate_ms']:12.3f}")
+        print(
+            f"{r['workload']:52} {r['nchw_ms']:8.3f} {r['channels_last_ms']:8.3f} "
+            f"{r['difference_ms']:8.3f} {r['rule_bytes'] / 1e9:8.2f} "
+            f"{r['rule_at_copy_rate_ms']:12.3f}"
+        )
     return 0
 
 

@@ -113,8 +113,9 @@ def qkv(device, s):  # separate-qkv, one BERT-base layer's projections
 
 
 def bert(device, s):  # manual-attention (and unfused-softmax-dropout) in BERT-base
-    a, (ids,) = create_model("bert-base", batch=_div(8, s), seq_len=_div(512, s),
-                             attention="manual", device=device)
+    a, (ids,) = create_model(
+        "bert-base", batch=_div(8, s), seq_len=_div(512, s), attention="manual", device=device
+    )
     b, _ = create_model("bert-base", batch=_div(8, s), seq_len=_div(512, s), device=device)
     b.load_state_dict(a.state_dict())
     return Variant(a, (ids,)), Variant(b, (ids,))
@@ -235,14 +236,21 @@ def tiny(device, s):  # launch-bound: eager against a CUDA graph of forward and 
     return Variant(a, (x,)), Variant(b, (x,))
 
 
-CASES = {c.name: c for c in (
-    Case("tc-align", head), Case("separate-qkv", qkv), Case("manual-attention", bert),
-    Case("unfused-softmax-dropout", softmax_dropout), Case("unfused-norm-act", norm_act),
-    Case("unfused-norm-act", batch_norm_act, check_train=True, label="BN"),
-    Case("nchw-conv", resnet), Case("conv-bias-before-bn", conv_bias, check_train=True),
-    Case("fp32-math", fp32, BackendFlags(matmul_tf32=False, cudnn_tf32=False), atol=0.1),
-    Case("launch-bound", tiny, cuda_only=True, check_train=True),
-)}
+CASES = {
+    c.name: c
+    for c in (
+        Case("tc-align", head),
+        Case("separate-qkv", qkv),
+        Case("manual-attention", bert),
+        Case("unfused-softmax-dropout", softmax_dropout),
+        Case("unfused-norm-act", norm_act),
+        Case("unfused-norm-act", batch_norm_act, check_train=True, label="BN"),
+        Case("nchw-conv", resnet),
+        Case("conv-bias-before-bn", conv_bias, check_train=True),
+        Case("fp32-math", fp32, BackendFlags(matmul_tf32=False, cudnn_tf32=False), atol=0.1),
+        Case("launch-bound", tiny, cuda_only=True, check_train=True),
+    )
+}
 
 
 def check(case: Case, a: Variant, b: Variant) -> float:
@@ -273,10 +281,13 @@ def step(v: Variant, grad_out: torch.Tensor) -> Callable[[], None]:
 
 def predicted(case: Case, a: Variant, target) -> tuple[float | None, float]:
     flags = case.flags or BackendFlags.current()
-    inputs = tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-                   .requires_grad_(t.requires_grad) for t in a.inputs)  # keep requires_grad
-    report = audit(a.model, inputs, target, dtype=None, train=True,
-                   flags=flags, rules=[case.rule])
+    inputs = tuple(
+        torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta").requires_grad_(
+            t.requires_grad
+        )
+        for t in a.inputs
+    )  # keep requires_grad
+    report = audit(a.model, inputs, target, dtype=None, train=True, flags=flags, rules=[case.rule])
     savings = [f.est_saving_s for f in report.findings if f.est_saving_s is not None]
     return (sum(savings) if savings else None), report.totals.roofline_time_s
 
@@ -295,39 +306,59 @@ def run_case(case: Case, args, target) -> dict:
     saving_s, step_s = predicted(case, a, target)
     old = set_flags(case.flags)
     try:
-        steps = {name: step(v, torch.randn_like(v.model(*v.inputs)))  # a gradient of each
-                 for name, v in (("as_is", a), ("fixed", b))}      # output's own shape
-        timings = compare(steps,
-                          rounds=args.rounds, repeats_per_round=args.repeats, warmup=3,
-                          device=args.device)
+        steps = {
+            name: step(v, torch.randn_like(v.model(*v.inputs)))  # a gradient of each
+            for name, v in (("as_is", a), ("fixed", b))
+        }  # output's own shape
+        timings = compare(
+            steps, rounds=args.rounds, repeats_per_round=args.repeats, warmup=3, device=args.device
+        )
         graph = None
         if args.device.startswith("cuda") and case.rule != "launch-bound":  # that one IS graphs
             try:
                 replays = {name: cuda_graph(fn) for name, fn in steps.items()}
-                graph = compare(replays, rounds=args.rounds, repeats_per_round=args.repeats,
-                                warmup=3, device=args.device)
+                graph = compare(
+                    replays,
+                    rounds=args.rounds,
+                    repeats_per_round=args.repeats,
+                    warmup=3,
+                    device=args.device,
+                )
             except Exception as exc:  # a step that cannot be captured keeps its eager figure
                 torch.cuda.synchronize()
-                print(f"  {case.rule}: no CUDA-graph timing ({type(exc).__name__}: "
-                      f"{str(exc)[:100]})", file=sys.stderr)
+                print(
+                    f"  {case.rule}: no CUDA-graph timing ({type(exc).__name__}: {str(exc)[:100]})",
+                    file=sys.stderr,
+                )
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
     as_is, fixed = timings["as_is"].median_s, timings["fixed"].median_s
-    row = {"rule": case.rule, "case": case.name, "max_rel_error": err,
-           "predicted_saving_s": saving_s,
-           "predicted_step_s": step_s, "measured_as_is_s": as_is, "measured_fixed_s": fixed,
-           "measured_saving_s": as_is - fixed,
-           "timings_s": {k: list(t.times_s) for k, t in timings.items()},
-           "method": timings["as_is"].method}
+    row = {
+        "rule": case.rule,
+        "case": case.name,
+        "max_rel_error": err,
+        "predicted_saving_s": saving_s,
+        "predicted_step_s": step_s,
+        "measured_as_is_s": as_is,
+        "measured_fixed_s": fixed,
+        "measured_saving_s": as_is - fixed,
+        "timings_s": {k: list(t.times_s) for k, t in timings.items()},
+        "method": timings["as_is"].method,
+    }
     if graph is not None:
-        row.update(graph_as_is_s=graph["as_is"].median_s, graph_fixed_s=graph["fixed"].median_s,
-                   graph_saving_s=graph["as_is"].median_s - graph["fixed"].median_s)
+        row.update(
+            graph_as_is_s=graph["as_is"].median_s,
+            graph_fixed_s=graph["fixed"].median_s,
+            graph_saving_s=graph["as_is"].median_s - graph["fixed"].median_s,
+        )
     return row
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'rule':<24} {'pred ms':>9} {'meas ms':>9} {'pred/meas':>9} "
-            f"{'pred share':>10} {'meas share':>10} {'graph ms':>9} {'pred/graph':>10}")
+    head = (
+        f"{'rule':<24} {'pred ms':>9} {'meas ms':>9} {'pred/meas':>9} "
+        f"{'pred share':>10} {'meas share':>10} {'graph ms':>9} {'pred/graph':>10}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
@@ -338,19 +369,24 @@ def table(rows: list[dict]) -> str:
         pshare = f"{pred / r['predicted_step_s']:10.1%}" if pred is not None else f"{'-':>10}"
         g = r.get("graph_saving_s")
         graph = f"{g * 1e3:9.3f}" if g is not None else f"{'-':>9}"
-        gratio = (f"{pred / g:10.2f}" if g is not None and pred is not None and g > 0
-                  else f"{'-':>10}")
-        lines.append(f"{r.get('case', r['rule']):<24} {(pred or 0) * 1e3:9.3f} "
-                     f"{meas * 1e3:9.3f} {ratio} {pshare} "
-                     f"{meas / r['measured_as_is_s']:10.1%} {graph} {gratio}")
+        gratio = (
+            f"{pred / g:10.2f}" if g is not None and pred is not None and g > 0 else f"{'-':>10}"
+        )
+        lines.append(
+            f"{r.get('case', r['rule']):<24} {(pred or 0) * 1e3:9.3f} "
+            f"{meas * 1e3:9.3f} {ratio} {pshare} "
+            f"{meas / r['measured_as_is_s']:10.1%} {graph} {gratio}"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
-    parser.add_argument("--cases", help="comma-separated case names: rule ids, or "
-                                        "'unfused-norm-act (BN)' (default: all)")
+    parser.add_argument(
+        "--cases",
+        help="comma-separated case names: rule ids, or 'unfused-norm-act (BN)' (default: all)",
+    )
     parser.add_argument("--device", default="cuda", help="cpu smoke-tests the script")
     parser.add_argument("--scale", type=int, default=1, help="divide batch sizes by this")
     args = parser.parse_args()
@@ -372,12 +408,15 @@ def main() -> None:
             rows.append({"rule": case.rule, "case": name, "error": f"{type(exc).__name__}: {exc}"})
         torch.cuda.empty_cache() if cuda else None
     out = Path(os.environ.get("OUT", "./out")) / "validate_savings.json"
-    write_results(out, rows, gpu_spec=spec.name, calibration=calibration,
-                  quick=args.quick, scale=args.scale)
+    write_results(
+        out, rows, gpu_spec=spec.name, calibration=calibration, quick=args.quick, scale=args.scale
+    )
     method = next((r["method"] for r in rows if "method" in r), "-")
-    print(f"audit savings predicted for {spec.full_name} ({calibration or 'datasheet'}) and "
-          f"measured here, one training step, medians of {args.rounds * args.repeats} "
-          f"({method}):")
+    print(
+        f"audit savings predicted for {spec.full_name} ({calibration or 'datasheet'}) and "
+        f"measured here, one training step, medians of {args.rounds * args.repeats} "
+        f"({method}):"
+    )
     print(table(rows))
 
 

@@ -37,15 +37,22 @@ DEFAULT = ROOT / "src" / "gpushape" / "hardware" / "profiles" / "h200-sxm.json"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", type=Path, default=DEFAULT)
-    parser.add_argument("-o", "--output", type=Path, default=None,
-                        help="where to write (default: over --profile)")
+    parser.add_argument(
+        "-o", "--output", type=Path, default=None, help="where to write (default: over --profile)"
+    )
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--scale", type=float, default=1.0, help="workload size (cpu: 0.002)")
-    parser.add_argument("--families", default=None,
-                        help="with --parts memory: only these families (comma-separated), "
-                             "merged into the profile's other families")
-    parser.add_argument("--parts", default="memory,stem,attention",
-                        help="what to measure (comma-separated); the rest of the profile stays")
+    parser.add_argument(
+        "--families",
+        default=None,
+        help="with --parts memory: only these families (comma-separated), "
+        "merged into the profile's other families",
+    )
+    parser.add_argument(
+        "--parts",
+        default="memory,stem,attention",
+        help="what to measure (comma-separated); the rest of the profile stays",
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     if not parts <= {"memory", "stem", "attention"}:
@@ -57,9 +64,13 @@ def main() -> None:
     rows = stem = attention = None
     if "memory" in parts:
         families = tuple(args.families.split(",")) if args.families else None
-        rows = measure_memory_efficiency(spec, device=args.device, scale=args.scale,
-                                         families=families,
-                                         on_family=lambda f: print(f"measuring {f}", flush=True))
+        rows = measure_memory_efficiency(
+            spec,
+            device=args.device,
+            scale=args.scale,
+            families=families,
+            on_family=lambda f: print(f"measuring {f}", flush=True),
+        )
         profile["memory_efficiency"] = {**(profile.get("memory_efficiency") or {}), **rows}
     if "stem" in parts:
         batch, size = (64, 224) if args.scale == 1.0 else (2, 32)
@@ -67,9 +78,12 @@ def main() -> None:
         profile["conv_small_cin"] = stem
     if "attention" in parts:
         shape = (8, 16, 1024) if args.scale == 1.0 else (1, 2, 16)
-        attention = measure_attention(spec, device=args.device, shape=shape,
-                                      on_config=lambda c: print(f"measuring {c.describe}",
-                                                                flush=True))
+        attention = measure_attention(
+            spec,
+            device=args.device,
+            shape=shape,
+            on_config=lambda c: print(f"measuring {c.describe}", flush=True),
+        )
         profile["attention"] = attention
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     for part in sorted(parts):
@@ -80,9 +94,11 @@ def main() -> None:
     if attention:
         _print_attention(attention)
     if stem:
-        print(f"\nRGB stem: {stem['efficiency']:.3f} of the GEMM model's rate "
-              f"({stem['measured_s'] * 1e3:.3f} ms against {stem['model_s'] * 1e3:.3f} ms), "
-              f"{stem['workload']}")
+        print(
+            f"\nRGB stem: {stem['efficiency']:.3f} of the GEMM model's rate "
+            f"({stem['measured_s'] * 1e3:.3f} ms against {stem['model_s'] * 1e3:.3f} ms), "
+            f"{stem['workload']}"
+        )
     if rows:
         _print_memory(rows)
 
@@ -94,8 +110,10 @@ def _print_attention(rows: dict) -> None:
             print(f"{r['workload']:<46} failed: {r['error']}")
             continue
         fwd, bwd = pass_rates(r)
-        print(f"{r['workload']:<46} {fwd:>6.3f} {r['tflops_fwd']:>8.0f} {bwd:>6.3f} "
-              f"{r['tflops_bwd']:>8.0f}")
+        print(
+            f"{r['workload']:<46} {fwd:>6.3f} {r['tflops_fwd']:>8.0f} {bwd:>6.3f} "
+            f"{r['tflops_bwd']:>8.0f}"
+        )
 
 
 def _print_memory(rows: dict) -> None:
@@ -104,8 +122,10 @@ def _print_memory(rows: dict) -> None:
         if "error" in r:
             print(f"{family:<22} {'failed':>10}  {r['error']}")
             continue
-        print(f"{family:<22} {r['efficiency']:>10.3f} {r['measured_s'] * 1e3:>12.3f} "
-              f"{r['family_roofline_s'] * 1e3:>12.3f}  {r['workload']}")
+        print(
+            f"{family:<22} {r['efficiency']:>10.3f} {r['measured_s'] * 1e3:>12.3f} "
+            f"{r['family_roofline_s'] * 1e3:>12.3f}  {r['workload']}"
+        )
 
 
 if __name__ == "__main__":

@@ -37,12 +37,16 @@ def load_gate() -> Callable:
 
 
 def add_device_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                        help="cpu only to smoke-test this script (TRITON_INTERPRET=1, tiny shapes)")
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="cpu only to smoke-test this script (TRITON_INTERPRET=1, tiny shapes)",
+    )
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
-    """"8192x4096,1024x768" -> [(8192, 4096), (1024, 768)]."""
+    """ "8192x4096,1024x768" -> [(8192, 4096), (1024, 768)]."""
     return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
 
 
@@ -56,17 +60,24 @@ def cuda_missing(device: str, script: str) -> bool:
 
 def measure_copy_gbps(device: str) -> float:
     """Device copy bandwidth in this run (1 GiB on the GPU, 4 MiB on a CPU smoke test)."""
-    copy_gbps = copy_bandwidth_bytes_per_s(2**30 if device == "cuda" else 2**22,
-                                           device=device) / 1e9
+    copy_gbps = (
+        copy_bandwidth_bytes_per_s(2**30 if device == "cuda" else 2**22, device=device) / 1e9
+    )
     print(f"copy bandwidth: {copy_gbps:.0f} GB/s", flush=True)
     return copy_gbps
 
 
 def timing_figures(t: Timing, min_bytes: float) -> dict:
     """One result row's timing columns: milliseconds, samples, method, and GB/s of min_bytes."""
-    return dict(median_ms=t.median_s * 1e3, p10_ms=t.p10_s * 1e3, p90_ms=t.p90_s * 1e3,
-                repeats=t.repeats, method=t.method, min_bytes=min_bytes,
-                gbps=min_bytes / t.median_s / 1e9)
+    return dict(
+        median_ms=t.median_s * 1e3,
+        p10_ms=t.p10_s * 1e3,
+        p90_ms=t.p90_s * 1e3,
+        repeats=t.repeats,
+        method=t.method,
+        min_bytes=min_bytes,
+        gbps=min_bytes / t.median_s / 1e9,
+    )
 
 
 def add_pct_copy(rows: list[dict], copy_gbps: float) -> None:
@@ -83,13 +94,15 @@ def graphed(fn: Callable[[], object], device: str) -> Callable[[], object] | Non
         return cuda_graph(fn)
     except Exception as exc:  # a variant that cannot be captured is reported, not fatal
         torch.cuda.synchronize()
-        print(f"  (not captured in a CUDA graph: {type(exc).__name__}: {str(exc)[:120]})",
-              flush=True)
+        print(
+            f"  (not captured in a CUDA graph: {type(exc).__name__}: {str(exc)[:120]})", flush=True
+        )
         return None
 
 
-def host_and_wall_us(fn: Callable[[], object], calls: int = 50, warmup: int = 1
-                     ) -> tuple[float, float]:
+def host_and_wall_us(
+    fn: Callable[[], object], calls: int = 50, warmup: int = 1
+) -> tuple[float, float]:
     """(host, wall) microseconds per call of `fn` queued `calls` times without synchronising:
     what the CPU pays to queue it, and when the GPU is done. host >= the GPU time: host-bound."""
     for _ in range(warmup):

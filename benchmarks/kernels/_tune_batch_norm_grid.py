@@ -49,12 +49,27 @@ def stage1(kind: str, c: int, quick: bool) -> list:
     default = getattr(DEFAULT, kind)
     if kind in REDUCTIONS:
         tiles = (2048, 4096) if quick else (2048, 4096, 8192)
-        grid = [ReduceConfig(block_c=b, tile_bytes=t, warps=w)
-                for b in widths for t in tiles for w in (4, 8)]
+        grid = [
+            ReduceConfig(block_c=b, tile_bytes=t, warps=w)
+            for b in widths
+            for t in tiles
+            for w in (4, 8)
+        ]
     else:  # (tile, warps) with 8 to 64 elements of a tensor a thread (bf16)
-        pairs = ((8192, 4), (8192, 8), (16384, 8), (32768, 8)) if quick else (
-            (8192, 4), (8192, 8), (8192, 16), (16384, 4), (16384, 8), (16384, 16),
-            (32768, 8), (32768, 16))
+        pairs = (
+            ((8192, 4), (8192, 8), (16384, 8), (32768, 8))
+            if quick
+            else (
+                (8192, 4),
+                (8192, 8),
+                (8192, 16),
+                (16384, 4),
+                (16384, 8),
+                (16384, 16),
+                (32768, 8),
+                (32768, 16),
+            )
+        )
         grid = [ApplyConfig(block_c=b, tile_bytes=t, warps=w) for b in widths for t, w in pairs]
     return [default] + [g for g in grid if g != default]
 
@@ -64,12 +79,19 @@ def stage2(kind: str, best: list) -> list:
     out = []
     for cfg in best:
         if kind in REDUCTIONS:
-            out += [dataclasses.replace(cfg, waves=2), dataclasses.replace(cfg, waves=4),
-                    dataclasses.replace(cfg, min_rows=64), dataclasses.replace(cfg, fuse_max=0),
-                    dataclasses.replace(cfg, min_rows=64, waves=2)]
+            out += [
+                dataclasses.replace(cfg, waves=2),
+                dataclasses.replace(cfg, waves=4),
+                dataclasses.replace(cfg, min_rows=64),
+                dataclasses.replace(cfg, fuse_max=0),
+                dataclasses.replace(cfg, min_rows=64, waves=2),
+            ]
         else:
-            out += [dataclasses.replace(cfg, waves=w, prefetch=p)
-                    for w in (1, 2, 4) for p in (False, True)]
+            out += [
+                dataclasses.replace(cfg, waves=w, prefetch=p)
+                for w in (1, 2, 4)
+                for p in (False, True)
+            ]
     return list(dict.fromkeys(out))
 
 
@@ -109,22 +131,35 @@ class Buffers:
 
         def act():
             return new(shape, device=DEVICE, dtype=DTYPE).contiguous(
-                memory_format=torch.channels_last)
+                memory_format=torch.channels_last
+            )
+
         x, r, dy = act(), act(), act()
         stat = dict(device=DEVICE, dtype=torch.float32)
-        bufs = Buffers(x, r, dy, 1 + 0.2 * torch.randn(c, **stat), 0.2 * torch.randn(c, **stat),
-                       torch.zeros(c, **stat), torch.ones(c, **stat), torch.empty(c, **stat),
-                       torch.empty(c, **stat),
-                       torch.empty((n * h * w, (c + 7) // 8), device=DEVICE, dtype=torch.uint8),
-                       torch.empty(c, **stat), torch.empty(c, **stat), torch.empty_like(x),
-                       torch.empty_like(x))
+        bufs = Buffers(
+            x,
+            r,
+            dy,
+            1 + 0.2 * torch.randn(c, **stat),
+            0.2 * torch.randn(c, **stat),
+            torch.zeros(c, **stat),
+            torch.ones(c, **stat),
+            torch.empty(c, **stat),
+            torch.empty(c, **stat),
+            torch.empty((n * h * w, (c + 7) // 8), device=DEVICE, dtype=torch.uint8),
+            torch.empty(c, **stat),
+            torch.empty(c, **stat),
+            torch.empty_like(x),
+            torch.empty_like(x),
+        )
         if fill:
             plan = launch.forward_plan(x, bufs.w, bufs.b, bufs.rm, bufs.rv, r, True, True)
             bufs.mean, bufs.rstd = plan.stats(x, bufs.rm, bufs.rv, MOMENTUM, EPS)
             _, bufs.bits = plan.apply(x, bufs.mean, bufs.rstd, bufs.w, bufs.b, r, EPS)
             bplan = launch.backward_plan(x, bufs.w, bufs.rstd, True, True, True)
-            bufs.dw, bufs.db = bplan.sums(True, dy, x, bufs.w, bufs.mean, bufs.rstd, bufs.bits,
-                                          EPS, bufs.dx, bufs.dres)
+            bufs.dw, bufs.db = bplan.sums(
+                True, dy, x, bufs.w, bufs.mean, bufs.rstd, bufs.bits, EPS, bufs.dx, bufs.dres
+            )
         return bufs
 
 
@@ -142,16 +177,21 @@ def runner(kind: str, bufs: Buffers, tuning: BatchNormTuning):
         return lambda: plan.apply(s.x, s.mean, s.rstd, s.w, s.b, s.r, EPS)
     if kind == "bwd_reduce":
         return lambda: plan.sums(True, s.dy, s.x, s.w, s.mean, s.rstd, s.bits, EPS, s.dx, s.dres)
-    return lambda: plan.grads(True, s.dy, s.x, s.w, s.mean, s.rstd, s.bits, s.dw, s.db, s.dx,
-                              s.dres)
+    return lambda: plan.grads(
+        True, s.dy, s.x, s.w, s.mean, s.rstd, s.bits, s.dw, s.db, s.dx, s.dres
+    )
 
 
 def kernel_bytes(kind: str, shape) -> int:
     """Bytes a kernel moves at least: S = one bf16 tensor, mask bits S/16."""
     s = torch.Size(shape).numel() * 2
     bits = s // 16
-    return {"stats": s, "apply": 3 * s + bits, "bwd_reduce": 2 * s + bits,
-            "bwd_apply": 4 * s + bits}[kind]
+    return {
+        "stats": s,
+        "apply": 3 * s + bits,
+        "bwd_reduce": 2 * s + bits,
+        "bwd_apply": 4 * s + bits,
+    }[kind]
 
 
 # ---- the compile pool ----

@@ -43,15 +43,22 @@ def check_gate(shape, tuning: BatchNormTuning | None, gate) -> str:
     """TESTING.md's gate at batch 32 (forward and every gradient vs float64)."""
     n, c, h, w = shape
     small = (min(n, 32), c, h, w)
-    x = (0.5 * torch.randn(small, device=grid.DEVICE) - 1).to(grid.DTYPE).contiguous(
-        memory_format=torch.channels_last).requires_grad_()
+    x = (
+        (0.5 * torch.randn(small, device=grid.DEVICE) - 1)
+        .to(grid.DTYPE)
+        .contiguous(memory_format=torch.channels_last)
+        .requires_grad_()
+    )
     r = torch.randn_like(x).requires_grad_()
     wt = (1 + 0.2 * torch.randn(c, device=grid.DEVICE)).requires_grad_()
     bs = (0.2 * torch.randn(c, device=grid.DEVICE)).requires_grad_()
     with batch_norm_tuning(tuning) if tuning else contextlib.nullcontext():
-        results = gate(lambda x, r, w, b: batch_norm_act(x, w, b, None, None, True, residual=r),
-                       lambda x, r, w, b: F.relu(F.batch_norm(x, None, None, w, b, True) + r),
-                       (x, r, wt, bs), names=("x", "residual", "weight", "bias"))
+        results = gate(
+            lambda x, r, w, b: batch_norm_act(x, w, b, None, None, True, residual=r),
+            lambda x, r, w, b: F.relu(F.batch_norm(x, None, None, w, b, True) + r),
+            (x, r, wt, bs),
+            names=("x", "residual", "weight", "bias"),
+        )
     worst = max(results, key=lambda g: g.err_ours / max(g.bound, 1e-30))
     return f"pass (tightest {worst.name}: {worst.err_ours:.2e} <= {worst.bound:.2e})"
 
@@ -83,6 +90,7 @@ def measure_host(shape) -> list[dict]:
             with torch.autocast(grid.DEVICE, dtype=grid.DTYPE):
                 y = module(x, r) if fused else F.relu(module(x) + r)
             torch.autograd.grad(y, [x, r, module.weight, module.bias], bufs.dy)
+
         return run
 
     def fwd():
@@ -90,9 +98,12 @@ def measure_host(shape) -> list[dict]:
             ours(x, r)
 
     rows = []
-    for name, fn, fast in (("gpushape fwd", fwd, True), ("gpushape fwd+bwd", step(ours, True),
-                           True), ("gpushape fwd+bwd, JIT launch", step(ours, True), False),
-                           ("eager fwd+bwd", step(bn, False), True)):
+    for name, fn, fast in (
+        ("gpushape fwd", fwd, True),
+        ("gpushape fwd+bwd", step(ours, True), True),
+        ("gpushape fwd+bwd, JIT launch", step(ours, True), False),
+        ("eager fwd+bwd", step(bn, False), True),
+    ):
         runtime.FAST_LAUNCH = fast
         host, wall = host_wall_us(fn)
         rows.append(dict(shape=list(shape), variant=name, host_us=host, wall_us=wall))
@@ -179,15 +190,28 @@ def end_to_end(bufs, tuned: BatchNormTuning, rounds: int) -> list[dict]:
     x, r = bufs.x.detach().requires_grad_(), bufs.r.detach().requires_grad_()
     rows = []
     for direction in ("fwd", "fwd+bwd"):
+
         def make(tuning, direction=direction):
             def run():
                 with batch_norm_tuning(tuning):
                     y = module(x, r)
                     if direction == "fwd+bwd":
                         torch.autograd.grad(y, [x, r, module.weight, module.bias], bufs.dy)
+
             return run
-        t = compare({"default": make(DEFAULT), "tuned": make(tuned)}, rounds=rounds,
-                    repeats_per_round=10, warmup=2, device=grid.DEVICE)
-        rows.append(dict(direction=direction, default_ms=t["default"].median_s * 1e3,
-                         tuned_ms=t["tuned"].median_s * 1e3))
+
+        t = compare(
+            {"default": make(DEFAULT), "tuned": make(tuned)},
+            rounds=rounds,
+            repeats_per_round=10,
+            warmup=2,
+            device=grid.DEVICE,
+        )
+        rows.append(
+            dict(
+                direction=direction,
+                default_ms=t["default"].median_s * 1e3,
+                tuned_ms=t["tuned"].median_s * 1e3,
+            )
+        )
     return rows

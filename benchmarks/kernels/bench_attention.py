@@ -52,10 +52,15 @@ from attention_report import criteria, plot, print_table  # noqa: E402
 
 P, DTYPE = 0.1, torch.bfloat16
 DEV = "cuda"  # --device cpu (TRITON_INTERPRET=1, tiny sizes) only smoke-tests this script
-SOFTMAX_SHAPES = {"262144x1024": (262144, 1024), "scores T=1024": (16, 16, 1024, 1024),
-                  "scores T=2048": (16, 16, 2048, 2048)}
-QKV_SHAPES = {"BERT-base": dict(E=768, H=12, KV=12, T=512, B=32, bias=True, causal=False),
-              "LLaMA-7B": dict(E=4096, H=32, KV=32, T=2048, B=1, bias=False, causal=True)}
+SOFTMAX_SHAPES = {
+    "262144x1024": (262144, 1024),
+    "scores T=1024": (16, 16, 1024, 1024),
+    "scores T=2048": (16, 16, 2048, 2048),
+}
+QKV_SHAPES = {
+    "BERT-base": dict(E=768, H=12, KV=12, T=512, B=32, bias=True, causal=False),
+    "LLaMA-7B": dict(E=4096, H=32, KV=32, T=2048, B=1, bias=False, causal=True),
+}
 KV_LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 
 
@@ -64,7 +69,6 @@ NUMERIC = common.load_numeric()
 
 def torch_softmax_dropout(x):
     return F.dropout(F.softmax(x, dim=-1), p=P, training=True)
-
 
 
 def check_softmax(shape, **kw) -> str:
@@ -79,8 +83,9 @@ def check_softmax(shape, **kw) -> str:
     def composition(x):
         z = x * kw.get("scale", 1.0)
         if kw.get("is_causal"):
-            z = z.masked_fill(~torch.ones(shape[-2:], dtype=torch.bool, device=DEV).tril(),
-                              float("-inf"))
+            z = z.masked_fill(
+                ~torch.ones(shape[-2:], dtype=torch.bool, device=DEV).tril(), float("-inf")
+            )
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         return (F.softmax(z, dim=-1).to(acc) * keep.to(acc)).to(x.dtype)
 
@@ -91,22 +96,27 @@ def check_softmax(shape, **kw) -> str:
 
 def three_linears(cfg):
     d = cfg["E"] // cfg["H"]
-    return [nn.Linear(cfg["E"], heads * d, bias=cfg["bias"]).to(DEV, DTYPE)
-            for heads in (cfg["H"], cfg["KV"], cfg["KV"])]
+    return [
+        nn.Linear(cfg["E"], heads * d, bias=cfg["bias"]).to(DEV, DTYPE)
+        for heads in (cfg["H"], cfg["KV"], cfg["KV"])
+    ]
 
 
 def baseline_qkv(layers, head_dim):
     def run(x):
         b, t, _ = x.shape
         return tuple(layer(x).view(b, t, -1, head_dim).transpose(1, 2) for layer in layers)
+
     return run
 
 
 def check_qkv(cfg) -> str:
     layers = three_linears(cfg)
     fused = FusedQKV.from_linears(*layers, cfg["H"], cfg["KV"])
-    ref = [nn.Linear(layer.in_features, layer.out_features, bias=cfg["bias"]).to(
-        DEV, torch.float64) for layer in layers]
+    ref = [
+        nn.Linear(layer.in_features, layer.out_features, bias=cfg["bias"]).to(DEV, torch.float64)
+        for layer in layers
+    ]
     for r, layer in zip(ref, layers):
         r.load_state_dict(layer.state_dict())
     x = torch.randn(2, cfg["T"] // 4, cfg["E"], device=DEV, dtype=torch.float64)
@@ -124,7 +134,6 @@ def check_kv() -> str:
         k_all = torch.cat([k_all, k], dim=2)
         assert torch.equal(cache.append(k, k)[0], k_all), "KVCache.append != torch.cat"
     return "pass: append == torch.cat over 4 appends"
-
 
 
 def held_for_backward_mb(fn, x) -> float | None:
@@ -146,27 +155,47 @@ def time_softmax(label, shape, rounds, repeats, **kw) -> list[dict]:
     if kw:  # scaled, causal: PyTorch adds a -inf bias (built once, outside the timing)
         bias = causal_bias(shape)
         eager = lambda x: F.dropout(F.softmax(x * kw["scale"] + bias, dim=-1), p=P)
-    fns = {"eager": eager, "compile": torch.compile(eager),
-           "gpushape": lambda x: softmax_dropout(x, P, **kw)}
+    fns = {
+        "eager": eager,
+        "compile": torch.compile(eager),
+        "gpushape": lambda x: softmax_dropout(x, P, **kw),
+    }
     size_bytes = x.numel() * x.element_size()
     rows = []
     for direction, passes in (("fwd", 2), ("fwd+bwd", 5)):
+
         def make(fn, direction=direction):
             if direction == "fwd":
                 return lambda: _no_grad(fn, x)
             return lambda: fn(x).backward(gy)
+
         timed = {name: make(fn) for name, fn in fns.items()}
         warm_up(timed)
-        for name, t in compare(timed, rounds=rounds, repeats_per_round=repeats,
-                               warmup=2).items():
-            rows.append(dict(case=label, shape=list(shape), direction=direction, variant=name,
-                             median_ms=t.median_s * 1e3, p10_ms=t.p10_s * 1e3,
-                             p90_ms=t.p90_s * 1e3, repeats=t.repeats,
-                             gbps=passes * size_bytes / t.median_s / 1e9))
+        for name, t in compare(timed, rounds=rounds, repeats_per_round=repeats, warmup=2).items():
+            rows.append(
+                dict(
+                    case=label,
+                    shape=list(shape),
+                    direction=direction,
+                    variant=name,
+                    median_ms=t.median_s * 1e3,
+                    p10_ms=t.p10_s * 1e3,
+                    p90_ms=t.p90_s * 1e3,
+                    repeats=t.repeats,
+                    gbps=passes * size_bytes / t.median_s / 1e9,
+                )
+            )
         x.grad = None
     for name, fn in fns.items():
-        rows.append(dict(case=label, shape=list(shape), direction="memory", variant=name,
-                         held_mb=held_for_backward_mb(fn, x)))
+        rows.append(
+            dict(
+                case=label,
+                shape=list(shape),
+                direction="memory",
+                variant=name,
+                held_mb=held_for_backward_mb(fn, x),
+            )
+        )
     return rows
 
 
@@ -188,7 +217,6 @@ def _no_grad(fn, *args):
         return fn(*args)
 
 
-
 def sync() -> None:
     if DEV == "cuda":
         torch.cuda.synchronize()
@@ -202,14 +230,20 @@ def cuda_kernels(fn) -> Counter:
     with profile(activities=[activity]) as prof:
         fn()
         sync()
-    return Counter(e.name for e in prof.events() if e.device_type.name == DEV.upper()
-                   and (DEV == "cuda" or e.cpu_parent is None))
+    return Counter(
+        e.name
+        for e in prof.events()
+        if e.device_type.name == DEV.upper() and (DEV == "cuda" or e.cpu_parent is None)
+    )
 
 
 def copy_like(kernels: Counter) -> int:
     """Kernels that only move data: torch's copies and cats, and FusedQKV's gradient assembly."""
-    return sum(n for name, n in kernels.items()
-               if "copy" in name.lower() or "CatArray" in name or "assemble" in name)
+    return sum(
+        n
+        for name, n in kernels.items()
+        if "copy" in name.lower() or "CatArray" in name or "assemble" in name
+    )
 
 
 def qkv_grads(cfg, layout: str) -> list[torch.Tensor]:
@@ -222,27 +256,34 @@ def qkv_grads(cfg, layout: str) -> list[torch.Tensor]:
     shapes = [(cfg["B"], h, cfg["T"], d) for h in (cfg["H"], cfg["KV"], cfg["KV"])]
     if layout == "bhtd":
         return [torch.randn(s, device=DEV, dtype=DTYPE) for s in shapes]
-    return [torch.randn(b, t, h, dd, device=DEV, dtype=DTYPE).transpose(1, 2)
-            for b, h, t, dd in shapes]
+    return [
+        torch.randn(b, t, h, dd, device=DEV, dtype=DTYPE).transpose(1, 2) for b, h, t, dd in shapes
+    ]
 
 
 # (row label, gradient layout, through SDPA, replayed from a CUDA graph); the first three rows
 # are the criteria's: the projections' own forward+backward with gradients as SDPA gives them
-QKV_DIRECTIONS = (("fwd", None, False, False), ("fwd+bwd", "sdpa", False, False),
-                  ("fwd+bwd graph", "sdpa", False, True),
-                  ("fwd+bwd graph, (B,H,T,D) grads", "bhtd", False, True),
-                  ("fwd+bwd graph, with SDPA", None, True, True))
+QKV_DIRECTIONS = (
+    ("fwd", None, False, False),
+    ("fwd+bwd", "sdpa", False, False),
+    ("fwd+bwd graph", "sdpa", False, True),
+    ("fwd+bwd graph, (B,H,T,D) grads", "bhtd", False, True),
+    ("fwd+bwd graph, with SDPA", None, True, True),
+)
 
 
 def time_qkv(label, cfg, rounds, repeats) -> tuple[list[dict], dict]:
     layers = three_linears(cfg)
     fused = FusedQKV.from_linears(*layers, cfg["H"], cfg["KV"])
     d = cfg["E"] // cfg["H"]
-    x = torch.randn(cfg["B"], cfg["T"], cfg["E"], device=DEV, dtype=DTYPE,
-                    requires_grad=True)
-    variants = {"3 Linear": (baseline_qkv(layers, d),
-                             [x] + [p for layer in layers for p in layer.parameters()]),
-                "gpushape": (fused, [x, *fused.parameters()])}
+    x = torch.randn(cfg["B"], cfg["T"], cfg["E"], device=DEV, dtype=DTYPE, requires_grad=True)
+    variants = {
+        "3 Linear": (
+            baseline_qkv(layers, d),
+            [x] + [p for layer in layers for p in layer.parameters()],
+        ),
+        "gpushape": (fused, [x, *fused.parameters()]),
+    }
     gqa = dict(enable_gqa=True) if cfg["KV"] != cfg["H"] else {}
     causal = cfg.get("causal", False)
     grad_out = torch.randn(cfg["B"], cfg["H"], cfg["T"], d, device=DEV, dtype=DTYPE)
@@ -250,7 +291,8 @@ def time_qkv(label, cfg, rounds, repeats) -> tuple[list[dict], dict]:
     def step(f, wrt, layout, sdpa):
         if sdpa:  # the projections and the attention they feed, forward and backward
             return lambda: torch.autograd.grad(
-                F.scaled_dot_product_attention(*f(x), is_causal=causal, **gqa), wrt, grad_out)
+                F.scaled_dot_product_attention(*f(x), is_causal=causal, **gqa), wrt, grad_out
+            )
         if layout is None:
             return lambda: _no_grad(f, x)
         grads = qkv_grads(cfg, layout)
@@ -262,34 +304,48 @@ def time_qkv(label, cfg, rounds, repeats) -> tuple[list[dict], dict]:
         if graph:  # GPU time alone: no host, allocator or launch cost
             timed = {name: common.graphed(fn, DEV) for name, fn in timed.items()}
         warm_up(timed)
-        for name, t in compare(timed, rounds=rounds, repeats_per_round=repeats,
-                               warmup=2).items():
-            rows.append(dict(case=label, direction=direction, variant=name, config=cfg,
-                             grad_layout=layout, with_sdpa=sdpa,
-                             median_ms=t.median_s * 1e3, p10_ms=t.p10_s * 1e3,
-                             p90_ms=t.p90_s * 1e3, repeats=t.repeats))
+        for name, t in compare(timed, rounds=rounds, repeats_per_round=repeats, warmup=2).items():
+            rows.append(
+                dict(
+                    case=label,
+                    direction=direction,
+                    variant=name,
+                    config=cfg,
+                    grad_layout=layout,
+                    with_sdpa=sdpa,
+                    median_ms=t.median_s * 1e3,
+                    p10_ms=t.p10_s * 1e3,
+                    p90_ms=t.p90_s * 1e3,
+                    repeats=t.repeats,
+                )
+            )
     grads = qkv_grads(cfg, "sdpa")
     counts = {}
     for name, (f, wrt) in variants.items():
         sdpa = lambda f=f: F.scaled_dot_product_attention(*f(x), is_causal=True, **gqa)
         fwd = cuda_kernels(lambda sdpa=sdpa: _no_grad(sdpa))
         outs = f(x)
-        bwd = cuda_kernels(lambda outs=outs, wrt=wrt: torch.autograd.grad(
-            outs, wrt, grads, retain_graph=True))
-        counts[name] = dict(fwd_with_sdpa_kernels=sum(fwd.values()), fwd_copy_kernels=
-                            copy_like(fwd), bwd_kernels=sum(bwd.values()),
-                            bwd_copy_kernels=copy_like(bwd), fwd_names=dict(fwd),
-                            bwd_names=dict(bwd))
+        bwd = cuda_kernels(
+            lambda outs=outs, wrt=wrt: torch.autograd.grad(outs, wrt, grads, retain_graph=True)
+        )
+        counts[name] = dict(
+            fwd_with_sdpa_kernels=sum(fwd.values()),
+            fwd_copy_kernels=copy_like(fwd),
+            bwd_kernels=sum(bwd.values()),
+            bwd_copy_kernels=copy_like(bwd),
+            fwd_names=dict(fwd),
+            bwd_names=dict(bwd),
+        )
     with torch.no_grad():  # the test's proof: GEMM alone + SDPA on contiguous q, k, v
         q, k, v = (t.contiguous() for t in fused(x))
-        alone = (cuda_kernels(lambda: F.linear(x, fused.weight, fused.bias))
-                 + cuda_kernels(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                        **gqa)))
+        alone = cuda_kernels(lambda: F.linear(x, fused.weight, fused.bias)) + cuda_kernels(
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+        )
     together = Counter(counts["gpushape"]["fwd_names"])  # as in the GPU test: counts, no copy
     counts["no_kernel_between_gemm_and_sdpa"] = (
-        sum(together.values()) == sum(alone.values()) and copy_like(together) == 0)
+        sum(together.values()) == sum(alone.values()) and copy_like(together) == 0
+    )
     return rows, counts
-
 
 
 def time_kv(lengths, rounds, repeats) -> list[dict]:
@@ -308,8 +364,11 @@ def time_kv(lengths, rounds, repeats) -> list[dict]:
             cache.position.fill_(length - 1)
             cache.append_static(k, v)
 
-        fns = {"append": eager, "append_static": static,
-               "torch.cat": lambda past=past: (torch.cat([past, k], 2), torch.cat([past, v], 2))}
+        fns = {
+            "append": eager,
+            "append_static": static,
+            "torch.cat": lambda past=past: (torch.cat([past, k], 2), torch.cat([past, v], 2)),
+        }
         if DEV == "cuda":  # the static step replayed from a CUDA graph
             static()
             sync()
@@ -318,22 +377,34 @@ def time_kv(lengths, rounds, repeats) -> list[dict]:
                 static()
             fns["append_static graph"] = graph.replay
         for name, t in compare(fns, rounds=rounds, repeats_per_round=repeats, warmup=3).items():
-            rows.append(dict(length=length, variant=name, median_us=t.median_s * 1e6,
-                             p10_us=t.p10_s * 1e6, p90_us=t.p90_s * 1e6, repeats=t.repeats))
+            rows.append(
+                dict(
+                    length=length,
+                    variant=name,
+                    median_us=t.median_s * 1e6,
+                    p10_us=t.p10_s * 1e6,
+                    p90_us=t.p90_s * 1e6,
+                    repeats=t.repeats,
+                )
+            )
         del past, fns
         torch.cuda.empty_cache()
     cache.reset()
     return rows
 
 
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer repeats and sizes")
     parser.add_argument("--sections", default="softmax,qkv,kv")
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                        help="cpu: smoke-test the script (TRITON_INTERPRET=1, tiny sizes)")
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="cpu: smoke-test the script (TRITON_INTERPRET=1, tiny sizes)",
+    )
     args = parser.parse_args(argv)
     global DEV, SOFTMAX_SHAPES, QKV_SHAPES, KV_LENGTHS
     DEV = args.device
@@ -342,21 +413,25 @@ def main(argv=None) -> int:
         return 2
     if DEV == "cpu":
         SOFTMAX_SHAPES = {"64x128": (64, 128), "scores T=32": (2, 2, 32, 32)}
-        QKV_SHAPES = {"tiny": dict(E=64, H=4, KV=4, T=16, B=2, bias=True),
-                      "tiny GQA": dict(E=64, H=4, KV=2, T=16, B=2, bias=False)}
+        QKV_SHAPES = {
+            "tiny": dict(E=64, H=4, KV=4, T=16, B=2, bias=True),
+            "tiny GQA": dict(E=64, H=4, KV=2, T=16, B=2, bias=False),
+        }
         KV_LENGTHS = [8, 16, 32]
     torch.backends.cuda.matmul.allow_tf32 = True
     sections = set(args.sections.split(","))
     rounds, repeats = (3, 5) if args.quick else (5, 10)
     out_dir = Path(os.environ.get("OUT", "out"))
     torch.manual_seed(0)
-    plain, causal = (((64, 128), (2, 2, 16, 16)) if DEV == "cpu"
-                     else ((4096, 1024), (2, 4, 256, 256)))
-    checks = {f"softmax_dropout {plain}": check_softmax(plain),
-              f"softmax_dropout causal {causal}": check_softmax(causal, scale=0.125,
-                                                                 is_causal=True),
-              **{f"FusedQKV {k}": check_qkv(c) for k, c in QKV_SHAPES.items()},
-              "KVCache": check_kv()}
+    plain, causal = (
+        ((64, 128), (2, 2, 16, 16)) if DEV == "cpu" else ((4096, 1024), (2, 4, 256, 256))
+    )
+    checks = {
+        f"softmax_dropout {plain}": check_softmax(plain),
+        f"softmax_dropout causal {causal}": check_softmax(causal, scale=0.125, is_causal=True),
+        **{f"FusedQKV {k}": check_qkv(c) for k, c in QKV_SHAPES.items()},
+        "KVCache": check_kv(),
+    }
     for name, verdict in checks.items():
         print(f"check {name}: {verdict}", flush=True)
     copy_gbps = common.measure_copy_gbps(DEV)
@@ -371,8 +446,14 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
         if not args.quick:
             causal_shape = list(SOFTMAX_SHAPES.values())[1]
-            sm += time_softmax(f"causal T={causal_shape[-1]}", causal_shape, rounds, repeats,
-                               scale=0.125, is_causal=True)
+            sm += time_softmax(
+                f"causal T={causal_shape[-1]}",
+                causal_shape,
+                rounds,
+                repeats,
+                scale=0.125,
+                is_causal=True,
+            )
     if "qkv" in sections:
         for label, cfg in QKV_SHAPES.items():
             # GEMM-bound and host-sensitive: twice the rounds of the other sections
@@ -382,12 +463,16 @@ def main(argv=None) -> int:
     if "kv" in sections:
         kv = time_kv(KV_LENGTHS[::2] if args.quick else KV_LENGTHS, rounds, repeats)
     verdicts = criteria(sm, qkv, counts, kv)
-    path = write_results(out_dir / "bench_attention.json",
-                         dict(softmax_dropout=sm, fused_qkv=qkv, kernel_counts=counts,
-                              kv_append=kv),
-                         copy_bandwidth_gbps=copy_gbps, dtype="bf16", dropout_p=P,
-                         checks=checks, criteria=verdicts,
-                         timing=f"CUDA events, {rounds} alternating rounds x {repeats}, median")
+    path = write_results(
+        out_dir / "bench_attention.json",
+        dict(softmax_dropout=sm, fused_qkv=qkv, kernel_counts=counts, kv_append=kv),
+        copy_bandwidth_gbps=copy_gbps,
+        dtype="bf16",
+        dropout_p=P,
+        checks=checks,
+        criteria=verdicts,
+        timing=f"CUDA events, {rounds} alternating rounds x {repeats}, median",
+    )
     plot(sm, qkv, kv, out_dir / "bench_attention.png")
     print(f"wrote {path}")
     print_table(sm, qkv, counts, kv, verdicts, copy_gbps)

@@ -71,8 +71,12 @@ def _autocast():
 def _make(shape):
     """x, r, dy (bf16, channels_last) and a BatchNorm2d with non-trivial parameters."""
     c = shape[1]
-    x = (0.5 * torch.randn(shape, device=DEVICE) - 1.0).to(DTYPE).contiguous(
-        memory_format=torch.channels_last).requires_grad_()
+    x = (
+        (0.5 * torch.randn(shape, device=DEVICE) - 1.0)
+        .to(DTYPE)
+        .contiguous(memory_format=torch.channels_last)
+        .requires_grad_()
+    )
     r = torch.randn_like(x).requires_grad_()
     dy = torch.randn_like(x)
     bn = nn.BatchNorm2d(c).to(DEVICE)
@@ -96,8 +100,9 @@ def check(shape) -> str:
     def torch_fn(x, r, w, b):
         return F.relu(F.batch_norm(x, None, None, w, b, True) + r)
 
-    results = gate_forward_backward(ours_fn, torch_fn, (x, r, bn.weight, bn.bias),
-                                    names=("x", "residual", "weight", "bias"))
+    results = gate_forward_backward(
+        ours_fn, torch_fn, (x, r, bn.weight, bn.bias), names=("x", "residual", "weight", "bias")
+    )
     worst = max(results, key=lambda g: g.err_ours / max(g.bound, 1e-30))
     ref, mine = nn.BatchNorm2d(shape[1]).to(DEVICE), BatchNormAct2d(shape[1]).to(DEVICE)
     with torch.no_grad():
@@ -106,8 +111,10 @@ def check(shape) -> str:
             mine(x, None)
     for key, value in ref.state_dict().items():
         torch.testing.assert_close(mine.state_dict()[key], value, rtol=1e-5, atol=1e-5)
-    return (f"pass (tightest: {worst.name} err {worst.err_ours:.2e} <= bound "
-            f"{worst.bound:.2e}; running stats equal nn.BatchNorm2d's)")
+    return (
+        f"pass (tightest: {worst.name} err {worst.err_ours:.2e} <= bound "
+        f"{worst.bound:.2e}; running stats equal nn.BatchNorm2d's)"
+    )
 
 
 def variants(shape):
@@ -119,8 +126,11 @@ def variants(shape):
     ours = BatchNormAct2d(shape[1]).to(DEVICE)
     ours.load_state_dict(bn.state_dict())
     compiled = torch.compile(_bn_add_relu(bn_compiled), dynamic=False)
-    fns = {"eager": (_bn_add_relu(bn), bn), "compile": (compiled, bn_compiled),
-           "gpushape": (ours, ours)}
+    fns = {
+        "eager": (_bn_add_relu(bn), bn),
+        "compile": (compiled, bn_compiled),
+        "gpushape": (ours, ours),
+    }
     return x, r, dy, fns
 
 
@@ -131,6 +141,7 @@ def time_shape(shape, rounds: int, repeats: int) -> list[dict]:
         def run():
             with _autocast():
                 fn(x, r)
+
         return run
 
     def fwd_bwd(fn, module):
@@ -140,6 +151,7 @@ def time_shape(shape, rounds: int, repeats: int) -> list[dict]:
             with _autocast():
                 y = fn(x, r)
             torch.autograd.grad(y, wrt, dy)
+
         return run
 
     def fwd_bwd_accum(fn, _module):
@@ -147,25 +159,34 @@ def time_shape(shape, rounds: int, repeats: int) -> list[dict]:
             with _autocast():
                 y = fn(x, r)
             y.backward(dy)
+
         return run
 
     rows = []
     tensor_bytes = x.numel() * x.element_size()
-    makers = {"fwd": lambda fn, m: fwd(fn), "fwd+bwd": fwd_bwd, "fwd+bwd accum": fwd_bwd_accum,
-              "fwd+bwd graph": fwd_bwd}
+    makers = {
+        "fwd": lambda fn, m: fwd(fn),
+        "fwd+bwd": fwd_bwd,
+        "fwd+bwd accum": fwd_bwd_accum,
+        "fwd+bwd graph": fwd_bwd,
+    }
     for direction, make in makers.items():
         runs = {name: make(fn, module) for name, (fn, module) in fns.items()}
         if direction.endswith("graph"):  # GPU time alone: replayed from CUDA graphs
-            runs = {name: g for name, f in runs.items()
-                    if (g := common.graphed(f, DEVICE)) is not None}
+            runs = {
+                name: g for name, f in runs.items() if (g := common.graphed(f, DEVICE)) is not None
+            }
         for run in runs.values():  # compile, size grids, fill the caches: untimed
             for _ in range(3):
                 run()
-        timings = compare(runs, rounds=rounds, repeats_per_round=repeats, warmup=2,
-                          device=DEVICE)
+        timings = compare(runs, rounds=rounds, repeats_per_round=repeats, warmup=2, device=DEVICE)
         for name, t in timings.items():
-            row = dict(shape=list(shape), direction=direction, variant=name,
-                       **common.timing_figures(t, PASSES[direction] * tensor_bytes))
+            row = dict(
+                shape=list(shape),
+                direction=direction,
+                variant=name,
+                **common.timing_figures(t, PASSES[direction] * tensor_bytes),
+            )
             if name == "gpushape" and direction in OWN_PASSES:
                 row["own_bytes"] = OWN_PASSES[direction] * tensor_bytes
                 row["own_gbps"] = row["own_bytes"] / t.median_s / 1e9
@@ -193,10 +214,14 @@ def criteria(rows: list[dict]) -> list[dict]:
             continue
         for other, target in TARGETS.items():
             value = r.get(f"speedup_vs_{other}")
-            out.append(dict(criterion=f"{r['direction']} vs {other} @{_name(r['shape'])}",
-                            value=value,
-                            target=target, verdict="PASS" if value and value >= target
-                            else "FAIL"))
+            out.append(
+                dict(
+                    criterion=f"{r['direction']} vs {other} @{_name(r['shape'])}",
+                    value=value,
+                    target=target,
+                    verdict="PASS" if value and value >= target else "FAIL",
+                )
+            )
     return out
 
 
@@ -212,12 +237,26 @@ def plot(rows: list[dict], copy_gbps: float, path: Path) -> None:
     width = 0.8 / len(VARIANTS)
     for ax, direction in zip(axes, directions):
         for k, name in enumerate(VARIANTS):
-            vals = [next((r["gbps"] for r in rows if r["variant"] == name and r["direction"]
-                          == direction and tuple(r["shape"]) == s), 0.0) for s in shapes]
+            vals = [
+                next(
+                    (
+                        r["gbps"]
+                        for r in rows
+                        if r["variant"] == name
+                        and r["direction"] == direction
+                        and tuple(r["shape"]) == s
+                    ),
+                    0.0,
+                )
+                for s in shapes
+            ]
             ax.bar([i + k * width for i in range(len(shapes))], vals, width, label=name)
         ax.axhline(copy_gbps, color="k", ls="--", lw=1, label="copy (same run)")
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))],
-                      [_name(s) for s in shapes], fontsize=7)
+        ax.set_xticks(
+            [i + 0.4 - width / 2 for i in range(len(shapes))],
+            [_name(s) for s in shapes],
+            fontsize=7,
+        )
         ax.set_title(f"BN(train)+add+ReLU {direction}, bf16 channels_last")
         ax.set_ylabel(f"GB/s ({PASSES[direction]:g} passes / median time)")
     axes[0].legend(fontsize=8)
@@ -226,29 +265,41 @@ def plot(rows: list[dict], copy_gbps: float, path: Path) -> None:
 
 
 def print_table(rows: list[dict], copy_gbps: float, verdicts: list[dict]) -> None:
-    print(f"\ncopy bandwidth (same run): {copy_gbps:.0f} GB/s. Median ms by CUDA events. GB/s "
-          f"from the anchors' minimum bytes (fwd 4, fwd+bwd 9 passes), %copy of the same run; "
-          f"own GB/s: gpushape's actual traffic (fwd 4.06, fwd+bwd 10.19 passes)")
-    head = (f"{'shape':>17s} {'dir':13s}" + "".join(f"{v:>9s}" for v in VARIANTS)
-            + "".join(f"{v[:7] + ' GB/s':>13s}" for v in VARIANTS)
-            + f"{'%copy':>7s}{'own GB/s':>9s}{'x eager':>8s}{'x comp':>7s}")
+    print(
+        f"\ncopy bandwidth (same run): {copy_gbps:.0f} GB/s. Median ms by CUDA events. GB/s "
+        f"from the anchors' minimum bytes (fwd 4, fwd+bwd 9 passes), %copy of the same run; "
+        f"own GB/s: gpushape's actual traffic (fwd 4.06, fwd+bwd 10.19 passes)"
+    )
+    head = (
+        f"{'shape':>17s} {'dir':13s}"
+        + "".join(f"{v:>9s}" for v in VARIANTS)
+        + "".join(f"{v[:7] + ' GB/s':>13s}" for v in VARIANTS)
+        + f"{'%copy':>7s}{'own GB/s':>9s}{'x eager':>8s}{'x comp':>7s}"
+    )
     print(head)
     for shape in SHAPES:
         for direction in PASSES:
-            sel = {r["variant"]: r for r in rows if tuple(r["shape"]) == shape
-                   and r["direction"] == direction}
+            sel = {
+                r["variant"]: r
+                for r in rows
+                if tuple(r["shape"]) == shape and r["direction"] == direction
+            }
             if "gpushape" not in sel:
                 continue
             ours = sel["gpushape"]
-            ms = "".join(f"{sel[v]['median_ms']:9.3f}" if v in sel else f"{'n/a':>9s}"
-                         for v in VARIANTS)
-            gbps = "".join(f"{sel[v]['gbps']:13.0f}" if v in sel else f"{'n/a':>13s}"
-                           for v in VARIANTS)
+            ms = "".join(
+                f"{sel[v]['median_ms']:9.3f}" if v in sel else f"{'n/a':>9s}" for v in VARIANTS
+            )
+            gbps = "".join(
+                f"{sel[v]['gbps']:13.0f}" if v in sel else f"{'n/a':>13s}" for v in VARIANTS
+            )
             own = f"{ours['own_gbps']:9.0f}" if "own_gbps" in ours else f"{'':9s}"
-            print(f"{_name(shape):>17s} {direction:13s}{ms}{gbps}"
-                  f"{100 * ours['gbps'] / copy_gbps:6.0f}%{own}"
-                  f"{ours.get('speedup_vs_eager', float('nan')):8.2f}"
-                  f"{ours.get('speedup_vs_compile', float('nan')):7.2f}")
+            print(
+                f"{_name(shape):>17s} {direction:13s}{ms}{gbps}"
+                f"{100 * ours['gbps'] / copy_gbps:6.0f}%{own}"
+                f"{ours.get('speedup_vs_eager', float('nan')):8.2f}"
+                f"{ours.get('speedup_vs_compile', float('nan')):7.2f}"
+            )
     print()
     for v in verdicts:
         value = "n/a" if v["value"] is None else f"{v['value']:.2f}"
@@ -256,14 +307,25 @@ def print_table(rows: list[dict], copy_gbps: float, verdicts: list[dict]) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer repeats; correctness checks at batch 32 instead of 256")
-    parser.add_argument("--shapes", default="", help="e.g. 256x256x56x56,32x64x112x112 "
-                        "(default: ResNet-50's four stage shapes at batch 256)")
-    parser.add_argument("--tuning", default="", help="a tune_batch_norm_act.py JSON: use its "
-                        "launch configurations (table) for gpushape")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer repeats; correctness checks at batch 32 instead of 256",
+    )
+    parser.add_argument(
+        "--shapes",
+        default="",
+        help="e.g. 256x256x56x56,32x64x112x112 "
+        "(default: ResNet-50's four stage shapes at batch 256)",
+    )
+    parser.add_argument(
+        "--tuning",
+        default="",
+        help="a tune_batch_norm_act.py JSON: use its launch configurations (table) for gpushape",
+    )
     common.add_device_arg(parser)
     args = parser.parse_args(argv)
     global DEVICE, SHAPES
@@ -273,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     if common.cuda_missing(DEVICE, "bench_batch_norm_act"):
         return 2
     rounds, repeats = (3, 5) if args.quick else (5, 10)
-    tuned = {f"{c}x{m}": str(t) for (c, m), t in load_table(args.tuning).items()} \
-        if args.tuning else {}
+    tuned = (
+        {f"{c}x{m}": str(t) for (c, m), t in load_table(args.tuning).items()} if args.tuning else {}
+    )
     out_dir = Path(os.environ.get("OUT", "out"))
     torch.manual_seed(0)
 
@@ -295,15 +358,26 @@ def main(argv: list[str] | None = None) -> int:
     common.add_pct_copy(rows, copy_gbps)
     verdicts = criteria(rows)
     path = write_results(
-        out_dir / "bench_batch_norm_act.json", rows, copy_bandwidth_gbps=copy_gbps,
-        dtype="bf16", layout="channels_last", checks=checks, criteria=verdicts,
-        tuning_file=args.tuning or None, tuning_table=tuned,
-        bytes_counted=("anchors' minimum bytes in units of one (N, C, H, W) bf16 tensor: fwd 4, "
-                       "fwd+bwd 9; own_bytes: gpushape's traffic, fwd 4+1/16, fwd+bwd 10+3/16"),
-        timing=(f"CUDA events, {rounds} alternating rounds x {repeats} repeats, median; under "
-                "torch.autocast(bf16); fwd with autograd recording; fwd+bwd = forward + "
-                "torch.autograd.grad w.r.t. x, r, weight, bias; 'fwd+bwd accum' = forward + "
-                ".backward() into existing .grad, as the anchors"))
+        out_dir / "bench_batch_norm_act.json",
+        rows,
+        copy_bandwidth_gbps=copy_gbps,
+        dtype="bf16",
+        layout="channels_last",
+        checks=checks,
+        criteria=verdicts,
+        tuning_file=args.tuning or None,
+        tuning_table=tuned,
+        bytes_counted=(
+            "anchors' minimum bytes in units of one (N, C, H, W) bf16 tensor: fwd 4, "
+            "fwd+bwd 9; own_bytes: gpushape's traffic, fwd 4+1/16, fwd+bwd 10+3/16"
+        ),
+        timing=(
+            f"CUDA events, {rounds} alternating rounds x {repeats} repeats, median; under "
+            "torch.autocast(bf16); fwd with autograd recording; fwd+bwd = forward + "
+            "torch.autograd.grad w.r.t. x, r, weight, bias; 'fwd+bwd accum' = forward + "
+            ".backward() into existing .grad, as the anchors"
+        ),
+    )
     plot(rows, copy_gbps, out_dir / "bench_batch_norm_act.png")
     print(f"wrote {path} and {out_dir / 'bench_batch_norm_act.png'}")
     print_table(rows, copy_gbps, verdicts)

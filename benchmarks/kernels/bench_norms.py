@@ -83,8 +83,11 @@ def _liger_module(kind: str, n: int):
     except Exception as exc:  # not installed: reported as not run
         print(f"liger: not run ({type(exc).__name__}: {exc})")
         return None
-    module = (LigerLayerNorm(n, eps=1e-5, bias=True) if kind == "ln"
-              else LigerRMSNorm(n, eps=1e-6, in_place=False))  # in_place would overwrite dy
+    module = (
+        LigerLayerNorm(n, eps=1e-5, bias=True)
+        if kind == "ln"
+        else LigerRMSNorm(n, eps=1e-6, in_place=False)
+    )  # in_place would overwrite dy
     return module.to(DEVICE, DTYPE)
 
 
@@ -104,12 +107,15 @@ def _liger_rms(n):
 
 
 OPS = {
-    "layer_norm_gelu": Op("layer_norm_gelu", 1, 2, 1, 2, 5, layer_norm_gelu, _torch_ln_gelu,
-                          _liger_ln_gelu),
-    "add_layer_norm": Op("add_layer_norm", 2, 2, 2, 4, 8, add_layer_norm, _torch_add_ln,
-                         _liger_add_ln),
-    "rms_norm": Op("rms_norm", 1, 1, 1, 2, 5, lambda x, w: rms_norm(x, w, 1e-6), _torch_rms,
-                   _liger_rms),
+    "layer_norm_gelu": Op(
+        "layer_norm_gelu", 1, 2, 1, 2, 5, layer_norm_gelu, _torch_ln_gelu, _liger_ln_gelu
+    ),
+    "add_layer_norm": Op(
+        "add_layer_norm", 2, 2, 2, 4, 8, add_layer_norm, _torch_add_ln, _liger_add_ln
+    ),
+    "rms_norm": Op(
+        "rms_norm", 1, 1, 1, 2, 5, lambda x, w: rms_norm(x, w, 1e-6), _torch_rms, _liger_rms
+    ),
 }
 
 
@@ -132,13 +138,15 @@ def variants_for(op: Op, inputs: list[torch.Tensor], n: int) -> dict[str, tuple]
     """name -> (forward fn, tensors to differentiate w.r.t.)."""
     torch._dynamo.reset()  # a fresh static compile per shape, no cache-limit surprises
     compiled = torch.compile(op.torch_fn, dynamic=False)
-    out = {"eager": (lambda: op.torch_fn(*inputs), inputs),
-           "compile": (lambda: compiled(*inputs), inputs)}
+    out = {
+        "eager": (lambda: op.torch_fn(*inputs), inputs),
+        "compile": (lambda: compiled(*inputs), inputs),
+    }
     liger = op.liger(n)
     if liger is not None:
         module, fn = liger
         with torch.no_grad():  # same parameter values as the other variants
-            for p, src in zip(module.parameters(), inputs[op.rows:]):
+            for p, src in zip(module.parameters(), inputs[op.rows :]):
                 p.copy_(src)
         grads_wrt = inputs[: op.rows] + list(module.parameters())[: op.params]
         try:  # a Liger that cannot run here (version skew, device) is reported, not fatal
@@ -156,24 +164,34 @@ def _as_list(x):
     return list(x) if isinstance(x, (tuple, list)) else [x]
 
 
-def timed_per_call(fns: dict[str, Callable[[], object]], rounds: int, repeats: int,
-                   calls: int) -> dict[str, Timing]:
+def timed_per_call(
+    fns: dict[str, Callable[[], object]], rounds: int, repeats: int, calls: int
+) -> dict[str, Timing]:
     """compare() over `calls` back-to-back calls per timed region, reported per call.
 
     gpushape.bench.time_fn synchronises after every repeat, so a lone call would also time the
     Python launch path (custom-op dispatch, Triton launch: tens of microseconds) while the GPU
     waits. Back-to-back calls let the CPU run ahead and fill the queue, as it does in a training
     step; every variant is measured the same way."""
+
     def batch(fn):
         def run():
             for _ in range(calls):
                 fn()
+
         return run
 
-    timings = compare({name: batch(fn) for name, fn in fns.items()}, rounds=rounds,
-                      repeats_per_round=repeats, warmup=1, device=DEVICE)
-    return {name: dataclasses.replace(t, times_s=tuple(v / calls for v in t.times_s))
-            for name, t in timings.items()}
+    timings = compare(
+        {name: batch(fn) for name, fn in fns.items()},
+        rounds=rounds,
+        repeats_per_round=repeats,
+        warmup=1,
+        device=DEVICE,
+    )
+    return {
+        name: dataclasses.replace(t, times_s=tuple(v / calls for v in t.times_s))
+        for name, t in timings.items()
+    }
 
 
 def time_op(op: Op, m: int, n: int, rounds: int, repeats: int) -> list[dict]:
@@ -185,6 +203,7 @@ def time_op(op: Op, m: int, n: int, rounds: int, repeats: int) -> list[dict]:
         def run():
             with torch.no_grad():
                 fn()
+
         return run
 
     def fwd_bwd(fn, wrt):
@@ -192,32 +211,55 @@ def time_op(op: Op, m: int, n: int, rounds: int, repeats: int) -> list[dict]:
 
     rows = []
     tensor_bytes = m * n * DTYPE.itemsize
-    for direction, passes in (("fwd", op.fwd_passes), ("fwd+bwd", op.fwd_bwd_passes),
-                              ("fwd+bwd graph", op.fwd_bwd_passes)):
-        fns = {name: (fwd(fn) if direction == "fwd" else fwd_bwd(fn, wrt))
-               for name, (fn, wrt) in variants.items()}
+    for direction, passes in (
+        ("fwd", op.fwd_passes),
+        ("fwd+bwd", op.fwd_bwd_passes),
+        ("fwd+bwd graph", op.fwd_bwd_passes),
+    ):
+        fns = {
+            name: (fwd(fn) if direction == "fwd" else fwd_bwd(fn, wrt))
+            for name, (fn, wrt) in variants.items()
+        }
         if direction.endswith("graph"):  # GPU time alone: replayed from CUDA graphs
-            fns = {name: g for name, f in fns.items()
-                   if (g := common.graphed(f, DEVICE)) is not None}
+            fns = {
+                name: g for name, f in fns.items() if (g := common.graphed(f, DEVICE)) is not None
+            }
         for f in fns.values():  # compile and autotune outside the timed rounds
             for _ in range(3):
                 f()
         timings = timed_per_call(fns, rounds, repeats, CALLS_PER_TIMING)
         for name, t in timings.items():
-            rows.append(dict(op=op.name, shape=[m, n], direction=direction, variant=name,
-                             **common.timing_figures(t, passes * tensor_bytes)))
+            rows.append(
+                dict(
+                    op=op.name,
+                    shape=[m, n],
+                    direction=direction,
+                    variant=name,
+                    **common.timing_figures(t, passes * tensor_bytes),
+                )
+            )
     return rows
 
 
 def sweep(rounds: int, repeats: int) -> list[dict]:
     """layer_norm_gelu under alternative launch heuristics, fwd and fwd+bwd, at every shape."""
-    options = [dict(), dict(bf16_fast_gelu=False), dict(bwd_elems_per_thread=4),
-               dict(bwd_elems_per_thread=16),
-               dict(bwd_warps_per_sm=32), dict(bwd_warps_per_sm=8), dict(bwd_tile_elems=4096),
-               dict(prefetch2_max_elems_per_thread=0), dict(fwd_tile_elems=8192),
-               dict(fwd_tile_elems=2048), dict(fwd_elems_per_thread=8),
-               dict(fwd_elems_per_thread=32), dict(fwd_tile_elems=8192, fwd_elems_per_thread=32),
-               dict(fwd_max_block_n=8192), dict(bwd_max_block_n=4096)]
+    options = [
+        dict(),
+        dict(bf16_fast_gelu=False),
+        dict(bwd_elems_per_thread=4),
+        dict(bwd_elems_per_thread=16),
+        dict(bwd_warps_per_sm=32),
+        dict(bwd_warps_per_sm=8),
+        dict(bwd_tile_elems=4096),
+        dict(prefetch2_max_elems_per_thread=0),
+        dict(fwd_tile_elems=8192),
+        dict(fwd_tile_elems=2048),
+        dict(fwd_elems_per_thread=8),
+        dict(fwd_elems_per_thread=32),
+        dict(fwd_tile_elems=8192, fwd_elems_per_thread=32),
+        dict(fwd_max_block_n=8192),
+        dict(bwd_max_block_n=4096),
+    ]
     op = OPS["layer_norm_gelu"]
     out = []
     for m, n in SHAPES:
@@ -235,25 +277,40 @@ def sweep(rounds: int, repeats: int) -> list[dict]:
             with norm_tuning(**changes):
                 fwd()  # compile this configuration's kernels untimed
                 fwd_bwd()
-                t = timed_per_call({"fwd": fwd, "fwd+bwd": fwd_bwd}, rounds, repeats,
-                                   CALLS_PER_TIMING)
+                t = timed_per_call(
+                    {"fwd": fwd, "fwd+bwd": fwd_bwd}, rounds, repeats, CALLS_PER_TIMING
+                )
             label = ",".join(f"{k}={v}" for k, v in changes.items()) or "defaults"
-            out.append(dict(shape=[m, n], tuning=label, fwd_ms=t["fwd"].median_s * 1e3,
-                            fwd_bwd_ms=t["fwd+bwd"].median_s * 1e3))
-            print(f"sweep {m}x{n} {label:28s} fwd {out[-1]['fwd_ms']:.3f} ms  "
-                  f"fwd+bwd {out[-1]['fwd_bwd_ms']:.3f} ms", flush=True)
+            out.append(
+                dict(
+                    shape=[m, n],
+                    tuning=label,
+                    fwd_ms=t["fwd"].median_s * 1e3,
+                    fwd_bwd_ms=t["fwd+bwd"].median_s * 1e3,
+                )
+            )
+            print(
+                f"sweep {m}x{n} {label:28s} fwd {out[-1]['fwd_ms']:.3f} ms  "
+                f"fwd+bwd {out[-1]['fwd_bwd_ms']:.3f} ms",
+                flush=True,
+            )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer repeats; checks on slices")
     parser.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of ops")
-    parser.add_argument("--sweep", action="store_true",
-                        help="also time layer_norm_gelu under alternative launch heuristics")
-    parser.add_argument("--shapes", default="", help="e.g. 8192x4096,1024x768 (default: the "
-                        "issue's four shapes)")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also time layer_norm_gelu under alternative launch heuristics",
+    )
+    parser.add_argument(
+        "--shapes", default="", help="e.g. 8192x4096,1024x768 (default: the issue's four shapes)"
+    )
     common.add_device_arg(parser)
     args = parser.parse_args(argv)
     global DEVICE, SHAPES
@@ -273,16 +330,19 @@ def main(argv: list[str] | None = None) -> int:
         for m, n in SHAPES:
             rows_checked = min(m, 4096) if args.quick else m
             checks[f"{op.name} {rows_checked}x{n}"] = check(op, rows_checked, n)
-            print(f"check {op.name} {rows_checked}x{n}: {checks[f'{op.name} {rows_checked}x{n}']}",
-                  flush=True)
+            print(
+                f"check {op.name} {rows_checked}x{n}: {checks[f'{op.name} {rows_checked}x{n}']}",
+                flush=True,
+            )
     copy_gbps = common.measure_copy_gbps(DEVICE)
 
     rows = []
     for op in ops:
         for m, n in SHAPES:
             rows += time_op(op, m, n, rounds, repeats)
-            print(f"timed {op.name} {m}x{n} ({time.perf_counter() - started_s:.0f} s in)",
-                  flush=True)
+            print(
+                f"timed {op.name} {m}x{n} ({time.perf_counter() - started_s:.0f} s in)", flush=True
+            )
             torch.cuda.empty_cache()
     add_speedups(rows)
     common.add_pct_copy(rows, copy_gbps)
@@ -297,14 +357,25 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         liger = f"not run ({type(exc).__name__})"
     path = write_results(
-        out_dir / "bench_norms.json", rows, copy_bandwidth_gbps=copy_gbps, dtype="bf16",
-        liger_kernel=liger, liger_errors=LIGER_ERRORS, checks=checks, criteria=verdicts,
+        out_dir / "bench_norms.json",
+        rows,
+        copy_bandwidth_gbps=copy_gbps,
+        dtype="bf16",
+        liger_kernel=liger,
+        liger_errors=LIGER_ERRORS,
+        checks=checks,
+        criteria=verdicts,
         sweep=swept,
-        bytes_counted=("minimum bytes in units of one (M, N) bf16 tensor: layer_norm_gelu and "
-                       "rms_norm fwd 2, fwd+bwd 5; add_layer_norm fwd 4, fwd+bwd 8"),
-        timing=(f"CUDA events around {CALLS_PER_TIMING} back-to-back calls, divided by "
-                f"{CALLS_PER_TIMING}; {rounds} alternating rounds x {repeats} repeats, median; "
-                f"fwd under no_grad, fwd+bwd = outputs + torch.autograd.grad w.r.t. all inputs"))
+        bytes_counted=(
+            "minimum bytes in units of one (M, N) bf16 tensor: layer_norm_gelu and "
+            "rms_norm fwd 2, fwd+bwd 5; add_layer_norm fwd 4, fwd+bwd 8"
+        ),
+        timing=(
+            f"CUDA events around {CALLS_PER_TIMING} back-to-back calls, divided by "
+            f"{CALLS_PER_TIMING}; {rounds} alternating rounds x {repeats} repeats, median; "
+            f"fwd under no_grad, fwd+bwd = outputs + torch.autograd.grad w.r.t. all inputs"
+        ),
+    )
     plot(rows, copy_gbps, SHAPES, out_dir / "bench_norms.png")
     print(f"wrote {path} and {out_dir / 'bench_norms.png'}")
     print_table(rows, copy_gbps, SHAPES, verdicts)

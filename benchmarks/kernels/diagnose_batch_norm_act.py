@@ -29,18 +29,27 @@ from gpushape.kernels.batch_norm._tuning import (
 from gpushape.kernels.batch_norm.batch_norm_act import _unpack_bits_ref
 
 CH = (1, -1, 1, 1)
-SHAPES = [((8, 64, 56, 56), "nchw"), ((4, 63, 9, 11), "cl"), ((4, 65, 9, 11), "nchw"),
-          ((4, 65, 9, 11), "cl"), ((16, 256, 14, 14), "nchw"), ((32, 2048, 7, 7), "cl"),
-          ((8, 64, 56, 56), "cl")]
+SHAPES = [
+    ((8, 64, 56, 56), "nchw"),
+    ((4, 63, 9, 11), "cl"),
+    ((4, 65, 9, 11), "nchw"),
+    ((4, 65, 9, 11), "cl"),
+    ((16, 256, 14, 14), "nchw"),
+    ((32, 2048, 7, 7), "cl"),
+    ((8, 64, 56, 56), "cl"),
+]
 CONFIGS = {
     "default": DEFAULT,
-    "unfused": DEFAULT.__class__(stats=ReduceConfig(fuse_max=0),
-                                 bwd_reduce=ReduceConfig(fuse_max=0)),
+    "unfused": DEFAULT.__class__(
+        stats=ReduceConfig(fuse_max=0), bwd_reduce=ReduceConfig(fuse_max=0)
+    ),
     "bwd_apply_loop": DEFAULT.__class__(bwd_apply=ApplyConfig(waves=1, prefetch=True)),
-    "small_tiles": DEFAULT.__class__(stats=ReduceConfig(tile_bytes=1024),
-                                     bwd_reduce=ReduceConfig(tile_bytes=1024),
-                                     apply=ApplyConfig(tile_bytes=2048),
-                                     bwd_apply=ApplyConfig(tile_bytes=2048)),
+    "small_tiles": DEFAULT.__class__(
+        stats=ReduceConfig(tile_bytes=1024),
+        bwd_reduce=ReduceConfig(tile_bytes=1024),
+        apply=ApplyConfig(tile_bytes=2048),
+        bwd_apply=ApplyConfig(tile_bytes=2048),
+    ),
     "warps8": DEFAULT.__class__(stats=ReduceConfig(warps=8), bwd_reduce=ReduceConfig(warps=8)),
 }
 
@@ -67,8 +76,11 @@ def one(shape, fmt, dtype, gen, dev, tol):
     out["mean"] = rel(mean, mean64)
     out["rstd"] = rel(rstd, torch.rsqrt(var64 + eps))
     y, bits = launch.apply(x, mean, rstd, w, b, r, eps, False, True)
-    y64 = ((x.double() - mean.double().view(CH)) * (rstd.double() * w.double()).view(CH)
-           + b.double().view(CH) + r.double()).clamp_min(0)
+    y64 = (
+        (x.double() - mean.double().view(CH)) * (rstd.double() * w.double()).view(CH)
+        + b.double().view(CH)
+        + r.double()
+    ).clamp_min(0)
     out["y"] = rel(y, y64)
     pos = _unpack_bits_ref(bits, x.shape)
     out["bits_wrong"] = (int((pos != (y > 0)).sum()), 0)
@@ -80,8 +92,9 @@ def one(shape, fmt, dtype, gen, dev, tol):
     out["dres"] = rel(dres, dz)
     n = x.numel() // c
     r64 = rstd.double()
-    dx64 = (r64 * w.double()).view(CH) * (dz - (db.double() / n).view(CH)
-                                          - xmu * (r64 * dw.double() / n).view(CH))
+    dx64 = (r64 * w.double()).view(CH) * (
+        dz - (db.double() / n).view(CH) - xmu * (r64 * dw.double() / n).view(CH)
+    )
     out["dx"] = rel(dx, dx64)
     # where is the worst dx element, and how many are off by more than tol relative?
     d = (dx.double() - dx64).abs() / dx64.abs().max()
@@ -122,18 +135,34 @@ def main() -> None:
                         for k, v in res.items():
                             if k not in worst or (isinstance(v, float | int) and v > worst[k]):
                                 worst[k] = v
-                    row = dict(config=cname, shape=list(shape), fmt=fmt, dtype=str(dtype),
-                               fails=fails, repeats=args.repeats, **worst)
+                    row = dict(
+                        config=cname,
+                        shape=list(shape),
+                        fmt=fmt,
+                        dtype=str(dtype),
+                        fails=fails,
+                        repeats=args.repeats,
+                        **worst,
+                    )
                     results.append(row)
-                    print(f"{cname:15s} {'x'.join(map(str, shape)):14s} {fmt:4s} "
-                          f"{str(dtype)[6:]:8s} fails {fails}/{args.repeats} "
-                          + " ".join(f"{k}={v:.1e}" if isinstance(v, float) else f"{k}={v}"
-                                     for k, v in worst.items()), flush=True)
+                    print(
+                        f"{cname:15s} {'x'.join(map(str, shape)):14s} {fmt:4s} "
+                        f"{str(dtype)[6:]:8s} fails {fails}/{args.repeats} "
+                        + " ".join(
+                            f"{k}={v:.1e}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in worst.items()
+                        ),
+                        flush=True,
+                    )
     if args.out:
-        write_results(args.out, results, repeats=args.repeats,
-                      tolerance={"float32": 1e-4, "bfloat16": 3e-2},
-                      note="relative to max|reference|; each stage checked against float64 "
-                           "computed from our own previous stage's outputs")
+        write_results(
+            args.out,
+            results,
+            repeats=args.repeats,
+            tolerance={"float32": 1e-4, "bfloat16": 3e-2},
+            note="relative to max|reference|; each stage checked against float64 "
+            "computed from our own previous stage's outputs",
+        )
 
 
 if __name__ == "__main__":

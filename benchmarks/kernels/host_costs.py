@@ -50,6 +50,7 @@ def per_call_us(fn, calls: int, repeats: int = 5) -> float:
 def on_worker(x, dy, work=None):
     """A fwd+bwd through an identity Python autograd.Function whose backward, run on autograd's
     device thread, calls `work` first (nothing: the engine's own cost)."""
+
     class Identity(torch.autograd.Function):
         @staticmethod
         def forward(ctx, t):
@@ -60,6 +61,7 @@ def on_worker(x, dy, work=None):
             if work is not None:
                 work()
             return g
+
     return lambda: torch.autograd.grad(Identity.apply(x), (x,), dy)
 
 
@@ -76,14 +78,14 @@ def breakdown(title: str, step, targets: dict[str, tuple[object, str]], calls: i
                 return f(*a, **k)
             finally:
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+
         return wrapper
 
     saved = {name: (obj, attr, obj.__dict__[attr]) for name, (obj, attr) in targets.items()}
     for name, (obj, attr, original) in saved.items():
         f = original.__func__ if isinstance(original, staticmethod) else original
         wrapped = timed(name, f)
-        setattr(obj, attr, staticmethod(wrapped) if isinstance(original, staticmethod)
-                else wrapped)
+        setattr(obj, attr, staticmethod(wrapped) if isinstance(original, staticmethod) else wrapped)
     whole = timed("whole step", step)
     try:
         for _ in range(20):
@@ -116,12 +118,16 @@ def pieces(calls: int) -> dict[str, float]:
         out[name] = per_call_us(fn, calls)
         print(f"{name:48s} {out[name]:8.2f} us", flush=True)
 
-    put("torch.empty (64, 16384) bf16", lambda: torch.empty((64, 16384), device=dev,
-                                                             dtype=torch.bfloat16))
+    put(
+        "torch.empty (64, 16384) bf16",
+        lambda: torch.empty((64, 16384), device=dev, dtype=torch.bfloat16),
+    )
     put("torch.empty_like", lambda: torch.empty_like(xd))
     put("torch._C._cuda_getCurrentRawStream", lambda: torch._C._cuda_getCurrentRawStream(0))
-    put("triton get_current_device+stream",
-        lambda: driver.active.get_current_stream(driver.active.get_current_device()))
+    put(
+        "triton get_current_device+stream",
+        lambda: driver.active.get_current_stream(driver.active.get_current_device()),
+    )
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:
         put("triton knobs.runtime.launch_enter_hook", lambda: knobs.runtime.launch_enter_hook)
@@ -140,11 +146,27 @@ def pieces(calls: int) -> dict[str, float]:
     consts = plan.launch.consts
     stream = torch._C._cuda_getCurrentRawStream(0)
     run = compiled.run
-    put("CompiledKernel.run direct (no runner closure)",
-        lambda: run(grid[0], grid[1], grid[2], stream, compiled.function,
-                    compiled.packed_metadata, None, None, None, *ptrs, *sizes, *consts))
-    put("norm_forward (allocs + 1 launch)",
-        lambda: norm_common.norm_forward(xd, None, w.detach(), None, 1e-6, act=0, rms=True))
+    put(
+        "CompiledKernel.run direct (no runner closure)",
+        lambda: run(
+            grid[0],
+            grid[1],
+            grid[2],
+            stream,
+            compiled.function,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *ptrs,
+            *sizes,
+            *consts,
+        ),
+    )
+    put(
+        "norm_forward (allocs + 1 launch)",
+        lambda: norm_common.norm_forward(xd, None, w.detach(), None, 1e-6, act=0, rms=True),
+    )
     with torch.no_grad():
         put("rms_norm fwd, no grad", lambda: rms_norm(x, w))
     put("rms_norm fwd, Function.apply", lambda: rms_norm(x, w))
@@ -152,36 +174,52 @@ def pieces(calls: int) -> dict[str, float]:
     put("identity Function fwd+bwd (engine baseline)", on_worker(x, dy))
     put("x*2 native fwd+bwd (engine baseline)", lambda: torch.autograd.grad(x * 2, (x,), dy))
     put("rms_norm fwd+bwd (gpushape)", lambda: torch.autograd.grad(rms_norm(x, w), (x, w), dy))
-    put("F.rms_norm fwd+bwd (PyTorch)",
-        lambda: torch.autograd.grad(F.rms_norm(x, (16384,), w), (x, w), dy))
+    put(
+        "F.rms_norm fwd+bwd (PyTorch)",
+        lambda: torch.autograd.grad(F.rms_norm(x, (16384,), w), (x, w), dy),
+    )
 
     # the same backward work on the calling thread, and on autograd's worker thread
     wd = w.detach()
     backward = lambda: norm_common.norm_backward(
-        dy, None, xd, wd, None, None, rstd, act=0, rms=True)
+        dy, None, xd, wd, None, None, rstd, act=0, rms=True
+    )
     launches = lambda: [plan.launch(True, *ptrs, *sizes) for _ in range(3)]
     put("norm_backward direct (calling thread)", backward)
     put("worker thread: norm_backward", on_worker(x, dy, backward))
-    put("worker thread: 5 empty_like",
-        on_worker(x, dy, lambda: [torch.empty_like(xd) for _ in range(5)]))
+    put(
+        "worker thread: 5 empty_like",
+        on_worker(x, dy, lambda: [torch.empty_like(xd) for _ in range(5)]),
+    )
     put("worker thread: 3 Launch", on_worker(x, dy, launches))
     put("calling thread: 3 Launch", launches)
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
-    put("rms_norm fwd+bwd, GIL switch interval 1 us",
-        lambda: torch.autograd.grad(rms_norm(x, w), (x, w), dy))
+    put(
+        "rms_norm fwd+bwd, GIL switch interval 1 us",
+        lambda: torch.autograd.grad(rms_norm(x, w), (x, w), dy),
+    )
     sys.setswitchinterval(switch)
     print("python threads:", [t.name for t in threading.enumerate()], flush=True)
     fn_cls = norm_common._NormFunction
-    breakdown("rms_norm fwd+bwd", lambda: torch.autograd.grad(rms_norm(x, w), (x, w), dy),
-              {"norm_forward": (norm_common, "norm_forward"),
-               "norm_backward": (norm_common, "norm_backward"),
-               "Function.forward body": (fn_cls, "forward"),
-               "Function.backward body": (fn_cls, "backward")}, calls)
+    breakdown(
+        "rms_norm fwd+bwd",
+        lambda: torch.autograd.grad(rms_norm(x, w), (x, w), dy),
+        {
+            "norm_forward": (norm_common, "norm_forward"),
+            "norm_backward": (norm_common, "norm_backward"),
+            "Function.forward body": (fn_cls, "forward"),
+            "Function.backward body": (fn_cls, "backward"),
+        },
+        calls,
+    )
 
     shape = (8, 1024, 14, 14)
-    xb = torch.randn(shape, device=dev, dtype=torch.bfloat16).contiguous(
-        memory_format=torch.channels_last).requires_grad_()
+    xb = (
+        torch.randn(shape, device=dev, dtype=torch.bfloat16)
+        .contiguous(memory_format=torch.channels_last)
+        .requires_grad_()
+    )
     rb = torch.randn_like(xb).requires_grad_()
     dyb = torch.randn_like(xb)
     ours = BatchNormAct2d(1024).to(dev)
@@ -190,10 +228,11 @@ def pieces(calls: int) -> dict[str, float]:
     with torch.no_grad():
         put("batch_norm_act fwd, no grad", lambda: ours(xb, rb))
     put("batch_norm_act fwd, Function.apply", lambda: ours(xb, rb))
-    put("batch_norm_act fwd+bwd (gpushape)",
-        lambda: torch.autograd.grad(ours(xb, rb), params, dyb))
-    put("BatchNorm2d+add+relu fwd+bwd (PyTorch)",
-        lambda: torch.autograd.grad(F.relu(bn(xb) + rb), [xb, rb, bn.weight, bn.bias], dyb))
+    put("batch_norm_act fwd+bwd (gpushape)", lambda: torch.autograd.grad(ours(xb, rb), params, dyb))
+    put(
+        "BatchNorm2d+add+relu fwd+bwd (PyTorch)",
+        lambda: torch.autograd.grad(F.relu(bn(xb) + rb), [xb, rb, bn.weight, bn.bias], dyb),
+    )
     # FusedQKV at BERT-base width, tiny batch: the Triton assembly against autograd's cat
     from gpushape.kernels import FusedQKV
     from gpushape.kernels.attention import fused_qkv as qkv_module
@@ -201,20 +240,29 @@ def pieces(calls: int) -> dict[str, float]:
     fq = FusedQKV(768, 12).to(dev, torch.bfloat16)
     xq = torch.randn(1, 16, 768, device=dev, dtype=torch.bfloat16, requires_grad=True)
     gq = [torch.randn(1, 12, 16, 64, device=dev, dtype=torch.bfloat16) for _ in range(3)]
-    put("FusedQKV fwd+bwd, Triton assembly",
-        lambda: torch.autograd.grad(fq(xq), [xq, fq.weight, fq.bias], gq))
+    put(
+        "FusedQKV fwd+bwd, Triton assembly",
+        lambda: torch.autograd.grad(fq(xq), [xq, fq.weight, fq.bias], gq),
+    )
     real = qkv_module.use_triton
     qkv_module.use_triton = lambda *t: False
     try:
-        put("FusedQKV fwd+bwd, autograd cat",
-            lambda: torch.autograd.grad(fq(xq), [xq, fq.weight, fq.bias], gq))
+        put(
+            "FusedQKV fwd+bwd, autograd cat",
+            lambda: torch.autograd.grad(fq(xq), [xq, fq.weight, fq.bias], gq),
+        )
     finally:
         qkv_module.use_triton = real
-    breakdown("FusedQKV fwd+bwd (Triton assembly)",
-              lambda: torch.autograd.grad(fq(xq), [xq, fq.weight, fq.bias], gq),
-              {"_SplitHeads.forward body": (qkv_module._SplitHeads, "forward"),
-               "_SplitHeads.backward body": (qkv_module._SplitHeads, "backward"),
-               "assemble_heads": (qkv_module, "assemble_heads")}, calls)
+    breakdown(
+        "FusedQKV fwd+bwd (Triton assembly)",
+        lambda: torch.autograd.grad(fq(xq), [xq, fq.weight, fq.bias], gq),
+        {
+            "_SplitHeads.forward body": (qkv_module._SplitHeads, "forward"),
+            "_SplitHeads.backward body": (qkv_module._SplitHeads, "backward"),
+            "assemble_heads": (qkv_module, "assemble_heads"),
+        },
+        calls,
+    )
     profiler = cProfile.Profile()
     with torch.no_grad():
         profiler.enable()
@@ -230,8 +278,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--sources", action="store_true",
-                        help="also print Triton's launch-path source (to see its signature)")
+    parser.add_argument(
+        "--sources",
+        action="store_true",
+        help="also print Triton's launch-path source (to see its signature)",
+    )
     args = parser.parse_args()
     if common.cuda_missing("cuda", "host_costs.py"):
         sys.exit(2)
@@ -241,8 +292,12 @@ def main() -> None:
 
         print(inspect.getsource(compiler.CompiledKernel.__getitem__))
         print(inspect.getsource(nv.CudaLauncher))
-    result = {"env": environment(), "command": " ".join(sys.argv), "calls": args.calls,
-              "us_per_call": pieces(args.calls)}
+    result = {
+        "env": environment(),
+        "command": " ".join(sys.argv),
+        "calls": args.calls,
+        "us_per_call": pieces(args.calls),
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 

@@ -61,12 +61,15 @@ def variants() -> dict[str, tuple[callable, float]]:
         "dX three mm + addmm accumulate": (dx_three_addmm, 3 * GEMM),
         "dX three mm + two adds (autograd)": (
             lambda: torch.mm(dys[0], ws[0]) + torch.mm(dys[1], ws[1]) + torch.mm(dys[2], ws[2]),
-            3 * GEMM),
+            3 * GEMM,
+        ),
         "dW one mm dY^T X (M=12288)": (lambda: torch.mm(dy.t(), x, out=dw), 3 * GEMM),
         "dW three mm into row blocks": (dw_three_blocks, 3 * GEMM),
         "dW^T one mm X^T dY": (lambda: torch.mm(x.t(), dy, out=dwt), 3 * GEMM),
         "assemble dY from (B,H,T,D) grads (cat)": (
-            lambda: torch.cat([g.transpose(1, 2).reshape(T, E) for g in bhtd], 1), 0),
+            lambda: torch.cat([g.transpose(1, 2).reshape(T, E) for g in bhtd], 1),
+            0,
+        ),
     }
     xg = torch.randn(1, T, E, device=dev, dtype=dt, requires_grad=True)
     fused = FusedQKV(E, H, bias=False, device=dev, dtype=dt)
@@ -77,18 +80,24 @@ def variants() -> dict[str, tuple[callable, float]]:
 
     grads = bhtd
     out["fwd+bwd FusedQKV"] = (
-        lambda: torch.autograd.grad(fused(xg), [xg, fused.weight], grads), 9 * GEMM)
+        lambda: torch.autograd.grad(fused(xg), [xg, fused.weight], grads),
+        9 * GEMM,
+    )
     out["fwd+bwd three Linear"] = (
         lambda: torch.autograd.grad(three_run(), [xg, *(lay.weight for lay in three)], grads),
-        9 * GEMM)
+        9 * GEMM,
+    )
     return out
 
 
 def kernels(fns: dict) -> dict[str, list[tuple[str, float]]]:
     """Each whole fwd+bwd's CUDA kernels in order, with their device time (us), from
     torch.profiler (the mean of 5 calls)."""
-    return {name: [(k[:70], round(us, 1)) for k, us in kernel_times(fn, calls=5)]
-            for name, (fn, _) in fns.items() if name.startswith("fwd+bwd")}
+    return {
+        name: [(k[:70], round(us, 1)) for k, us in kernel_times(fn, calls=5)]
+        for name, (fn, _) in fns.items()
+        if name.startswith("fwd+bwd")
+    }
 
 
 def run(label: str, rounds: int, repeats: int) -> list[dict]:
@@ -99,8 +108,14 @@ def run(label: str, rounds: int, repeats: int) -> list[dict]:
     rows = []
     for name, t in timings.items():
         flops = fns[name][1]
-        rows.append({"blas": label, "variant": name, "median_ms": t.median_s * 1e3,
-                     "tflops": flops / t.median_s / 1e12 if flops else None})
+        rows.append(
+            {
+                "blas": label,
+                "variant": name,
+                "median_ms": t.median_s * 1e3,
+                "tflops": flops / t.median_s / 1e12 if flops else None,
+            }
+        )
     return rows
 
 
@@ -124,8 +139,17 @@ def main() -> None:
     finally:
         torch.backends.cuda.preferred_blas_library("cublas")
     if args.out:
-        Path(args.out).write_text(json.dumps({"env": environment(), "command": " ".join(
-            sys.argv), "rows": rows, "kernels": listing}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "env": environment(),
+                    "command": " ".join(sys.argv),
+                    "rows": rows,
+                    "kernels": listing,
+                },
+                indent=1,
+            )
+        )
     print(f"\n{'blas':<9} {'variant':<42} {'ms':>8} {'TFLOP/s':>8}")
     for r in rows:
         tf = f"{r['tflops']:8.0f}" if r["tflops"] else f"{'-':>8}"

@@ -38,8 +38,10 @@ from gpushape.kernels import FusedQKV
 from gpushape.kernels.attention.fused_qkv import _split_heads
 
 DT = torch.bfloat16
-SHAPES = {"BERT-base": dict(E=768, H=12, T=512, B=32, bias=True, causal=False),
-          "LLaMA-7B": dict(E=4096, H=32, T=2048, B=1, bias=False, causal=True)}
+SHAPES = {
+    "BERT-base": dict(E=768, H=12, T=512, B=32, bias=True, causal=False),
+    "LLaMA-7B": dict(E=4096, H=32, T=2048, B=1, bias=False, causal=True),
+}
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
@@ -112,18 +114,26 @@ def modules(cfg):
     def plain_views(x):  # FusedQKV's GEMM and views without its Function: autograd's cat
         return _split_heads(F.linear(x, fused.weight, fused.bias), heads, d)
 
-    fns = {"3 Linear": three_run, "FusedQKV": fused, "FusedQKV plain views": plain_views,
-           "FusedQKV no-assembly": no_assembly,
-           "FusedQKV assembly free (ceiling)": assembly_free}
+    fns = {
+        "3 Linear": three_run,
+        "FusedQKV": fused,
+        "FusedQKV plain views": plain_views,
+        "FusedQKV no-assembly": no_assembly,
+        "FusedQKV assembly free (ceiling)": assembly_free,
+    }
     params = {name: list(fused.parameters()) for name in fns}
     params["3 Linear"] = [p for layer in three for p in layer.parameters()]
     return fns, params
 
 
 def describe(g: torch.Tensor, base: torch.Tensor) -> dict:
-    return dict(shape=list(g.shape), stride=list(g.stride()),
-                bthd_contiguous=g.transpose(1, 2).is_contiguous(), contiguous=g.is_contiguous(),
-                storage_offset_elems=(g.data_ptr() - base.data_ptr()) // g.element_size())
+    return dict(
+        shape=list(g.shape),
+        stride=list(g.stride()),
+        bthd_contiguous=g.transpose(1, 2).is_contiguous(),
+        contiguous=g.is_contiguous(),
+        storage_offset_elems=(g.data_ptr() - base.data_ptr()) // g.element_size(),
+    )
 
 
 def layouts(cfg, fns) -> dict:
@@ -138,39 +148,46 @@ def layouts(cfg, fns) -> dict:
             grads = torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
             shared = len({g.untyped_storage().data_ptr() for g in grads}) == 1
             out[f"{bname} / {vname}"] = dict(
-                shared_storage=shared, parts=[describe(g, grads[0]) for g in grads])
+                shared_storage=shared, parts=[describe(g, grads[0]) for g in grads]
+            )
     return out
 
 
 def sdpa_layout_grads(cfg):
     d = cfg["E"] // cfg["H"]
-    return [torch.randn(cfg["B"], cfg["T"], cfg["H"], d, device="cuda", dtype=DT).transpose(1, 2)
-            for _ in range(3)]
+    return [
+        torch.randn(cfg["B"], cfg["T"], cfg["H"], d, device="cuda", dtype=DT).transpose(1, 2)
+        for _ in range(3)
+    ]
 
 
 def bhtd_grads(cfg):
     d = cfg["E"] // cfg["H"]
-    return [torch.randn(cfg["B"], cfg["H"], cfg["T"], d, device="cuda", dtype=DT)
-            for _ in range(3)]
+    return [torch.randn(cfg["B"], cfg["H"], cfg["T"], d, device="cuda", dtype=DT) for _ in range(3)]
 
 
 def timed_variants(cfg, fns, params) -> dict[str, dict[str, callable]]:
     x = torch.randn(cfg["B"], cfg["T"], cfg["E"], device="cuda", dtype=DT, requires_grad=True)
     cases = {}
-    for gname, grads in (("grads (B,H,T,D) contiguous", bhtd_grads(cfg)),
-                         ("grads as SDPA gives (B,T,H,D)", sdpa_layout_grads(cfg))):
+    for gname, grads in (
+        ("grads (B,H,T,D) contiguous", bhtd_grads(cfg)),
+        ("grads as SDPA gives (B,T,H,D)", sdpa_layout_grads(cfg)),
+    ):
         cases[f"proj fwd+bwd, {gname}"] = {
             name: (lambda f=f, w=[x, *params[name]], g=grads: torch.autograd.grad(f(x), w, g))
-            for name, f in fns.items()}
+            for name, f in fns.items()
+        }
     go = torch.randn(cfg["B"], cfg["H"], cfg["T"], cfg["E"] // cfg["H"], device="cuda", dtype=DT)
     for bname, backend in BACKENDS.items():
+
         def run(f, w, backend=backend):
             with sdpa_kernel(backend):
                 o = F.scaled_dot_product_attention(*f(x), is_causal=cfg["causal"])
             return torch.autograd.grad(o, w, go)
+
         cases[f"proj+SDPA fwd+bwd, {bname}"] = {
-            name: (lambda f=f, w=[x, *params[name]], run=run: run(f, w))
-            for name, f in fns.items()}
+            name: (lambda f=f, w=[x, *params[name]], run=run: run(f, w)) for name, f in fns.items()
+        }
     return cases
 
 
@@ -185,11 +202,15 @@ def main(argv=None) -> int:
     table = []
     for label, cfg in SHAPES.items():
         fns, params = modules(cfg)
-        entry = result["shapes"][label] = dict(config=cfg, layouts=layouts(cfg, fns), times={},
-                                               kernels={})
+        entry = result["shapes"][label] = dict(
+            config=cfg, layouts=layouts(cfg, fns), times={}, kernels={}
+        )
         for lname, lay in entry["layouts"].items():
-            print(f"{label:10} {lname:28} shared={lay['shared_storage']} "
-                  f"{[p['stride'] for p in lay['parts']]}", flush=True)
+            print(
+                f"{label:10} {lname:28} shared={lay['shared_storage']} "
+                f"{[p['stride'] for p in lay['parts']]}",
+                flush=True,
+            )
         for case, variants in timed_variants(cfg, fns, params).items():
             graphs = {n: common.graphed(f, "cuda") for n, f in variants.items()}
             graphs = {n: g for n, g in graphs.items() if g is not None}

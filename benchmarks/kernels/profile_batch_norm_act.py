@@ -35,8 +35,12 @@ SHAPES = [(256, 64, 112, 112), (256, 256, 56, 56), (256, 512, 28, 28), (256, 102
 
 def step_fn(variant, shape):
     c = shape[1]
-    x = torch.randn(shape, device="cuda").to(torch.bfloat16).contiguous(
-        memory_format=torch.channels_last).requires_grad_()
+    x = (
+        torch.randn(shape, device="cuda")
+        .to(torch.bfloat16)
+        .contiguous(memory_format=torch.channels_last)
+        .requires_grad_()
+    )
     r = torch.randn_like(x).requires_grad_()
     dy = torch.randn_like(x)
     if variant == "eager":
@@ -53,6 +57,7 @@ def step_fn(variant, shape):
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 y = mod(x, r)
             torch.autograd.grad(y, [x, r, mod.weight, mod.bias], dy)
+
     return fn
 
 
@@ -92,10 +97,20 @@ def main() -> int:
         for variant in ("eager", "gpushape"):
             wall_us, kernels = measure(step_fn(variant, shape))
             gpu_us = sum(kernels.values())
-            rows.append(dict(shape=list(shape), variant=variant, wall_us=wall_us,
-                             kernel_us=gpu_us, kernels=kernels))
-            print(f"{'x'.join(map(str, shape)):17s} {variant:9s} wall {wall_us:8.1f} us/step, "
-                  f"kernels {gpu_us:8.1f} us/step", flush=True)
+            rows.append(
+                dict(
+                    shape=list(shape),
+                    variant=variant,
+                    wall_us=wall_us,
+                    kernel_us=gpu_us,
+                    kernels=kernels,
+                )
+            )
+            print(
+                f"{'x'.join(map(str, shape)):17s} {variant:9s} wall {wall_us:8.1f} us/step, "
+                f"kernels {gpu_us:8.1f} us/step",
+                flush=True,
+            )
             for name, us in sorted(kernels.items(), key=lambda kv: -kv[1])[:6]:
                 print(f"    {us:8.1f} us  {name[:110]}")
             torch.cuda.empty_cache()
@@ -111,8 +126,12 @@ def main() -> int:
         print(f"\nhost profile: 200 gpushape steps at {SHAPES[-1]}")
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
     if args.out:
-        write_results(args.out, rows, note="wall: median of 20 synchronised steps; kernels: "
-                      "CUDA time per step, torch.profiler over 5 steps")
+        write_results(
+            args.out,
+            rows,
+            note="wall: median of 20 synchronised steps; kernels: "
+            "CUDA time per step, torch.profiler over 5 steps",
+        )
     return 0
 
 

@@ -32,23 +32,29 @@ def _steps(op: str, shape, device="cuda"):
     w = torch.ones(n, device=device, dtype=torch.bfloat16, requires_grad=True)
     b = torch.zeros(n, device=device, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
-    ours = {"rms_norm": lambda: rms_norm(x, w),
-            "layer_norm_gelu": lambda: layer_norm_gelu(x, w, b),
-            "add_layer_norm": lambda: add_layer_norm(x, r, w, b)[0]}[op]
-    eager = {"rms_norm": lambda: F.rms_norm(x, (n,), w),
-             "layer_norm_gelu": lambda: F.gelu(F.layer_norm(x, (n,), w, b)),
-             "add_layer_norm": lambda: F.layer_norm(x + r, (n,), w, b)}[op]
+    ours = {
+        "rms_norm": lambda: rms_norm(x, w),
+        "layer_norm_gelu": lambda: layer_norm_gelu(x, w, b),
+        "add_layer_norm": lambda: add_layer_norm(x, r, w, b)[0],
+    }[op]
+    eager = {
+        "rms_norm": lambda: F.rms_norm(x, (n,), w),
+        "layer_norm_gelu": lambda: F.gelu(F.layer_norm(x, (n,), w, b)),
+        "add_layer_norm": lambda: F.layer_norm(x + r, (n,), w, b),
+    }[op]
     inputs = (x, w) if op == "rms_norm" else (x, w, b) if op == "layer_norm_gelu" else (x, r, w, b)
 
     def step(fn):
         return lambda: torch.autograd.grad(fn(), inputs, dy)
+
     return step(ours), step(eager)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", type=common.parse_shapes,
-                        default=[(4096, 16384), (8192, 8192), (32768, 4096)])
+    parser.add_argument(
+        "--shapes", type=common.parse_shapes, default=[(4096, 16384), (8192, 8192), (32768, 4096)]
+    )
     parser.add_argument("--ops", default="rms_norm,layer_norm_gelu,add_layer_norm")
     args = parser.parse_args()
     if common.cuda_missing("cuda", "profile_norms_host.py"):
@@ -60,8 +66,11 @@ def main() -> None:
             eh, ew = common.host_and_wall_us(eager)
             graph = common.graphed(ours, "cuda")
             _, gw = common.host_and_wall_us(graph)
-            print(f"{op} {shape}: gpushape host {h:.0f} us, wall {w:.0f} us, graph {gw:.0f} us; "
-                  f"eager host {eh:.0f} us, wall {ew:.0f} us", flush=True)
+            print(
+                f"{op} {shape}: gpushape host {h:.0f} us, wall {w:.0f} us, graph {gw:.0f} us; "
+                f"eager host {eh:.0f} us, wall {ew:.0f} us",
+                flush=True,
+            )
     op, shape = args.ops.split(",")[0], args.shapes[0]
     ours, _ = _steps(op, shape)
     common.host_and_wall_us(ours, warmup=5)

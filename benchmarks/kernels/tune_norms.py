@@ -78,8 +78,9 @@ class Op:
 
     def backward(self):
         if self.ln:
-            return torch.ops.gpushape.layer_norm_gelu_backward(self.dy, self.x, self.w, self.b,
-                                                               *self.saved, "none")
+            return torch.ops.gpushape.layer_norm_gelu_backward(
+                self.dy, self.x, self.w, self.b, *self.saved, "none"
+            )
         return torch.ops.gpushape.rms_norm_backward(self.dy, self.x, self.w, *self.saved)
 
     def _reference(self) -> dict[str, torch.Tensor]:
@@ -97,8 +98,11 @@ class Op:
     def check(self, direction: str) -> str | None:
         """None when the current configuration matches the reference, else what differs."""
         with torch.no_grad():
-            got = ({"y": self.forward()[0]} if direction == "fwd"
-                   else dict(zip(["dx", "dw", "db"], self.backward())))
+            got = (
+                {"y": self.forward()[0]}
+                if direction == "fwd"
+                else dict(zip(["dx", "dw", "db"], self.backward()))
+            )
         for key, value in got.items():
             if value.numel() == 0:
                 continue
@@ -130,8 +134,9 @@ def host_us(fn, calls: int = 50) -> float:
     return common.host_and_wall_us(fn, calls)[0]
 
 
-def sweep_direction(op: Op, direction: str, configs: list, rounds: int, repeats: int,
-                    deadline: float) -> list[dict]:
+def sweep_direction(
+    op: Op, direction: str, configs: list, rounds: int, repeats: int, deadline: float
+) -> list[dict]:
     fn = op.forward if direction == "fwd" else op.backward
     key = "fwd" if direction == "fwd" else "bwd"
     passes = 2 if direction == "fwd" else 3
@@ -143,8 +148,14 @@ def sweep_direction(op: Op, direction: str, configs: list, rounds: int, repeats:
         if time.perf_counter() > deadline:
             print(f"  budget spent: {len(configs) - len(rows)} {direction} configs not run")
             break
-        row = dict(op=op.name, shape=[op.m, op.n], direction=direction, config=repr(cfg),
-                   is_default=cfg == default_cfg, min_bytes=min_bytes)
+        row = dict(
+            op=op.name,
+            shape=[op.m, op.n],
+            direction=direction,
+            config=repr(cfg),
+            is_default=cfg == default_cfg,
+            min_bytes=min_bytes,
+        )
         try:
             with norm_tuning(**WIDE, **{key: cfg}):
                 row["check"] = op.check(direction) or "pass"
@@ -153,19 +164,32 @@ def sweep_direction(op: Op, direction: str, configs: list, rounds: int, repeats:
             row["check"] = f"{type(exc).__name__}: {str(exc)[:160]}"
             candidate = None
         if candidate is not None:
-            t = compare({"default": default, "candidate": candidate}, rounds=rounds,
-                        repeats_per_round=repeats, warmup=1, device="cuda")
+            t = compare(
+                {"default": default, "candidate": candidate},
+                rounds=rounds,
+                repeats_per_round=repeats,
+                warmup=1,
+                device="cuda",
+            )
             row["ms"] = t["candidate"].median_s / CALLS * 1e3
             row["default_ms"] = t["default"].median_s / CALLS * 1e3
             row["gbps"] = min_bytes / (row["ms"] / 1e3) / 1e9
         rows.append(row)
-        print(f"  {direction:3s} {cfg!r:96s} " + (f"{row['ms']:.4f} ms {row['gbps']:6.0f} GB/s "
-              f"(default {row['default_ms']:.4f})" if "ms" in row else row["check"]), flush=True)
+        print(
+            f"  {direction:3s} {cfg!r:96s} "
+            + (
+                f"{row['ms']:.4f} ms {row['gbps']:6.0f} GB/s (default {row['default_ms']:.4f})"
+                if "ms" in row
+                else row["check"]
+            ),
+            flush=True,
+        )
     return rows
 
 
 def default_costs(op: Op) -> dict:
     """Host time per call and GPU time of the default configuration."""
+
     def fwd_bwd():
         x = op.x.detach().requires_grad_()
         args = (x, op.w, op.b, 1e-5, "none") if op.ln else (x, op.w, 1e-6)
@@ -176,27 +200,43 @@ def default_costs(op: Op) -> dict:
         with torch.no_grad():
             op.forward()
 
-    return dict(op=op.name, shape=[op.m, op.n],
-                default_fwd=repr(fwd_config(op.m, op.n, tuning())),
-                default_bwd=repr(bwd_config(op.m, op.n, tuning())),
-                host_us_fwd=host_us(fwd_nograd), host_us_bwd=host_us(op.backward),
-                host_us_fwd_bwd_autograd=host_us(fwd_bwd))
+    return dict(
+        op=op.name,
+        shape=[op.m, op.n],
+        default_fwd=repr(fwd_config(op.m, op.n, tuning())),
+        default_bwd=repr(bwd_config(op.m, op.n, tuning())),
+        host_us_fwd=host_us(fwd_nograd),
+        host_us_bwd=host_us(op.backward),
+        host_us_fwd_bwd_autograd=host_us(fwd_bwd),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer rounds and configurations")
     parser.add_argument("--ops", default="layer_norm_gelu,rms_norm")
     parser.add_argument("--shapes", default="", help="e.g. 32768x4096,8192x8192")
-    parser.add_argument("--budget-s", type=float, default=170.0,
-                        help="stop starting new configurations after this many seconds")
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                        help="cpu: smoke test of the configurations' correctness only "
-                        "(TRITON_INTERPRET=1, tiny shapes; no timing)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=170.0,
+        help="stop starting new configurations after this many seconds",
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="cpu: smoke test of the configurations' correctness only "
+        "(TRITON_INTERPRET=1, tiny shapes; no timing)",
+    )
     args = parser.parse_args(argv)
-    shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-              if args.shapes else SHAPES)
+    shapes = (
+        [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+        if args.shapes
+        else SHAPES
+    )
     started = time.perf_counter()
     deadline = started + args.budget_s
     rounds, repeats = (2, 3) if args.quick else (3, 5)
@@ -218,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         costs.append(default_costs(op))
         print(f"{name} {m}x{n}: host us/call {costs[-1]}", flush=True)
         # the forward may use the slice up to 40% before its end, the backward the rest
-        rows += sweep_direction(op, "fwd", fwd_grid(m, n, args.quick), rounds, repeats,
-                                slot_end - 0.6 * slot_s)
+        rows += sweep_direction(
+            op, "fwd", fwd_grid(m, n, args.quick), rounds, repeats, slot_end - 0.6 * slot_s
+        )
         rows += sweep_direction(op, "bwd", bwd_grid(m, n, args.quick), rounds, repeats, slot_end)
         del op
         torch.cuda.empty_cache()
@@ -228,11 +269,17 @@ def main(argv: list[str] | None = None) -> int:
             r["pct_copy"] = r["gbps"] / copy_gbps
     best = best_rows(rows)
     out_dir = Path(os.environ.get("OUT", "out"))
-    path = write_results(out_dir / "tune_norms.json", rows, copy_bandwidth_gbps=copy_gbps,
-                         best=best, host_costs=costs, calls_per_graph=CALLS,
-                         timing=f"CUDA graph of {CALLS} calls, CUDA events, {rounds} alternating "
-                                f"rounds x {repeats} repeats vs the default config, median",
-                         bytes_counted="fwd 2 S (x, y), bwd 3 S (x, dy, dx), S = M*N*2 bytes")
+    path = write_results(
+        out_dir / "tune_norms.json",
+        rows,
+        copy_bandwidth_gbps=copy_gbps,
+        best=best,
+        host_costs=costs,
+        calls_per_graph=CALLS,
+        timing=f"CUDA graph of {CALLS} calls, CUDA events, {rounds} alternating "
+        f"rounds x {repeats} repeats vs the default config, median",
+        bytes_counted="fwd 2 S (x, y), bwd 3 S (x, dy, dx), S = M*N*2 bytes",
+    )
     print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
     print_best(best, costs, copy_gbps)
     return 0
@@ -250,12 +297,16 @@ def print_best(best: list[dict], costs: list[dict], copy_gbps: float) -> None:
     print(f"\ncopy {copy_gbps:.0f} GB/s; GPU ms per call (graph), GB/s of minimum bytes")
     print(f"{'op':16s} {'shape':>11s} dir  default_ms best_ms  GB/s  %copy  config")
     for r in best:
-        print(f"{r['op']:16s} {r['shape'][0]:>5d}x{r['shape'][1]:<5d} {r['direction']:3s} "
-              f"{r['default_ms']:10.4f} {r['ms']:7.4f} {r['gbps']:5.0f} {r['pct_copy']:6.0%}  "
-              f"{r['config']}")
+        print(
+            f"{r['op']:16s} {r['shape'][0]:>5d}x{r['shape'][1]:<5d} {r['direction']:3s} "
+            f"{r['default_ms']:10.4f} {r['ms']:7.4f} {r['gbps']:5.0f} {r['pct_copy']:6.0%}  "
+            f"{r['config']}"
+        )
     for c in costs:
-        print(f"host us/call {c['op']} {c['shape']}: fwd {c['host_us_fwd']:.0f}, bwd op "
-              f"{c['host_us_bwd']:.0f}, autograd fwd+bwd {c['host_us_fwd_bwd_autograd']:.0f}")
+        print(
+            f"host us/call {c['op']} {c['shape']}: fwd {c['host_us_fwd']:.0f}, bwd op "
+            f"{c['host_us_bwd']:.0f}, autograd fwd+bwd {c['host_us_fwd_bwd_autograd']:.0f}"
+        )
     print("\n# paste into _norm_tuning.TABLE (winners of the first op listed per shape):")
     for line in table_lines(best):
         print(line)

@@ -58,7 +58,7 @@ def _forward_module(event) -> str | None:
     e = event
     while e is not None:
         if e.name.startswith(PREFIX):
-            return e.name[len(PREFIX):]
+            return e.name[len(PREFIX) :]
         if e.name.startswith(BACKWARD):
             return None
         e = e.cpu_parent
@@ -120,7 +120,7 @@ def ranks(values: np.ndarray) -> np.ndarray:
         j = i
         while j + 1 < len(values) and sorted_vals[j + 1] == sorted_vals[i]:
             j += 1
-        r[order[i:j + 1]] = (i + j) / 2 + 1
+        r[order[i : j + 1]] = (i + j) / 2 + 1
         i = j + 1
     return r
 

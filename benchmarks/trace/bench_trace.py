@@ -52,16 +52,27 @@ def child(case: str) -> dict:
     report = gpushape.cost(trace, "h100", math="bf16")
     t5 = time.perf_counter()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return {"import_s": t1 - t0, "build_s": t2 - t1, "trace_first_s": t3 - t2,
-            "trace_warm_s": t4 - t3, "cost_s": t5 - t4, "import_cpu_s": c1 - c0,
-            "build_cpu_s": c2 - c1, "trace_first_cpu_s": c3 - c2, "trace_warm_cpu_s": c4 - c3,
-            "ops": len(trace.ops), "gemm_macs": report.totals.gemm_flops // 2,
-            "peak_rss_mb": rss_mb, "load_average_1min": os.getloadavg()[0]}
+    return {
+        "import_s": t1 - t0,
+        "build_s": t2 - t1,
+        "trace_first_s": t3 - t2,
+        "trace_warm_s": t4 - t3,
+        "cost_s": t5 - t4,
+        "import_cpu_s": c1 - c0,
+        "build_cpu_s": c2 - c1,
+        "trace_first_cpu_s": c3 - c2,
+        "trace_warm_cpu_s": c4 - c3,
+        "ops": len(trace.ops),
+        "gemm_macs": report.totals.gemm_flops // 2,
+        "peak_rss_mb": rss_mb,
+        "load_average_1min": os.getloadavg()[0],
+    }
 
 
 def _run_child(case: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", case], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", case], check=True, capture_output=True, text=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -73,8 +84,12 @@ def _run_demo() -> dict:
     subprocess.run(cmd, check=True, capture_output=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    return {"wall_s": time.perf_counter() - t0, "cpu_s": cpu_s, "command": " ".join(cmd[1:]),
-            "load_average_1min": os.getloadavg()[0]}
+    return {
+        "wall_s": time.perf_counter() - t0,
+        "cpu_s": cpu_s,
+        "command": " ".join(cmd[1:]),
+        "load_average_1min": os.getloadavg()[0],
+    }
 
 
 def _median(runs: list[dict]) -> dict:
@@ -100,18 +115,27 @@ def main() -> None:
 
     from gpushape.bench import write_results
 
-    write_results(args.out, results, method=f"median of {args.repeats} fresh processes; "
-                  "perf_counter; peak RSS from getrusage ru_maxrss",
-                  limits_s=LIMITS_S, limits_rss_mb=LIMIT_RSS_MB)
+    write_results(
+        args.out,
+        results,
+        method=f"median of {args.repeats} fresh processes; "
+        "perf_counter; peak RSS from getrusage ru_maxrss",
+        limits_s=LIMITS_S,
+        limits_rss_mb=LIMIT_RSS_MB,
+    )
     print("seconds, median of fresh processes (CPU seconds in brackets); load = 1-min average")
-    print(f"{'case':<16}{'import':>13}{'build':>7}{'trace (first)':>16}{'trace (warm)':>15}"
-          f"{'end to end':>13}{'RSS MB':>8}{'limit':>7}{'load':>6}")
+    print(
+        f"{'case':<16}{'import':>13}{'build':>7}{'trace (first)':>16}{'trace (warm)':>15}"
+        f"{'end to end':>13}{'RSS MB':>8}{'limit':>7}{'load':>6}"
+    )
     for case, res in results.items():
         m = res["median"]
-        print(f"{case:<16}{_pair(m, 'import'):>13}{m.get('build_s', 0):>7.2f}"
-              f"{_pair(m, 'trace_first'):>16}{_pair(m, 'trace_warm'):>15}"
-              f"{_pair(m, '', 'wall_s', 'cpu_s'):>13}{m.get('peak_rss_mb', 0):>8.0f}"
-              f"{LIMITS_S[case]:>6.0f}s{m['load_average_1min']:>6.1f}")
+        print(
+            f"{case:<16}{_pair(m, 'import'):>13}{m.get('build_s', 0):>7.2f}"
+            f"{_pair(m, 'trace_first'):>16}{_pair(m, 'trace_warm'):>15}"
+            f"{_pair(m, '', 'wall_s', 'cpu_s'):>13}{m.get('peak_rss_mb', 0):>8.0f}"
+            f"{LIMITS_S[case]:>6.0f}s{m['load_average_1min']:>6.1f}"
+        )
     print(f"wrote {args.out}")
 
 

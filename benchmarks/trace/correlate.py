@@ -50,14 +50,22 @@ SIZES = {  # name: (full batch, quick batch, options)
     # ResNet-50 left in NCHW: what nchw-conv prices (BatchNorm and pooling at their NCHW rates)
     "resnet50-nchw": (64, 16, {}),
 }
-CPU_SIZES = {"resnet50": (2, {"image_size": 64}), "bert-base": (1, {"seq_len": 32, "layers": 2}),
-             "bert-base-manual": (1, {"seq_len": 32, "layers": 2, "attention": "manual"}),
-             "resnet50-nchw": (2, {"image_size": 64})}
+CPU_SIZES = {
+    "resnet50": (2, {"image_size": 64}),
+    "bert-base": (1, {"seq_len": 32, "layers": 2}),
+    "bert-base-manual": (1, {"seq_len": 32, "layers": 2, "attention": "manual"}),
+    "resnet50-nchw": (2, {"image_size": 64}),
+}
 
 
 def build(name: str, batch: int, options: dict, device: str, dtype=torch.bfloat16):
-    model, inputs = create_model(name.removesuffix("-manual").removesuffix("-nchw"), batch=batch,
-                                 dtype=dtype, device=device, **options)
+    model, inputs = create_model(
+        name.removesuffix("-manual").removesuffix("-nchw"),
+        batch=batch,
+        dtype=dtype,
+        device=device,
+        **options,
+    )
     if name.startswith("resnet") and not name.endswith("-nchw"):  # cuDNN's fast path
         model = model.to(memory_format=torch.channels_last)
         inputs = tuple(x.contiguous(memory_format=torch.channels_last) for x in inputs)
@@ -79,25 +87,38 @@ def gemm_flops(trace) -> int:
 
 def check(name, model, inputs, meta_trace, device) -> dict:
     out = train_step(model, inputs)
-    grads_finite = all(torch.isfinite(p.grad).all().item() for p in model.parameters()
-                       if p.grad is not None)
+    grads_finite = all(
+        torch.isfinite(p.grad).all().item() for p in model.parameters() if p.grad is not None
+    )
     assert torch.isfinite(out).all().item() and grads_finite, f"{name}: non-finite step"
     real = gpushape.trace(model, inputs, train=True, device=device)
     real_flops, meta_flops = gemm_flops(real), gemm_flops(meta_trace)
     assert abs(real_flops - meta_flops) <= 0.01 * meta_flops, (name, real_flops, meta_flops)
-    return {"finite": True, "gemm_flops_real_trace": real_flops,
-            "gemm_flops_meta_trace": meta_flops}
+    return {
+        "finite": True,
+        "gemm_flops_real_trace": real_flops,
+        "gemm_flops_meta_trace": meta_flops,
+    }
 
 
 def predict(meta_trace, gpu) -> tuple[dict, dict]:
     report = gpushape.cost(meta_trace, gpu, math="bf16")
-    per_module = {path: {"type": m.module_type, "kernel_time_s": m.total.kernel_time_s,
-                         "roofline_time_s": m.total.roofline_time_s, "flops": m.total.flops,
-                         "min_bytes": m.total.min_bytes}
-                  for path, m in report.by_module().items()}
+    per_module = {
+        path: {
+            "type": m.module_type,
+            "kernel_time_s": m.total.kernel_time_s,
+            "roofline_time_s": m.total.roofline_time_s,
+            "flops": m.total.flops,
+            "min_bytes": m.total.min_bytes,
+        }
+        for path, m in report.by_module().items()
+    }
     totals = report.totals
-    return per_module, {"kernel_time_s": totals.kernel_time_s,
-                        "roofline_time_s": totals.roofline_time_s, "kernels": totals.kernels}
+    return per_module, {
+        "kernel_time_s": totals.kernel_time_s,
+        "roofline_time_s": totals.roofline_time_s,
+        "kernels": totals.kernels,
+    }
 
 
 def measure(model, inputs, steps: int, device: str) -> dict:
@@ -111,30 +132,48 @@ def measure(model, inputs, steps: int, device: str) -> dict:
         if on_gpu:
             torch.cuda.synchronize()
     per_module, unattributed, total = time_per_module(prof.events(), device=on_gpu)
-    timing = time_fn(lambda: train_step(model, inputs), warmup=2, repeats=max(steps, 5),
-                     device=device)
-    return {"per_module_s": {k: v / steps for k, v in per_module.items()},
-            "unattributed_s": unattributed / steps, "total_s": total / steps,
-            "step_median_s": timing.median_s, "step_method": timing.method,
-            "what": "kernel device time" if on_gpu else "CPU self time of aten ops"}
+    timing = time_fn(
+        lambda: train_step(model, inputs), warmup=2, repeats=max(steps, 5), device=device
+    )
+    return {
+        "per_module_s": {k: v / steps for k, v in per_module.items()},
+        "unattributed_s": unattributed / steps,
+        "total_s": total / steps,
+        "step_median_s": timing.median_s,
+        "step_method": timing.method,
+        "what": "kernel device time" if on_gpu else "CPU self time of aten ops",
+    }
 
 
 def compare(predicted: dict, measured: dict) -> dict:
-    rows = [(path, p["type"], p["kernel_time_s"], p["roofline_time_s"],
-             measured["per_module_s"][path])
-            for path, p in predicted.items()
-            if measured["per_module_s"].get(path, 0) > 0 and p["kernel_time_s"] > 0]
+    rows = [
+        (path, p["type"], p["kernel_time_s"], p["roofline_time_s"], measured["per_module_s"][path])
+        for path, p in predicted.items()
+        if measured["per_module_s"].get(path, 0) > 0 and p["kernel_time_s"] > 0
+    ]
     pred_k = [r[2] for r in rows]
     pred_r = [r[3] for r in rows]
     meas = [r[4] for r in rows]
-    return {"modules": len(rows),
-            "spearman_kernel_time": spearman(pred_k, meas),
-            "spearman_roofline_time": spearman(pred_r, meas),
-            "rows": [{"module": r[0], "type": r[1], "predicted_kernel_s": r[2],
-                      "predicted_roofline_s": r[3], "measured_s": r[4]} for r in rows],
-            "modules_predicted_not_measured": sorted(
-                path for path, p in predicted.items() if p["kernel_time_s"] > 0
-                and measured["per_module_s"].get(path, 0) <= 0)}
+    return {
+        "modules": len(rows),
+        "spearman_kernel_time": spearman(pred_k, meas),
+        "spearman_roofline_time": spearman(pred_r, meas),
+        "rows": [
+            {
+                "module": r[0],
+                "type": r[1],
+                "predicted_kernel_s": r[2],
+                "predicted_roofline_s": r[3],
+                "measured_s": r[4],
+            }
+            for r in rows
+        ],
+        "modules_predicted_not_measured": sorted(
+            path
+            for path, p in predicted.items()
+            if p["kernel_time_s"] > 0 and measured["per_module_s"].get(path, 0) <= 0
+        ),
+    }
 
 
 def run_model(name: str, args, gpu) -> dict:
@@ -151,13 +190,19 @@ def run_model(name: str, args, gpu) -> dict:
     measured = measure(model, inputs, args.steps, args.device)
     result = compare(predicted, measured)
     result.update(
-        model=name, batch=batch, options=options, correctness=correctness,
+        model=name,
+        batch=batch,
+        options=options,
+        correctness=correctness,
         predicted_total_kernel_s=predicted_totals["kernel_time_s"],
         predicted_total_roofline_s=predicted_totals["roofline_time_s"],
-        measured_total_s=measured["total_s"], measured_unattributed_s=measured["unattributed_s"],
-        measured_step_median_s=measured["step_median_s"], measured_what=measured["what"],
+        measured_total_s=measured["total_s"],
+        measured_unattributed_s=measured["unattributed_s"],
+        measured_step_median_s=measured["step_median_s"],
+        measured_what=measured["what"],
         ratio_kernel=predicted_totals["kernel_time_s"] / measured["total_s"],
-        ratio_roofline_vs_step=predicted_totals["roofline_time_s"] / measured["step_median_s"])
+        ratio_roofline_vs_step=predicted_totals["roofline_time_s"] / measured["step_median_s"],
+    )
     del model, inputs
     if args.device == "cuda":
         torch.cuda.empty_cache()
@@ -175,15 +220,23 @@ def plot(results: list[dict], path: Path) -> None:
         types = sorted({r["type"] for r in res["rows"]})
         for t in types:
             rows = [r for r in res["rows"] if r["type"] == t]
-            ax.scatter([r["measured_s"] * 1e3 for r in rows],
-                       [r["predicted_kernel_s"] * 1e3 for r in rows], s=12, label=t)
+            ax.scatter(
+                [r["measured_s"] * 1e3 for r in rows],
+                [r["predicted_kernel_s"] * 1e3 for r in rows],
+                s=12,
+                label=t,
+            )
         lo = min(min(r["measured_s"], r["predicted_kernel_s"]) for r in res["rows"]) * 1e3
         hi = max(max(r["measured_s"], r["predicted_kernel_s"]) for r in res["rows"]) * 1e3
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-        ax.set(xscale="log", yscale="log", xlabel=f"measured ms/step ({res['measured_what']})",
-               ylabel="predicted kernel ms/step (roofline)",
-               title=f"{res['model']} b{res['batch']}: Spearman "
-                     f"{res['spearman_kernel_time']:.2f}, pred/meas {res['ratio_kernel']:.2f}")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel=f"measured ms/step ({res['measured_what']})",
+            ylabel="predicted kernel ms/step (roofline)",
+            title=f"{res['model']} b{res['batch']}: Spearman "
+            f"{res['spearman_kernel_time']:.2f}, pred/meas {res['ratio_kernel']:.2f}",
+        )
         ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -195,13 +248,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="smaller batches, 3 steps")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--datasheet", action="store_true",
-                        help="the catalog's datasheet numbers, not the shipped profile")
-    parser.add_argument("--flat-memory", action="store_true",
-                        help="the profile without its eager-kernel efficiencies (every memory "
-                             "family at the copy rate); writes correlate-flat-memory.*")
-    parser.add_argument("--stem", default=None,
-                        help="output files' stem (default: correlate, correlate-flat-memory)")
+    parser.add_argument(
+        "--datasheet",
+        action="store_true",
+        help="the catalog's datasheet numbers, not the shipped profile",
+    )
+    parser.add_argument(
+        "--flat-memory",
+        action="store_true",
+        help="the profile without its eager-kernel efficiencies (every memory "
+        "family at the copy rate); writes correlate-flat-memory.*",
+    )
+    parser.add_argument(
+        "--stem",
+        default=None,
+        help="output files' stem (default: correlate, correlate-flat-memory)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.steps = min(args.steps, 3)
@@ -217,28 +279,39 @@ def main() -> None:
     stem = args.stem or stem
     out_dir = Path(os.environ.get("OUT", "out"))
     results = [run_model(name, args, gpu) for name in args.models.split(",")]
-    write_results(out_dir / f"{stem}.json", results, gpu_spec=gpu.name,
-                  memory_efficiency=dict(gpu.achievable.memory_efficiency),
-                  method="torch.profiler device time per module (forward: module ranges; "
-                         "backward: autograd sequence numbers), mean over steps; step time "
-                         "median of CUDA events")
+    write_results(
+        out_dir / f"{stem}.json",
+        results,
+        gpu_spec=gpu.name,
+        memory_efficiency=dict(gpu.achievable.memory_efficiency),
+        method="torch.profiler device time per module (forward: module ranges; "
+        "backward: autograd sequence numbers), mean over steps; step time "
+        "median of CUDA events",
+    )
     plot(results, out_dir / f"{stem}.png")
-    print(f"{'model':<10}{'modules':>8}{'Spearman':>10}{'(roofline)':>11}{'pred ms':>9}"
-          f"{'meas ms':>9}{'pred/meas':>10}{'step ms':>9}")
+    print(
+        f"{'model':<10}{'modules':>8}{'Spearman':>10}{'(roofline)':>11}{'pred ms':>9}"
+        f"{'meas ms':>9}{'pred/meas':>10}{'step ms':>9}"
+    )
     for r in results:
-        print(f"{r['model']:<10}{r['modules']:>8}{r['spearman_kernel_time']:>10.3f}"
-              f"{r['spearman_roofline_time']:>11.3f}{r['predicted_total_kernel_s'] * 1e3:>9.2f}"
-              f"{r['measured_total_s'] * 1e3:>9.2f}{r['ratio_kernel']:>10.2f}"
-              f"{r['measured_step_median_s'] * 1e3:>9.2f}")
+        print(
+            f"{r['model']:<10}{r['modules']:>8}{r['spearman_kernel_time']:>10.3f}"
+            f"{r['spearman_roofline_time']:>11.3f}{r['predicted_total_kernel_s'] * 1e3:>9.2f}"
+            f"{r['measured_total_s'] * 1e3:>9.2f}{r['ratio_kernel']:>10.2f}"
+            f"{r['measured_step_median_s'] * 1e3:>9.2f}"
+        )
         top = sorted(r["rows"], key=lambda row: row["measured_s"], reverse=True)[:5]
         for row in top:
-            print(f"  {row['module'][:34]:<34} measured {row['measured_s'] * 1e3:7.3f} ms  "
-                  f"predicted {row['predicted_kernel_s'] * 1e3:7.3f} ms")
+            print(
+                f"  {row['module'][:34]:<34} measured {row['measured_s'] * 1e3:7.3f} ms  "
+                f"predicted {row['predicted_kernel_s'] * 1e3:7.3f} ms"
+            )
     ok = all(not math.isnan(r["spearman_kernel_time"]) for r in results)
     print("predicted / measured by module type (sums over a model's modules of that type):")
     for r in results:
-        by_type = ", ".join(f"{t} {p / m:.2f}" for t, (p, m) in sorted(_by_type(r).items())
-                            if m > 0)
+        by_type = ", ".join(
+            f"{t} {p / m:.2f}" for t, (p, m) in sorted(_by_type(r).items()) if m > 0
+        )
         print(f"  {r['model']}: {by_type}")
     print(f"wrote {out_dir / stem}.json and {stem}.png" + ("" if ok else " (NaN rho)"))
 

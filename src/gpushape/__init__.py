@@ -34,8 +34,16 @@ def cost(trace, gpu, *, math=None):
     return _cost(trace, gpu, math=math)
 
 
-def audit(model, example_inputs, gpu="h100", dtype="bf16", train=True, optimizer=None,
-          dataloader=None, **options):
+def audit(
+    model,
+    example_inputs,
+    gpu="h100",
+    dtype="bf16",
+    train=True,
+    optimizer=None,
+    dataloader=None,
+    **options,
+):
     """Audit `model` for `gpu`: `gpushape.auditing.report.Report` (.findings, .layers, .totals,
     .to_json(), .to_markdown(), .to_html(path)). `dtype` is a torch dtype or "bf16"/"fp16"/
     "fp32" (default bf16); see `gpushape.auditing.api.audit` for the rest.
@@ -50,5 +58,13 @@ def audit(model, example_inputs, gpu="h100", dtype="bf16", train=True, optimizer
         if dtype not in names:
             raise GpushapeError(f"unknown dtype {dtype!r}; known: {', '.join(names)}")
         dtype = names[dtype]
-    return _audit(model, example_inputs, gpu, dtype=dtype, train=train, optimizer=optimizer,
-                  dataloader=dataloader, **options)
+    return _audit(
+        model,
+        example_inputs,
+        gpu,
+        dtype=dtype,
+        train=train,
+        optimizer=optimizer,
+        dataloader=dataloader,
+        **options,
+    )

@@ -52,8 +52,10 @@ class Side:
 
     def build(self) -> tuple[torch.nn.Module, Any, dict]:
         kwargs = {"gpu": "h100", **self.kwargs}
-        kwargs = {k: v() if callable(v) and k in ("optimizer", "dataloader") else v
-                  for k, v in kwargs.items()}
+        kwargs = {
+            k: v() if callable(v) and k in ("optimizer", "dataloader") else v
+            for k, v in kwargs.items()
+        }
         return self.model(), self.inputs(), kwargs
 
 
@@ -85,77 +87,121 @@ CASES: dict[str, Case] = {
     "tc-align": Case(
         fires=Side(lambda: build(OneLinear, 4095, 4096), lambda: (meta(8192, 4095),)),
         twin=Side(lambda: build(OneLinear, 4096, 4096), lambda: (meta(8192, 4096),)),
-        module="fc"),
+        module="fc",
+    ),
     "nchw-conv": Case(
         fires=Side(lambda: build(ConvBN), lambda: (meta(32, 64, 56, 56),)),
         twin=Side(lambda: _cl(build(ConvBN)), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
-        module="conv"),
+        module="conv",
+    ),
     # fp32 with PyTorch's default flags (no TF32 for matmuls) against TF32 allowed.
     "fp32-math": Case(
-        fires=Side(lambda: OneLinear(1024, 1024), lambda: (meta(4096, 1024),),
-                   {"dtype": torch.float32, "flags": BackendFlags(matmul_tf32=False)}),
-        twin=Side(lambda: OneLinear(1024, 1024), lambda: (meta(4096, 1024),),
-                  {"dtype": torch.float32, "flags": BackendFlags(matmul_tf32=True)}),
-        module="fc"),
+        fires=Side(
+            lambda: OneLinear(1024, 1024),
+            lambda: (meta(4096, 1024),),
+            {"dtype": torch.float32, "flags": BackendFlags(matmul_tf32=False)},
+        ),
+        twin=Side(
+            lambda: OneLinear(1024, 1024),
+            lambda: (meta(4096, 1024),),
+            {"dtype": torch.float32, "flags": BackendFlags(matmul_tf32=True)},
+        ),
+        module="fc",
+    ),
     "unfused-norm-act": Case(
         fires=Side(lambda: build(NormThen, act_after_norm=True), lambda: (meta(8, 512, 1024),)),
         twin=Side(lambda: build(NormThen, act_after_norm=False), lambda: (meta(8, 512, 1024),)),
-        module="norm"),
+        module="norm",
+    ),
     "bn-no-running-stats": Case(
-        fires=Side(lambda: _cl(build(ConvBN, running_stats=False)),
-                   lambda: (meta(32, 64, 56, 56, channels_last=True),)),
+        fires=Side(
+            lambda: _cl(build(ConvBN, running_stats=False)),
+            lambda: (meta(32, 64, 56, 56, channels_last=True),),
+        ),
         twin=Side(lambda: _cl(build(ConvBN)), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
-        module="bn"),
+        module="bn",
+    ),
     "conv-bias-before-bn": Case(
-        fires=Side(lambda: _cl(build(ConvBN, bias=True)),
-                   lambda: (meta(32, 64, 56, 56, channels_last=True),)),
+        fires=Side(
+            lambda: _cl(build(ConvBN, bias=True)),
+            lambda: (meta(32, 64, 56, 56, channels_last=True),),
+        ),
         twin=Side(lambda: _cl(build(ConvBN)), lambda: (meta(32, 64, 56, 56, channels_last=True),)),
-        module="conv"),
+        module="conv",
+    ),
     "separate-qkv": Case(
         fires=Side(lambda: build(Attention, fused_qkv=False), lambda: (meta(*TOKENS),)),
         twin=Side(lambda: build(Attention), lambda: (meta(*TOKENS),)),
-        module=""),
+        module="",
+    ),
     "manual-attention": Case(
         fires=Side(lambda: build(Attention, manual=True), lambda: (meta(*TOKENS),)),
         twin=Side(lambda: build(Attention), lambda: (meta(*TOKENS),)),
-        module=""),
+        module="",
+    ),
     # With a mask SDPA needs the memory-efficient kernel: head size a multiple of 8 (bf16).
     "attention-head-dim": Case(
         fires=Side(lambda: build(Attention, head_dim=36, mask=True), lambda: (meta(*TOKENS),)),
         twin=Side(lambda: build(Attention, head_dim=32, mask=True), lambda: (meta(*TOKENS),)),
-        module=""),
+        module="",
+    ),
     "unfused-softmax-dropout": Case(
         fires=Side(lambda: SoftmaxThen(0.1), lambda: (scores(),)),
         twin=Side(lambda: SoftmaxThen(0.0), lambda: (scores(),)),
-        module=""),
+        module="",
+    ),
     "launch-bound": Case(
         fires=Side(lambda: build(ManyTiny), lambda: (meta(16, 64),)),
         twin=Side(lambda: build(OneLinear, 8192, 8192), lambda: (meta(8192, 8192),)),
-        module=""),
+        module="",
+    ),
     # 1216 x 1728 x 504: no tile or split-K of the library fills the 132 SMs of an H100
     # (best: 65 %); 8192 x 1024 x 512 fills them.
     "wave-quantization": Case(
-        fires=Side(lambda: build(OneLinear, 504, 1728), lambda: (meta(1216, 504),),
-                   {"train": False}),
-        twin=Side(lambda: build(OneLinear, 512, 1024), lambda: (meta(8192, 512),),
-                  {"train": False}),
-        module="fc"),
+        fires=Side(
+            lambda: build(OneLinear, 504, 1728), lambda: (meta(1216, 504),), {"train": False}
+        ),
+        twin=Side(
+            lambda: build(OneLinear, 512, 1024), lambda: (meta(8192, 512),), {"train": False}
+        ),
+        module="fc",
+    ),
     # 16 blocks of 4096 wide at 256k tokens keep ~100 GB for backward: more than an H100 has.
     "checkpoint-candidate": Case(
         fires=Side(lambda: build(MLPStack), lambda: (meta(262144, 4096),)),
         twin=Side(lambda: build(MLPStack), lambda: (meta(1024, 4096),)),
-        module="blocks.*", saving="memory"),
+        module="blocks.*",
+        saving="memory",
+    ),
     "optimizer-not-fused": Case(
-        fires=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
-                   {"optimizer": lambda: _adamw(foreach=False)}),
-        twin=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
-                  {"optimizer": lambda: _adamw(fused=True)}),
-        module=""),
+        fires=Side(
+            lambda: build(OneLinear, 256, 256),
+            lambda: (meta(64, 256),),
+            {"optimizer": lambda: _adamw(foreach=False)},
+        ),
+        twin=Side(
+            lambda: build(OneLinear, 256, 256),
+            lambda: (meta(64, 256),),
+            {"optimizer": lambda: _adamw(fused=True)},
+        ),
+        module="",
+    ),
     "dataloader": Case(
-        fires=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
-                   {"dataloader": lambda: _loader(num_workers=0)}),
-        twin=Side(lambda: build(OneLinear, 256, 256), lambda: (meta(64, 256),),
-                  {"dataloader": lambda: _loader(num_workers=2, pin_memory=True,
-                                                 persistent_workers=True)}),
-        module="", saving="none"),
+        fires=Side(
+            lambda: build(OneLinear, 256, 256),
+            lambda: (meta(64, 256),),
+            {"dataloader": lambda: _loader(num_workers=0)},
+        ),
+        twin=Side(
+            lambda: build(OneLinear, 256, 256),
+            lambda: (meta(64, 256),),
+            {
+                "dataloader": lambda: _loader(
+                    num_workers=2, pin_memory=True, persistent_workers=True
+                )
+            },
+        ),
+        module="",
+        saving="none",
+    ),
 }

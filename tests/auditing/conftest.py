@@ -8,14 +8,23 @@ from pathlib import Path
 
 import pytest
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--window-size=1280,2000")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,2000",
+)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "chromium: needs headless Chromium (installed when "
-                                       "missing, with apt-get)")
+    config.addinivalue_line(
+        "markers", "chromium: needs headless Chromium (installed when missing, with apt-get)"
+    )
 
 
 def _install() -> str | None:
@@ -52,8 +61,13 @@ def chromium_screenshot(chromium, tmp_path):
     def screenshot(page: Path) -> Path:
         png = tmp_path / "screenshot.png"
         profile = tmp_path / "chromium-profile"
-        cmd = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-               f"--screenshot={png}", Path(page).resolve().as_uri()]
+        cmd = [
+            chromium,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            f"--screenshot={png}",
+            Path(page).resolve().as_uri(),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert png.exists(), f"chromium wrote no screenshot: {done.stderr[-500:]}"
         return png

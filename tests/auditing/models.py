@@ -34,8 +34,15 @@ class GoodBlock(nn.Module):
 
 
 class GoodTransformer(nn.Module):
-    def __init__(self, vocab: int = 8192, width: int = 768, heads: int = 12, mlp: int = 3072,
-                 layers: int = 4, seq: int = 1024) -> None:
+    def __init__(
+        self,
+        vocab: int = 8192,
+        width: int = 768,
+        heads: int = 12,
+        mlp: int = 3072,
+        layers: int = 4,
+        seq: int = 1024,
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, width)
         self.pos = nn.Embedding(seq, width)
@@ -63,8 +70,9 @@ class OneLinear(nn.Module):
 class ConvBN(nn.Module):
     """conv -> BatchNorm -> ReLU, the ResNet unit."""
 
-    def __init__(self, cin: int = 64, cout: int = 64, *, bias: bool = False,
-                 running_stats: bool = True) -> None:
+    def __init__(
+        self, cin: int = 64, cout: int = 64, *, bias: bool = False, running_stats: bool = True
+    ) -> None:
         super().__init__()
         self.conv = nn.Conv2d(cin, cout, 3, padding=1, bias=bias)
         self.bn = nn.BatchNorm2d(cout, track_running_stats=running_stats)
@@ -94,9 +102,17 @@ class NormThen(nn.Module):
 class Attention(nn.Module):
     """Self-attention with separate or fused projections, SDPA or hand-written."""
 
-    def __init__(self, width: int = 768, heads: int = 12, *, fused_qkv: bool = True,
-                 manual: bool = False, head_dim: int | None = None, dropout: float = 0.0,
-                 mask: bool = False) -> None:
+    def __init__(
+        self,
+        width: int = 768,
+        heads: int = 12,
+        *,
+        fused_qkv: bool = True,
+        manual: bool = False,
+        head_dim: int | None = None,
+        dropout: float = 0.0,
+        mask: bool = False,
+    ) -> None:
         super().__init__()
         self.heads, self.manual, self.mask = heads, manual, mask
         self.head_dim = head_dim or width // heads
@@ -157,9 +173,12 @@ class MLPStack(nn.Module):
 
     def __init__(self, width: int = 4096, depth: int = 16) -> None:
         super().__init__()
-        self.blocks = nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.GELU(),
-                                                    nn.LayerNorm(width))
-                                      for _ in range(depth)))
+        self.blocks = nn.Sequential(
+            *(
+                nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.LayerNorm(width))
+                for _ in range(depth)
+            )
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(x)

@@ -16,8 +16,9 @@ def test_top_level_audit_returns_a_report(tmp_path):
     model = ConvBN(cin=63, bias=True)  # fp32 on the CPU: audited as a bf16 meta copy
     x = torch.randn(4, 63, 32, 32)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=2)
-    report = gpushape.audit(model, (x,), gpu="h100", dtype=torch.bfloat16, train=True,
-                            dataloader=loader)
+    report = gpushape.audit(
+        model, (x,), gpu="h100", dtype=torch.bfloat16, train=True, dataloader=loader
+    )
     assert report.dtype == "bf16" and report.train and report.layers
     assert report.totals.flops > 0
     rules = {f.rule for f in report.findings}

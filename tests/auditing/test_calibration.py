@@ -14,11 +14,19 @@ from gpushape.cli.main import main
 from .cases import build, meta
 from .models import ManyTiny
 
-MEASURED = {"format": "gpushape-profile", "version": 1, "gpu": "h200-sxm",
-            "device_name": "NVIDIA H200", "measured_at": "2026-11-30T07:00:00Z",
-            "ceilings": {"copy_bytes_per_s": 4.0e12, "launch_overhead_s": 9.0e-6,
-                         "graph_launch_overhead_s": 1.0e-6},
-            "tc_align_elems": {"bf16": 8}}
+MEASURED = {
+    "format": "gpushape-profile",
+    "version": 1,
+    "gpu": "h200-sxm",
+    "device_name": "NVIDIA H200",
+    "measured_at": "2026-11-30T07:00:00Z",
+    "ceilings": {
+        "copy_bytes_per_s": 4.0e12,
+        "launch_overhead_s": 9.0e-6,
+        "graph_launch_overhead_s": 1.0e-6,
+    },
+    "tc_align_elems": {"bf16": 8},
+}
 
 
 @pytest.fixture
@@ -59,8 +67,9 @@ def test_cli_profile_flags(shipped, tmp_path, capsys):
     assert "datasheet numbers" in capsys.readouterr().out
     own = tmp_path / "mine.json"
     own.write_text(json.dumps({**MEASURED, "ceilings": {"launch_overhead_s": 2e-5}}))
-    assert main(["audit", "resnet50", "--batch", "2", "--profile", str(own), "--format",
-                 "json"]) == 0  # --gpu defaults to the profile's chip
+    assert (
+        main(["audit", "resnet50", "--batch", "2", "--profile", str(own), "--format", "json"]) == 0
+    )  # --gpu defaults to the profile's chip
     doc = json.loads(capsys.readouterr().out)
     assert doc["gpu"] == "h200-sxm"
     assert all("mine.json" in f["evidence"]["numbers"] for f in doc["findings"])
@@ -84,8 +93,17 @@ def test_a_probe_that_found_no_wave_quantization_keeps_the_rule_at_info(tmp_path
     found = tmp_path / "found.json"
     found.write_text(json.dumps({**h100, "wave_quantization": {"found": True}}))
     absent = tmp_path / "absent.json"
-    absent.write_text(json.dumps({**h100, "wave_quantization": {
-        "found": False, "evidence": "no clear wave-quantization pattern"}}))
+    absent.write_text(
+        json.dumps(
+            {
+                **h100,
+                "wave_quantization": {
+                    "found": False,
+                    "evidence": "no clear wave-quantization pattern",
+                },
+            }
+        )
+    )
     kwargs = {"gpu": "h100", "train": False, "rules": ["wave-quantization"]}
     (loud,) = audit(model, inputs, profile=found, **kwargs).findings
     (quiet,) = audit(model, inputs, profile=absent, **kwargs).findings

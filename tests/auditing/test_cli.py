@@ -42,7 +42,8 @@ def test_fail_on_passes_when_nothing_reaches_it(capsys, tmp_path):
     clean.write_text(
         "import torch\nfrom torch import nn\n\n"
         "def make(batch=8):\n"
-        "    return nn.Linear(4096, 4096), (torch.randn(8192, 4096),)\n")
+        "    return nn.Linear(4096, 4096), (torch.randn(8192, 4096),)\n"
+    )
     assert main(["audit", f"{clean}:make", "--fail-on", "medium"]) == 0
     capsys.readouterr()
 
@@ -67,17 +68,21 @@ def test_info_is_not_a_gate(capsys):
 
 
 def test_unreadable_profile(capsys, tmp_path):
-    assert "cannot read profile" in _fails(capsys, [*RESNET, "--profile",
-                                                    str(tmp_path / "none.json")])
+    assert "cannot read profile" in _fails(
+        capsys, [*RESNET, "--profile", str(tmp_path / "none.json")]
+    )
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert "not valid JSON" in _fails(capsys, [*RESNET, "--profile", str(bad)])
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["audit", "resnet51"], "unknown model"),
-    ([*RESNET, "--input", "8xZx224"], "bad --input"),
-    ([*RESNET, "--gpu", "h300"], "unknown GPU"),
-])
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["audit", "resnet51"], "unknown model"),
+        ([*RESNET, "--input", "8xZx224"], "bad --input"),
+        ([*RESNET, "--gpu", "h300"], "unknown GPU"),
+    ],
+)
 def test_bad_input_is_one_line(capsys, argv, says):
     assert says in _fails(capsys, argv)

@@ -33,8 +33,7 @@ def good_transformer():
 @pytest.mark.parametrize("gpu", ["h100", "h200"])
 def test_well_designed_transformer_has_nothing_above_low(good_transformer, gpu):
     model, inputs, optimizer = good_transformer
-    report = audit(model, inputs, gpu=gpu, dtype=torch.bfloat16, train=True,
-                   optimizer=optimizer)
+    report = audit(model, inputs, gpu=gpu, dtype=torch.bfloat16, train=True, optimizer=optimizer)
     assert report.totals.roofline_time_s > 0 and report.layers
     assert _above_low(report) == []
 
@@ -51,8 +50,9 @@ def resnet_channels_last():
 def test_resnet50_bf16_channels_last(resnet_channels_last, gpu):
     report = resnet_channels_last[gpu]
     quiet = {"tc-align", "nchw-conv", "fp32-math", "conv-bias-before-bn"}
-    assert [f.to_dict() for f in report.findings
-            if f.rule in quiet and f.severity > Severity.LOW] == []
+    assert [
+        f.to_dict() for f in report.findings if f.rule in quiet and f.severity > Severity.LOW
+    ] == []
 
 
 def test_resnet50_stem_is_not_worth_padding_and_the_audit_says_why(resnet_channels_last):
@@ -60,8 +60,11 @@ def test_resnet50_stem_is_not_worth_padding_and_the_audit_says_why(resnet_channe
     (anchors/h200-2026-11-30.json): the audit explains instead of advising. The shipped
     profile's measured stem rate (`conv_small_cin`, ~7 % of the GEMM model's) makes it a
     compute-bound conv far below the GEMM rate, which is what the message says."""
-    stem = [f for f in resnet_channels_last["h200"].findings
-            if f.rule == "tc-align" and f.module == "conv1"]
+    stem = [
+        f
+        for f in resnet_channels_last["h200"].findings
+        if f.rule == "tc-align" and f.module == "conv1"
+    ]
     assert len(stem) == 1
     f = stem[0]
     assert f.severity == Severity.INFO and f.est_saving_s == 0.0 and f.fix is None
@@ -91,6 +94,9 @@ def test_textbook_bert_draws_its_findings():
     assert by_rule["manual-attention"].est_saving_s > by_rule["separate-qkv"].est_saving_s
     decoder = by_rule["tc-align"]  # vocabulary 30522 = 2 mod 8
     assert (decoder.module, decoder.evidence["value"], decoder.evidence["padded_to"]) == (
-        "cls.predictions.decoder", 30522, 30528)
+        "cls.predictions.decoder",
+        30522,
+        30528,
+    )
     savings = [f.est_saving_s for f in report.findings if f.est_saving_s is not None]
     assert savings == sorted(savings, reverse=True)

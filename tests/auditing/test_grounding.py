@@ -21,9 +21,14 @@ def test_launch_bound_saving_is_launches_times_eager_minus_graph_overhead():
     (f,) = audit(model, inputs, gpu=h200, profile=None, rules=["launch-bound"]).findings
     a = h200.achievable
     assert f.est_saving_s == pytest.approx(
-        f.evidence["kernels"] * (a.launch_overhead_s - a.graph_launch_overhead_s))
-    slower = h200.replace(achievable=type(a)(launch_overhead_s=2 * a.launch_overhead_s,
-                                             graph_launch_overhead_s=a.graph_launch_overhead_s))
+        f.evidence["kernels"] * (a.launch_overhead_s - a.graph_launch_overhead_s)
+    )
+    slower = h200.replace(
+        achievable=type(a)(
+            launch_overhead_s=2 * a.launch_overhead_s,
+            graph_launch_overhead_s=a.graph_launch_overhead_s,
+        )
+    )
     (g,) = audit(model, inputs, gpu=slower, profile=None, rules=["launch-bound"]).findings
     assert g.est_saving_s > f.est_saving_s
     assert g.evidence["launch_overhead_s"] == 2 * a.launch_overhead_s
@@ -79,8 +84,9 @@ def test_nchw_conv_divides_the_conversions_by_their_measured_efficiency():
     h200 = get_gpu("h200")
     model, inputs = build(ConvBN), (meta(32, 64, 56, 56),)
     (f,) = audit(model, inputs, gpu=h200, profile=None, rules=["nchw-conv"]).findings
-    measured = h200.replace(achievable=dataclasses.replace(
-        h200.achievable, memory_efficiency={"nchw_conversion": 0.4}))
+    measured = h200.replace(
+        achievable=dataclasses.replace(h200.achievable, memory_efficiency={"nchw_conversion": 0.4})
+    )
     (g,) = audit(model, inputs, gpu=measured, profile=None, rules=["nchw-conv"]).findings
     assert f.evidence["conversion_efficiency"] == 1.0
     assert g.evidence["conversion_efficiency"] == 0.4
@@ -102,8 +108,11 @@ def test_nchw_conv_adds_what_nchw_batch_norm_loses_to_channels_last():
     h200 = get_gpu("h200")
     model, inputs = build(ConvBN), (meta(32, 64, 56, 56),)
     (plain,) = audit(model, inputs, gpu=h200, profile=None, rules=["nchw-conv"]).findings
-    spec = h200.replace(achievable=dataclasses.replace(
-        h200.achievable, memory_efficiency={"batch_norm": 0.6, "batch_norm_nchw": 0.2}))
+    spec = h200.replace(
+        achievable=dataclasses.replace(
+            h200.achievable, memory_efficiency={"batch_norm": 0.6, "batch_norm_nchw": 0.2}
+        )
+    )
     report = audit(model, inputs, gpu=spec, profile=None, rules=["nchw-conv"])
     (f,) = report.findings
     traced = gpushape.trace(model, inputs, train=True)
@@ -135,10 +144,20 @@ def test_fp32_math_quiet_when_the_chip_runs_tf32_convolutions_by_default():
     from .models import ConvBN
 
     model, inputs = ConvBN(), (meta(8, 64, 56, 56, dtype=torch.float32),)
-    quiet = audit(model, inputs, dtype=torch.float32, rules=["fp32-math"],
-                  flags=BackendFlags(matmul_tf32=False, cudnn_tf32=True)).findings
-    loud = audit(model, inputs, dtype=torch.float32, rules=["fp32-math"],
-                 flags=BackendFlags(matmul_tf32=False, cudnn_tf32=False)).findings
+    quiet = audit(
+        model,
+        inputs,
+        dtype=torch.float32,
+        rules=["fp32-math"],
+        flags=BackendFlags(matmul_tf32=False, cudnn_tf32=True),
+    ).findings
+    loud = audit(
+        model,
+        inputs,
+        dtype=torch.float32,
+        rules=["fp32-math"],
+        flags=BackendFlags(matmul_tf32=False, cudnn_tf32=False),
+    ).findings
     assert quiet == [] and loud and loud[0].module == "conv"
 
 
@@ -154,12 +173,15 @@ def test_launch_savings_count_only_when_the_step_is_launch_bound():
     fewer = tiny.evidence["time_separate_s"] - tiny.evidence["time_fused_s"]
     assert fewer >= 8 * launch  # 3 x 4 kernels + 2 gradient sums against 4 kernels
     a = h100.achievable
-    slower = h100.replace(achievable=type(a)(launch_overhead_s=2 * a.launch_overhead_s,
-                                             graph_launch_overhead_s=a.graph_launch_overhead_s))
+    slower = h100.replace(
+        achievable=type(a)(
+            launch_overhead_s=2 * a.launch_overhead_s,
+            graph_launch_overhead_s=a.graph_launch_overhead_s,
+        )
+    )
     savings = []
     for spec in (h100, slower):
-        big = audit(model, (meta(32, 512, 768),), gpu=spec, profile=None,
-                    rules=["separate-qkv"])
+        big = audit(model, (meta(32, 512, 768),), gpu=spec, profile=None, rules=["separate-qkv"])
         assert big.totals.launch_s < big.totals.kernel_time_s  # the GPU sets the pace
         savings.append(big.findings[0].est_saving_s)
     assert savings[0] == pytest.approx(savings[1]) and savings[0] > 0
@@ -176,8 +198,7 @@ def test_fusion_savings_follow_the_measured_kernel_efficiencies():
     h200 = get_gpu("h200")
 
     def saving(**eff):
-        spec = h200.replace(achievable=dataclasses.replace(h200.achievable,
-                                                           memory_efficiency=eff))
+        spec = h200.replace(achievable=dataclasses.replace(h200.achievable, memory_efficiency=eff))
         (f,) = audit(model, inputs, gpu=spec, profile=None, rules=["unfused-norm-act"]).findings
         return f.est_saving_s, f.evidence["bytes_saved"]
 
@@ -202,8 +223,11 @@ def test_a_fused_batch_norm_keeps_the_statistics_pass_in_its_bytes():
     h200 = get_gpu("h200")
 
     def finding(fused: float):
-        spec = h200.replace(achievable=dataclasses.replace(
-            h200.achievable, memory_efficiency={"batch_norm": 0.4, "fused_norm_act": fused}))
+        spec = h200.replace(
+            achievable=dataclasses.replace(
+                h200.achievable, memory_efficiency={"batch_norm": 0.4, "fused_norm_act": fused}
+            )
+        )
         (f,) = audit(model, inputs, gpu=spec, profile=None, rules=["unfused-norm-act"]).findings
         return f
 
@@ -212,8 +236,12 @@ def test_a_fused_batch_norm_keeps_the_statistics_pass_in_its_bytes():
     ops = _traced_ops(model, inputs)
     assert sum(op_work(r).reread_bytes for r in ops if r.name == "native_batch_norm") > 0
     bw = h200.attainable_bandwidth_bytes_per_s()
-    chain = [r for r in ops if r.name in ("native_batch_norm", "native_batch_norm_backward",
-                                          "relu_", "threshold_backward")]
+    chain = [
+        r
+        for r in ops
+        if r.name
+        in ("native_batch_norm", "native_batch_norm_backward", "relu_", "threshold_backward")
+    ]
     moved = sum(op_work(r).min_bytes + op_work(r).reread_bytes for r in chain)
     assert kept_s * bw == pytest.approx(moved - full.evidence["bytes_saved"], rel=1e-6)
 
@@ -228,19 +256,20 @@ def test_a_batch_norm_chain_is_priced_at_the_fused_batch_norm_rate_once_measured
     h200 = get_gpu("h200")
 
     def saving(model, inputs, **eff):
-        spec = h200.replace(achievable=dataclasses.replace(h200.achievable,
-                                                           memory_efficiency=eff))
+        spec = h200.replace(achievable=dataclasses.replace(h200.achievable, memory_efficiency=eff))
         (f,) = audit(model, inputs, gpu=spec, profile=None, rules=["unfused-norm-act"]).findings
         return f.est_saving_s
 
     bn = build(ConvBN), (meta(8, 64, 32, 32, channels_last=True),)
     stand_in = saving(*bn, batch_norm=0.4, fused_norm_act=0.6)
     assert saving(*bn, batch_norm=0.4, fused_norm_act=0.6, fused_batch_norm_act=0.3) < stand_in
-    assert saving(*bn, batch_norm=0.4, fused_norm_act=0.3,
-                  fused_batch_norm_act=0.6) == pytest.approx(stand_in)
+    assert saving(
+        *bn, batch_norm=0.4, fused_norm_act=0.3, fused_batch_norm_act=0.6
+    ) == pytest.approx(stand_in)
     ln = build(NormThen), (meta(8, 512, 1024),)
     assert saving(*ln, norm=0.4, fused_norm_act=0.6) == pytest.approx(
-        saving(*ln, norm=0.4, fused_norm_act=0.6, fused_batch_norm_act=0.1))
+        saving(*ln, norm=0.4, fused_norm_act=0.6, fused_batch_norm_act=0.1)
+    )
 
 
 def _traced_ops(model, inputs):
@@ -263,8 +292,9 @@ def test_masked_manual_attention_is_priced_as_the_memory_efficient_kernel():
 
     def finding(**rates):
         spec = h200.replace(achievable=dataclasses.replace(h200.achievable, attention=rates))
-        (f,) = audit(model, inputs, gpu=spec, profile=None, train=True,
-                     rules=["manual-attention"]).findings
+        (f,) = audit(
+            model, inputs, gpu=spec, profile=None, train=True, rules=["manual-attention"]
+        ).findings
         return f
 
     fast = finding()
@@ -282,12 +312,16 @@ def test_masked_manual_attention_is_priced_as_the_memory_efficient_kernel():
 
 def test_a_key_padding_mask_gets_no_causal_hint():
     """BERT's (B, 1, 1, T) padding mask does not vary over queries: it cannot be the causal one."""
-    model, (ids,) = create_model("bert-base", batch=2, seq_len=64, layers=1, attention="manual",
-                                 dtype=torch.bfloat16)
-    inputs = {"input_ids": ids, "attention_mask": torch.ones(ids.shape, dtype=torch.long,
-                                                             device="meta")}
-    (f,) = audit(model, inputs, gpu=get_gpu("h200"), train=True,
-                 rules=["manual-attention"]).findings
+    model, (ids,) = create_model(
+        "bert-base", batch=2, seq_len=64, layers=1, attention="manual", dtype=torch.bfloat16
+    )
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": torch.ones(ids.shape, dtype=torch.long, device="meta"),
+    }
+    (f,) = audit(
+        model, inputs, gpu=get_gpu("h200"), train=True, rules=["manual-attention"]
+    ).findings
     assert f.evidence["mask"] and f.evidence["fused_kernel"] == "efficient"
     assert "time_fused_if_causal_s" not in f.evidence and "is_causal" not in f.message
 
@@ -302,14 +336,21 @@ def test_separate_qkv_against_fused_qkv_measured_at_llama_7b():
     class Projections(nn.Module):
         def __init__(self):
             super().__init__()
-            self.q_proj, self.k_proj, self.v_proj = (nn.Linear(4096, 4096, bias=False)
-                                                     for _ in range(3))
+            self.q_proj, self.k_proj, self.v_proj = (
+                nn.Linear(4096, 4096, bias=False) for _ in range(3)
+            )
 
         def forward(self, x):
             return self.q_proj(x) + self.k_proj(x) * self.v_proj(x)
 
     x = meta(1, 2048, 4096).requires_grad_()
-    report = audit(Projections().to(torch.bfloat16), (x,), gpu=get_gpu("h200"),
-                   dtype=torch.bfloat16, train=True, rules=["separate-qkv"])
+    report = audit(
+        Projections().to(torch.bfloat16),
+        (x,),
+        gpu=get_gpu("h200"),
+        dtype=torch.bfloat16,
+        train=True,
+        rules=["separate-qkv"],
+    )
     (f,) = report.findings
     assert 31e-6 / 1.5 <= f.est_saving_s <= 31e-6 * 1.5

@@ -48,8 +48,9 @@ def test_markdown_lists_findings_and_layers(bert_report):
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     finding_rows = [row for row in rows if row.split("|")[2].strip() in RULES]
     expected = [(f.severity.label, f.rule) for f in ordered(bert_report.findings)]
-    assert [(row.split("|")[1].strip(), row.split("|")[2].strip())
-            for row in finding_rows] == expected
+    assert [
+        (row.split("|")[1].strip(), row.split("|")[2].strip()) for row in finding_rows
+    ] == expected
     assert "`sdpa`" in text  # the fixes are described
 
 
@@ -86,6 +87,6 @@ def test_html_renders_in_headless_chromium(bert_report, tmp_path, chromium_scree
     bert_report.to_html(path)
     pixels = imread(chromium_screenshot(path))[..., :3]  # (H, W, 3) floats in [0, 1]
     assert pixels.std() > 0.05, "the screenshot is blank"
-    roof = np.array([int(ROOF_COLOR[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    roof = np.array([int(ROOF_COLOR[i : i + 2], 16) / 255 for i in (1, 3, 5)])
     near_roof = np.abs(pixels - roof).max(axis=-1) < 0.05
     assert near_roof.sum() > 500, "the roofline plot's roofs are not on the page"

@@ -21,10 +21,23 @@ def _findings(side, rule: str):
 
 
 def test_rule_ids_are_designs_table():
-    design = {"tc-align", "nchw-conv", "fp32-math", "unfused-norm-act", "bn-no-running-stats",
-              "conv-bias-before-bn", "separate-qkv", "manual-attention", "attention-head-dim",
-              "unfused-softmax-dropout", "launch-bound", "wave-quantization",
-              "checkpoint-candidate", "optimizer-not-fused", "dataloader"}
+    design = {
+        "tc-align",
+        "nchw-conv",
+        "fp32-math",
+        "unfused-norm-act",
+        "bn-no-running-stats",
+        "conv-bias-before-bn",
+        "separate-qkv",
+        "manual-attention",
+        "attention-head-dim",
+        "unfused-softmax-dropout",
+        "launch-bound",
+        "wave-quantization",
+        "checkpoint-candidate",
+        "optimizer-not-fused",
+        "dataloader",
+    }
     assert set(RULES) == design
 
 

@@ -19,8 +19,7 @@ def _tc_align(model, inputs, gpu="h200", train=True):
     return audit(model, inputs, gpu=gpu, train=train, rules=["tc-align"]).findings
 
 
-@pytest.mark.parametrize(("k", "fires"), [(4095, True), (4096, False), (4100, True),
-                                          (4104, False)])
+@pytest.mark.parametrize(("k", "fires"), [(4095, True), (4096, False), (4100, True), (4104, False)])
 def test_the_cliff_is_at_8_elements_in_bf16(k, fires):
     """H200, bf16 GEMM: 4095 -> 148, 4096 -> 737, 4100 -> 211, 4104 -> 681 TFLOP/s."""
     findings = _tc_align(build(OneLinear, k, 4096), (meta(4096, k),))
@@ -42,15 +41,25 @@ def test_rows_do_not_count():
 def test_conv_channels_63_against_64():
     """3x3 conv, 63 input channels: 169 against 242 TFLOP/s with 64 on the H200."""
     conv63 = build(nn.Sequential, nn.Conv2d(63, 64, 3, padding=1))
-    findings = _tc_align(conv63.to(memory_format=torch.channels_last),
-                         (meta(64, 63, 56, 56, channels_last=True),))
+    findings = _tc_align(
+        conv63.to(memory_format=torch.channels_last), (meta(64, 63, 56, 56, channels_last=True),)
+    )
     (f,) = findings
     assert (f.module, f.evidence["dim"], f.evidence["value"], f.evidence["padded_to"]) == (
-        "0", "Cin/groups", 63, 64)
+        "0",
+        "Cin/groups",
+        63,
+        64,
+    )
     assert f.est_saving_s > 0
     conv64 = build(nn.Sequential, nn.Conv2d(64, 64, 3, padding=1))
-    assert _tc_align(conv64.to(memory_format=torch.channels_last),
-                     (meta(64, 64, 56, 56, channels_last=True),)) == []
+    assert (
+        _tc_align(
+            conv64.to(memory_format=torch.channels_last),
+            (meta(64, 64, 56, 56, channels_last=True),),
+        )
+        == []
+    )
 
 
 def test_granularity_comes_from_the_spec():

@@ -58,8 +58,13 @@ def test_bad_repeats():
 
 def test_compare_alternates_variants():
     order = []
-    result = compare({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
-                     rounds=3, repeats_per_round=2, warmup=0, device="cpu")
+    result = compare(
+        {"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+        rounds=3,
+        repeats_per_round=2,
+        warmup=0,
+        device="cpu",
+    )
     assert order == (["a"] * 2 + ["b"] * 2) * 3
     assert result["a"].repeats == 6 and result["b"].repeats == 6
 

@@ -61,11 +61,27 @@ def factories(tmp_path):
 
 
 # The keys and types of DESIGN.md's audit JSON, schema 1.
-TOP = {"schema": int, "model": str, "gpu": str, "dtype": str, "train": bool, "totals": dict,
-       "layers": list, "findings": list}
+TOP = {
+    "schema": int,
+    "model": str,
+    "gpu": str,
+    "dtype": str,
+    "train": bool,
+    "totals": dict,
+    "layers": list,
+    "findings": list,
+}
 TOTALS = {"flops": int, "min_bytes": int, "roofline_time_s": float, "ops": int}
-LAYER = {"module": str, "op": str, "flops": int, "min_bytes": int, "intensity": float,
-         "bound": str, "roofline_time_s": float, "tensor_cores": bool}
+LAYER = {
+    "module": str,
+    "op": str,
+    "flops": int,
+    "min_bytes": int,
+    "intensity": float,
+    "bound": str,
+    "roofline_time_s": float,
+    "tensor_cores": bool,
+}
 
 
 def _check_schema(doc: dict) -> None:
@@ -84,7 +100,11 @@ def test_json_follows_schema_1(capsys):
     doc = json.loads(capsys.readouterr().out)
     _check_schema(doc)
     assert (doc["model"], doc["gpu"], doc["dtype"], doc["train"]) == (
-        "resnet50", "h100-sxm", "bf16", True)
+        "resnet50",
+        "h100-sxm",
+        "bf16",
+        True,
+    )
     times = [layer["roofline_time_s"] for layer in doc["layers"]]
     assert times == sorted(times, reverse=True)
     assert sum(layer["flops"] for layer in doc["layers"]) == doc["totals"]["flops"]
@@ -112,8 +132,7 @@ def test_output_files(tmp_path, factories, capsys):
 
 
 def test_input_replaces_the_example_inputs(capsys, factories):
-    assert main(["audit", f"{factories}:tiny", "--input", "4x3x16x16", "--format",
-                 "json"]) == 0
+    assert main(["audit", f"{factories}:tiny", "--input", "4x3x16x16", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     conv = next(layer for layer in doc["layers"] if layer["op"] == "aten.convolution.default")
     assert conv["flops"] == 2 * 4 * 8 * 16 * 16 * 3 * 9 + 4 * 8 * 16 * 16  # MACs x 2 + bias

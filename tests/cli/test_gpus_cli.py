@@ -21,9 +21,18 @@ def test_catalog_json(capsys):
     h200 = next(c for c in chips if c["name"] == "h200-sxm")
     assert h200["memory_bandwidth_bytes_per_s"] == 4.8e12
     assert abs(h200["tensor_core_flops"]["bf16"] - 989e12) / 989e12 < 0.01
-    for field in ("sm_count", "tensor_core_flops", "cuda_core_flops", "memory_bytes", "l2_bytes",
-                  "sm_limits", "tc_align_elems", "nvlink_bandwidth_bytes_per_s",
-                  "pcie_bandwidth_bytes_per_s", "current"):
+    for field in (
+        "sm_count",
+        "tensor_core_flops",
+        "cuda_core_flops",
+        "memory_bytes",
+        "l2_bytes",
+        "sm_limits",
+        "tc_align_elems",
+        "nvlink_bandwidth_bytes_per_s",
+        "pcie_bandwidth_bytes_per_s",
+        "current",
+    ):
         assert field in h200
 
 
@@ -39,8 +48,11 @@ def test_one_chip_json(capsys):
 
 
 def test_unknown_chip_is_one_line_and_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "gpushape.cli.main", "gpus", "nosuchchip"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpushape.cli.main", "gpus", "nosuchchip"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown GPU 'nosuchchip'" in lines[0] and "h200-sxm" in lines[0]

@@ -7,8 +7,20 @@ from gpushape.errors import UnknownGPUError
 from gpushape.hardware import CATALOG, DTYPES, GPUSpec, dtype_key, get_gpu, known_names
 from gpushape.hardware.lookup import normalize_name
 
-REQUIRED = ["v100-sxm2", "a100-40gb", "a100-80gb", "a10", "l4", "l40s", "rtx-3090", "rtx-4090",
-            "h100-sxm", "h100-pcie", "h200-sxm", "b200"]
+REQUIRED = [
+    "v100-sxm2",
+    "a100-40gb",
+    "a100-80gb",
+    "a10",
+    "l4",
+    "l40s",
+    "rtx-3090",
+    "rtx-4090",
+    "h100-sxm",
+    "h100-pcie",
+    "h200-sxm",
+    "b200",
+]
 
 
 def test_catalog_has_the_required_chips():
@@ -38,8 +50,9 @@ class TestEveryChip:
 
     def test_tensor_cores_beat_cuda_cores(self, spec: GPUSpec):
         for dtype, rate in spec.tensor_core_flops.items():
-            base = spec.cuda_core_flops.get("fp32" if dtype in ("tf32", "fp8", "int8") else dtype,
-                                            spec.cuda_core_flops["fp32"])
+            base = spec.cuda_core_flops.get(
+                "fp32" if dtype in ("tf32", "fp8", "int8") else dtype, spec.cuda_core_flops["fp32"]
+            )
             assert rate >= base, dtype
 
     def test_alignment_is_16_bytes_for_tensor_core_dtypes(self, spec: GPUSpec):
@@ -76,12 +89,22 @@ def test_h200_numbers_from_the_issue():
     assert h200.sm_count == 132
 
 
-@pytest.mark.parametrize("alias, name", [
-    ("h100", "h100-sxm"), ("H100-SXM5-80GB", "h100-sxm"), ("NVIDIA H100 80GB HBM3", "h100-sxm"),
-    ("nvidia h200", "h200-sxm"), ("NVIDIA H200", "h200-sxm"), ("Tesla V100-SXM2-32GB", "v100-sxm2"),
-    ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
-    ("NVIDIA GeForce RTX 4090", "rtx-4090"), ("NVIDIA L40S", "l40s"), ("h100_pcie", "h100-pcie"),
-])
+@pytest.mark.parametrize(
+    "alias, name",
+    [
+        ("h100", "h100-sxm"),
+        ("H100-SXM5-80GB", "h100-sxm"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("nvidia h200", "h200-sxm"),
+        ("NVIDIA H200", "h200-sxm"),
+        ("Tesla V100-SXM2-32GB", "v100-sxm2"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+        ("NVIDIA L40S", "l40s"),
+        ("h100_pcie", "h100-pcie"),
+    ],
+)
 def test_aliases_and_driver_names(alias, name):
     assert get_gpu(alias).name == name
 

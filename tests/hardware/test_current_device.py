@@ -10,8 +10,9 @@ from gpushape.hardware import current_gpu
 
 
 def _fake_device(monkeypatch, name, sms=132, memory=150_000_000_000, l2=60 * 2**20):
-    props = SimpleNamespace(name=name, multi_processor_count=sms, total_memory=memory,
-                            L2_cache_size=l2)
+    props = SimpleNamespace(
+        name=name, multi_processor_count=sms, total_memory=memory, L2_cache_size=l2
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: props)
@@ -38,10 +39,11 @@ def test_unknown_device_names_the_catalog(monkeypatch):
 
 def test_no_driver_answers_without_importing_torch():
     """`gpushape gpus` on a machine without an NVIDIA driver must not pay torch's import."""
-    code = ("import sys\n"
-            "import gpushape.hardware.lookup as lookup\n"
-            "lookup._nvidia_driver_present = lambda: False\n"
-            "print(lookup.current_gpu(), 'torch' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True)
+    code = (
+        "import sys\n"
+        "import gpushape.hardware.lookup as lookup\n"
+        "lookup._nvidia_driver_present = lambda: False\n"
+        "print(lookup.current_gpu(), 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["None", "False"]

@@ -20,23 +20,44 @@ def _align_rows(dtype, granularity, fast_tflops):
         for size in (4096 + o for o in (-4, -1, 0, 1, 2, 4, 8, 12, 16, 24, 32, 64, 128)):
             mnk = {d: size if d == dim.lower() else 8192 for d in "mnk"}
             tflops = fast_tflops if size % granularity == 0 else 0.2 * fast_tflops
-            rows.append({"dtype": dtype, "layout": "nn", **mnk, "dim": dim, "base": 4096,
-                         "size": size, "time_s": 2 * size * 8192**2 / (tflops * TFLOP),
-                         "flops_per_s": tflops * TFLOP})
+            rows.append(
+                {
+                    "dtype": dtype,
+                    "layout": "nn",
+                    **mnk,
+                    "dim": dim,
+                    "base": 4096,
+                    "size": size,
+                    "time_s": 2 * size * 8192**2 / (tflops * TFLOP),
+                    "flops_per_s": tflops * TFLOP,
+                }
+            )
     return rows
 
 
 def _profile(spec, *, bf16_granularity=16):
     sweeps = {
-        "gemm_peak": [{"dtype": d, "size": 8192, "flops_per_s": f * TFLOP}
-                      for d, f in (("bf16", 700.0), ("tf32", 400.0), ("fp32", 50.0))],
+        "gemm_peak": [
+            {"dtype": d, "size": 8192, "flops_per_s": f * TFLOP}
+            for d, f in (("bf16", 700.0), ("tf32", 400.0), ("fp32", 50.0))
+        ],
         "gemm_align": _align_rows("bf16", bf16_granularity, 650.0) + _align_rows("tf32", 4, 380.0),
     }
-    ceilings = {"copy_bytes_per_s": 4.0e12, "launch_overhead_s": 7e-6,
-                "graph_launch_overhead_s": 1.2e-6}
-    return build_profile(plan=quick_plan(), spec=spec, cfg=MeasureConfig(device="cpu"),
-                         ceilings=ceilings, sweeps=sweeps, analysis=analyze(sweeps, spec),
-                         claims=[], timing={"total_s": 1.0})
+    ceilings = {
+        "copy_bytes_per_s": 4.0e12,
+        "launch_overhead_s": 7e-6,
+        "graph_launch_overhead_s": 1.2e-6,
+    }
+    return build_profile(
+        plan=quick_plan(),
+        spec=spec,
+        cfg=MeasureConfig(device="cpu"),
+        ceilings=ceilings,
+        sweeps=sweeps,
+        analysis=analyze(sweeps, spec),
+        claims=[],
+        timing={"total_s": 1.0},
+    )
 
 
 def test_written_profile_loads_and_calibrates(tmp_path):
@@ -92,10 +113,16 @@ def test_memory_efficiency_is_read_from_a_profile():
     from gpushape.hardware import get_gpu
     from gpushape.hardware.profile import apply_profile
 
-    profile = {"format": "gpushape-profile", "version": 1, "gpu": "h200-sxm",
-               "memory_efficiency": {"norm": {"efficiency": 0.4, "workload": "..."},
-                                     "pool": {"error": "failed"}},
-               "conv_small_cin": {"efficiency": 0.07}}
+    profile = {
+        "format": "gpushape-profile",
+        "version": 1,
+        "gpu": "h200-sxm",
+        "memory_efficiency": {
+            "norm": {"efficiency": 0.4, "workload": "..."},
+            "pool": {"error": "failed"},
+        },
+        "conv_small_cin": {"efficiency": 0.07},
+    }
     spec = apply_profile(get_gpu("h200"), profile)
     assert spec.achievable.memory("norm") == 0.4
     assert spec.achievable.memory("pool") == 1.0  # a failed measurement keeps the copy rate
@@ -108,14 +135,22 @@ def test_attention_rates_are_read_from_a_profile_and_looked_up_by_kernel():
     from gpushape.hardware import get_gpu
     from gpushape.hardware.profile import apply_profile
 
-    profile = {"format": "gpushape-profile", "version": 1, "gpu": "h200-sxm",
-               "attention": {
-                   "flash/d64": {"flash/fwd/d64": 0.5, "flash/bwd/d64": 0.3,
-                                 "workload": "...", "measured_fwd_s": 1e-4},
-                   "flash/d128": {"flash/fwd/d128": 0.7, "flash/bwd/d128": 0.45},
-                   "flash/dropout/d64": {"flash/fwd/dropout/d64": 0.4,
-                                         "flash/bwd/dropout/d64": 0.25},
-                   "efficient/d64": {"error": "no kernel"}}}
+    profile = {
+        "format": "gpushape-profile",
+        "version": 1,
+        "gpu": "h200-sxm",
+        "attention": {
+            "flash/d64": {
+                "flash/fwd/d64": 0.5,
+                "flash/bwd/d64": 0.3,
+                "workload": "...",
+                "measured_fwd_s": 1e-4,
+            },
+            "flash/d128": {"flash/fwd/d128": 0.7, "flash/bwd/d128": 0.45},
+            "flash/dropout/d64": {"flash/fwd/dropout/d64": 0.4, "flash/bwd/dropout/d64": 0.25},
+            "efficient/d64": {"error": "no kernel"},
+        },
+    }
     a = apply_profile(get_gpu("h200"), profile).achievable
     assert "attention" in a.measured
     assert a.attention_rate("flash", False, False, False, 64) == 0.5

@@ -19,17 +19,24 @@ CL = torch.channels_last
 CF = torch.contiguous_format
 CUDA = torch.device("cuda")
 VARIANTS = [  # training, activation, residual, affine
-    (True, "none", True, True), (True, "relu", False, True), (True, "none", False, False),
-    (False, "relu", True, True), (False, "none", False, True), (False, "relu", False, False)]
+    (True, "none", True, True),
+    (True, "relu", False, True),
+    (True, "none", False, False),
+    (False, "relu", True, True),
+    (False, "none", False, True),
+    (False, "relu", False, False),
+]
 
 
 def _torch_composition(training: bool, activation: str, running=None):
     """PyTorch's own BatchNorm2d + add + activation, as a function of (x, w, b[, r])."""
+
     def fn(x, w, b, r=None):
         stat_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         rm, rv = (t.to(x.device, stat_dtype) for t in running) if running else (None, None)
         y = F.batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5) + (0 if r is None else r)
         return F.relu(y) if activation == "relu" else y
+
     return fn
 
 
@@ -37,6 +44,7 @@ def _ours(training: bool, activation: str, running=None):
     def fn(x, w, b, r=None):
         rm, rv = (t.clone().to(x.device) for t in running) if running else (None, None)
         return batch_norm_act(x, w, b, rm, rv, training, 0.1, 1e-5, activation, r)
+
     return fn
 
 
@@ -60,8 +68,16 @@ KINK = 1e-4
 def _pre_activation64(x, w, b, r, training, running):
     """BN(x) * w + b + r in float64 (running stats cloned: training blends them in place)."""
     rm, rv = (t.to(x.device, torch.float64).clone() for t in running)
-    z = F.batch_norm(x.double(), rm, rv, None if w is None else w.double(),
-                     None if b is None else b.double(), training, 0.1, 1e-5)
+    z = F.batch_norm(
+        x.double(),
+        rm,
+        rv,
+        None if w is None else w.double(),
+        None if b is None else b.double(),
+        training,
+        0.1,
+        1e-5,
+    )
     return z if r is None else z + r.double()
 
 
@@ -92,16 +108,29 @@ def _keep_off_relu_kink(x, w, b, r, training, running, rounds=8):
     raise AssertionError("could not move the pre-activations off ReLU's kink")
 
 
-def _gate(shape, dtype, fmt, *, training=True, activation="relu", residual=True, affine=True,
-          device="cpu", offset=-2.3):
+def _gate(
+    shape,
+    dtype,
+    fmt,
+    *,
+    training=True,
+    activation="relu",
+    residual=True,
+    affine=True,
+    device="cpu",
+    offset=-2.3,
+):
     x, w, b, r = _inputs(shape, dtype, fmt, device, offset, residual, affine)
     running = (0.1 * torch.randn(shape[1]), 0.5 + torch.rand(shape[1]))
     if activation == "relu":
         _keep_off_relu_kink(x, w, b, r, training, running)
     args = (x, w, b) if r is None else (x, w, b, r)
     return gate_forward_backward(
-        _ours(training, activation, running), _torch_composition(training, activation, running),
-        args, names=("x", "weight", "bias", "residual")[:len(args)])
+        _ours(training, activation, running),
+        _torch_composition(training, activation, running),
+        args,
+        names=("x", "weight", "bias", "residual")[: len(args)],
+    )
 
 
 def _run_fwd_bwd(x, r, dy, w, b):
@@ -140,8 +169,21 @@ def _opcheck_all(device):
     running = (torch.zeros(5, device=device), torch.ones(5, device=device))
     apply_args = (x, mean, rstd, w, b, r, 1e-5, True, "relu")
     bits = batch_norm_act_apply(*apply_args)[1]
-    bwd_args = (torch.randn_like(x), x.detach(), w.detach(), mean, rstd, bits, 1e-5, True,
-                "relu", True)
-    for op, args in ((batch_norm_stats, (x.detach(), *running, 0.1, 1e-5)),
-                     (batch_norm_act_apply, apply_args), (batch_norm_act_backward, bwd_args)):
+    bwd_args = (
+        torch.randn_like(x),
+        x.detach(),
+        w.detach(),
+        mean,
+        rstd,
+        bits,
+        1e-5,
+        True,
+        "relu",
+        True,
+    )
+    for op, args in (
+        (batch_norm_stats, (x.detach(), *running, 0.1, 1e-5)),
+        (batch_norm_act_apply, apply_args),
+        (batch_norm_act_backward, bwd_args),
+    ):
         torch.library.opcheck(op, args)

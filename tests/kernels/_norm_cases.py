@@ -35,18 +35,29 @@ class NormCase:
         rows = ["x", "residual"][: self.row_inputs]
         return [*rows, *self.param_names]
 
-    def inputs(self, shape: Sequence[int], dtype: torch.dtype, *, device: str | None = None,
-               affine: bool = True, param_dtype: torch.dtype | None = None,
-               requires_grad: bool = True, offset: float = -2.3) -> list[torch.Tensor | None]:
+    def inputs(
+        self,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        *,
+        device: str | None = None,
+        affine: bool = True,
+        param_dtype: torch.dtype | None = None,
+        requires_grad: bool = True,
+        offset: float = -2.3,
+    ) -> list[torch.Tensor | None]:
         """Fresh random inputs; rows have their mean far from zero (offset + 0.5 * randn)."""
         device = device or self.device
         work = torch.float64 if dtype == torch.float64 else torch.float32
         n = shape[-1]
         out: list[torch.Tensor | None] = [
             (offset + 0.5 * torch.randn(shape, device=device, dtype=work)).to(dtype)
-            for _ in range(self.row_inputs)]
-        out += [torch.randn(n, device=device, dtype=work).to(param_dtype or dtype) if affine
-                else None for _ in self.param_names]
+            for _ in range(self.row_inputs)
+        ]
+        out += [
+            torch.randn(n, device=device, dtype=work).to(param_dtype or dtype) if affine else None
+            for _ in self.param_names
+        ]
         return [None if t is None else t.requires_grad_(requires_grad) for t in out]
 
 
@@ -64,25 +75,29 @@ def gate(case: NormCase, shape: Sequence[int], dtype: torch.dtype, **input_kwarg
     gate_forward_backward(case.ours, case.torch_fn, inputs, names=case.names)
 
 
-def assert_same_as_contiguous(case: NormCase, make_view: Callable[[torch.Tensor], torch.Tensor],
-                              base_shape: Sequence[int], dtype: torch.dtype,
-                              grad_view: Callable[[torch.Tensor], torch.Tensor] | None = None
-                              ) -> None:
+def assert_same_as_contiguous(
+    case: NormCase,
+    make_view: Callable[[torch.Tensor], torch.Tensor],
+    base_shape: Sequence[int],
+    dtype: torch.dtype,
+    grad_view: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> None:
     """The op on a strided view equals the op on a contiguous copy of it, bitwise, forward and
     backward. grad_view, when given, turns each grad_output into a strided (e.g. expanded) one."""
-    rows = [make_view(t) for t in
-            case.inputs(base_shape, dtype, requires_grad=False)[: case.row_inputs]]
-    params = case.inputs((1, rows[0].shape[-1]), dtype, requires_grad=False)[case.row_inputs:]
+    rows = [
+        make_view(t) for t in case.inputs(base_shape, dtype, requires_grad=False)[: case.row_inputs]
+    ]
+    params = case.inputs((1, rows[0].shape[-1]), dtype, requires_grad=False)[case.row_inputs :]
     strided_rows = not rows[0].is_contiguous() or rows[0].storage_offset() > 0
     assert strided_rows or grad_view is not None, "nothing strided to test"
     strided = [t.requires_grad_() for t in rows] + [p.clone().requires_grad_() for p in params]
-    dense = ([t.detach().contiguous().requires_grad_() for t in rows]
-             + [p.clone().requires_grad_() for p in params])
+    dense = [t.detach().contiguous().requires_grad_() for t in rows] + [
+        p.clone().requires_grad_() for p in params
+    ]
     grads_out = [random_grad_like(o) for o in _as_list(case.ours(*dense))]
     strided_grads_out = [grad_view(g) if grad_view else g for g in grads_out]
     out_s, grad_s = outputs_and_grads(case.ours, strided, strided_grads_out)
-    out_d, grad_d = outputs_and_grads(case.ours, dense, [g.contiguous() for g in
-                                                         strided_grads_out])
+    out_d, grad_d = outputs_and_grads(case.ours, dense, [g.contiguous() for g in strided_grads_out])
     for a, b in zip(out_s, out_d):
         assert torch.equal(a, b), "strided input gave a different forward result"
     for name, a, b in zip(case.names, grad_s, grad_d):
@@ -106,8 +121,7 @@ def assert_nan_propagates(case: NormCase, dtype: torch.dtype, n: int = 33) -> No
 def constant_rows(case: NormCase, dtype: torch.dtype, n: int = 65) -> None:
     """Rows of one repeated value (variance 0): finite output, within the gate of PyTorch."""
     inputs = case.inputs((5, n), dtype, requires_grad=False)
-    values = torch.tensor([-3.0, -0.5, 0.0, 1.25, 7.0], dtype=torch.float64,
-                          device=case.device)
+    values = torch.tensor([-3.0, -0.5, 0.0, 1.25, 7.0], dtype=torch.float64, device=case.device)
     inputs[0] = values[:, None].expand(5, n).to(dtype).contiguous()
     inputs = [None if t is None else t.requires_grad_() for t in inputs]
     gate_forward_backward(case.ours, case.torch_fn, inputs, names=case.names)
@@ -137,8 +151,9 @@ def _assert_all_equal(case: NormCase, what: str, outs_a, grads_a, outs_b, grads_
         assert a is None or torch.equal(a, b), f"{case.name}: {what}: grad of {name} differs"
 
 
-def compiled_equals_eager(case: NormCase, shape: Sequence[int], dtype: torch.dtype,
-                          device: str | None = None) -> None:
+def compiled_equals_eager(
+    case: NormCase, shape: Sequence[int], dtype: torch.dtype, device: str | None = None
+) -> None:
     """torch.compile(fullgraph=True) over the op gives the eager op's outputs and gradients."""
     torch._dynamo.reset()
     compiled = torch.compile(case.ours, fullgraph=True)
@@ -175,15 +190,17 @@ def cuda_graph_matches_eager(case: NormCase, shape: Sequence[int], dtype: torch.
     _assert_all_equal(case, "CUDA graph replay", *captured, *eager)
 
 
-def repeated_backward_is_bitwise_equal(case: NormCase, shape: Sequence[int],
-                                       dtype: torch.dtype, repeats: int = 50) -> None:
+def repeated_backward_is_bitwise_equal(
+    case: NormCase, shape: Sequence[int], dtype: torch.dtype, repeats: int = 50
+) -> None:
     case = on_device(case, "cuda")
     inputs = case.inputs(shape, dtype)
     grads_out = [random_grad_like(o) for o in _as_list(case.ours(*inputs))]
     first = outputs_and_grads(case.ours, inputs, grads_out)
     for _ in range(repeats - 1):
-        _assert_all_equal(case, "repeated backward", *outputs_and_grads(case.ours, inputs,
-                                                                           grads_out), *first)
+        _assert_all_equal(
+            case, "repeated backward", *outputs_and_grads(case.ours, inputs, grads_out), *first
+        )
 
 
 def rows_past_2_31_elements(case: NormCase, n: int) -> None:
@@ -197,8 +214,9 @@ def rows_past_2_31_elements(case: NormCase, n: int) -> None:
     rows = list(inputs[: case.row_inputs])
     big_grads = torch.autograd.grad(outs, rows, grads_out)
     tail = slice(m - 3, m)
-    small = ([t[tail].detach().clone().requires_grad_() for t in rows]
-             + list(inputs[case.row_inputs:]))
+    small = [t[tail].detach().clone().requires_grad_() for t in rows] + list(
+        inputs[case.row_inputs :]
+    )
     small_grads_out = [g[tail] for g in grads_out]
     torch_outs, torch_grads = outputs_and_grads(case.torch_fn, small, small_grads_out)
     wide = [None if t is None else t.detach().double().requires_grad_() for t in small]

@@ -22,8 +22,12 @@ def _signature(fn, args, kwargs):
     """Triton signature, constexprs and divisibility attributes of one recorded launch."""
     names = fn.arg_names
     sig, consts, attrs = {}, {}, {}
-    types = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
-             torch.float64: "*fp64"}
+    types = {
+        torch.bfloat16: "*bf16",
+        torch.float16: "*fp16",
+        torch.float32: "*fp32",
+        torch.float64: "*fp64",
+    }
     for i, (name, value) in enumerate(zip(names, args)):
         if isinstance(value, torch.Tensor):
             sig[name] = types[value.dtype]
@@ -70,8 +74,12 @@ def main() -> int:
     # Every code path at least once: bf16 (fast GELU) at an uneven N with several rows per
     # program and two-tile prefetch, and past the single-block limits (looped paths); fp32 (erf)
     # at an even N with 16 elements a thread (one-tile prefetch).
-    flavours = ((GELU_ERF, False, True), (GELU_TANH, False, False), (ACT_NONE, False, True),
-                (ACT_NONE, True, False))  # (act, rms, residual)
+    flavours = (
+        (GELU_ERF, False, True),
+        (GELU_TANH, False, False),
+        (ACT_NONE, False, True),
+        (ACT_NONE, True, False),
+    )  # (act, rms, residual)
     for dtype, n in ((torch.bfloat16, 768), (torch.bfloat16, 65537), (torch.float32, 8192)):
         x = torch.randn(64, n, dtype=dtype)
         w, b = torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype)
@@ -83,16 +91,23 @@ def main() -> int:
     seen = set()
     for fn, args, kwargs in launches:
         sig, consts, attrs = _signature(fn, args, kwargs)
-        key = (fn.__name__, tuple(sorted(sig.items())), tuple(sorted(map(str, consts.items()))),
-               kwargs.get("num_warps"))
+        key = (
+            fn.__name__,
+            tuple(sorted(sig.items())),
+            tuple(sorted(map(str, consts.items()))),
+            kwargs.get("num_warps"),
+        )
         if key in seen:
             continue
         seen.add(key)
         src = ASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
         try:
             options = {k: v for k, v in kwargs.items() if k in OPTIONS}
-            triton.compile(src, target=GPUTarget("cuda", 90, SM90_WARP_SIZE),
-                           options={"num_warps": 4, **options})
+            triton.compile(
+                src,
+                target=GPUTarget("cuda", 90, SM90_WARP_SIZE),
+                options={"num_warps": 4, **options},
+            )
         except Exception as exc:
             print(f"FAILED {fn.__name__} {consts}: {type(exc).__name__}: {exc}")
             return 1

@@ -18,8 +18,26 @@ from gpushape.kernels.norms._tuning import BwdConfig
 from . import _norm_cases as nc
 
 CI_N = [1, 2, 3, 63, 64, 65, 127, 1023, 1025, 1500]
-GPU_N = [1, 2, 3, 63, 64, 65, 127, 1023, 1024, 1025, 1500, 4096, 8191, 8192, 16384, 16385,
-         65536, 65537]
+GPU_N = [
+    1,
+    2,
+    3,
+    63,
+    64,
+    65,
+    127,
+    1023,
+    1024,
+    1025,
+    1500,
+    4096,
+    8191,
+    8192,
+    16384,
+    16385,
+    65536,
+    65537,
+]
 LAYOUTS = {  # name -> (view of a contiguous tensor, that tensor's shape)
     "transposed": (lambda t: t.transpose(0, 1), (65, 6)),
     "sliced": (lambda t: t[..., ::2], (6, 130)),
@@ -44,14 +62,16 @@ class NormSuite:
     def test_gate_float16(self, interpret, n):
         nc.gate(self.case, (7, n), torch.float16)
 
-    @pytest.mark.parametrize("prefetch,block_m,reload_wb", [(0, 1, True), (1, 2, False),
-                                                            (2, 1, False)])
+    @pytest.mark.parametrize(
+        "prefetch,block_m,reload_wb", [(0, 1, True), (1, 2, False), (2, 1, False)]
+    )
     def test_persistent_backward_walks_many_tiles(self, interpret, prefetch, block_m, reload_wb):
         # 37 rows of 1500: more row tiles than backward programs, so each program loops and
         # prefetches (none, one or two tiles ahead), and several programs' dweight/dbias
         # partials are added; the last tile of a program may be past the last row.
-        cfg = BwdConfig(block_m=block_m, num_warps=4, programs_per_sm=3, prefetch=prefetch,
-                        reload_wb=reload_wb)
+        cfg = BwdConfig(
+            block_m=block_m, num_warps=4, programs_per_sm=3, prefetch=prefetch, reload_wb=reload_wb
+        )
         with norm_tuning(bwd=cfg, sum_block_p=4):
             nc.gate(self.case, (37, 1500), torch.bfloat16)
 
@@ -75,8 +95,9 @@ class NormSuite:
         nc.assert_same_as_contiguous(self.case, make_view, base_shape, torch.bfloat16)
 
     def test_expanded_grad_output_equals_contiguous(self, interpret):
-        nc.assert_same_as_contiguous(self.case, lambda t: t, (4, 65), torch.float32,
-                                     grad_view=lambda g: g[:1].expand_as(g))
+        nc.assert_same_as_contiguous(
+            self.case, lambda t: t, (4, 65), torch.float32, grad_view=lambda g: g[:1].expand_as(g)
+        )
 
     def test_nan_propagates(self, interpret):
         nc.assert_nan_propagates(self.case, torch.float32)
@@ -108,8 +129,9 @@ class NormSuite:
         nc.gate(self.case, (7, n), dtype, device="cuda")
 
     @pytest.mark.gpu
-    @pytest.mark.parametrize("shape", [(0, 768), (1, 768), (65537, 64), (4, 33, 768),
-                                       (2, 3, 5, 4096), (300, 16384)])
+    @pytest.mark.parametrize(
+        "shape", [(0, 768), (1, 768), (65537, 64), (4, 33, 768), (2, 3, 5, 4096), (300, 16384)]
+    )
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
     def test_gpu_shapes(self, shape, dtype):
         nc.gate(self.case, shape, dtype, device="cuda")
@@ -117,8 +139,7 @@ class NormSuite:
     @pytest.mark.gpu
     def test_gpu_layouts_constant_rows_and_nan(self):
         cuda = nc.on_device(self.case, "cuda")
-        nc.assert_same_as_contiguous(cuda, lambda t: t.transpose(0, 1), (4096, 8),
-                                     torch.bfloat16)
+        nc.assert_same_as_contiguous(cuda, lambda t: t.transpose(0, 1), (4096, 8), torch.bfloat16)
         nc.assert_same_as_contiguous(cuda, lambda t: t[..., ::2], (8, 8192), torch.bfloat16)
         nc.constant_rows(cuda, torch.bfloat16, n=4096)
         nc.assert_nan_propagates(cuda, torch.float32, n=4096)
@@ -135,8 +156,7 @@ class NormSuite:
 
     @pytest.mark.gpu
     def test_gpu_backward_is_deterministic(self):
-        nc.repeated_backward_is_bitwise_equal(self.case, (4096, 1024), torch.bfloat16,
-                                              repeats=50)
+        nc.repeated_backward_is_bitwise_equal(self.case, (4096, 1024), torch.bfloat16, repeats=50)
 
     @pytest.mark.gpu
     def test_gpu_past_2_31_elements(self):

@@ -78,8 +78,10 @@ def max_abs_err(name: str, a: torch.Tensor, ref: torch.Tensor) -> float:
     a, ref = a.detach().to(torch.float64), ref.detach().to(torch.float64)
     nan_a, nan_r = torch.isnan(a), torch.isnan(ref)
     if not torch.equal(nan_a, nan_r):
-        raise AssertionError(f"{name}: NaN positions differ from the reference "
-                             f"({int(nan_a.sum())} vs {int(nan_r.sum())} NaNs)")
+        raise AssertionError(
+            f"{name}: NaN positions differ from the reference "
+            f"({int(nan_a.sum())} vs {int(nan_r.sum())} NaNs)"
+        )
     inf_a, inf_r = torch.isinf(a), torch.isinf(ref)
     if not (torch.equal(inf_a, inf_r) and torch.equal(a[inf_a], ref[inf_r])):
         raise AssertionError(f"{name}: inf positions or signs differ from the reference")
@@ -107,20 +109,27 @@ def assert_gate(
     result = GateResult(name, err_ours, err_torch, k * err_torch + tiny)
     assert result.passed, (
         f"{name} ({dtype}): max|ours - ref| = {err_ours:.3e} exceeds {k:g} x max|torch - ref| "
-        f"= {k:g} x {err_torch:.3e} + tiny {tiny:.1e}")
+        f"= {k:g} x {err_torch:.3e} + tiny {tiny:.1e}"
+    )
     atol, rtol = BACKSTOP_TOL[dtype] if backstop is None else backstop
     ref64 = ref.detach().to(torch.float64)
 
     def close(t: torch.Tensor) -> bool:
-        return torch.allclose(t.detach().to(torch.float64), ref64, atol=atol * scale, rtol=rtol,
-                              equal_nan=True)
+        return torch.allclose(
+            t.detach().to(torch.float64), ref64, atol=atol * scale, rtol=rtol, equal_nan=True
+        )
 
     # The backstop binds wherever PyTorch itself meets it; on an ill-conditioned input (say two
     # nearly equal features, N=2) PyTorch misses it too and the gate above is the judge.
     if close(torch_same):
         torch.testing.assert_close(
-            ours.detach().to(torch.float64), ref64, atol=atol * scale, rtol=rtol,
-            equal_nan=True, msg=lambda m: f"{name} ({dtype}) backstop: {m}")
+            ours.detach().to(torch.float64),
+            ref64,
+            atol=atol * scale,
+            rtol=rtol,
+            equal_nan=True,
+            msg=lambda m: f"{name} ({dtype}) backstop: {m}",
+        )
     return result
 
 
@@ -141,9 +150,9 @@ def _fresh(t: Any, dtype: torch.dtype | None = None) -> Any:
     return copy.clone().requires_grad_(t.requires_grad)
 
 
-def outputs_and_grads(fn: Callable[..., Any], args: Sequence[Any],
-                      grads_out: Sequence[torch.Tensor] | None = None
-                      ) -> tuple[tuple[torch.Tensor, ...], list[Any]]:
+def outputs_and_grads(
+    fn: Callable[..., Any], args: Sequence[Any], grads_out: Sequence[torch.Tensor] | None = None
+) -> tuple[tuple[torch.Tensor, ...], list[Any]]:
     """fn(*args)'s outputs (detached) and the gradients of the args that require grad (None
     elsewhere), for grads_out (random when None) cast to each output's dtype. Runs on `args`
     as given: strided views, CUDA-graph static tensors."""
@@ -154,16 +163,22 @@ def outputs_and_grads(fn: Callable[..., Any], args: Sequence[Any],
     grads: list[Any] = [None] * len(args)
     if wanted:
         diff = [(o, g) for o, g in zip(outs, grads_out) if o.requires_grad]
-        got = torch.autograd.grad([o for o, _ in diff],
-                                  wanted, [g.to(o.dtype) for o, g in diff], allow_unused=True)
+        got = torch.autograd.grad(
+            [o for o, _ in diff], wanted, [g.to(o.dtype) for o, g in diff], allow_unused=True
+        )
         it = iter(got)
-        grads = [next(it) if isinstance(a, torch.Tensor) and a.requires_grad else None
-                 for a in args]
+        grads = [
+            next(it) if isinstance(a, torch.Tensor) and a.requires_grad else None for a in args
+        ]
     return tuple(o.detach() for o in outs), grads
 
 
-def _run(fn: Callable[..., Any], inputs: Sequence[Any], grads_out: Sequence[torch.Tensor],
-         dtype: torch.dtype | None = None) -> tuple[tuple[torch.Tensor, ...], list[Any]]:
+def _run(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any],
+    grads_out: Sequence[torch.Tensor],
+    dtype: torch.dtype | None = None,
+) -> tuple[tuple[torch.Tensor, ...], list[Any]]:
     """outputs_and_grads on fresh copies of the inputs, optionally cast to dtype."""
     return outputs_and_grads(fn, [_fresh(t, dtype) for t in inputs], grads_out)
 

@@ -18,9 +18,11 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 def seeded(fn):
     """fn run right after torch.manual_seed(SEED), so the op draws a known seed."""
+
     def run(*args, **kwargs):
         torch.manual_seed(SEED)
         return fn(*args, **kwargs)
+
     return run
 
 
@@ -54,17 +56,24 @@ def torch_composition(shape, p, **kw):
             return s
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         return (s.to(acc) * keep.to(acc)).to(x.dtype)
+
     return fn
 
 
 def gate(x, p, mask=None, **kw):
     """Numeric gate of output and gradients (x, and the mask when it requires grad)."""
+
     def ours(x, mask=None):
         opts = dict(kw, attn_mask=mask) if mask is not None else kw
         return softmax_dropout(x, p, **opts)
+
     inputs = (x,) if mask is None else (x, mask)
-    gate_forward_backward(seeded(ours), torch_composition(tuple(x.shape), p, **kw), inputs,
-                          names=("x", "mask")[: len(inputs)])
+    gate_forward_backward(
+        seeded(ours),
+        torch_composition(tuple(x.shape), p, **kw),
+        inputs,
+        names=("x", "mask")[: len(inputs)],
+    )
 
 
 def randn(*shape, dtype=torch.float32, grad=True):

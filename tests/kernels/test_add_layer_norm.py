@@ -20,8 +20,13 @@ def _torch_add_layer_norm(x, residual, weight, bias, eps=1e-5):
     return F.layer_norm(s, s.shape[-1:], weight, bias, eps), s
 
 
-CASE = nc.NormCase(name="add_layer_norm", ours=add_layer_norm, torch_fn=_torch_add_layer_norm,
-                   row_inputs=2, param_names=("weight", "bias"))
+CASE = nc.NormCase(
+    name="add_layer_norm",
+    ours=add_layer_norm,
+    torch_fn=_torch_add_layer_norm,
+    row_inputs=2,
+    param_names=("weight", "bias"),
+)
 
 
 @pytest.fixture(autouse=True)
@@ -86,20 +91,39 @@ def test_module_loads_layer_norm_state_dict(interpret):
     assert torch.equal(s, x + r)
 
 
-@pytest.mark.parametrize("bad,error,message", [
-    (dict(x=torch.arange(12).view(3, 4)), TypeError, "x must be float32, float16 or bfloat16"),
-    (dict(residual=torch.ones(3, 4, device="meta")), RuntimeError,
-     "all tensors must be on one device"),
-    (dict(residual=torch.ones(3, 5)), ValueError, r"residual has shape \(3, 5\), expected"),
-    (dict(residual=torch.ones(3, 4, dtype=torch.float16)), TypeError, "residual is torch.float16"),
-    (dict(weight=torch.ones(5)), ValueError, r"weight has shape \(5,\), expected \(4,\)"),
-    (dict(x=torch.ones(3, 0), residual=torch.ones(3, 0)), ValueError, "no features to normalise"),
-    (dict(eps=float("nan")), ValueError, "eps must be a finite number >= 0"),
-    (dict(eps=-1.0), ValueError, "eps must be a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    "bad,error,message",
+    [
+        (dict(x=torch.arange(12).view(3, 4)), TypeError, "x must be float32, float16 or bfloat16"),
+        (
+            dict(residual=torch.ones(3, 4, device="meta")),
+            RuntimeError,
+            "all tensors must be on one device",
+        ),
+        (dict(residual=torch.ones(3, 5)), ValueError, r"residual has shape \(3, 5\), expected"),
+        (
+            dict(residual=torch.ones(3, 4, dtype=torch.float16)),
+            TypeError,
+            "residual is torch.float16",
+        ),
+        (dict(weight=torch.ones(5)), ValueError, r"weight has shape \(5,\), expected \(4,\)"),
+        (
+            dict(x=torch.ones(3, 0), residual=torch.ones(3, 0)),
+            ValueError,
+            "no features to normalise",
+        ),
+        (dict(eps=float("nan")), ValueError, "eps must be a finite number >= 0"),
+        (dict(eps=-1.0), ValueError, "eps must be a finite number >= 0"),
+    ],
+)
 def test_bad_input_raises_clear_error(bad, error, message):
-    args = dict(x=torch.ones(3, 4), residual=torch.ones(3, 4), weight=torch.ones(4),
-                bias=torch.ones(4), eps=1e-5)
+    args = dict(
+        x=torch.ones(3, 4),
+        residual=torch.ones(3, 4),
+        weight=torch.ones(4),
+        bias=torch.ones(4),
+        eps=1e-5,
+    )
     args.update(bad)
     with pytest.raises(error, match=message):
         add_layer_norm(**args)

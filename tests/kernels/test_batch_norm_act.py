@@ -48,8 +48,15 @@ def test_training_relu_residual_gate(interpret, shape, dtype, fmt):
 @pytest.mark.parametrize(("training", "activation", "residual", "affine"), VARIANTS)
 @pytest.mark.parametrize("fmt", [CL, CF], ids=["channels_last", "nchw"])
 def test_variants_gate(interpret, training, activation, residual, affine, fmt):
-    _gate((2, 10, 6, 7), torch.float32, fmt, training=training, activation=activation,
-          residual=residual, affine=affine)
+    _gate(
+        (2, 10, 6, 7),
+        torch.float32,
+        fmt,
+        training=training,
+        activation=activation,
+        residual=residual,
+        affine=affine,
+    )
 
 
 @pytest.mark.parametrize("residual", [True, False])
@@ -63,9 +70,21 @@ def test_gate_inputs_keep_off_relu_kink(residual, training):
     with torch.no_grad():  # plant pre-activations 1e-7 from the kink (x moves the stats: iterate)
         for _ in range(4):
             z = _pre_activation64(x, w, b, r, training, running)
-            gain = 1.0 if residual else (w.double() * torch.rsqrt(
-                (x.double().var(dim=(0, 2, 3), correction=0) if training else running[1].double())
-                + 1e-5))[3]
+            gain = (
+                1.0
+                if residual
+                else (
+                    w.double()
+                    * torch.rsqrt(
+                        (
+                            x.double().var(dim=(0, 2, 3), correction=0)
+                            if training
+                            else running[1].double()
+                        )
+                        + 1e-5
+                    )
+                )[3]
+            )
             target[0, 3, 1, 1] -= float((z[0, 3, 1, 1] - 1e-7) / gain)
             target[1, 3, 2, 0] -= float((z[1, 3, 2, 0] + 1e-7) / gain)
     assert (_pre_activation64(x, w, b, r, training, running).abs() < KINK).sum() >= 1
@@ -86,8 +105,9 @@ def test_mean_far_from_zero(interpret):
 
 
 def test_gradcheck_float64(interpret):
-    x, w, b, r = (t.detach().double().requires_grad_() for t in _inputs((2, 3, 2, 3),
-                                                                        torch.float64, CL))
+    x, w, b, r = (
+        t.detach().double().requires_grad_() for t in _inputs((2, 3, 2, 3), torch.float64, CL)
+    )
     for training in (True, False):
         rm, rv = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
 
@@ -98,6 +118,7 @@ def test_gradcheck_float64(interpret):
 
 
 # ---- layouts and special values ----
+
 
 def test_mask_bits_match_the_reference(interpret, monkeypatch):
     x, w, b, r = (t.detach() for t in _inputs((2, 21, 5, 3), torch.float32, CL))
@@ -156,6 +177,7 @@ def test_repeated_backward_is_bitwise_equal(interpret):
 
 # ---- module: running stats, state_dict, torch's errors ----
 
+
 @pytest.mark.parametrize("momentum", [0.1, None])
 @pytest.mark.parametrize("fmt", [CL, CF], ids=["channels_last", "nchw"])
 def test_running_stats_track_batchnorm2d(interpret, momentum, fmt):
@@ -203,26 +225,36 @@ def test_one_value_per_channel_raises_like_torch():
     assert BatchNormAct2d(3).eval()(x).shape == x.shape  # eval normalises a single value
 
 
-@pytest.mark.parametrize(("kwargs", "error", "match"), [
-    (dict(x=torch.randn(2, 3, 4)), ValueError, "expected a 4-D"),
-    (dict(weight=torch.ones(4)), ValueError, r"weight must have shape \(3,\)"),
-    (dict(running_mean=torch.zeros(2), running_var=torch.ones(2)), ValueError, "running_mean"),
-    (dict(x=torch.ones(2, 3, 4, 4, dtype=torch.int32)), TypeError, "x must be float32"),
-    (dict(weight=torch.ones(3, device="meta")), RuntimeError, "one device"),
-    (dict(eps=-1e-5), ValueError, "eps must be"),
-    (dict(activation="gelu"), ValueError, "activation must be one of"),
-    (dict(residual=torch.randn(2, 3, 4, 5)), ValueError, "residual must match"),
-    (dict(training=False, running_mean=None, running_var=None), ValueError, "running_mean"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(x=torch.randn(2, 3, 4)), ValueError, "expected a 4-D"),
+        (dict(weight=torch.ones(4)), ValueError, r"weight must have shape \(3,\)"),
+        (dict(running_mean=torch.zeros(2), running_var=torch.ones(2)), ValueError, "running_mean"),
+        (dict(x=torch.ones(2, 3, 4, 4, dtype=torch.int32)), TypeError, "x must be float32"),
+        (dict(weight=torch.ones(3, device="meta")), RuntimeError, "one device"),
+        (dict(eps=-1e-5), ValueError, "eps must be"),
+        (dict(activation="gelu"), ValueError, "activation must be one of"),
+        (dict(residual=torch.randn(2, 3, 4, 5)), ValueError, "residual must match"),
+        (dict(training=False, running_mean=None, running_var=None), ValueError, "running_mean"),
+    ],
+)
 def test_bad_input_errors(kwargs, error, match):
-    args = dict(x=torch.randn(2, 3, 4, 4), weight=torch.ones(3), bias=torch.zeros(3),
-                running_mean=torch.zeros(3), running_var=torch.ones(3), training=True)
+    args = dict(
+        x=torch.randn(2, 3, 4, 4),
+        weight=torch.ones(3),
+        bias=torch.zeros(3),
+        running_mean=torch.zeros(3),
+        running_var=torch.ones(3),
+        training=True,
+    )
     args.update(kwargs)
     with pytest.raises(error, match=match):
         batch_norm_act(**args)
 
 
 # ---- the plain-PyTorch reference path (CPU without the interpreter) ----
+
 
 @pytest.fixture
 def reference_path(monkeypatch):

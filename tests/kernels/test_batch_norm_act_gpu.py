@@ -29,14 +29,21 @@ from ._batch_norm_cases import (
     _run_fwd_bwd,
 )
 
-GPU_SHAPES = [(2, 1, 5, 7), (3, 3, 17, 9), (4, 65, 9, 11), (8, 64, 56, 56), (16, 256, 14, 14),
-              (32, 2048, 7, 7)]
+GPU_SHAPES = [
+    (2, 1, 5, 7),
+    (3, 3, 17, 9),
+    (4, 65, 9, 11),
+    (8, 64, 56, 56),
+    (16, 256, 14, 14),
+    (32, 2048, 7, 7),
+]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", [CL, CF], ids=["channels_last", "nchw"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
-                         ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"]
+)
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_gpu_training_gate(shape, dtype, fmt):
     _gate(shape, dtype, fmt, device=CUDA)
@@ -47,8 +54,16 @@ def test_gpu_training_gate(shape, dtype, fmt):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_variants_gate(training, activation, residual, affine, dtype):
     for fmt in (CL, CF):
-        _gate((8, 96, 14, 14), dtype, fmt, device=CUDA, training=training,
-              activation=activation, residual=residual, affine=affine)
+        _gate(
+            (8, 96, 14, 14),
+            dtype,
+            fmt,
+            device=CUDA,
+            training=training,
+            activation=activation,
+            residual=residual,
+            affine=affine,
+        )
 
 
 @pytest.mark.gpu
@@ -146,8 +161,9 @@ def test_gpu_over_2_pow_31_elements():
     x_hat = (x[tail].float() - mean.view(channel)) * rstd.view(channel)
     y_ref = F.relu(x_hat * w.view(channel) + b.view(channel) + r[tail].float())
     n = x.numel() // 64
-    dx_ref = (w * rstd).view(channel) * (dz[tail] - (db / n).view(channel)
-                                         - x_hat * (dw / n).view(channel))
+    dx_ref = (w * rstd).view(channel) * (
+        dz[tail] - (db / n).view(channel) - x_hat * (dw / n).view(channel)
+    )
     torch.testing.assert_close(y[tail].float(), y_ref, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(xg.grad[tail].float(), dx_ref, rtol=2e-2, atol=2e-2)
 

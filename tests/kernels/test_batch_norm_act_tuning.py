@@ -33,12 +33,14 @@ EDGE = {
         stats=ReduceConfig(block_c=8, tile_bytes=256, min_rows=1, waves=2),
         apply=ApplyConfig(block_c=8, tile_bytes=256, waves=1),
         bwd_reduce=ReduceConfig(block_c=16, tile_bytes=512, min_rows=1, fuse_max=0),
-        bwd_apply=ApplyConfig(block_c=16, tile_bytes=512, waves=1, prefetch=True)),
+        bwd_apply=ApplyConfig(block_c=16, tile_bytes=512, waves=1, prefetch=True),
+    ),
     "wide": BatchNormTuning(
         stats=ReduceConfig(block_c=1024, tile_bytes=128, min_rows=1, fuse_max=0),
         apply=ApplyConfig(block_c=1024, tile_bytes=4096, waves=2, prefetch=True),
         bwd_reduce=ReduceConfig(block_c=1024, tile_bytes=256, min_rows=1),
-        bwd_apply=ApplyConfig(block_c=32, tile_bytes=128, waves=1)),
+        bwd_apply=ApplyConfig(block_c=32, tile_bytes=128, waves=1),
+    ),
 }
 
 
@@ -95,8 +97,10 @@ def test_last_program_counters_return_to_zero(interpret):
 
 
 def test_table_lookup_exact_nearest_and_default(monkeypatch):
-    small, large = BatchNormTuning(apply=ApplyConfig(warps=4)), BatchNormTuning(
-        apply=ApplyConfig(warps=16))
+    small, large = (
+        BatchNormTuning(apply=ApplyConfig(warps=4)),
+        BatchNormTuning(apply=ApplyConfig(warps=16)),
+    )
     monkeypatch.setattr(tuning, "TUNED", {(64, 1000): small, (64, 100_000): large})
     assert tuning.tuning_for(64, 1000, True) is small
     assert tuning.tuning_for(64, 3000, True) is small  # nearest N*H*W (log scale), same C
@@ -111,11 +115,13 @@ def test_table_lookup_exact_nearest_and_default(monkeypatch):
 
 def test_load_table_reads_the_tuner_json(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "TUNED", {})
-    tuned = BatchNormTuning(stats=ReduceConfig(tile_bytes=2048, waves=2),
-                            bwd_apply=ApplyConfig(waves=2, prefetch=True))
+    tuned = BatchNormTuning(
+        stats=ReduceConfig(tile_bytes=2048, waves=2), bwd_apply=ApplyConfig(waves=2, prefetch=True)
+    )
     path = tmp_path / "tune.json"
-    path.write_text(json.dumps({"table": [
-        {"C": 512, "rows": 200704, "tuning": dataclasses.asdict(tuned)}]}))
+    path.write_text(
+        json.dumps({"table": [{"C": 512, "rows": 200704, "tuning": dataclasses.asdict(tuned)}]})
+    )
     generation = tuning.generation
     assert tuning.load_table(path) == {(512, 200704): tuned}
     assert tuning.tuning_for(512, 200704, True) == tuned and tuning.generation > generation

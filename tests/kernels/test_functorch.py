@@ -30,10 +30,11 @@ def test_row_norms_under_torch_func_grad(op):
     torch.manual_seed(0)
     x, r = torch.randn(2, 3, 32, device=DEV), torch.randn(2, 3, 32, device=DEV)
     w, b = torch.randn(32, device=DEV), torch.randn(32, device=DEV)
-    fns = {"rms_norm": lambda x, r, w, b: (rms_norm(x, w) * r).sum(),
-           "layer_norm_gelu": lambda x, r, w, b: (layer_norm_gelu(x, w, b) * r).sum(),
-           "add_layer_norm": lambda x, r, w, b: sum((t * t).sum()
-                                                    for t in add_layer_norm(x, r, w, b))}
+    fns = {
+        "rms_norm": lambda x, r, w, b: (rms_norm(x, w) * r).sum(),
+        "layer_norm_gelu": lambda x, r, w, b: (layer_norm_gelu(x, w, b) * r).sum(),
+        "add_layer_norm": lambda x, r, w, b: sum((t * t).sum() for t in add_layer_norm(x, r, w, b)),
+    }
     _check(fns[op], x, r, w, b)
 
 
@@ -45,8 +46,9 @@ def test_batch_norm_act_under_torch_func_grad_and_vmap():
         bn.running_var.uniform_(0.5, 2)
     x, r = torch.randn(4, 8, 5, 5, device=DEV), torch.randn(4, 8, 5, 5, device=DEV)
     _check(lambda x, r: (bn(x, r) ** 2).sum(), x, r)
-    per_sample = torch.func.vmap(torch.func.grad(lambda xi, ri: (bn(xi[None], ri[None]) ** 2)
-                                                 .sum()))(x, r)
+    per_sample = torch.func.vmap(
+        torch.func.grad(lambda xi, ri: (bn(xi[None], ri[None]) ** 2).sum())
+    )(x, r)
     leaves = x.clone().requires_grad_()
     (full,) = torch.autograd.grad((bn(leaves, r) ** 2).sum(), leaves)
     torch.testing.assert_close(per_sample, full, rtol=1e-4, atol=1e-5)

@@ -24,8 +24,11 @@ class ThreeLinears(nn.Module):
     def __init__(self, embed_dim, num_heads, num_kv_heads, bias=True, names=None):
         super().__init__()
         self.head_dim, self.names = embed_dim // num_heads, names or ("q_proj", "k_proj", "v_proj")
-        outs = (num_heads * self.head_dim, num_kv_heads * self.head_dim,
-                num_kv_heads * self.head_dim)
+        outs = (
+            num_heads * self.head_dim,
+            num_kv_heads * self.head_dim,
+            num_kv_heads * self.head_dim,
+        )
         for name, out in zip(self.names, outs):
             setattr(self, name, nn.Linear(embed_dim, out, bias=bias))
 
@@ -34,8 +37,9 @@ class ThreeLinears(nn.Module):
 
     def forward(self, x):
         b, t, _ = x.shape
-        return tuple(layer(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-                     for layer in self.layers())
+        return tuple(
+            layer(x).view(b, t, -1, self.head_dim).transpose(1, 2) for layer in self.layers()
+        )
 
 
 def grads(module, x, outs, grad_outs):
@@ -79,8 +83,9 @@ def test_training_tracks_the_three_layer_loss_curve():
     torch.manual_seed(0)
     base = ThreeLinears(32, 4, 2).to(DEV)
     fused = FusedQKV.from_linears(*base.layers(), 4, 2)
-    data = [(torch.randn(4, 6, 32, device=DEV), torch.randn(4, 4, 6, 8, device=DEV))
-            for _ in range(5)]
+    data = [
+        (torch.randn(4, 6, 32, device=DEV), torch.randn(4, 4, 6, 8, device=DEV)) for _ in range(5)
+    ]
     curves = []
     for model in (base, fused):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -131,8 +136,13 @@ def test_one_gemm_forward_and_one_copy_backward(assembled, monkeypatch):
     outs = fused(x)
     top = Counter(e.name for e in aten_ops(lambda: fused(x)) if e.cpu_parent is None)
     assert top["aten::linear"] == 1
-    assert set(top) <= {"aten::linear", "aten::view", "aten::split_with_sizes", "aten::transpose",
-                        "_SplitHeads"}
+    assert set(top) <= {
+        "aten::linear",
+        "aten::view",
+        "aten::split_with_sizes",
+        "aten::transpose",
+        "_SplitHeads",
+    }
     grad_outs = [torch.randn_like(o) for o in outs]
     ops = Counter(e.name for e in aten_ops(lambda: grads(fused, x, outs, grad_outs)))
     assert ops["aten::cat"] == (0 if assembled else 1) and ops["aten::mm"] == 2
@@ -212,12 +222,15 @@ def test_to_linears_round_trip():
         assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
 
 
-@pytest.mark.parametrize("args, message", [
-    ((64, 5), "num_heads=5 does not divide embed_dim=64"),
-    ((64, 4, 3), "num_kv_heads=3 must be a positive divisor of num_heads=4"),
-    ((64, 0), "num_heads must be a positive int"),
-    ((64, 4, 0), "num_kv_heads=0 must be a positive divisor"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((64, 5), "num_heads=5 does not divide embed_dim=64"),
+        ((64, 4, 3), "num_kv_heads=3 must be a positive divisor of num_heads=4"),
+        ((64, 0), "num_heads must be a positive int"),
+        ((64, 4, 0), "num_kv_heads=0 must be a positive divisor"),
+    ],
+)
 def test_bad_configuration(args, message):
     with pytest.raises(ValueError, match=message):
         FusedQKV(*args)
@@ -246,8 +259,9 @@ def test_torch_func_grad_and_vmap_work():
 
     per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
     for i in range(x.shape[0]):
-        want = torch.autograd.grad(loss(dict(fused.named_parameters()), x[i]),
-                                   list(fused.parameters()))
+        want = torch.autograd.grad(
+            loss(dict(fused.named_parameters()), x[i]), list(fused.parameters())
+        )
         for name, w in zip(params, want):
             torch.testing.assert_close(per_sample[name][i], w)
 

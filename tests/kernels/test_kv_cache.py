@@ -14,8 +14,10 @@ B, H, D = 2, 3, 8
 
 
 def steps(t, dtype=torch.float32):
-    return (torch.randn(B, H, t, D, device=DEV, dtype=dtype),
-            torch.randn(B, H, t, D, device=DEV, dtype=dtype))
+    return (
+        torch.randn(B, H, t, D, device=DEV, dtype=dtype),
+        torch.randn(B, H, t, D, device=DEV, dtype=dtype),
+    )
 
 
 def test_append_writes_in_place_and_equals_cat():
@@ -54,13 +56,16 @@ def test_full_cache_raises_and_keeps_its_state():
     assert cache.append(*steps(4))[0].shape == (B, H, 4, D)
 
 
-@pytest.mark.parametrize("case, error, message", [
-    ("heads", ValueError, r"k must have shape \(batch=2, heads=3, steps, head_dim=8\)"),
-    ("3d", ValueError, "k must have shape"),
-    ("steps", ValueError, "k and v need the same number"),
-    ("dtype", TypeError, "k is torch.float16, the cache holds torch.float32"),
-    ("device", RuntimeError, "all tensors must be on one device"),
-])
+@pytest.mark.parametrize(
+    "case, error, message",
+    [
+        ("heads", ValueError, r"k must have shape \(batch=2, heads=3, steps, head_dim=8\)"),
+        ("3d", ValueError, "k must have shape"),
+        ("steps", ValueError, "k and v need the same number"),
+        ("dtype", TypeError, "k is torch.float16, the cache holds torch.float32"),
+        ("device", RuntimeError, "all tensors must be on one device"),
+    ],
+)
 def test_bad_steps(case, error, message):
     cache = KVCache(B, H, 8, D, device=DEV)
     k, v = steps(2)
@@ -79,11 +84,14 @@ def test_bad_steps(case, error, message):
             append(k, v)
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(max_len=0), ValueError, "max_len must be a positive int"),
-    (dict(batch=True), ValueError, "batch must be a positive int"),
-    (dict(dtype=torch.int32), TypeError, "dtype must be a floating dtype"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(max_len=0), ValueError, "max_len must be a positive int"),
+        (dict(batch=True), ValueError, "batch must be a positive int"),
+        (dict(dtype=torch.int32), TypeError, "dtype must be a floating dtype"),
+    ],
+)
 def test_bad_construction(kwargs, error, message):
     args = dict(batch=B, num_heads=H, max_len=8, head_dim=D) | kwargs
     with pytest.raises(error, match=message):
@@ -104,8 +112,7 @@ def test_static_append_matches_eager_and_masks_causally():
         assert torch.equal(mask, torch.arange(12, device=DEV)[None, :] <= query_pos)
         q = torch.randn(B, H, t, D, device=DEV)
         out_static = F.scaled_dot_product_attention(q, k_full, v_full, attn_mask=mask)
-        out_eager = F.scaled_dot_product_attention(q, k_eager, v_eager,
-                                                   attn_mask=mask[:, :n])
+        out_eager = F.scaled_dot_product_attention(q, k_eager, v_eager, attn_mask=mask[:, :n])
         torch.testing.assert_close(out_static, out_eager)
     assert int(static.position) == eager.length == 9
 
@@ -169,8 +176,7 @@ def test_gpu_append_launches_the_same_kernels_and_allocates_nothing_at_any_lengt
     for length in (128, 32767):
         cache = KVCache(4, 32, 32768, 128, torch.bfloat16, "cuda")
         cache.length = length
-        k, v = (torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
-                for _ in range(2))
+        k, v = (torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
@@ -178,6 +184,5 @@ def test_gpu_append_launches_the_same_kernels_and_allocates_nothing_at_any_lengt
             cache.append(k, v)
             torch.cuda.synchronize()
         assert torch.cuda.max_memory_allocated() == before
-        kernel_sets.append(sorted(e.name for e in prof.events()
-                                  if e.device_type.name == "CUDA"))
+        kernel_sets.append(sorted(e.name for e in prof.events() if e.device_type.name == "CUDA"))
     assert kernel_sets[0] == kernel_sets[1] and len(kernel_sets[0]) == 2

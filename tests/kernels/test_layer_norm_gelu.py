@@ -26,9 +26,12 @@ def case(approximate: str = "none", eps: float = 1e-5) -> nc.NormCase:
     return nc.NormCase(
         name=f"layer_norm_gelu[{approximate}]",
         ours=lambda x, w, b: layer_norm_gelu(x, w, b, eps, approximate),
-        torch_fn=lambda x, w, b: F.gelu(F.layer_norm(x, x.shape[-1:], w, b, eps),
-                                        approximate=approximate),
-        row_inputs=1, param_names=("weight", "bias"))
+        torch_fn=lambda x, w, b: F.gelu(
+            F.layer_norm(x, x.shape[-1:], w, b, eps), approximate=approximate
+        ),
+        row_inputs=1,
+        param_names=("weight", "bias"),
+    )
 
 
 class TestLayerNormGELU(NormSuite):
@@ -62,12 +65,18 @@ def test_bfloat16_with_erf_instead_of_the_fast_cdf(interpret):
 
 def test_weight_only_and_bias_only(interpret):
     x, w, b = case().inputs((7, 65), torch.float32)
-    gate_forward_backward(lambda x, w: layer_norm_gelu(x, w, None),
-                          lambda x, w: F.gelu(F.layer_norm(x, (65,), w, None)), (x, w),
-                          names=["x", "weight"])
-    gate_forward_backward(lambda x, b: layer_norm_gelu(x, None, b),
-                          lambda x, b: F.gelu(F.layer_norm(x, (65,), None, b)), (x, b),
-                          names=["x", "bias"])
+    gate_forward_backward(
+        lambda x, w: layer_norm_gelu(x, w, None),
+        lambda x, w: F.gelu(F.layer_norm(x, (65,), w, None)),
+        (x, w),
+        names=["x", "weight"],
+    )
+    gate_forward_backward(
+        lambda x, b: layer_norm_gelu(x, None, b),
+        lambda x, b: F.gelu(F.layer_norm(x, (65,), None, b)),
+        (x, b),
+        names=["x", "bias"],
+    )
 
 
 def test_float32_parameters_with_bfloat16_input(interpret):
@@ -113,8 +122,9 @@ def test_module_loads_layer_norm_state_dict(interpret):
     fused = LayerNormGELU(65, approximate="tanh")
     fused.load_state_dict(ln.state_dict(), strict=True)
     x = torch.randn(3, 4, 65)
-    ref = F.gelu(F.layer_norm(x.double(), (65,), ln.weight.double(), ln.bias.double()),
-                 approximate="tanh")
+    ref = F.gelu(
+        F.layer_norm(x.double(), (65,), ln.weight.double(), ln.bias.double()), approximate="tanh"
+    )
     assert_gate("module output", fused(x), F.gelu(ln(x), approximate="tanh"), ref)
     assert "approximate='tanh'" in repr(fused)
 
@@ -124,18 +134,26 @@ def test_module_rejects_multi_dim_normalized_shape():
         LayerNormGELU((4, 8))
 
 
-@pytest.mark.parametrize("bad,error,message", [
-    (dict(x=torch.arange(12).view(3, 4)), TypeError, "x must be float32, float16 or bfloat16"),
-    (dict(weight=torch.ones(4, device="meta")), RuntimeError, "all tensors must be on one device"),
-    (dict(weight=torch.ones(5)), ValueError, r"weight has shape \(5,\), expected \(4,\)"),
-    (dict(bias=torch.ones(2, 2)), ValueError, r"bias has shape \(2, 2\), expected \(4,\)"),
-    (dict(x=torch.ones(3, 0)), ValueError, "no features to normalise"),
-    (dict(eps=-1e-5), ValueError, "eps must be a finite number >= 0"),
-    (dict(approximate="fast"), ValueError, "approximate must be 'none' or 'tanh'"),
-])
+@pytest.mark.parametrize(
+    "bad,error,message",
+    [
+        (dict(x=torch.arange(12).view(3, 4)), TypeError, "x must be float32, float16 or bfloat16"),
+        (
+            dict(weight=torch.ones(4, device="meta")),
+            RuntimeError,
+            "all tensors must be on one device",
+        ),
+        (dict(weight=torch.ones(5)), ValueError, r"weight has shape \(5,\), expected \(4,\)"),
+        (dict(bias=torch.ones(2, 2)), ValueError, r"bias has shape \(2, 2\), expected \(4,\)"),
+        (dict(x=torch.ones(3, 0)), ValueError, "no features to normalise"),
+        (dict(eps=-1e-5), ValueError, "eps must be a finite number >= 0"),
+        (dict(approximate="fast"), ValueError, "approximate must be 'none' or 'tanh'"),
+    ],
+)
 def test_bad_input_raises_clear_error(bad, error, message):
-    args = dict(x=torch.ones(3, 4), weight=torch.ones(4), bias=torch.ones(4), eps=1e-5,
-                approximate="none")
+    args = dict(
+        x=torch.ones(3, 4), weight=torch.ones(4), bias=torch.ones(4), eps=1e-5, approximate="none"
+    )
     args.update(bad)
     with pytest.raises(error, match=message):
         layer_norm_gelu(**args)
@@ -148,8 +166,9 @@ def test_norm_kernels_compile_for_sm90():
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("_norm_compile_check.py")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "kernel configurations for sm_90" in done.stdout
 

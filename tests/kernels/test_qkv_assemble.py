@@ -8,8 +8,9 @@ import torch
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("heads, kv_heads, head_dim, seq", [(4, 2, 16, 5), (3, 3, 24, 70),
-                                                            (8, 1, 8, 1)])
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_dim, seq", [(4, 2, 16, 5), (3, 3, 24, 70), (8, 1, 8, 1)]
+)
 @pytest.mark.parametrize("layout", ["contiguous", "btHd", "last-dim-strided"])
 def test_assembled_gradient_equals_the_cat_of_the_parts(heads, kv_heads, head_dim, seq, layout):
     """assemble_heads (Triton on CUDA / under the interpreter, copy_ otherwise) against
@@ -36,15 +37,17 @@ def test_assembled_gradient_equals_the_cat_of_the_parts(heads, kv_heads, head_di
     assert out.is_contiguous() and torch.equal(out, want)
     if use_triton(want):  # the forward's plan: taken for contiguous parts, checked otherwise
         plan = assembly_plan((batch, seq, r), sizes, torch.float32, torch.device(DEV))
-        planned = assemble_heads(tuple(parts), sizes, (batch, seq, r), torch.float32,
-                                 torch.device(DEV), plan)
+        planned = assemble_heads(
+            tuple(parts), sizes, (batch, seq, r), torch.float32, torch.device(DEV), plan
+        )
         assert torch.equal(planned, want)
-    missing = assemble_heads((parts[0], None, parts[2]), sizes, (batch, seq, r), torch.float32,
-                             torch.device(DEV))
+    missing = assemble_heads(
+        (parts[0], None, parts[2]), sizes, (batch, seq, r), torch.float32, torch.device(DEV)
+    )
     cut = heads * head_dim, (heads + kv_heads) * head_dim
-    assert torch.equal(missing[..., cut[0]:cut[1]], torch.zeros_like(want[..., cut[0]:cut[1]]))
-    assert torch.equal(missing[..., :cut[0]], want[..., :cut[0]])
-    assert torch.equal(missing[..., cut[1]:], want[..., cut[1]:])
+    assert torch.equal(missing[..., cut[0] : cut[1]], torch.zeros_like(want[..., cut[0] : cut[1]]))
+    assert torch.equal(missing[..., : cut[0]], want[..., : cut[0]])
+    assert torch.equal(missing[..., cut[1] :], want[..., cut[1] :])
 
 
 def test_more_programs_than_the_grid_holds_take_the_torch_copy(monkeypatch):

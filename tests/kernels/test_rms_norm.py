@@ -14,9 +14,13 @@ from ._norm_suite import NormSuite
 from ._numeric import assert_gate
 
 EPS = 1e-6
-CASE = nc.NormCase(name="rms_norm", ours=lambda x, w: rms_norm(x, w, EPS),
-                   torch_fn=lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS),
-                   row_inputs=1, param_names=("weight",))
+CASE = nc.NormCase(
+    name="rms_norm",
+    ours=lambda x, w: rms_norm(x, w, EPS),
+    torch_fn=lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS),
+    row_inputs=1,
+    param_names=("weight",),
+)
 
 
 @pytest.fixture(autouse=True)
@@ -62,14 +66,21 @@ def test_module_loads_rms_norm_state_dict(interpret):
     assert_gate("module output", fused(x), stock(x), ref)
 
 
-@pytest.mark.parametrize("bad,error,message", [
-    (dict(x=torch.ones(3, 4, dtype=torch.bool)), TypeError, "x must be float32"),
-    (dict(weight=torch.ones(4, dtype=torch.int32)), TypeError, "weight must be float32"),
-    (dict(weight=torch.ones(4, device="meta")), RuntimeError, "all tensors must be on one device"),
-    (dict(weight=torch.ones(3)), ValueError, r"weight has shape \(3,\), expected \(4,\)"),
-    (dict(x=torch.ones(0)), ValueError, "no features to normalise"),
-    (dict(eps=-1e-6), ValueError, "eps must be a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    "bad,error,message",
+    [
+        (dict(x=torch.ones(3, 4, dtype=torch.bool)), TypeError, "x must be float32"),
+        (dict(weight=torch.ones(4, dtype=torch.int32)), TypeError, "weight must be float32"),
+        (
+            dict(weight=torch.ones(4, device="meta")),
+            RuntimeError,
+            "all tensors must be on one device",
+        ),
+        (dict(weight=torch.ones(3)), ValueError, r"weight has shape \(3,\), expected \(4,\)"),
+        (dict(x=torch.ones(0)), ValueError, "no features to normalise"),
+        (dict(eps=-1e-6), ValueError, "eps must be a finite number >= 0"),
+    ],
+)
 def test_bad_input_raises_clear_error(bad, error, message):
     args = dict(x=torch.ones(3, 4), weight=torch.ones(4), eps=EPS)
     args.update(bad)

@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from gpushape.kernels.attention import softmax_dropout as sd
 from gpushape.kernels.attention._softmax_reference import backward_reference, forward_reference
 from gpushape.kernels.attention.softmax_dropout import (
     SoftmaxDropout,
@@ -29,7 +30,6 @@ from ._softmax_cases import (
     gate,
     keep_fraction_ok,
     randn,
-    sd,
     seeded,
     torch_composition,
 )
@@ -211,7 +211,7 @@ def test_strided_inputs_match_contiguous(layout):
     x = {
         "transposed": base[0].t().contiguous().t(),  # (4, 66) with column stride 4
         "sliced": base[..., ::2],
-        "offset": base.reshape(-1)[5:5 + 4 * 33].view(4, 33),
+        "offset": base.reshape(-1)[5 : 5 + 4 * 33].view(4, 33),
         "batch-transposed": base.transpose(0, 1),  # rows not at one stride: 4-D row lookup
     }[layout]
     dy = torch.randn(x.shape, device=DEV, dtype=x.dtype)
@@ -282,8 +282,11 @@ def test_nan_propagates_to_its_row_only():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype, n, chunk", [
-    (torch.float32, 65, 32), (torch.bfloat16, 200, 64), (torch.float16, 1025, 512)], ids=str)
+@pytest.mark.parametrize(
+    "dtype, n, chunk",
+    [(torch.float32, 65, 32), (torch.bfloat16, 200, 64), (torch.float16, 1025, 512)],
+    ids=str,
+)
 def test_long_rows_take_the_two_pass_kernels(monkeypatch, dtype, n, chunk):
     """Small stand-ins for rows past SINGLE_PASS_MAX_N (the GPU tests run the real sizes)."""
     x = -2.3 + 0.5 * randn(3, n, dtype=dtype)
@@ -308,19 +311,22 @@ def test_kernel_matches_reference_path(interpret):
     torch.testing.assert_close(stats, stats_ref)
     dy = torch.randn_like(x)
     dx = softmax_dropout_bwd(dy, x, stats, seed, 0.3, 0.5, mask, True, 0.5)
-    torch.testing.assert_close(dx, backward_reference(dy, x, stats, seed, 0.3, 0.5, mask, True,
-                                                      0.5))
+    torch.testing.assert_close(
+        dx, backward_reference(dy, x, stats, seed, 0.3, 0.5, mask, True, 0.5)
+    )
 
 
 def test_opcheck():
     x = torch.randn(3, 40, device=DEV)
     seed = draw_seed(DEV)
     torch.library.opcheck(softmax_dropout_fwd, (x, seed, 0.2, 1.0, None, False))
-    torch.library.opcheck(softmax_dropout_fwd, (x, None, 0.0, 0.5, torch.randn(40, device=DEV),
-                                                True))
+    torch.library.opcheck(
+        softmax_dropout_fwd, (x, None, 0.0, 0.5, torch.randn(40, device=DEV), True)
+    )
     _, stats = softmax_dropout_fwd(x, seed, 0.2, 1.0, None, False)
-    torch.library.opcheck(softmax_dropout_bwd, (torch.randn_like(x), x, stats, seed, 0.2, 1.0,
-                                                None, False, 1.0))
+    torch.library.opcheck(
+        softmax_dropout_bwd, (torch.randn_like(x), x, stats, seed, 0.2, 1.0, None, False, 1.0)
+    )
 
 
 def test_compile_fullgraph_matches_eager():
@@ -366,16 +372,36 @@ BAD_INPUT = {  # case: (x, keyword arguments, error, message)
     "scalar": (torch.tensor(1.0), {}, ValueError, "last dim of size >= 1"),
     "no-columns": (torch.ones(2, 0), {}, ValueError, "last dim of size >= 1"),
     "causal-1d": (torch.ones(4), dict(is_causal=True), ValueError, "at least 2 dims"),
-    "mask-shape": (torch.ones(2, 4), dict(attn_mask=torch.zeros(3)), ValueError,
-                   r"attn_mask of shape \(3,\) does not broadcast"),
-    "mask-grows": (torch.ones(2, 4), dict(attn_mask=torch.zeros(3, 2, 4)), ValueError,
-                   "does not broadcast to x's shape"),
-    "mask-int": (torch.ones(2, 4), dict(attn_mask=torch.zeros(4, dtype=torch.int64)),
-                 TypeError, "attn_mask must be bool"),
-    "mask-device": (torch.ones(2, 4), dict(attn_mask=torch.zeros(4, device="meta")),
-                    RuntimeError, "all tensors must be on one device"),
-    "scale-tensor": (torch.ones(2, 4), dict(scale=torch.tensor(0.5)), TypeError,
-                     "scale must be a Python number"),
+    "mask-shape": (
+        torch.ones(2, 4),
+        dict(attn_mask=torch.zeros(3)),
+        ValueError,
+        r"attn_mask of shape \(3,\) does not broadcast",
+    ),
+    "mask-grows": (
+        torch.ones(2, 4),
+        dict(attn_mask=torch.zeros(3, 2, 4)),
+        ValueError,
+        "does not broadcast to x's shape",
+    ),
+    "mask-int": (
+        torch.ones(2, 4),
+        dict(attn_mask=torch.zeros(4, dtype=torch.int64)),
+        TypeError,
+        "attn_mask must be bool",
+    ),
+    "mask-device": (
+        torch.ones(2, 4),
+        dict(attn_mask=torch.zeros(4, device="meta")),
+        RuntimeError,
+        "all tensors must be on one device",
+    ),
+    "scale-tensor": (
+        torch.ones(2, 4),
+        dict(scale=torch.tensor(0.5)),
+        TypeError,
+        "scale must be a Python number",
+    ),
     "not-a-tensor": ([[1.0, 2.0]], {}, TypeError, "x must be a tensor"),
 }
 

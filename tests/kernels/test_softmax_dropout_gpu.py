@@ -2,7 +2,6 @@
 longest rows, many rows, index arithmetic past 2**31 elements, CUDA-graph capture and replay,
 and the memory held for backward."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F

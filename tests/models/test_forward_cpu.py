@@ -15,8 +15,12 @@ TINY = {
     "resnet50": (dict(blocks=(1, 1, 1, 1), width=8, num_classes=10, image_size=32), (2, 10)),
     "bert-base": ({**TINY_LM, "seq_len": 12}, (2, 12, 97)),
     "gpt2": ({**TINY_LM, "seq_len": 12}, (2, 12, 97)),
-    "vit-b16": (dict(image_size=32, patch_size=8, hidden=32, layers=2, heads=4, mlp_hidden=64,
-                     num_classes=10), (2, 10)),
+    "vit-b16": (
+        dict(
+            image_size=32, patch_size=8, hidden=32, layers=2, heads=4, mlp_hidden=64, num_classes=10
+        ),
+        (2, 10),
+    ),
     "llama-7b": (dict(config=LLAMA_TINY, seq_len=12), (2, 12, LLAMA_TINY.vocab_size)),
 }
 

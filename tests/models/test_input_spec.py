@@ -33,8 +33,9 @@ def test_no_suffix_takes_the_default_dtype():
     assert parse_input_spec("2x3", default_dtype=torch.float16) == ((2, 3), torch.float16)
 
 
-@pytest.mark.parametrize("spec", ["", "x", "8x", "x8", "8xx3", "8x-3", "8x3.5", "8,3", "8*3",
-                                  "8x3:", ":bf16", "8 x 3"])
+@pytest.mark.parametrize(
+    "spec", ["", "x", "8x", "x8", "8xx3", "8x-3", "8x3.5", "8,3", "8*3", "8x3:", ":bf16", "8 x 3"]
+)
 def test_malformed_shapes_say_the_expected_form(spec):
     with pytest.raises(GpushapeError) as info:
         parse_input_spec(spec)

@@ -36,6 +36,7 @@ def error_of(spec: str, **kwargs) -> str:
 
 # --- zoo names -------------------------------------------------------------------------------
 
+
 def test_zoo_name_builds_on_meta_in_bf16():
     resolved = resolve_model("resnet50", batch=2)
     assert isinstance(resolved, ResolvedModel) and resolved.name == "resnet50"
@@ -58,13 +59,18 @@ def test_unknown_zoo_name_lists_the_zoo_and_the_other_forms():
 
 # --- path/to/file.py:factory -----------------------------------------------------------------
 
+
 def test_file_factory_without_a_device_argument_runs_under_the_meta_device(tmp_path):
-    path = write(tmp_path, "net.py", """
+    path = write(
+        tmp_path,
+        "net.py",
+        """
         SEEN = []
         def make():
             SEEN.append(torch.empty(1).device.type)
             return nn.Sequential(nn.Linear(4, 8), nn.ReLU())
-    """)
+    """,
+    )
     resolved = resolve_model(f"{path}:make", inputs=["2x4"])
     assert resolved.name == f"{path}:make"
     weight = resolved.model[0].weight
@@ -76,13 +82,17 @@ def test_file_factory_without_a_device_argument_runs_under_the_meta_device(tmp_p
 
 
 def test_file_factory_gets_the_arguments_it_names(tmp_path):
-    path = write(tmp_path, "named.py", """
+    path = write(
+        tmp_path,
+        "named.py",
+        """
         GOT = {}
         def make(batch=1, dtype=torch.float32, device="cpu"):
             GOT.update(batch=batch, dtype=dtype, device=str(device))
             model = nn.Linear(4, 3, dtype=dtype, device=device)
             return model, torch.randn(batch, 4, dtype=dtype, device=device)
-    """)
+    """,
+    )
     resolved = resolve_model(f"{path}:make", batch=3, dtype=torch.float64, device="cpu")
     got = _module_of(path).GOT
     assert got == {"batch": 3, "dtype": torch.float64, "device": "cpu"}
@@ -92,10 +102,14 @@ def test_file_factory_gets_the_arguments_it_names(tmp_path):
 
 
 def test_file_factory_without_dtype_is_cast_but_integer_inputs_are_kept(tmp_path):
-    path = write(tmp_path, "cast.py", """
+    path = write(
+        tmp_path,
+        "cast.py",
+        """
         def make():
             return nn.Linear(4, 4), (torch.randn(2, 4), torch.zeros(2, dtype=torch.int64))
-    """)
+    """,
+    )
     resolved = resolve_model(f"{path}:make", dtype=torch.float16, device="cpu")
     assert resolved.model.weight.dtype == torch.float16 and not resolved.model.weight.is_meta
     x, ids = resolved.example_inputs
@@ -105,11 +119,15 @@ def test_file_factory_without_dtype_is_cast_but_integer_inputs_are_kept(tmp_path
 def test_file_can_import_its_siblings_and_sys_path_is_restored(tmp_path):
     helper = f"helper_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{helper}.py").write_text("WIDTH = 5\n")
-    path = write(tmp_path, "sib.py", f"""
+    path = write(
+        tmp_path,
+        "sib.py",
+        f"""
         from {helper} import WIDTH
         def make():
             return nn.Linear(WIDTH, 2), torch.randn(1, WIDTH)
-    """)
+    """,
+    )
     before = list(sys.path)
     resolved = resolve_model(f"{path}:make")
     assert resolved.model.in_features == 5
@@ -117,7 +135,10 @@ def test_file_can_import_its_siblings_and_sys_path_is_restored(tmp_path):
 
 
 def test_a_module_instance_and_a_module_class_can_be_named(tmp_path):
-    path = write(tmp_path, "objs.py", """
+    path = write(
+        tmp_path,
+        "objs.py",
+        """
         MODEL = nn.Linear(4, 4)
         class Net(nn.Module):
             def __init__(self, width=6):
@@ -125,7 +146,8 @@ def test_a_module_instance_and_a_module_class_can_be_named(tmp_path):
                 self.fc = nn.Linear(width, 2)
             def forward(self, x):
                 return self.fc(x)
-    """)
+    """,
+    )
     instance = resolve_model(f"{path}:MODEL", inputs=["1x4"])
     assert instance.model.weight.is_meta  # built on the CPU at import, moved to meta
     built = resolve_model(f"{path}:Net", inputs=["1x6"])
@@ -133,6 +155,7 @@ def test_a_module_instance_and_a_module_class_can_be_named(tmp_path):
 
 
 # --- package.module:factory ------------------------------------------------------------------
+
 
 def make_package(tmp_path, modules: dict[str, str]) -> str:
     package = f"gs_pkg_{uuid.uuid4().hex[:8]}"
@@ -144,10 +167,15 @@ def make_package(tmp_path, modules: dict[str, str]) -> str:
 
 
 def test_package_module_factory_is_found_from_the_working_directory(tmp_path, monkeypatch):
-    package = make_package(tmp_path, {"nets": """
+    package = make_package(
+        tmp_path,
+        {
+            "nets": """
         def make(batch=4):
             return nn.Linear(4, 2), torch.randn(batch, 4)
-    """})
+    """
+        },
+    )
     monkeypatch.chdir(tmp_path)
     resolved = resolve_model(f"{package}.nets:make", batch=2)
     (x,) = resolved.example_inputs
@@ -161,6 +189,7 @@ def test_installed_module_factory():
 
 
 # --- errors ----------------------------------------------------------------------------------
+
 
 def test_missing_file(tmp_path):
     path = tmp_path / "absent.py"
@@ -208,10 +237,14 @@ def test_attribute_that_is_not_callable(tmp_path):
 
 
 def test_factory_that_raises_is_named_with_the_exception(tmp_path):
-    path = write(tmp_path, "raises.py", """
+    path = write(
+        tmp_path,
+        "raises.py",
+        """
         def make():
             raise ValueError("bad width\\nsecond line")
-    """)
+    """,
+    )
     assert error_of(f"{path}:make") == (
         f"factory {path}:make raised ValueError: bad width second line"
     )
@@ -220,12 +253,19 @@ def test_factory_that_raises_is_named_with_the_exception(tmp_path):
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        ("return 3", "returned an object of type 'int'; expected an nn.Module or "
-                     "(module, example_inputs)"),
-        ("return 1, 2", "returned a tuple of (int, int); expected an nn.Module or "
-                        "(module, example_inputs)"),
-        ("return nn.Linear(1, 1), 'x'", "returned example inputs that are an object of type "
-                                        "'str'; expected a tensor or a tuple of tensors"),
+        (
+            "return 3",
+            "returned an object of type 'int'; expected an nn.Module or (module, example_inputs)",
+        ),
+        (
+            "return 1, 2",
+            "returned a tuple of (int, int); expected an nn.Module or (module, example_inputs)",
+        ),
+        (
+            "return nn.Linear(1, 1), 'x'",
+            "returned example inputs that are an object of type "
+            "'str'; expected a tensor or a tuple of tensors",
+        ),
     ],
 )
 def test_factory_returning_the_wrong_thing(tmp_path, body, expected):
@@ -241,10 +281,14 @@ def test_factory_with_an_argument_nobody_supplies(tmp_path):
 
 
 def test_meta_parameters_cannot_go_to_a_real_device(tmp_path):
-    path = write(tmp_path, "meta.py", """
+    path = write(
+        tmp_path,
+        "meta.py",
+        """
         def make():
             return nn.Linear(2, 2, device="meta"), torch.randn(1, 2)
-    """)
+    """,
+    )
     assert error_of(f"{path}:make", device="cpu").startswith(
         f"{path}:make has parameters or inputs on the meta device, which hold no values, but "
         f"device 'cpu' was asked"
@@ -276,8 +320,12 @@ def test_malformed_input_string(tmp_path):
 @pytest.mark.parametrize(
     ("spec", "kwargs", "expected"),
     [
-        ("net.py:", {}, "bad model 'net.py:': expected a zoo name, path/to/file.py:factory or "
-                        "package.module:factory"),
+        (
+            "net.py:",
+            {},
+            "bad model 'net.py:': expected a zoo name, path/to/file.py:factory or "
+            "package.module:factory",
+        ),
         (":make", {}, "bad model ':make': expected a zoo name"),
         ("net.py", {}, "'net.py' names a file but no factory; write net.py:FACTORY"),
         ("resnet50", {"device": "nodevice"}, "bad device 'nodevice': "),

@@ -60,7 +60,9 @@ def test_every_model_has_a_description_and_a_forward_on_meta(name):
 def test_every_factory_shows_the_common_signature(name):
     params = list(inspect.signature(get_model_entry(name).factory).parameters.values())
     assert [(p.name, p.default) for p in params[:3]] == [
-        ("batch", None), ("dtype", torch.bfloat16), ("device", "meta")
+        ("batch", None),
+        ("dtype", torch.bfloat16),
+        ("device", "meta"),
     ]
 
 
@@ -69,14 +71,24 @@ def test_list_models_is_sorted_entries_with_the_issue_defaults():
     assert all(isinstance(e, ModelEntry) for e in entries)
     assert [e.name for e in entries] == sorted(e.name for e in entries)
     defaults = {e.name: e.default_batch for e in entries}
-    assert {"resnet50": 32, "bert-base": 8, "gpt2": 8, "vit-b16": 32, "llama-7b": 1}.items() \
-        <= defaults.items()
+    assert {
+        "resnet50": 32,
+        "bert-base": 8,
+        "gpt2": 8,
+        "vit-b16": 32,
+        "llama-7b": 1,
+    }.items() <= defaults.items()
 
 
 @pytest.mark.parametrize(
     ("name", "input_shape"),
-    [("resnet50", (32, 3, 224, 224)), ("bert-base", (8, 512)), ("gpt2", (8, 1024)),
-     ("vit-b16", (32, 3, 224, 224)), ("llama-7b", (1, 2048))],
+    [
+        ("resnet50", (32, 3, 224, 224)),
+        ("bert-base", (8, 512)),
+        ("gpt2", (8, 1024)),
+        ("vit-b16", (32, 3, 224, 224)),
+        ("llama-7b", (1, 2048)),
+    ],
 )
 def test_default_example_inputs(name, input_shape):
     _, (x,) = create_model(name)
@@ -133,9 +145,12 @@ def test_llama_7b_counts_its_parameters_on_meta_without_allocating():
 
 def torchvision_resnet50_keys() -> list[str]:
     """torchvision's ResNet-50 state_dict keys, in order, written from the architecture."""
+
     def bn(prefix: str) -> list[str]:
-        return [f"{prefix}.{s}" for s in
-                ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")]
+        return [
+            f"{prefix}.{s}"
+            for s in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+        ]
 
     keys = ["conv1.weight", *bn("bn1")]
     for stage, blocks in enumerate((3, 4, 6, 3), start=1):
@@ -179,6 +194,7 @@ def test_vit_b16_forward_is_17_6_gmacs():
 
 
 # --- errors ----------------------------------------------------------------------------------
+
 
 def test_unknown_model_lists_known_names_and_suggests_one():
     with pytest.raises(GpushapeError) as info:

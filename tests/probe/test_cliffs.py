@@ -117,8 +117,10 @@ def test_wave_sawtooth_is_found(tile):
     rng = random.Random(1)
     sms, n = 132, 4096
     ms = [128 * i for i in range(1, 65)]
-    values = [800.0 * wave_efficiency(tile_count(m, n, tile), sms) * (1 + rng.uniform(-0.03, 0.03))
-              for m in ms]
+    values = [
+        800.0 * wave_efficiency(tile_count(m, n, tile), sms) * (1 + rng.uniform(-0.03, 0.03))
+        for m in ms
+    ]
     fit = fit_wave_pattern(ms, n, values, sms)
     assert fit.tile == tile and fit.found and fit.correlation > 0.9
     assert fit.boundaries > 0 and fit.boundary_drops * 2 >= fit.boundaries

@@ -21,16 +21,19 @@ from gpushape.probe.measure import MeasureConfig
 from gpushape.probe.plan import quick_plan, tiny_plan
 
 
-@pytest.mark.parametrize(("claimed", "gain", "expected"), [
-    (0.26, 0.13, HOLDS),  # exactly half the claim
-    (0.26, 0.40, HOLDS),
-    (0.26, 0.12, PARTLY),
-    (0.26, 0.031, PARTLY),
-    (0.26, 0.03, FAILS),  # the noise floor
-    (0.26, -0.2, FAILS),  # the opposite way
-    (0.2, None, NOT_MEASURED),
-    (0.2, float("nan"), NOT_MEASURED),
-])
+@pytest.mark.parametrize(
+    ("claimed", "gain", "expected"),
+    [
+        (0.26, 0.13, HOLDS),  # exactly half the claim
+        (0.26, 0.40, HOLDS),
+        (0.26, 0.12, PARTLY),
+        (0.26, 0.031, PARTLY),
+        (0.26, 0.03, FAILS),  # the noise floor
+        (0.26, -0.2, FAILS),  # the opposite way
+        (0.2, None, NOT_MEASURED),
+        (0.2, float("nan"), NOT_MEASURED),
+    ],
+)
 def test_verdict_rule(claimed, gain, expected):
     assert verdict(claimed, gain) == expected
 
@@ -42,9 +45,17 @@ def test_gain_of():
 def test_every_design_table_claim_is_registered_in_report_order():
     ids = [c.id for c in guide_claims.selected(quick_plan())]
     assert ids == list(guide_claims.ORDER)
-    for needed in ("conv-channels-63-vs-64", "dims-multiple-of-32", "batch-127-vs-128",
-                   "pool-vs-mean", "stem-7x7-pad-to-32", "channels-last", "launch-overhead",
-                   "layernorm-gelu-fusion", "einsum-vs-bmm"):
+    for needed in (
+        "conv-channels-63-vs-64",
+        "dims-multiple-of-32",
+        "batch-127-vs-128",
+        "pool-vs-mean",
+        "stem-7x7-pad-to-32",
+        "channels-last",
+        "launch-overhead",
+        "layernorm-gelu-fusion",
+        "einsum-vs-bmm",
+    ):
         assert needed in ids
     for c in guide_claims.REGISTRY.values():
         assert c.where and c.says and c.claimed and c.claimed_gain > 0
@@ -71,10 +82,18 @@ def test_lowering_is_read_from_the_dispatcher():
 
 
 def test_launch_claim_needs_a_graph_figure():
-    ctx = ClaimContext(cfg=MeasureConfig(device="cpu"), mode="tiny", spec=get_gpu("h200"),
-                       ceilings={"launch_overhead_s": 7e-6, "graph_launch_overhead_s": None})
+    ctx = ClaimContext(
+        cfg=MeasureConfig(device="cpu"),
+        mode="tiny",
+        spec=get_gpu("h200"),
+        ceilings={"launch_overhead_s": 7e-6, "graph_launch_overhead_s": None},
+    )
     measured = guide_claims.REGISTRY["launch-overhead"].measure(ctx)
     assert measured.gain is None
-    ctx = ClaimContext(cfg=ctx.cfg, mode="tiny", spec=ctx.spec,
-                       ceilings={"launch_overhead_s": 6.9e-6, "graph_launch_overhead_s": 1.1e-6})
+    ctx = ClaimContext(
+        cfg=ctx.cfg,
+        mode="tiny",
+        spec=ctx.spec,
+        ceilings={"launch_overhead_s": 6.9e-6, "graph_launch_overhead_s": 1.1e-6},
+    )
     assert guide_claims.REGISTRY["launch-overhead"].measure(ctx).gain == pytest.approx(5.27, 0.01)

@@ -18,12 +18,14 @@ def test_the_model_time_covers_both_passes_with_the_attention_flops():
     spec = get_gpu("h200")
     b, h, t = 2, 4, 256
     fwd_s, bwd_s, fwd_flops, bwd_flops = probe_attention.model_s(
-        spec, AttentionConfig("flash", 64), (b, h, t), torch.bfloat16)
+        spec, AttentionConfig("flash", 64), (b, h, t), torch.bfloat16
+    )
     assert fwd_flops == 4 * b * h * t * t * 64  # QK^T and PV
     assert bwd_flops == pytest.approx(2.5 * fwd_flops)
     assert 0 < fwd_s < bwd_s
-    causal = probe_attention.model_s(spec, AttentionConfig("flash", 64, causal=True),
-                                     (b, h, t), torch.bfloat16)
+    causal = probe_attention.model_s(
+        spec, AttentionConfig("flash", 64, causal=True), (b, h, t), torch.bfloat16
+    )
     assert causal[2] == 2 * b * h * t * (t + 1) * 64  # only the unmasked pairs
 
 
@@ -37,24 +39,37 @@ def test_each_configuration_gives_a_forward_and_a_backward_rate():
         assert 0.01 <= row[key] <= 1.0
     assert row["model_fwd_s"] > 0 and row["measured_fwd_s"] > 0
     assert row["efficient/fwd/dropout/d128"] == pytest.approx(
-        min(max(row["model_fwd_s"] / row["measured_fwd_s"], 0.01), 1.0), abs=1e-4)
+        min(max(row["model_fwd_s"] / row["measured_fwd_s"], 0.01), 1.0), abs=1e-4
+    )
     from gpushape.hardware.profile import attention_rates
 
-    assert probe_attention.pass_rates(row) == (row["efficient/fwd/dropout/d128"],
-                                               row["efficient/bwd/dropout/d128"])
+    assert probe_attention.pass_rates(row) == (
+        row["efficient/fwd/dropout/d128"],
+        row["efficient/bwd/dropout/d128"],
+    )
     flat = attention_rates(rows)
-    assert set(flat) == {"flash/fwd/d64", "flash/bwd/d64", "efficient/fwd/dropout/d128",
-                         "efficient/bwd/dropout/d128"}
+    assert set(flat) == {
+        "flash/fwd/d64",
+        "flash/bwd/d64",
+        "efficient/fwd/dropout/d128",
+        "efficient/bwd/dropout/d128",
+    }
 
 
 def test_a_configuration_that_cannot_run_is_reported(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("No available kernel")
+
     monkeypatch.setattr(probe_attention, "measure_config", broken)
-    rows = probe_attention.measure_attention(get_gpu("h200"), device="cpu", shape=SHAPE,
-                                             configs=(AttentionConfig("flash", 64),))
-    assert rows == {"flash/d64": {"error": "RuntimeError: No available kernel",
-                                  "workload": "flash attention, head size 64"}}
+    rows = probe_attention.measure_attention(
+        get_gpu("h200"), device="cpu", shape=SHAPE, configs=(AttentionConfig("flash", 64),)
+    )
+    assert rows == {
+        "flash/d64": {
+            "error": "RuntimeError: No available kernel",
+            "workload": "flash attention, head size 64",
+        }
+    }
 
 
 def test_measured_rates_slow_the_cost_model_s_attention():
@@ -64,16 +79,24 @@ def test_measured_rates_slow_the_cost_model_s_attention():
     from gpushape.tracing.cost import cost
 
     spec = get_gpu("h200")
-    profile = {"format": "gpushape-profile", "version": 1, "gpu": "h200-sxm",
-               "attention": {"flash/dropout/d64": {"flash/fwd/dropout/d64": 0.5,
-                                                   "flash/bwd/dropout/d64": 0.25}}}
+    profile = {
+        "format": "gpushape-profile",
+        "version": 1,
+        "gpu": "h200-sxm",
+        "attention": {
+            "flash/dropout/d64": {"flash/fwd/dropout/d64": 0.5, "flash/bwd/dropout/d64": 0.25}
+        },
+    }
     calibrated = apply_profile(spec, profile)
-    qkv = tuple(torch.empty(4, 8, 512, 64, dtype=torch.bfloat16, device="meta",
-                            requires_grad=True) for _ in range(3))
+    qkv = tuple(
+        torch.empty(4, 8, 512, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
+        for _ in range(3)
+    )
     model = probe_attention._Attention(AttentionConfig("flash", 64, dropout=0.1))
     t = trace(model, qkv, train=True)
-    before, after = ({op.phase: op for op in cost(t, s).ops if "flash" in op.op}
-                     for s in (spec, calibrated))
+    before, after = (
+        {op.phase: op for op in cost(t, s).ops if "flash" in op.op} for s in (spec, calibrated)
+    )
     assert after["forward"].compute_s == pytest.approx(before["forward"].compute_s / 0.5)
     assert after["backward"].compute_s == pytest.approx(before["backward"].compute_s / 0.25)
     assert after["forward"].gemms[0].kernel_rate == 0.5

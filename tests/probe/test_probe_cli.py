@@ -33,8 +33,14 @@ def test_probe_end_to_end_on_cpu_at_toy_sizes(monkeypatch, capsys, tmp_path):
 
     profile = json.loads(out.read_text())
     assert profile["gpu"] == "h200-sxm" and profile["probe"]["mode"] == "tiny"
-    assert set(profile["sweeps"]) == {"gemm_peak", "gemm_align", "conv_channels", "gemm_batch",
-                                      "conv_batch", "wave"}
+    assert set(profile["sweeps"]) == {
+        "gemm_peak",
+        "gemm_align",
+        "conv_channels",
+        "gemm_batch",
+        "conv_batch",
+        "wave",
+    }
     assert all(r["flops_per_s"] > 0 for rows in profile["sweeps"].values() for r in rows)
     assert profile["ceilings"]["copy_bytes_per_s"] > 0
     errors = {c["id"]: c["error"] for c in profile["guide_claims"] if "error" in c}

@@ -87,8 +87,11 @@ def test_budgets_fit_the_targets():
 
 
 def test_align_sweep_covers_the_issue_offsets():
-    rows = [t.row for t in build_tasks(full_plan(), get_gpu("h200"), fp8=True)
-            if t.sweep == "gemm_align" and t.row["dtype"] == "bf16" and t.row["layout"] == "nn"]
+    rows = [
+        t.row
+        for t in build_tasks(full_plan(), get_gpu("h200"), fp8=True)
+        if t.sweep == "gemm_align" and t.row["dtype"] == "bf16" and t.row["layout"] == "nn"
+    ]
     sizes = {(r["dim"], r["base"]): set() for r in rows}
     for r in rows:
         sizes[(r["dim"], r["base"])].add(r["size"] - r["base"])

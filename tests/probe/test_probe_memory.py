@@ -35,11 +35,15 @@ def test_efficiency_is_roofline_over_measured_time(rows):
 def test_a_failing_workload_is_reported_not_raised(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no kernel for this dtype")
+
     monkeypatch.setattr(probe_memory, "measure_family", broken)
-    out = probe_memory.measure_memory_efficiency(get_gpu("h200"), device="cpu",
-                                                 families=("norm",))
-    assert out == {"norm": {"error": "RuntimeError: no kernel for this dtype",
-                            "workload": "LayerNorm(4096) on 32768x4096"}}
+    out = probe_memory.measure_memory_efficiency(get_gpu("h200"), device="cpu", families=("norm",))
+    assert out == {
+        "norm": {
+            "error": "RuntimeError: no kernel for this dtype",
+            "workload": "LayerNorm(4096) on 32768x4096",
+        }
+    }
 
 
 def test_the_stem_probe_compares_the_measured_step_with_the_gemm_model():
@@ -48,7 +52,8 @@ def test_the_stem_probe_compares_the_measured_step_with_the_gemm_model():
     row = measure_small_cin_conv(get_gpu("h200"), device="cpu", batch=2, size=32, repeats=4)
     assert row["model_s"] > 0 and row["measured_s"] > 0
     assert row["efficiency"] == pytest.approx(
-        min(max(row["model_s"] / row["measured_s"], 0.01), 1.0), abs=1e-4)
+        min(max(row["model_s"] / row["measured_s"], 0.01), 1.0), abs=1e-4
+    )
 
 
 def _timings(nchw_s: float, cl_s: float):
@@ -56,8 +61,11 @@ def _timings(nchw_s: float, cl_s: float):
 
     def fake(steps, **kwargs):
         assert set(steps) == {"nchw", "channels_last"}
-        return {name: Timing((t,), "perf_counter", 0, False, 1)
-                for name, t in (("nchw", nchw_s), ("channels_last", cl_s))}
+        return {
+            name: Timing((t,), "perf_counter", 0, False, 1)
+            for name, t in (("nchw", nchw_s), ("channels_last", cl_s))
+        }
+
     return fake
 
 
@@ -66,8 +74,7 @@ def _nchw_row(monkeypatch, nchw_s, cl_s):
 
     monkeypatch.setattr(probe_layout, "compare", _timings(nchw_s, cl_s))
     work = next(w for w in probe_memory.WORKLOADS if w.family == "nchw_conversion")
-    return probe_layout.measure_nchw_conversion(work, get_gpu("h200"), device="cpu",
-                                                scale=0.002)
+    return probe_layout.measure_nchw_conversion(work, get_gpu("h200"), device="cpu", scale=0.002)
 
 
 def test_nchw_conversion_is_the_conversions_time_over_the_layouts_difference(monkeypatch):
@@ -76,9 +83,13 @@ def test_nchw_conversion_is_the_conversions_time_over_the_layouts_difference(mon
 
     # the smoke blocks: (32 -> 16 -> 16 -> 32) at 8x8 and (64 -> 32 -> 32 -> 64) at 4x4, batch 2
     blocks = ((32, 16, 8), (64, 32, 4))
-    expected = sum(nchw_conversion_bytes(2 * a * s * s * 2, 2 * b * s * s * 2, grad_input=True,
-                                         grad_weight=True)
-                   for (c, m, s) in blocks for a, b in ((c, m), (m, m), (m, c)))
+    expected = sum(
+        nchw_conversion_bytes(
+            2 * a * s * s * 2, 2 * b * s * s * 2, grad_input=True, grad_weight=True
+        )
+        for (c, m, s) in blocks
+        for a, b in ((c, m), (m, m), (m, c))
+    )
     assert conversion_bytes(blocks, 2, 2) == expected
     assert nchw_conversion_bytes(10, 6, grad_input=True, grad_weight=True) == 96  # 3 x 2 x 16
     assert nchw_conversion_bytes(10, 6, grad_input=False, grad_weight=True) == 64

@@ -29,8 +29,17 @@ def _gemm_rows(dtype, granularity, fast):
                 mnk = {d: size if d == dim.lower() else other for d in "mnk"}
                 # like the H200 in bf16: M does not care, N and K fall off a cliff
                 slow = dim != "M" and size % granularity != 0
-                rows.append({"dtype": dtype, "layout": "nn", **mnk, "dim": dim, "base": base,
-                             "size": size, "flops_per_s": _noisy(fast * (0.2 if slow else 1) * T)})
+                rows.append(
+                    {
+                        "dtype": dtype,
+                        "layout": "nn",
+                        **mnk,
+                        "dim": dim,
+                        "base": base,
+                        "size": size,
+                        "flops_per_s": _noisy(fast * (0.2 if slow else 1) * T),
+                    }
+                )
     return rows
 
 
@@ -38,53 +47,120 @@ def _conv_rows():
     rows = []
     for name, base in (("3x3 cin", 64), ("1x1 cin", 256)):
         for size in range(base - 4, base + 65, 1 if base == 64 else 4):
-            rows.append({"dtype": "bf16", "sweep": name, "dim": "cin", "base": base, "size": size,
-                         "flops_per_s": _noisy((240 if size % 8 == 0 else 170) * T)})
+            rows.append(
+                {
+                    "dtype": "bf16",
+                    "sweep": name,
+                    "dim": "cin",
+                    "base": base,
+                    "size": size,
+                    "flops_per_s": _noisy((240 if size % 8 == 0 else 170) * T),
+                }
+            )
     return rows
 
 
 def _batch_rows(name):
     sizes = [1, 32, 64, *range(120, 137), *range(248, 265), 512]
-    return [{"dtype": "bf16", "size": b, "dim": "batch",
-             "flops_per_s": _noisy(600 * T * min(1.0, b / 256 + 0.3))} for b in sizes]
+    return [
+        {
+            "dtype": "bf16",
+            "size": b,
+            "dim": "batch",
+            "flops_per_s": _noisy(600 * T * min(1.0, b / 256 + 0.3)),
+        }
+        for b in sizes
+    ]
 
 
 def _wave_rows(sms=132, n=4096):
-    return [{"dtype": "bf16", "layout": "nn", "m": m, "n": n, "k": n, "size": m,
-             "flops_per_s": _noisy(700 * T * wave_efficiency(tile_count(m, n, (128, 256)), sms))}
-            for m in (128 * i for i in range(1, 65))]
+    return [
+        {
+            "dtype": "bf16",
+            "layout": "nn",
+            "m": m,
+            "n": n,
+            "k": n,
+            "size": m,
+            "flops_per_s": _noisy(700 * T * wave_efficiency(tile_count(m, n, (128, 256)), sms)),
+        }
+        for m in (128 * i for i in range(1, 65))
+    ]
 
 
 def _claims(ctx):
     def measured(gain):
-        return lambda c: Measured(gain=gain, numbers={"a_ms": 1.0, "b_ms": 1.0 + gain},
-                                  how="synthetic")
+        return lambda c: Measured(
+            gain=gain, numbers={"a_ms": 1.0, "b_ms": 1.0 + gain}, how="synthetic"
+        )
 
-    claims = [Claim(id="conv-channels-63-vs-64", where="§2.1", says="63 channels: 35% slower",
-                    claimed="35%", claimed_gain=0.54, measure=measured(0.41)),
-              Claim(id="batch-127-vs-128", where="§3.1", says="+26%", claimed="+26%",
-                    claimed_gain=0.26, measure=measured(0.001)),
-              Claim(id="broken", where="§0", says="-", claimed="-", claimed_gain=0.2,
-                    measure=lambda c: 1 / 0)]
+    claims = [
+        Claim(
+            id="conv-channels-63-vs-64",
+            where="§2.1",
+            says="63 channels: 35% slower",
+            claimed="35%",
+            claimed_gain=0.54,
+            measure=measured(0.41),
+        ),
+        Claim(
+            id="batch-127-vs-128",
+            where="§3.1",
+            says="+26%",
+            claimed="+26%",
+            claimed_gain=0.26,
+            measure=measured(0.001),
+        ),
+        Claim(
+            id="broken",
+            where="§0",
+            says="-",
+            claimed="-",
+            claimed_gain=0.2,
+            measure=lambda c: 1 / 0,
+        ),
+    ]
     return run_claims(claims, ctx)
 
 
 @pytest.fixture(scope="module")
 def synthetic_profile():
     spec = get_gpu("h200")
-    sweeps = {"gemm_peak": [{"dtype": "bf16", "size": 8192, "flops_per_s": 790 * T},
-                            {"dtype": "fp32", "size": 8192, "flops_per_s": 51 * T}],
-              "gemm_align": _gemm_rows("bf16", 8, 700) + _gemm_rows("tf32", 4, 400),
-              "conv_channels": _conv_rows(), "gemm_batch": _batch_rows("gemm_batch"),
-              "conv_batch": _batch_rows("conv_batch"), "wave": _wave_rows()}
-    ceilings = {"copy_bytes_per_s": 4.2e12, "launch_overhead_s": 6.9e-6,
-                "graph_launch_overhead_s": 1.1e-6}
+    sweeps = {
+        "gemm_peak": [
+            {"dtype": "bf16", "size": 8192, "flops_per_s": 790 * T},
+            {"dtype": "fp32", "size": 8192, "flops_per_s": 51 * T},
+        ],
+        "gemm_align": _gemm_rows("bf16", 8, 700) + _gemm_rows("tf32", 4, 400),
+        "conv_channels": _conv_rows(),
+        "gemm_batch": _batch_rows("gemm_batch"),
+        "conv_batch": _batch_rows("conv_batch"),
+        "wave": _wave_rows(),
+    }
+    ceilings = {
+        "copy_bytes_per_s": 4.2e12,
+        "launch_overhead_s": 6.9e-6,
+        "graph_launch_overhead_s": 1.1e-6,
+    }
     analysis = analyze(sweeps, spec)
-    ctx = ClaimContext(cfg=MeasureConfig(device="cpu"), mode="full", spec=spec, ceilings=ceilings,
-                       sweeps=sweeps, analysis=analysis)
-    return build_profile(plan=full_plan(), spec=spec, cfg=ctx.cfg, ceilings=ceilings,
-                         sweeps=sweeps, analysis=analysis, claims=_claims(ctx),
-                         timing={"total_s": 200.0})
+    ctx = ClaimContext(
+        cfg=MeasureConfig(device="cpu"),
+        mode="full",
+        spec=spec,
+        ceilings=ceilings,
+        sweeps=sweeps,
+        analysis=analysis,
+    )
+    return build_profile(
+        plan=full_plan(),
+        spec=spec,
+        cfg=ctx.cfg,
+        ceilings=ceilings,
+        sweeps=sweeps,
+        analysis=analysis,
+        claims=_claims(ctx),
+        timing={"total_s": 200.0},
+    )
 
 
 def test_analysis_of_synthetic_sweeps(synthetic_profile):
@@ -97,8 +173,11 @@ def test_analysis_of_synthetic_sweeps(synthetic_profile):
     assert all(c["granularity"] == 1 for c in p["cliffs"]["batch"].values())
     assert p["wave_quantization"]["found"] and p["wave_quantization"]["tile"] == [128, 256]
     verdicts = {c["id"]: c["verdict"] for c in p["guide_claims"]}
-    assert verdicts == {"conv-channels-63-vs-64": "holds", "batch-127-vs-128": "does not hold",
-                        "broken": "not measured"}
+    assert verdicts == {
+        "conv-channels-63-vs-64": "holds",
+        "batch-127-vs-128": "does not hold",
+        "broken": "not measured",
+    }
     assert "ZeroDivisionError" in p["guide_claims"][2]["error"]
 
 
@@ -106,13 +185,29 @@ def test_report_markdown_and_plots(synthetic_profile, tmp_path):
     md_path = write_report(synthetic_profile, tmp_path)
     assert md_path == tmp_path / REPORT_NAME
     md = md_path.read_text()
-    for text in ("## Ceilings", "4,200 GB/s", "88%", "| bf16 | nn | none | **8** (-", "| 8 | 8 |",
-                 "## Wave quantization", "wave quantization visible", "**holds**",
-                 "**does not hold**", "error: ZeroDivisionError", "Verdict rule: holds if"):
+    for text in (
+        "## Ceilings",
+        "4,200 GB/s",
+        "88%",
+        "| bf16 | nn | none | **8** (-",
+        "| 8 | 8 |",
+        "## Wave quantization",
+        "wave quantization visible",
+        "**holds**",
+        "**does not hold**",
+        "error: ZeroDivisionError",
+        "Verdict rule: holds if",
+    ):
         assert text in md, text
     pngs = {p.name for p in (tmp_path / "plots").glob("*.png")}
-    assert pngs == {"gemm-align-bf16-nn.png", "gemm-align-tf32-nn.png", "conv-channels-bf16.png",
-                    "batch.png", "wave.png", "guide-claims.png"}
+    assert pngs == {
+        "gemm-align-bf16-nn.png",
+        "gemm-align-tf32-nn.png",
+        "conv-channels-bf16.png",
+        "batch.png",
+        "wave.png",
+        "guide-claims.png",
+    }
     for name in pngs:
         assert f"(plots/{name})" in md
         assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
@@ -125,11 +220,22 @@ def test_report_renders_again_from_the_profile_file(synthetic_profile, tmp_path)
 
 
 def test_report_has_the_attention_rates_when_the_profile_does(synthetic_profile, tmp_path):
-    profile = {**synthetic_profile, "attention": {
-        "flash/d64": {"flash/fwd/d64": 0.36, "flash/bwd/d64": 0.28, "tflops_fwd": 271.0,
-                      "tflops_bwd": 209.0,
-                      "workload": "flash attention, head size 64, 8x16x1024x64"},
-        "efficient/d64": {"error": "RuntimeError: no kernel", "workload": "efficient attention"}}}
+    profile = {
+        **synthetic_profile,
+        "attention": {
+            "flash/d64": {
+                "flash/fwd/d64": 0.36,
+                "flash/bwd/d64": 0.28,
+                "tflops_fwd": 271.0,
+                "tflops_bwd": 209.0,
+                "workload": "flash attention, head size 64, 8x16x1024x64",
+            },
+            "efficient/d64": {
+                "error": "RuntimeError: no kernel",
+                "workload": "efficient attention",
+            },
+        },
+    }
     md = write_report(profile, tmp_path).read_text()
     assert "## Fused attention against the GEMM model" in md
     assert "| flash attention, head size 64, 8x16x1024x64 | 0.36 | 271 | 0.28 | 209 |" in md
@@ -139,8 +245,13 @@ def test_report_has_the_attention_rates_when_the_profile_does(synthetic_profile,
 def test_memory_section_explains_the_nchw_row_and_shows_an_unmeasured_one():
     from gpushape.probe.report import _memory
 
-    nchw = {"efficiency": 0.4, "workload": "bottlenecks", "measured_s": 3e-3,
-            "channels_last_s": 1e-3, "conversion_bytes": 3.4e9}
+    nchw = {
+        "efficiency": 0.4,
+        "workload": "bottlenecks",
+        "measured_s": 3e-3,
+        "channels_last_s": 1e-3,
+        "conversion_bytes": 3.4e9,
+    }
     text = "\n".join(_memory({"memory_efficiency": {"nchw_conversion": nchw}}))
     assert "| nchw_conversion | bottlenecks | 0.40 | 3.000 |" in text
     assert "took 3.000 ms against 1.000 ms in channels_last" in text and "3.40 GB" in text

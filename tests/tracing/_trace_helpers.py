@@ -24,8 +24,9 @@ class Fn(nn.Module):
         return self.fn(*inputs, *self.params)
 
 
-def trace_fn(fn: Callable, inputs: tuple, params: tuple = (), *, train: bool = False,
-             device=None) -> Trace:
+def trace_fn(
+    fn: Callable, inputs: tuple, params: tuple = (), *, train: bool = False, device=None
+) -> Trace:
     return gpushape.trace(Fn(fn, *params), inputs, train=train, device=device)
 
 

@@ -44,17 +44,21 @@ def test_elementwise_add_is_memory_bound_at_the_attainable_bandwidth():
 
 def test_views_cost_nothing():
     t = trace_fn(lambda x: x.view(4, 4).t(), (meta(16),))
-    assert all(c.roofline_time_s == 0 and c.launch_s == 0 and c.bound == "none"
-               for c in _cost(t).ops)
+    assert all(
+        c.roofline_time_s == 0 and c.launch_s == 0 and c.bound == "none" for c in _cost(t).ops
+    )
     assert _cost(t).totals.ops == 0
 
 
-@pytest.mark.parametrize("math,tc,rate_key", [
-    (None, False, "fp32"),  # PyTorch's default: fp32 matmuls on CUDA cores
-    ("tf32", True, "tf32"),
-    ("fp32", False, "fp32"),
-    ("bf16", True, "bf16"),  # as under autocast
-])
+@pytest.mark.parametrize(
+    "math,tc,rate_key",
+    [
+        (None, False, "fp32"),  # PyTorch's default: fp32 matmuls on CUDA cores
+        ("tf32", True, "tf32"),
+        ("fp32", False, "fp32"),
+        ("bf16", True, "bf16"),  # as under autocast
+    ],
+)
 def test_math_modes_for_an_fp32_matmul(math, tc, rate_key):
     t = trace_fn(torch.mm, (meta(4096, 4096), meta(4096, 4096)))
     op = _cost(t, math=math).ops[0]
@@ -71,12 +75,17 @@ def test_fp32_convolution_defaults_to_tf32_like_cudnn():
 
 
 def test_misaligned_dims_lower_the_efficiency_and_are_named():
-    t = trace_fn(torch.mm, (meta(4096, 4095, dtype=torch.bfloat16),
-                            meta(4095, 4096, dtype=torch.bfloat16)))
+    t = trace_fn(
+        torch.mm, (meta(4096, 4095, dtype=torch.bfloat16), meta(4095, 4096, dtype=torch.bfloat16))
+    )
     op = _cost(t).ops[0]
     assert op.misaligned == ("K=4095",) and op.efficiency < 0.25
-    aligned = _cost(trace_fn(torch.mm, (meta(4096, 4096, dtype=torch.bfloat16),
-                                        meta(4096, 4096, dtype=torch.bfloat16)))).ops[0]
+    aligned = _cost(
+        trace_fn(
+            torch.mm,
+            (meta(4096, 4096, dtype=torch.bfloat16), meta(4096, 4096, dtype=torch.bfloat16)),
+        )
+    ).ops[0]
     assert aligned.misaligned == () and aligned.compute_s < op.compute_s / 4
 
 

@@ -21,21 +21,36 @@ def _family_of(fn, *shapes, name: str, train: bool = True) -> str | None:
     return memory_family(only(trace_fn(fn, inputs, train=train), name))
 
 
-@pytest.mark.parametrize(("fn", "shapes", "name", "family"), [
-    (lambda x: F.layer_norm(x, (64,)), [(8, 64)], "native_layer_norm", "norm"),
-    (lambda x: F.layer_norm(x, (64,)), [(8, 64)], "native_layer_norm_backward", "norm"),
-    (lambda x: torch.softmax(x, -1), [(8, 64)], "_softmax", "softmax"),
-    (lambda x: F.max_pool2d(x, 2), [(2, 3, 8, 8)], "max_pool2d_with_indices", "pool_nchw"),
-    (lambda x: F.max_pool2d(x.contiguous(memory_format=torch.channels_last), 2), [(2, 3, 8, 8)],
-     "max_pool2d_with_indices", "pool"),
-    (lambda x: F.batch_norm(x, None, None, training=True), [(2, 3, 8, 8)],
-     "native_batch_norm_backward", "batch_norm_nchw"),
-    (lambda x: F.batch_norm(x, None, None, training=True), [(2, 3, 8)],
-     "native_batch_norm", "batch_norm"),  # BatchNorm1d: no layouts to tell apart
-    (lambda x: F.gelu(x), [(8, 64)], "gelu_backward", "activation"),
-    (lambda x, y: torch.relu(x + y), [(8, 64), (8, 64)], "add", "elementwise"),
-    (lambda x: x.sum(0), [(8, 64)], "sum", "reduction"),
-])
+@pytest.mark.parametrize(
+    ("fn", "shapes", "name", "family"),
+    [
+        (lambda x: F.layer_norm(x, (64,)), [(8, 64)], "native_layer_norm", "norm"),
+        (lambda x: F.layer_norm(x, (64,)), [(8, 64)], "native_layer_norm_backward", "norm"),
+        (lambda x: torch.softmax(x, -1), [(8, 64)], "_softmax", "softmax"),
+        (lambda x: F.max_pool2d(x, 2), [(2, 3, 8, 8)], "max_pool2d_with_indices", "pool_nchw"),
+        (
+            lambda x: F.max_pool2d(x.contiguous(memory_format=torch.channels_last), 2),
+            [(2, 3, 8, 8)],
+            "max_pool2d_with_indices",
+            "pool",
+        ),
+        (
+            lambda x: F.batch_norm(x, None, None, training=True),
+            [(2, 3, 8, 8)],
+            "native_batch_norm_backward",
+            "batch_norm_nchw",
+        ),
+        (
+            lambda x: F.batch_norm(x, None, None, training=True),
+            [(2, 3, 8)],
+            "native_batch_norm",
+            "batch_norm",
+        ),  # BatchNorm1d: no layouts to tell apart
+        (lambda x: F.gelu(x), [(8, 64)], "gelu_backward", "activation"),
+        (lambda x, y: torch.relu(x + y), [(8, 64), (8, 64)], "add", "elementwise"),
+        (lambda x: x.sum(0), [(8, 64)], "sum", "reduction"),
+    ],
+)
 def test_ops_fall_in_their_family(fn, shapes, name, family):
     assert _family_of(fn, *shapes, name=name) == family
 
@@ -44,20 +59,26 @@ def test_an_op_of_no_family_keeps_the_copy_rate():
     rec = only(trace_fn(lambda a, b: a @ b, (meta(8, 16), meta(16, 4))), "mm")
     assert memory_family(rec) is None
     spec = get_gpu("h200")
-    slow = spec.replace(achievable=dataclasses.replace(
-        spec.achievable, memory_efficiency={f: 0.1 for f in ALL_FAMILIES}))
+    slow = spec.replace(
+        achievable=dataclasses.replace(
+            spec.achievable, memory_efficiency={f: 0.1 for f in ALL_FAMILIES}
+        )
+    )
     assert op_cost(rec, slow).memory_s == op_cost(rec, spec).memory_s
 
 
 def test_memory_time_divides_by_the_family_efficiency():
-    rec = only(trace_fn(lambda x: F.layer_norm(x, (4096,)), (meta(4096, 4096),)),
-               "native_layer_norm")
+    rec = only(
+        trace_fn(lambda x: F.layer_norm(x, (4096,)), (meta(4096, 4096),)), "native_layer_norm"
+    )
     spec = get_gpu("h200")
-    half = spec.replace(achievable=dataclasses.replace(spec.achievable,
-                                                       memory_efficiency={"norm": 0.5}))
+    half = spec.replace(
+        achievable=dataclasses.replace(spec.achievable, memory_efficiency={"norm": 0.5})
+    )
     assert op_cost(rec, half).memory_s == pytest.approx(2 * op_cost(rec, spec).memory_s)
-    other = spec.replace(achievable=dataclasses.replace(spec.achievable,
-                                                        memory_efficiency={"softmax": 0.5}))
+    other = spec.replace(
+        achievable=dataclasses.replace(spec.achievable, memory_efficiency={"softmax": 0.5})
+    )
     assert op_cost(rec, other).memory_s == op_cost(rec, spec).memory_s
 
 
@@ -77,8 +98,10 @@ def test_family_tables_do_not_overlap():
 def test_an_unmeasured_nchw_family_is_priced_as_its_channels_last_one():
     """A profile without the NCHW figure prices NCHW BatchNorm at the batch_norm family's (the
     chips measured before the split), one with it at its own."""
-    rec = only(trace_fn(lambda x: F.batch_norm(x, None, None, training=True),
-                        (meta(8, 64, 16, 16),)), "native_batch_norm")
+    rec = only(
+        trace_fn(lambda x: F.batch_norm(x, None, None, training=True), (meta(8, 64, 16, 16),)),
+        "native_batch_norm",
+    )
     assert memory_family(rec) == "batch_norm_nchw"
     assert priced_family("batch_norm_nchw", {"batch_norm": 0.5}) == "batch_norm"
     assert priced_family("batch_norm_nchw", {"batch_norm_nchw": 0.2}) == "batch_norm_nchw"
@@ -86,9 +109,10 @@ def test_an_unmeasured_nchw_family_is_priced_as_its_channels_last_one():
     spec = get_gpu("h200")
 
     def with_eff(**eff):
-        return spec.replace(achievable=dataclasses.replace(spec.achievable,
-                                                           memory_efficiency=eff))
+        return spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency=eff))
+
     base = op_cost(rec, spec).memory_s
     assert op_cost(rec, with_eff(batch_norm=0.5)).memory_s == pytest.approx(2 * base)
-    assert op_cost(rec, with_eff(batch_norm=0.5, batch_norm_nchw=0.25)).memory_s == \
-        pytest.approx(4 * base)
+    assert op_cost(rec, with_eff(batch_norm=0.5, batch_norm_nchw=0.25)).memory_s == pytest.approx(
+        4 * base
+    )

@@ -34,8 +34,13 @@ def _flop_counter(fn) -> int:
 
 def test_agree_on_matmuls_and_ungrouped_convolutions():
     with torch.device("meta"):
-        net = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
-                            nn.Conv2d(16, 32, 3, padding=1), nn.Flatten(), nn.Linear(32 * 64, 10))
+        net = nn.Sequential(
+            nn.Conv2d(3, 16, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.Flatten(),
+            nn.Linear(32 * 64, 10),
+        )
     x = meta(2, 3, 16, 16)
     t = gpushape.trace(net, (x,), train=True)
     ours = sum(work(op).gemm_flops for op in t.ops)
@@ -71,11 +76,11 @@ def test_causal_attention(t_len):
     hand = 2 * b * h * unmasked * (d + d)  # Q K^T and P V over the unmasked pairs
 
     q = meta(b, h, t_len, d, dtype=torch.bfloat16)
-    t = trace_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                 (q, q, q))
+    t = trace_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, q, q))
     ours = work(only(t, "_scaled_dot_product_flash_attention")).flops
-    theirs = _flop_counter(lambda: torch.ops.aten._scaled_dot_product_flash_attention(
-        q, q, q, 0.0, True))
+    theirs = _flop_counter(
+        lambda: torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, 0.0, True)
+    )
     assert ours == hand
     assert theirs == 2 * b * h * t_len * t_len * (d + d)  # the full square
     assert theirs / ours == pytest.approx(2 * t_len / (t_len + 1))

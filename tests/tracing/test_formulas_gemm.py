@@ -96,10 +96,15 @@ def test_transposed_conv_forward_macs(stride, groups):
 def test_mm_addmm_bmm_baddbmm(m, k, n):
     hand = int((torch.ones(m, k) @ torch.ones(k, n)).sum())  # M N K multiply-adds
     b = 3
-    t = trace_fn(lambda a, w, bias, batch1, batch2, acc: (
-        a @ w, torch.addmm(bias, a, w), torch.bmm(batch1, batch2),
-        torch.baddbmm(acc, batch1, batch2)),
-        (meta(m, k), meta(k, n), meta(n), meta(b, m, k), meta(b, k, n), meta(b, m, n)))
+    t = trace_fn(
+        lambda a, w, bias, batch1, batch2, acc: (
+            a @ w,
+            torch.addmm(bias, a, w),
+            torch.bmm(batch1, batch2),
+            torch.baddbmm(acc, batch1, batch2),
+        ),
+        (meta(m, k), meta(k, n), meta(n), meta(b, m, k), meta(b, k, n), meta(b, m, n)),
+    )
     assert work(only(t, "mm")).flops == 2 * hand
     assert work(only(t, "addmm")).flops == 2 * hand + m * n  # + one add per output
     assert work(only(t, "bmm")).flops == 2 * b * hand

@@ -83,9 +83,14 @@ def test_dropout_train_keeps_a_mask_and_eval_is_gone():
 def test_max_and_avg_pool(kernel, stride, padding):
     real = F.max_pool2d(torch.ones(N, C, HW, HW), kernel, stride, padding)
     taps = kernel * kernel
-    t = trace_fn(lambda x: (F.max_pool2d(x, kernel, stride, padding),
-                            F.avg_pool2d(x, kernel, stride, padding)),
-                 (meta(N, C, HW, HW, requires_grad=True),), train=True)
+    t = trace_fn(
+        lambda x: (
+            F.max_pool2d(x, kernel, stride, padding),
+            F.avg_pool2d(x, kernel, stride, padding),
+        ),
+        (meta(N, C, HW, HW, requires_grad=True),),
+        train=True,
+    )
     mx = only(t, "max_pool2d_with_indices")
     assert work(mx).flops == real.numel() * taps  # one comparison per tap per output
     # x read; y written; int64 indices written
@@ -118,10 +123,14 @@ def test_embedding_reads_only_the_selected_rows():
 
 
 def test_gather_index_select_and_scatter_add():
-    t = trace_fn(lambda x, idx, src: (torch.gather(x, 1, idx), x.index_select(0, idx[:, 0]),
-                                      x.clone().scatter_add_(1, idx, src)),
-                 (meta(100, 50), torch.empty(100, 3, dtype=torch.int64, device="meta"),
-                  meta(100, 3)))
+    t = trace_fn(
+        lambda x, idx, src: (
+            torch.gather(x, 1, idx),
+            x.index_select(0, idx[:, 0]),
+            x.clone().scatter_add_(1, idx, src),
+        ),
+        (meta(100, 50), torch.empty(100, 3, dtype=torch.int64, device="meta"), meta(100, 3)),
+    )
     gather = only(t, "gather")
     assert work(gather).min_bytes == 300 * 8 + nbytes(300) + nbytes(300)
     select = only(t, "index_select")
@@ -133,12 +142,14 @@ def test_gather_index_select_and_scatter_add():
 
 
 def test_views_cost_nothing_and_elementwise_counts_one_per_element():
-    t = trace_fn(lambda x, y: (x.view(6, 4).t().contiguous() + y.T).sum(dim=0),
-                 (meta(4, 6), meta(6, 4)))
+    t = trace_fn(
+        lambda x, y: (x.view(6, 4).t().contiguous() + y.T).sum(dim=0), (meta(4, 6), meta(6, 4))
+    )
     views = [op for op in t.ops if op.kind == "view"]
     assert {op.name for op in views} >= {"view", "t"}
-    assert all(work(op).flops == 0 and work(op).min_bytes == 0 and work(op).kernels == 0
-               for op in views)
+    assert all(
+        work(op).flops == 0 and work(op).min_bytes == 0 and work(op).kernels == 0 for op in views
+    )
     (add,) = ops_named(t, "add")
     assert work(add).flops == 24 and work(add).min_bytes == 3 * nbytes(24)
     assert work(only(t, "clone")).flops == 0 and work(only(t, "clone")).min_bytes == 2 * nbytes(24)

@@ -19,8 +19,9 @@ H200 = get_gpu("h200")
 
 
 def _gemm(m, n, k, align=(), family="gemm", batch=1):
-    return Gemm(m=m, n=n, k=k, batch=batch, flops=2 * m * n * k * batch, family=family,
-                align_dims=align)
+    return Gemm(
+        m=m, n=n, k=k, batch=batch, flops=2 * m * n * k * batch, family=family, align_dims=align
+    )
 
 
 def test_the_reference_shape_has_efficiency_one():
@@ -31,8 +32,9 @@ def test_tile_quantization_counts_partial_edge_tiles_as_whole():
     gpu = H200.replace(sm_count=10_000)  # so many SMs that waves never quantize
     e = gemm_efficiency(_gemm(129, 129, 4096), gpu, "bf16")
     bm, bn = e.tile
-    assert e.tile_eff == pytest.approx(129 * 129 / (math.ceil(129 / bm) * bm
-                                                     * math.ceil(129 / bn) * bn))
+    assert e.tile_eff == pytest.approx(
+        129 * 129 / (math.ceil(129 / bm) * bm * math.ceil(129 / bn) * bn)
+    )
     assert e.tile_eff < 0.6  # 129 rows fill one 128-row tile and 1/128 of a second
 
 
@@ -54,12 +56,17 @@ def test_split_k_fills_the_gpu_for_deep_narrow_weight_gradients():
     assert skinny.split_k == 1
 
 
-@pytest.mark.parametrize("k,penalty", [
-    (4096, 1.0), (4104, 1.0),  # multiples of 8 bf16 elements (16 bytes)
-    (4100, GEMM_MISALIGNED[2]),  # 8-byte aligned
-    (4098, GEMM_MISALIGNED[4]),  # 4-byte aligned
-    (4095, GEMM_MISALIGNED_WORST), (4097, GEMM_MISALIGNED_WORST),
-])
+@pytest.mark.parametrize(
+    "k,penalty",
+    [
+        (4096, 1.0),
+        (4104, 1.0),  # multiples of 8 bf16 elements (16 bytes)
+        (4100, GEMM_MISALIGNED[2]),  # 8-byte aligned
+        (4098, GEMM_MISALIGNED[4]),  # 4-byte aligned
+        (4095, GEMM_MISALIGNED_WORST),
+        (4097, GEMM_MISALIGNED_WORST),
+    ],
+)
 def test_alignment_penalty_by_how_far_the_dimension_misses(k, penalty):
     e = gemm_efficiency(_gemm(8192, 8192, k, align=(("K", k),)), H200, "bf16")
     assert e.alignment == pytest.approx(penalty)
@@ -117,8 +124,14 @@ def test_a_measured_small_cin_rate_prices_convolutions_on_few_channels():
     from gpushape.tracing.gemm_model import CONV_MISALIGNED, gemm_efficiency
 
     h200 = get_gpu("h200")
-    stem = Gemm(m=802816, n=64, k=147, flops=2 * 802816 * 64 * 147, family="conv",
-                align_dims=(("Cin/groups", 3), ("Cout/groups", 64)))
+    stem = Gemm(
+        m=802816,
+        n=64,
+        k=147,
+        flops=2 * 802816 * 64 * 147,
+        family="conv",
+        align_dims=(("Cin/groups", 3), ("Cout/groups", 64)),
+    )
     wide = dataclasses.replace(stem, align_dims=(("Cin/groups", 63), ("Cout/groups", 64)))
     assert gemm_efficiency(stem, h200, "bf16").alignment == CONV_MISALIGNED
     measured = h200.replace(achievable=dataclasses.replace(h200.achievable, small_cin_conv=0.07))

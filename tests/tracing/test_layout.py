@@ -24,8 +24,11 @@ def _conv_trace(channels_last: bool, *, weight_grad: bool = True, input_grad: bo
     if channels_last:
         x = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_(input_grad)
         w = w.contiguous(memory_format=torch.channels_last)
-    fn = (lambda x, w: F.conv2d(x, w, padding=1)) if weight_grad else \
-        (lambda x: F.conv2d(x, w, padding=1))
+    fn = (
+        (lambda x, w: F.conv2d(x, w, padding=1))
+        if weight_grad
+        else (lambda x: F.conv2d(x, w, padding=1))
+    )
     return trace_fn(fn, (x,), (w,) if weight_grad else (), train=True)
 
 
@@ -36,7 +39,8 @@ def test_an_nchw_convolution_converts_in_each_pass_it_runs():
     assert conversion_passes(fwd) == 1 and conversion_bytes_of(fwd) == 2 * (x + y)
     assert conversion_passes(bwd) == 2 and conversion_bytes_of(bwd) == 4 * (x + y)
     assert conversion_bytes_of(fwd) + conversion_bytes_of(bwd) == nchw_conversion_bytes(
-        x, y, grad_input=True, grad_weight=True)
+        x, y, grad_input=True, grad_weight=True
+    )
 
 
 def test_only_the_gradients_computed_convert():
@@ -55,10 +59,12 @@ def test_the_cost_model_adds_the_conversions_at_the_measured_efficiency():
     spec = get_gpu("h200")
     c = op_cost(fwd, spec)
     assert c.tensor_cores and c.layout_s == pytest.approx(
-        conversion_bytes_of(fwd) / spec.attainable_bandwidth_bytes_per_s())
+        conversion_bytes_of(fwd) / spec.attainable_bandwidth_bytes_per_s()
+    )
     assert c.kernel_time_s == pytest.approx(max(c.compute_s, c.memory_s) + c.layout_s)
-    slow = spec.replace(achievable=dataclasses.replace(
-        spec.achievable, memory_efficiency={"nchw_conversion": 0.5}))
+    slow = spec.replace(
+        achievable=dataclasses.replace(spec.achievable, memory_efficiency={"nchw_conversion": 0.5})
+    )
     assert op_cost(fwd, slow).layout_s == pytest.approx(2 * c.layout_s)
     assert op_cost(fwd, spec).kernels == 1 + 2  # the GEMM and its two conversions
     cl = op_cost(only(_conv_trace(True), "convolution"), spec)

@@ -62,10 +62,13 @@ def test_llama_7b_forward_traces_on_meta():
     assert t.device == "meta" and len(ops_named(t, "_scaled_dot_product_flash_attention")) == 32
 
 
-@pytest.mark.parametrize("name,options", [
-    ("resnet50", {}),
-    ("bert-base", {"seq_len": 64, "layers": 2}),
-])
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("resnet50", {}),
+        ("bert-base", {"seq_len": 64, "layers": 2}),
+    ],
+)
 def test_training_backward_is_twice_the_forward_per_linear_and_conv(name, options):
     model, inputs = create_model(name, batch=1, **options)
     t = gpushape.trace(model, inputs, train=True)

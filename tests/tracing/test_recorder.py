@@ -45,7 +45,10 @@ def test_forward_ops_carry_module_path_type_and_phase():
     t = gpushape.trace(_meta_net(), (meta(2, 3, 8, 8),))
     convs = ops_named(t, "convolution")
     assert [(op.module, op.module_type) for op in convs] == [
-        ("stem", "Conv2d"), ("blocks.0.conv", "Conv2d"), ("blocks.1.conv", "Conv2d")]
+        ("stem", "Conv2d"),
+        ("blocks.0.conv", "Conv2d"),
+        ("blocks.1.conv", "Conv2d"),
+    ]
     assert {op.module for op in ops_named(t, "relu")} == {"blocks.0", "blocks.1"}
     assert only(t, "mean").module == "" and only(t, "mean").module_type == "Net"
     assert all(op.phase == "forward" for op in t.ops)

@@ -12,9 +12,15 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "audit": "api", "Report": "report", "Finding": "finding", "Severity": "finding",
-    "register_rule": "registry", "load_rules": "registry", "AuditContext": "context",
-    "BackendFlags": "context", "FIXES": "fixes",
+    "audit": "api",
+    "Report": "report",
+    "Finding": "finding",
+    "Severity": "finding",
+    "register_rule": "registry",
+    "load_rules": "registry",
+    "AuditContext": "context",
+    "BackendFlags": "context",
+    "FIXES": "fixes",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -47,11 +47,21 @@ def dtype_label(dtype: torch.dtype, flags: BackendFlags) -> str:
     return key
 
 
-def audit(model: nn.Module, example_inputs: Any, gpu: GPUSpec | Target | str = "h100",
-          dtype: torch.dtype | None = torch.bfloat16, train: bool = True,
-          optimizer: Any = None, dataloader: Any = None, *, profile: Any = AUTO,
-          flags: BackendFlags | None = None, rules: list[str] | None = None,
-          name: str | None = None, device: str | None = None) -> Report:
+def audit(
+    model: nn.Module,
+    example_inputs: Any,
+    gpu: GPUSpec | Target | str = "h100",
+    dtype: torch.dtype | None = torch.bfloat16,
+    train: bool = True,
+    optimizer: Any = None,
+    dataloader: Any = None,
+    *,
+    profile: Any = AUTO,
+    flags: BackendFlags | None = None,
+    rules: list[str] | None = None,
+    name: str | None = None,
+    device: str | None = None,
+) -> Report:
     """Audit `model` on `example_inputs` for `gpu`.
 
     dtype: the dtype the model trains/runs in; a model in another dtype is audited as a meta
@@ -74,12 +84,22 @@ def audit(model: nn.Module, example_inputs: Any, gpu: GPUSpec | Target | str = "
     if dtype is not None:
         model, example_inputs = model_as(model, dtype), inputs_as(example_inputs, dtype)
     with observe(model) as seen:
-        traced = trace(model, example_inputs, train=train, device=device,
-                       name=name or type(model).__name__)
+        traced = trace(
+            model, example_inputs, train=train, device=device, name=name or type(model).__name__
+        )
     costed = cost(traced, spec, math=flags.math_mode())
-    ctx = AuditContext(trace=traced, cost=costed, gpu=spec, model=model, observed=seen,
-                       optimizer=optimizer, dataloader=dataloader, flags=flags,
-                       profile=target.calibration, measured=target.measured)
+    ctx = AuditContext(
+        trace=traced,
+        cost=costed,
+        gpu=spec,
+        model=model,
+        observed=seen,
+        optimizer=optimizer,
+        dataloader=dataloader,
+        flags=flags,
+        profile=target.calibration,
+        measured=target.measured,
+    )
     report = Report.from_cost(costed, dtype=dtype_label(dtype or model_dtype(model), flags))
     report.findings = run_rules(ctx, rules)
     report.calibration = target.calibration

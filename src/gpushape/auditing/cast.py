@@ -44,8 +44,7 @@ def inputs_as(example_inputs: Any, dtype: torch.dtype) -> Any:
     """Floating-point example inputs (tensors or TensorSpecs) in `dtype`, as meta tensors."""
 
     def cast(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.is_floating_point() \
-                and value.dtype != dtype:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
             return torch.empty_strided(value.shape, value.stride(), dtype=dtype, device="meta")
         if isinstance(value, TensorSpec) and value.dtype.is_floating_point:
             return TensorSpec(value.shape, dtype, value.channels_last)

@@ -41,10 +41,13 @@ class BackendFlags:
         is not "highest")."""
         import torch
 
-        matmul = bool(torch.backends.cuda.matmul.allow_tf32
-                      or torch.get_float32_matmul_precision() != "highest")
-        return cls(matmul_tf32=matmul, cudnn_tf32=bool(torch.backends.cudnn.allow_tf32),
-                   autocast=autocast)
+        matmul = bool(
+            torch.backends.cuda.matmul.allow_tf32
+            or torch.get_float32_matmul_precision() != "highest"
+        )
+        return cls(
+            matmul_tf32=matmul, cudnn_tf32=bool(torch.backends.cudnn.allow_tf32), autocast=autocast
+        )
 
     def math_mode(self) -> str | None:
         """The cost model's math mode for these flags (see trace/cost.py)."""
@@ -55,8 +58,11 @@ class BackendFlags:
         return None if self.cudnn_tf32 else "fp32"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"matmul_tf32": self.matmul_tf32, "cudnn_tf32": self.cudnn_tf32,
-                "autocast": self.autocast}
+        return {
+            "matmul_tf32": self.matmul_tf32,
+            "cudnn_tf32": self.cudnn_tf32,
+            "autocast": self.autocast,
+        }
 
 
 @dataclass(kw_only=True)
@@ -144,8 +150,9 @@ class AuditContext:
         """Time to move `nbytes` at the chip's attainable bandwidth."""
         return nbytes / self.bandwidth_bytes_per_s()
 
-    def fusion_saving_s(self, recs: Iterable[OpRecord], removed_bytes: float,
-                        fused_family: str | None = None) -> float:
+    def fusion_saving_s(
+        self, recs: Iterable[OpRecord], removed_bytes: float, fused_family: str | None = None
+    ) -> float:
         """What fusing forward ops `recs` (with their backward ops) into one memory-bound kernel
         a direction saves in GPU time: their kernel time as the cost model prices it (each
         op's bytes at its family's measured efficiency: eager kernels) less the fused kernels',
@@ -163,9 +170,18 @@ class AuditContext:
         return max(unfused - fused, self.bytes_time_s(removed_bytes))
 
     # ---- making findings ---------------------------------------------------------------------
-    def finding(self, rule: str, module: str, message: str, evidence: Mapping[str, Any], *,
-                saving_s: float | None, fix: str | None, severity: Severity | None = None,
-                basis_s: float | None = None) -> Finding:
+    def finding(
+        self,
+        rule: str,
+        module: str,
+        message: str,
+        evidence: Mapping[str, Any],
+        *,
+        saving_s: float | None,
+        fix: str | None,
+        severity: Severity | None = None,
+        basis_s: float | None = None,
+    ) -> Finding:
         """A finding whose severity follows `saving_s` as a share of the step (or of
         `basis_s`); pass `severity` to state it outright (rules with no time estimate)."""
         if fix is not None and fix not in FIXES:
@@ -179,15 +195,36 @@ class AuditContext:
         evidence = {**evidence, "numbers": self.numbers}
         if share is not None:
             evidence.setdefault("share_of_step", round(share, 5))
-        return Finding(rule=rule, severity=severity, module=module, message=message,
-                       evidence=evidence, est_saving_s=saving_s, fix=fix)
+        return Finding(
+            rule=rule,
+            severity=severity,
+            module=module,
+            message=message,
+            evidence=evidence,
+            est_saving_s=saving_s,
+            fix=fix,
+        )
 
-    def memory_finding(self, rule: str, module: str, message: str,
-                       evidence: Mapping[str, Any], *, share: float, fix: str | None,
-                       cap: Severity = Severity.HIGH) -> Finding:
+    def memory_finding(
+        self,
+        rule: str,
+        module: str,
+        message: str,
+        evidence: Mapping[str, Any],
+        *,
+        share: float,
+        fix: str | None,
+        cap: Severity = Severity.HIGH,
+    ) -> Finding:
         """A finding about memory: severity from the share of activation memory it frees,
         capped at `cap`."""
         severity = min(severity_for_share(share, MEMORY_SHARE_THRESHOLDS), cap)
-        return Finding(rule=rule, severity=severity, module=module, message=message,
-                       evidence={**evidence, "share_of_activations": round(share, 5),
-                                 "numbers": self.numbers}, est_saving_s=None, fix=fix)
+        return Finding(
+            rule=rule,
+            severity=severity,
+            module=module,
+            message=message,
+            evidence={**evidence, "share_of_activations": round(share, 5), "numbers": self.numbers},
+            est_saving_s=None,
+            fix=fix,
+        )

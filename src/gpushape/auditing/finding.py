@@ -51,9 +51,9 @@ TIME_SHARE_THRESHOLDS = ((Severity.HIGH, 0.05), (Severity.MEDIUM, 0.01), (Severi
 MEMORY_SHARE_THRESHOLDS = ((Severity.HIGH, 0.25), (Severity.MEDIUM, 0.10), (Severity.LOW, 0.02))
 
 
-def severity_for_share(share: float | None,
-                       thresholds: tuple[tuple[Severity, float], ...] = TIME_SHARE_THRESHOLDS
-                       ) -> Severity:
+def severity_for_share(
+    share: float | None, thresholds: tuple[tuple[Severity, float], ...] = TIME_SHARE_THRESHOLDS
+) -> Severity:
     """The severity a saving of `share` (a fraction) earns; None or NaN is info."""
     if share is None or not math.isfinite(share):
         return Severity.INFO
@@ -77,9 +77,15 @@ class Finding:
     fix: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "severity": self.severity.label, "module": self.module,
-                "message": self.message, "evidence": _plain(self.evidence),
-                "est_saving_s": self.est_saving_s, "fix": self.fix}
+        return {
+            "rule": self.rule,
+            "severity": self.severity.label,
+            "module": self.module,
+            "message": self.message,
+            "evidence": _plain(self.evidence),
+            "est_saving_s": self.est_saving_s,
+            "fix": self.fix,
+        }
 
     @property
     def sort_key(self) -> tuple:

@@ -9,26 +9,26 @@ from __future__ import annotations
 
 FIXES: dict[str, str] = {
     "pad-channels": "pad a layer's channels / features to the tensor-core granularity "
-                    "(zero weights, output sliced back)",
+    "(zero weights, output sliced back)",
     "pad-head-dim": "pad the attention head size to what the fused SDPA kernels take (zero "
-                    "q/k/v columns per head, output sliced back)",
+    "q/k/v columns per head, output sliced back)",
     "channels-last": "convert the model and its inputs to channels_last (NHWC) memory format",
     "autocast-bf16": "run matmuls and convolutions in bf16 under autocast (fp16 where the chip "
-                     "has no bf16), or enable TF32",
+    "has no bf16), or enable TF32",
     "fuse-norm-act": "replace a normalization and the elementwise ops after it with one fused "
-                     "kernel (gpushape.kernels)",
+    "kernel (gpushape.kernels)",
     "fuse-qkv": "merge projections that read the same input into one Linear (state_dict kept)",
     "sdpa": "replace hand-written softmax(QK^T)V with F.scaled_dot_product_attention",
     "fuse-softmax-dropout": "replace softmax followed by dropout with one fused kernel that "
-                            "regenerates the mask in backward (gpushape.kernels.softmax_dropout)",
+    "regenerates the mask in backward (gpushape.kernels.softmax_dropout)",
     "fold-conv-bias": "drop a convolution's bias that the following BatchNorm cancels",
     "cuda-graphs": "capture the step in a CUDA graph (or torch.compile mode='reduce-overhead')",
     "fused-optimizer": "construct the optimizer with fused=True (or foreach=True where no fused "
-                       "implementation exists)",
+    "implementation exists)",
     "dataloader-workers": "give the DataLoader worker processes, pinned memory and persistent "
-                          "workers",
+    "workers",
     "activation-checkpoint": "recompute cheap modules' activations in backward instead of "
-                             "storing them",
+    "storing them",
 }
 
 

@@ -64,8 +64,9 @@ class Observations:
 
     def calls_in(self, parent: str) -> list[ModuleCall]:
         """Calls of the direct children of module `parent`."""
-        return [c for c in self.calls if c.module.rpartition(".")[0] == parent
-                and c.module != parent]
+        return [
+            c for c in self.calls if c.module.rpartition(".")[0] == parent and c.module != parent
+        ]
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -96,12 +97,16 @@ class _Observer(TorchFunctionMode):
         if id(module) not in self.names:
             return
         ins, outs = _tensors(args), _tensors(output)
-        self.found.calls.append(ModuleCall(
-            module=name, module_type=type(module).__name__,
-            inputs=tuple(self.identity(t) for t in ins),
-            outputs=tuple(self.identity(t) for t in outs),
-            input_shapes=tuple(tuple(t.shape) for t in ins),
-            input_bytes=sum(t.numel() * t.element_size() for t in ins)))
+        self.found.calls.append(
+            ModuleCall(
+                module=name,
+                module_type=type(module).__name__,
+                inputs=tuple(self.identity(t) for t in ins),
+                outputs=tuple(self.identity(t) for t in outs),
+                input_shapes=tuple(tuple(t.shape) for t in ins),
+                input_bytes=sum(t.numel() * t.element_size() for t in ins),
+            )
+        )
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -109,13 +114,29 @@ class _Observer(TorchFunctionMode):
             self._note_attention(*args, **kwargs)
         return func(*args, **kwargs)
 
-    def _note_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
-                        is_causal=False, *args: Any, **kwargs: Any) -> None:
-        self.found.attention.append(AttentionCall(
-            module=self.stack[-1], query=tuple(query.shape), key=tuple(key.shape),
-            value=tuple(value.shape), dtype=str(query.dtype).removeprefix("torch."),
-            has_mask=attn_mask is not None, dropout_p=float(dropout_p),
-            is_causal=bool(is_causal)))
+    def _note_attention(
+        self,
+        query,
+        key,
+        value,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        self.found.attention.append(
+            AttentionCall(
+                module=self.stack[-1],
+                query=tuple(query.shape),
+                key=tuple(key.shape),
+                value=tuple(value.shape),
+                dtype=str(query.dtype).removeprefix("torch."),
+                has_mask=attn_mask is not None,
+                dropout_p=float(dropout_p),
+                is_causal=bool(is_causal),
+            )
+        )
 
 
 @contextlib.contextmanager

@@ -12,32 +12,68 @@ from collections.abc import Iterable, Iterator, Sequence
 from ..tracing.records import OpRecord, TensorMeta
 
 # Normalizations whose output an elementwise epilogue could be fused into (op packet names).
-NORM_OPS = frozenset({
-    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
-    "cudnn_batch_norm", "_batch_norm_with_update", "_batch_norm_no_update",
-    "native_layer_norm", "native_group_norm", "_fused_rms_norm",
-})
+NORM_OPS = frozenset(
+    {
+        "native_batch_norm",
+        "_native_batch_norm_legit",
+        "_native_batch_norm_legit_no_training",
+        "cudnn_batch_norm",
+        "_batch_norm_with_update",
+        "_batch_norm_no_update",
+        "native_layer_norm",
+        "native_group_norm",
+        "_fused_rms_norm",
+    }
+)
 BATCH_NORM_OPS = frozenset(n for n in NORM_OPS if "batch_norm" in n)
-ACTIVATION_OPS = frozenset({
-    "relu", "relu_", "gelu", "gelu_", "silu", "silu_", "sigmoid", "sigmoid_", "tanh", "tanh_",
-    "hardswish", "hardswish_", "hardsigmoid", "hardsigmoid_", "leaky_relu", "leaky_relu_",
-    "elu", "elu_", "mish", "mish_", "hardtanh", "hardtanh_", "threshold", "threshold_",
-    "softplus", "celu", "celu_", "selu", "selu_",
-})
+ACTIVATION_OPS = frozenset(
+    {
+        "relu",
+        "relu_",
+        "gelu",
+        "gelu_",
+        "silu",
+        "silu_",
+        "sigmoid",
+        "sigmoid_",
+        "tanh",
+        "tanh_",
+        "hardswish",
+        "hardswish_",
+        "hardsigmoid",
+        "hardsigmoid_",
+        "leaky_relu",
+        "leaky_relu_",
+        "elu",
+        "elu_",
+        "mish",
+        "mish_",
+        "hardtanh",
+        "hardtanh_",
+        "threshold",
+        "threshold_",
+        "softplus",
+        "celu",
+        "celu_",
+        "selu",
+        "selu_",
+    }
+)
 # Elementwise ops that may sit between a norm and its activation (a residual add, a scale).
 BINARY_POINTWISE_OPS = frozenset({"add", "add_", "mul", "mul_", "sub", "sub_"})
 SOFTMAX_OPS = frozenset({"_softmax", "_safe_softmax"})
 DROPOUT_OPS = frozenset({"native_dropout"})
 BMM_OPS = frozenset({"bmm", "baddbmm"})
-CONV_OPS = frozenset({"convolution", "_convolution", "cudnn_convolution",
-                      "convolution_overrideable"})
+CONV_OPS = frozenset(
+    {"convolution", "_convolution", "cudnn_convolution", "convolution_overrideable"}
+)
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm"})
 
 
 def following(ops: Sequence[OpRecord], start: int, *, limit: int = 8) -> Iterator[OpRecord]:
     """The forward ops that do work after position `start` of `ops` (at most `limit`)."""
     seen = 0
-    for rec in ops[start + 1:]:
+    for rec in ops[start + 1 :]:
         if rec.phase != "forward":
             return
         if rec.kind != "compute":
@@ -78,7 +114,7 @@ def _component_pattern(parts: tuple[str, ...]) -> str:
     if len(set(parts)) == 1:
         return parts[0]
     prefix = _common_start(list(parts))
-    suffix = _common_start([p[len(prefix):][::-1] for p in parts])[::-1]
+    suffix = _common_start([p[len(prefix) :][::-1] for p in parts])[::-1]
     return f"{prefix}*{suffix}"
 
 

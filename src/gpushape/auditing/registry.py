@@ -66,8 +66,9 @@ def select_rules(ids: Iterable[str] | None = None) -> list[Rule]:
     wanted = list(ids)
     unknown = [i for i in wanted if i not in rules]
     if unknown:
-        raise GpushapeError(f"unknown rule {', '.join(map(repr, unknown))}; "
-                            f"known: {', '.join(rules)}")
+        raise GpushapeError(
+            f"unknown rule {', '.join(map(repr, unknown))}; known: {', '.join(rules)}"
+        )
     return [rules[i] for i in wanted]
 
 

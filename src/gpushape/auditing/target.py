@@ -33,8 +33,10 @@ def _from_profile(spec: GPUSpec, path: Path, label: str) -> Target:
     profile = read_profile(path)  # ProfileError (one line, exit 2) when unreadable
     measured_on = get_gpu(profile["gpu"])
     if measured_on.name != spec.name:
-        raise GpushapeError(f"profile {str(path)!r} was measured on {measured_on.name}, "
-                            f"not {spec.name}: pass --gpu {measured_on.name} or another profile")
+        raise GpushapeError(
+            f"profile {str(path)!r} was measured on {measured_on.name}, "
+            f"not {spec.name}: pass --gpu {measured_on.name} or another profile"
+        )
     return Target(apply_profile(spec, profile, origin=label), label, profile)
 
 

@@ -32,8 +32,11 @@ def environment() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        env.update(gpu=props.name, sm_count=props.multi_processor_count,
-                   gpu_memory_bytes=props.total_memory)
+        env.update(
+            gpu=props.name,
+            sm_count=props.multi_processor_count,
+            gpu_memory_bytes=props.total_memory,
+        )
     else:
         env.update(gpu=None)
     return env

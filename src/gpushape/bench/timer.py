@@ -70,8 +70,10 @@ class Timing:
         return self.quantile(0.9)
 
     def describe(self) -> str:
-        return (f"median {self.median_s * 1e3:.4f} ms (p10 {self.p10_s * 1e3:.4f}, "
-                f"p90 {self.p90_s * 1e3:.4f}) of {self.repeats} by {self.method}")
+        return (
+            f"median {self.median_s * 1e3:.4f} ms (p10 {self.p10_s * 1e3:.4f}, "
+            f"p90 {self.p90_s * 1e3:.4f}) of {self.repeats} by {self.method}"
+        )
 
 
 def _is_cuda(device: torch.device | str | None) -> bool:
@@ -138,8 +140,13 @@ def time_fn(
             times.append(time.perf_counter() - t0)
     sync()
     times.extend(start.elapsed_time(end) / 1e3 for start, end in events)
-    return Timing(tuple(times), "cuda-events" if cuda else "perf_counter", warmup,
-                  flush is not None, len(sets))
+    return Timing(
+        tuple(times),
+        "cuda-events" if cuda else "perf_counter",
+        warmup,
+        flush is not None,
+        len(sets),
+    )
 
 
 def compare(
@@ -158,8 +165,16 @@ def compare(
             timing = time_fn(fn, repeats=repeats_per_round, **kwargs)
             pooled[name].extend(timing.times_s)
             last[name] = timing
-    return {name: Timing(tuple(pooled[name]), last[name].method, last[name].warmup,
-                         last[name].flushed_l2, last[name].input_sets) for name in variants}
+    return {
+        name: Timing(
+            tuple(pooled[name]),
+            last[name].method,
+            last[name].warmup,
+            last[name].flushed_l2,
+            last[name].input_sets,
+        )
+        for name in variants
+    }
 
 
 def cuda_graph(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], None]:
@@ -190,8 +205,9 @@ def cuda_graph(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], None]:
     return replay
 
 
-def kernel_times(fn: Callable[[], Any], *, calls: int = 3, warmup: int = 3,
-                 name_chars: int = 90) -> list[tuple[str, float]]:
+def kernel_times(
+    fn: Callable[[], Any], *, calls: int = 3, warmup: int = 3, name_chars: int = 90
+) -> list[tuple[str, float]]:
     """The CUDA kernels one call of `fn` launches, in launch order, each with its device time
     in microseconds (the mean over `calls` calls under torch.profiler, after `warmup` calls).
     For finding where a step's time goes; time with `time_fn` / `cuda_graph`."""
@@ -206,5 +222,7 @@ def kernel_times(fn: Callable[[], Any], *, calls: int = 3, warmup: int = 3,
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type.name == "CUDA"]
     per = len(events) // calls
-    return [(e.name[:name_chars], sum(x.device_time for x in events[i::per]) / calls)
-            for i, e in enumerate(events[:per])]
+    return [
+        (e.name[:name_chars], sum(x.device_time for x in events[i::per]) / calls)
+        for i, e in enumerate(events[:per])
+    ]

@@ -18,37 +18,67 @@ FORMATS = ("table", "json", "md", "html")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "audit", help="X-ray a model: per-layer FLOPs, bytes and roofline time on a GPU",
+        "audit",
+        help="X-ray a model: per-layer FLOPs, bytes and roofline time on a GPU",
         description="Trace MODEL once on the meta device (no weights in memory, no compute), "
-                    "cost every aten op on the GPU's roofline, and show the layers that take "
-                    "the most predicted time. FLOPs count a multiply-add as 2.")
-    p.add_argument("model", metavar="MODEL",
-                   help="a zoo name (resnet50, bert-base, gpt2, vit-b16, llama-7b), "
-                        "path/to/file.py:factory or package.module:factory")
-    p.add_argument("--gpu", help="target GPU, a catalog name (default: h100, or the chip a "
-                                 "--profile was measured on)")
-    p.add_argument("--profile", metavar="FILE",
-                   help="a calibrated profile from `gpushape probe` (default: the one shipped "
-                        "for the chip, if any: the H200's)")
-    p.add_argument("--no-profile", action="store_true",
-                   help="use datasheet numbers even where a calibrated profile ships")
-    p.add_argument("--dtype", choices=DTYPES, default="bf16",
-                   help="model dtype and math: tf32 = fp32 tensors with TF32 matmuls "
-                        "(default: bf16)")
+        "cost every aten op on the GPU's roofline, and show the layers that take "
+        "the most predicted time. FLOPs count a multiply-add as 2.",
+    )
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a zoo name (resnet50, bert-base, gpt2, vit-b16, llama-7b), "
+        "path/to/file.py:factory or package.module:factory",
+    )
+    p.add_argument(
+        "--gpu",
+        help="target GPU, a catalog name (default: h100, or the chip a --profile was measured on)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="a calibrated profile from `gpushape probe` (default: the one shipped "
+        "for the chip, if any: the H200's)",
+    )
+    p.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="use datasheet numbers even where a calibrated profile ships",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="bf16",
+        help="model dtype and math: tf32 = fp32 tensors with TF32 matmuls (default: bf16)",
+    )
     p.add_argument("--batch", type=int, help="batch size (default: the zoo model's)")
-    p.add_argument("--train", action="store_true",
-                   help="cost a training step: forward and backward")
-    p.add_argument("--input", action="append", metavar="SHAPE[:DTYPE]",
-                   help="an example input, e.g. 8x3x224x224 or 8x512:int64 (repeat for "
-                        "several); replaces the model's own")
-    p.add_argument("--device", default="meta",
-                   help="where to trace: meta (default: shapes only) or cpu (real tensors, "
-                        "for models that read values)")
-    p.add_argument("--format", choices=FORMATS, default="table",
-                   help="output format (default: table); html is one self-contained page "
-                        "with a roofline plot")
-    p.add_argument("--fail-on", metavar="SEVERITY",
-                   help="exit 1 when a finding reaches this severity: high, medium or low")
+    p.add_argument(
+        "--train", action="store_true", help="cost a training step: forward and backward"
+    )
+    p.add_argument(
+        "--input",
+        action="append",
+        metavar="SHAPE[:DTYPE]",
+        help="an example input, e.g. 8x3x224x224 or 8x512:int64 (repeat for "
+        "several); replaces the model's own",
+    )
+    p.add_argument(
+        "--device",
+        default="meta",
+        help="where to trace: meta (default: shapes only) or cpu (real tensors, "
+        "for models that read values)",
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="output format (default: table); html is one self-contained page with a roofline plot",
+    )
+    p.add_argument(
+        "--fail-on",
+        metavar="SEVERITY",
+        help="exit 1 when a finding reaches this severity: high, medium or low",
+    )
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE")
     p.add_argument("--top", type=int, default=15, help="modules shown in the table (default 15)")
     p.set_defaults(func=run)
@@ -57,8 +87,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _torch_dtype(name: str):
     import torch
 
-    return {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
-            "bf16": torch.bfloat16}[name]
+    return {
+        "fp32": torch.float32,
+        "tf32": torch.float32,
+        "fp16": torch.float16,
+        "bf16": torch.bfloat16,
+    }[name]
 
 
 def _flags(dtype: str):
@@ -80,8 +114,9 @@ def _fail_on(text: str | None):
     try:
         severity = Severity.parse(text)
     except ValueError:
-        raise GpushapeError(f"--fail-on: unknown severity {text!r}; use high, medium or "
-                            f"low") from None
+        raise GpushapeError(
+            f"--fail-on: unknown severity {text!r}; use high, medium or low"
+        ) from None
     if severity == Severity.INFO:
         raise GpushapeError("--fail-on: info findings never fail a run; use high, medium or low")
     return severity
@@ -98,11 +133,23 @@ def build_report(args: argparse.Namespace):
     _fail_on(args.fail_on)
     if args.top < 1:
         raise GpushapeError(f"--top must be at least 1, got {args.top}")
-    resolved = resolve_model(args.model, batch=args.batch, dtype=_torch_dtype(args.dtype),
-                             device=args.device, inputs=args.input)
-    return audit(resolved.model, resolved.example_inputs, target, dtype=None,
-                 train=args.train, flags=_flags(args.dtype), name=resolved.name,
-                 device=args.device)
+    resolved = resolve_model(
+        args.model,
+        batch=args.batch,
+        dtype=_torch_dtype(args.dtype),
+        device=args.device,
+        inputs=args.input,
+    )
+    return audit(
+        resolved.model,
+        resolved.example_inputs,
+        target,
+        dtype=None,
+        train=args.train,
+        flags=_flags(args.dtype),
+        name=resolved.name,
+        device=args.device,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,9 +13,12 @@ from ..hardware import CATALOG, DTYPES, GPUSpec, current_gpu, get_gpu
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gpus", help="the GPU catalog, or one chip's spec",
-                       description="List the GPU catalog (the current device is marked), "
-                                   "or show one chip's whole spec.")
+    p = sub.add_parser(
+        "gpus",
+        help="the GPU catalog, or one chip's spec",
+        description="List the GPU catalog (the current device is marked), "
+        "or show one chip's whole spec.",
+    )
     p.add_argument("name", nargs="?", help="a chip name or alias (h100, 'nvidia h200', ...)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
@@ -48,8 +51,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     rows = [current if current is not None and s.name == current.name else s for s in CATALOG]
     if args.json:
-        print(json.dumps([{**s.to_dict(), "current": current is not None and s.name == current.name}
-                          for s in rows], indent=2))
+        print(
+            json.dumps(
+                [
+                    {**s.to_dict(), "current": current is not None and s.name == current.name}
+                    for s in rows
+                ],
+                indent=2,
+            )
+        )
         return 0
     _show_catalog(console, rows, current)
     if note:
@@ -58,21 +68,37 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _show_catalog(console: Console, rows: list[GPUSpec], current: GPUSpec | None) -> None:
-    table = Table(title="GPU catalog: dense datasheet peaks, TFLOP/s on tensor cores except fp32;\n"
-                        "ridge = bf16 (fp16 on V100) peak / bandwidth; * = this machine's device")
+    table = Table(
+        title="GPU catalog: dense datasheet peaks, TFLOP/s on tensor cores except fp32;\n"
+        "ridge = bf16 (fp16 on V100) peak / bandwidth; * = this machine's device"
+    )
     table.add_column("")
     table.add_column("name", no_wrap=True)
-    for col in ("SMs", "mem GB", "mem TB/s", "L2 MiB", "bf16 TFLOP/s", "tf32", "fp32",
-                "ridge FLOP/B"):
+    for col in (
+        "SMs",
+        "mem GB",
+        "mem TB/s",
+        "L2 MiB",
+        "bf16 TFLOP/s",
+        "tf32",
+        "fp32",
+        "ridge FLOP/B",
+    ):
         table.add_column(col, justify="right")
     for s in rows:
         mark = "*" if current is not None and s.name == current.name else ""
         half = "bf16" if s.has_tensor_cores("bf16") else "fp16"
         table.add_row(
-            mark, s.name, str(s.sm_count), f"{s.memory_bytes / 1e9:,.0f}",
-            f"{s.memory_bandwidth_bytes_per_s / 1e12:.2f}", f"{s.l2_bytes / 2**20:.0f}",
-            _tflops(s.tensor_core_flops.get(half)), _tflops(s.tensor_core_flops.get("tf32")),
-            _tflops(s.cuda_core_flops["fp32"]), f"{s.ridge_point(half):.0f}",
+            mark,
+            s.name,
+            str(s.sm_count),
+            f"{s.memory_bytes / 1e9:,.0f}",
+            f"{s.memory_bandwidth_bytes_per_s / 1e12:.2f}",
+            f"{s.l2_bytes / 2**20:.0f}",
+            _tflops(s.tensor_core_flops.get(half)),
+            _tflops(s.tensor_core_flops.get("tf32")),
+            _tflops(s.cuda_core_flops["fp32"]),
+            f"{s.ridge_point(half):.0f}",
         )
     console.print(table)
 
@@ -98,24 +124,34 @@ def _show_one(console: Console, s: GPUSpec, is_current: bool) -> None:
         tc, cc = s.tensor_core_flops.get(d), s.cuda_core_flops.get(d)
         if tc or cc:
             unit = "TOP/s" if d == "int8" else "TFLOP/s"
-            table.add_row(f"{d} peak",
-                          f"tensor cores {_tflops(tc)}, CUDA cores {_tflops(cc)} {unit}")
-    table.add_row("tensor-core alignment",
-                  ", ".join(f"{d}: {n}" for d, n in s.tc_align_elems.items()) + " elements")
+            table.add_row(
+                f"{d} peak", f"tensor cores {_tflops(tc)}, CUDA cores {_tflops(cc)} {unit}"
+            )
+    table.add_row(
+        "tensor-core alignment",
+        ", ".join(f"{d}: {n}" for d, n in s.tc_align_elems.items()) + " elements",
+    )
     lim = s.sm_limits
-    table.add_row("per SM", f"{lim.max_threads} threads, {lim.max_warps} warps, "
-                            f"{lim.max_blocks} blocks, {lim.registers} registers, "
-                            f"{lim.shared_mem_bytes // 1024} KiB shared "
-                            f"({lim.max_shared_mem_per_block_bytes // 1024} KiB per block)")
+    table.add_row(
+        "per SM",
+        f"{lim.max_threads} threads, {lim.max_warps} warps, "
+        f"{lim.max_blocks} blocks, {lim.registers} registers, "
+        f"{lim.shared_mem_bytes // 1024} KiB shared "
+        f"({lim.max_shared_mem_per_block_bytes // 1024} KiB per block)",
+    )
     nvlink = s.nvlink_bandwidth_bytes_per_s
     links = f"NVLink {nvlink / 1e9:,.0f} GB/s" if nvlink else "no NVLink"
-    table.add_row("interconnect", f"{links}, PCIe {s.pcie_bandwidth_bytes_per_s / 1e9:,.0f} GB/s "
-                                  "(totals, both directions)")
+    table.add_row(
+        "interconnect",
+        f"{links}, PCIe {s.pcie_bandwidth_bytes_per_s / 1e9:,.0f} GB/s (totals, both directions)",
+    )
     a = s.achievable
-    table.add_row("achievable (" + a.source + ")",
-                  f"copy {a.memory_bandwidth_fraction:.0%} of bandwidth, GEMM "
-                  + ", ".join(f"{k} {v:.0%}" for k, v in a.gemm_fraction.items())
-                  + f" of peak; launch {a.launch_overhead_s * 1e6:.1f} us eager, "
-                    f"{a.graph_launch_overhead_s * 1e6:.1f} us in a CUDA graph")
+    table.add_row(
+        "achievable (" + a.source + ")",
+        f"copy {a.memory_bandwidth_fraction:.0%} of bandwidth, GEMM "
+        + ", ".join(f"{k} {v:.0%}" for k, v in a.gemm_fraction.items())
+        + f" of peak; launch {a.launch_overhead_s * 1e6:.1f} us eager, "
+        f"{a.graph_launch_overhead_s * 1e6:.1f} us in a CUDA graph",
+    )
     table.add_row("sources", "; ".join(s.sources))
     console.print(table)

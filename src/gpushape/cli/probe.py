@@ -20,16 +20,31 @@ from ..hardware import current_gpu
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("probe", help="measure this GPU's ceilings and shape cliffs",
-                       description="Measure this GPU's real ceilings and shape cliffs, check the "
-                                   "design guide's rules of thumb on it, and write a calibrated "
-                                   "profile plus a Markdown report with plots.")
-    p.add_argument("--quick", action="store_true",
-                   help="fewer dtypes and sweep points (under 90 s on an H200; full: under 5 min)")
-    p.add_argument("-o", "--output", type=Path, metavar="PROFILE",
-                   help="profile JSON to write (default: gpushape-profile-<gpu>.json)")
-    p.add_argument("--report-dir", type=Path, metavar="DIR",
-                   help="folder for probe-report.md and plots/ (default: the profile's folder)")
+    p = sub.add_parser(
+        "probe",
+        help="measure this GPU's ceilings and shape cliffs",
+        description="Measure this GPU's real ceilings and shape cliffs, check the "
+        "design guide's rules of thumb on it, and write a calibrated "
+        "profile plus a Markdown report with plots.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer dtypes and sweep points (under 90 s on an H200; full: under 5 min)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="PROFILE",
+        help="profile JSON to write (default: gpushape-profile-<gpu>.json)",
+    )
+    p.add_argument(
+        "--report-dir",
+        type=Path,
+        metavar="DIR",
+        help="folder for probe-report.md and plots/ (default: the profile's folder)",
+    )
     p.set_defaults(func=run)
 
 
@@ -37,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
     import torch  # here, not at the top: `gpushape gpus` and `--help` need no torch
 
     if not torch.cuda.is_available():
-        raise NoCudaError("gpushape probe measures a GPU and needs a CUDA device; "
-                          "none is visible on this machine")
+        raise NoCudaError(
+            "gpushape probe measures a GPU and needs a CUDA device; none is visible on this machine"
+        )
     # imported here: the measuring code pulls in matplotlib and the claims' modules
     from ..probe.plan import full_plan, quick_plan
     from ..probe.profile import write_profile
@@ -47,8 +63,9 @@ def run(args: argparse.Namespace) -> int:
 
     spec = current_gpu()
     assert spec is not None  # CUDA is available
-    profile = run_probe(quick_plan() if args.quick else full_plan(), spec=spec,
-                        console=Console(stderr=True))
+    profile = run_probe(
+        quick_plan() if args.quick else full_plan(), spec=spec, console=Console(stderr=True)
+    )
     out = args.output or Path(f"gpushape-profile-{spec.name}.json")
     write_profile(profile, out)
     report = write_report(profile, args.report_dir or out.parent)
@@ -60,24 +77,42 @@ def run(args: argparse.Namespace) -> int:
 
 def _summary(profile: dict[str, Any], spec: Any) -> Table:
     c = profile["ceilings"]
-    table = Table(title=f"gpushape probe: {profile['device_name']} ({profile['probe']['mode']}, "
-                        f"{profile['probe']['timing']['total_s']:.0f} s); medians by CUDA events")
+    table = Table(
+        title=f"gpushape probe: {profile['device_name']} ({profile['probe']['mode']}, "
+        f"{profile['probe']['timing']['total_s']:.0f} s); medians by CUDA events"
+    )
     table.add_column("measured")
     table.add_column("value", justify="right")
     table.add_column("datasheet / rule", justify="right")
-    table.add_row("copy bandwidth (read + write)", f"{c['copy_bytes_per_s'] / 1e9:,.0f} GB/s",
-                  f"{spec.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s")
+    table.add_row(
+        "copy bandwidth (read + write)",
+        f"{c['copy_bytes_per_s'] / 1e9:,.0f} GB/s",
+        f"{spec.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s",
+    )
     for dtype, flops in c["gemm_flops"].items():
-        table.add_row(f"{dtype} GEMM peak", f"{flops / 1e12:,.1f} TFLOP/s",
-                      f"{spec.peak_flops(dtype) / 1e12:,.1f} TFLOP/s")
+        table.add_row(
+            f"{dtype} GEMM peak",
+            f"{flops / 1e12:,.1f} TFLOP/s",
+            f"{spec.peak_flops(dtype) / 1e12:,.1f} TFLOP/s",
+        )
     for dtype, flops in c.get("gemm_flops_cuda_cores", {}).items():
-        table.add_row(f"{dtype} GEMM peak, TF32 off", f"{flops / 1e12:,.1f} TFLOP/s",
-                      f"{spec.peak_flops(dtype, tensor_cores=False) / 1e12:,.1f} TFLOP/s")
-    table.add_row("launch, eager / CUDA graph", f"{c['launch_overhead_s'] * 1e6:.2f} / "
-                  f"{c.get('graph_launch_overhead_s', float('nan')) * 1e6:.2f} us", "-")
+        table.add_row(
+            f"{dtype} GEMM peak, TF32 off",
+            f"{flops / 1e12:,.1f} TFLOP/s",
+            f"{spec.peak_flops(dtype, tensor_cores=False) / 1e12:,.1f} TFLOP/s",
+        )
+    table.add_row(
+        "launch, eager / CUDA graph",
+        f"{c['launch_overhead_s'] * 1e6:.2f} / "
+        f"{c.get('graph_launch_overhead_s', float('nan')) * 1e6:.2f} us",
+        "-",
+    )
     for dtype, g in profile["tc_align_elems"].items():
-        table.add_row(f"{dtype} alignment cliff", f"{g} elements",
-                      f"{spec.tc_align_elems.get(dtype, '-')} elements")
+        table.add_row(
+            f"{dtype} alignment cliff",
+            f"{g} elements",
+            f"{spec.tc_align_elems.get(dtype, '-')} elements",
+        )
     for claim in profile["guide_claims"]:
         gain = "-" if claim["gain"] is None else f"{claim['gain']:+.2f}"
         table.add_row(f"guide: {claim['id']}", f"gain {gain}", claim["verdict"])

@@ -6,7 +6,19 @@ from .profile import apply_profile, bundled_profile_path, calibrated, load_profi
 from .spec import DTYPES, Achievable, GPUSpec, SMLimits, dtype_key
 
 __all__ = [
-    "CATALOG", "DTYPES", "Achievable", "GPUSpec", "SMLimits", "apply_profile",
-    "bundled_profile_path", "calibrated", "current_gpu",
-    "dtype_key", "get_gpu", "known_names", "load_profile", "normalize_name", "read_profile",
+    "CATALOG",
+    "DTYPES",
+    "Achievable",
+    "GPUSpec",
+    "SMLimits",
+    "apply_profile",
+    "bundled_profile_path",
+    "calibrated",
+    "current_gpu",
+    "dtype_key",
+    "get_gpu",
+    "known_names",
+    "load_profile",
+    "normalize_name",
+    "read_profile",
 ]

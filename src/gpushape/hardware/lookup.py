@@ -23,7 +23,7 @@ def normalize_name(name: str) -> str:
         changed = False
         for word in _VENDOR_WORDS:
             if key.startswith(word):
-                key, changed = key[len(word):], True
+                key, changed = key[len(word) :], True
     return key
 
 
@@ -51,9 +51,7 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
     if spec is None:
         near = difflib.get_close_matches(normalize_name(str(name)), _index().keys(), n=1)
         hint = f" (did you mean {_index()[near[0]].name}?)" if near else ""
-        raise UnknownGPUError(
-            f"unknown GPU {name!r}{hint}; known: {', '.join(known_names())}"
-        )
+        raise UnknownGPUError(f"unknown GPU {name!r}{hint}; known: {', '.join(known_names())}")
     return spec
 
 

@@ -70,13 +70,16 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ProfileError(f"profile {str(path)!r} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
-        raise ProfileError(f"{str(path)!r} is not a gpushape profile "
-                           f"(no \"format\": \"{PROFILE_FORMAT}\")")
+        raise ProfileError(
+            f'{str(path)!r} is not a gpushape profile (no "format": "{PROFILE_FORMAT}")'
+        )
     if data.get("version") != PROFILE_VERSION:
-        raise ProfileError(f"profile {str(path)!r} has version {data.get('version')!r}; "
-                           f"this gpushape reads version {PROFILE_VERSION}")
+        raise ProfileError(
+            f"profile {str(path)!r} has version {data.get('version')!r}; "
+            f"this gpushape reads version {PROFILE_VERSION}"
+        )
     if "gpu" not in data:
-        raise ProfileError(f"profile {str(path)!r} names no \"gpu\"")
+        raise ProfileError(f'profile {str(path)!r} names no "gpu"')
     return data
 
 
@@ -101,9 +104,11 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
     for key in ("launch_overhead_s", "graph_launch_overhead_s"):
         if key in ceilings:
             fields[key] = float(ceilings[key])
-    efficiency = {family: float(row["efficiency"])
-                  for family, row in profile.get("memory_efficiency", {}).items()
-                  if isinstance(row, dict) and row.get("efficiency")}
+    efficiency = {
+        family: float(row["efficiency"])
+        for family, row in profile.get("memory_efficiency", {}).items()
+        if isinstance(row, dict) and row.get("efficiency")
+    }
     if efficiency:
         fields["memory_efficiency"] = {**old.memory_efficiency, **efficiency}
     stem = profile.get("conv_small_cin", {})
@@ -114,12 +119,25 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
         fields["attention"] = {**old.attention, **attention}
     if fields:
         measured = tuple(sorted(set(old.measured) | set(fields)))
-        achievable = Achievable(**{**{f: getattr(old, f) for f in (
-            "gemm_fraction", "memory_bandwidth_fraction", "launch_overhead_s",
-            "graph_launch_overhead_s", "memory_efficiency", "small_cin_conv", "attention")},
-            **fields},
+        achievable = Achievable(
+            **{
+                **{
+                    f: getattr(old, f)
+                    for f in (
+                        "gemm_fraction",
+                        "memory_bandwidth_fraction",
+                        "launch_overhead_s",
+                        "graph_launch_overhead_s",
+                        "memory_efficiency",
+                        "small_cin_conv",
+                        "attention",
+                    )
+                },
+                **fields,
+            },
             source=note,
-            measured=measured)
+            measured=measured,
+        )
         spec = spec.replace(note=note, achievable=achievable)
     if profile.get("tc_align_elems"):
         align = dict(spec.tc_align_elems)
@@ -131,9 +149,13 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
 def attention_rates(rows: Mapping[str, Any]) -> dict[str, float]:
     """A profile's "attention" rows flattened to {"flash/fwd/d64": rate, ...} (what
     `Achievable.attention` holds); failed rows (no rates) contribute nothing."""
-    return {key: float(value) for row in rows.values() if isinstance(row, Mapping)
-            for key, value in row.items()
-            if "/" in key and isinstance(value, (int, float)) and value > 0}
+    return {
+        key: float(value)
+        for row in rows.values()
+        if isinstance(row, Mapping)
+        for key, value in row.items()
+        if "/" in key and isinstance(value, (int, float)) and value > 0
+    }
 
 
 def load_profile(path: str | Path) -> GPUSpec:
@@ -159,7 +181,8 @@ def calibrated(spec: GPUSpec | str) -> GPUSpec:
         return spec
     profile = read_profile(path)
     if get_gpu(profile["gpu"]).name != spec.name:
-        raise ProfileError(f"bundled profile {path.name} is for {profile['gpu']!r}, "
-                           f"not {spec.name!r}")
+        raise ProfileError(
+            f"bundled profile {path.name} is for {profile['gpu']!r}, not {spec.name!r}"
+        )
     device, when = profile.get("device_name", profile["gpu"]), profile.get("measured_at", "?")
     return apply_profile(spec, profile, origin=f"gpushape probe on {device}, {when}: {path.name}")

@@ -17,14 +17,23 @@ from typing import Any
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 
 _DTYPE_ALIASES = {
-    "float64": "fp64", "double": "fp64", "f64": "fp64",
-    "float32": "fp32", "float": "fp32", "f32": "fp32",
+    "float64": "fp64",
+    "double": "fp64",
+    "f64": "fp64",
+    "float32": "fp32",
+    "float": "fp32",
+    "f32": "fp32",
     "tensorfloat32": "tf32",
-    "float16": "fp16", "half": "fp16", "f16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "f16": "fp16",
     "bfloat16": "bf16",
-    "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
-    "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8",
-    "int8": "int8", "uint8": "int8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "float8_e5m2fnuz": "fp8",
+    "int8": "int8",
+    "uint8": "int8",
 }
 
 
@@ -92,8 +101,9 @@ class Achievable:
         """The fraction of the copy rate kernels of `family` reach (1 when not measured)."""
         return self.memory_efficiency.get(family, 1.0) if family else 1.0
 
-    def attention_rate(self, backend: str, backward: bool, dropout: bool, causal: bool,
-                       head_dim: int) -> float:
+    def attention_rate(
+        self, backend: str, backward: bool, dropout: bool, causal: bool, head_dim: int
+    ) -> float:
         """The measured factor for one fused attention kernel (1 when nothing fits): the
         configuration with the same backend, pass and flags at the nearest measured head size;
         failing that, without the causal flag, then without dropout."""
@@ -101,10 +111,22 @@ class Achievable:
             return 1.0
         stage = "bwd" if backward else "fwd"
         for flags in ((dropout, causal), (dropout, False), (False, causal), (False, False)):
-            prefix = "/".join((backend, stage, *(("dropout",) if flags[0] else ()),
-                               *(("causal",) if flags[1] else ()))) + "/d"
-            sizes = {int(k[len(prefix):]): v for k, v in self.attention.items()
-                     if k.startswith(prefix) and k[len(prefix):].isdigit()}
+            prefix = (
+                "/".join(
+                    (
+                        backend,
+                        stage,
+                        *(("dropout",) if flags[0] else ()),
+                        *(("causal",) if flags[1] else ()),
+                    )
+                )
+                + "/d"
+            )
+            sizes = {
+                int(k[len(prefix) :]): v
+                for k, v in self.attention.items()
+                if k.startswith(prefix) and k[len(prefix) :].isdigit()
+            }
             if sizes:
                 near = min(sizes, key=lambda d: (abs(math.log2(d / head_dim)), d))
                 return sizes[near]

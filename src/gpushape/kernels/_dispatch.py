@@ -60,5 +60,6 @@ def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
 def check_float(op: str, **tensors: torch.Tensor | None) -> None:
     for name, t in tensors.items():
         if t is not None and t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{op}: {name} must be float32, float16 or bfloat16 "
-                            f"(float64 on CPU), got {t.dtype}")
+            raise TypeError(
+                f"{op}: {name} must be float32, float16 or bfloat16 (float64 on CPU), got {t.dtype}"
+            )

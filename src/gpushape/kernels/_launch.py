@@ -49,5 +49,5 @@ class Launch:
         if runner is None and is_aligned and hasattr(compiled, "__getitem__"):
             # Since Triton 3.3 the compiled launcher takes every parameter, constexprs last in
             # signature order, and a three-dimensional grid.
-            self.consts = tuple(self.meta[name] for name in self.kernel.arg_names[len(args):])
+            self.consts = tuple(self.meta[name] for name in self.kernel.arg_names[len(args) :])
             self.runner = compiled[self.grid + (1,) * (3 - len(self.grid))]

@@ -222,7 +222,11 @@ class BertForMaskedLM(nn.Module):
     description="BERT-base encoder + MLM head (HF layout, separate Q/K/V), 110M params, seq 512",
 )
 def bert_base(
-    *, batch: int, dtype: torch.dtype, device: torch.device, seq_len: int | None = None,
+    *,
+    batch: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    seq_len: int | None = None,
     **options: Any,
 ) -> ModelAndInputs:
     config = configure("bert-base", BERT_BASE, options)

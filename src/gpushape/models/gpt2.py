@@ -128,7 +128,11 @@ def init_gpt2_(model: GPT2LMHeadModel) -> None:
     description="GPT-2 small decoder (fused c_attn, causal SDPA, tied head), 124M params, seq 1024",
 )
 def gpt2(
-    *, batch: int, dtype: torch.dtype, device: torch.device, seq_len: int | None = None,
+    *,
+    batch: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    seq_len: int | None = None,
     **options: Any,
 ) -> ModelAndInputs:
     config = configure("gpt2", GPT2_SMALL, options)

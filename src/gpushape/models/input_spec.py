@@ -9,11 +9,16 @@ import torch
 from ..errors import GpushapeError
 
 DTYPE_NAMES: dict[str, torch.dtype] = {
-    "fp32": torch.float32, "float32": torch.float32,
-    "fp16": torch.float16, "float16": torch.float16,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp64": torch.float64, "float64": torch.float64,
-    "int64": torch.int64, "long": torch.int64,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp64": torch.float64,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "long": torch.int64,
     "int32": torch.int32,
     "bool": torch.bool,
 }

@@ -33,8 +33,9 @@ class LlamaConfig:
 
 
 LLAMA_7B = LlamaConfig()
-LLAMA_TINY = LlamaConfig(vocab_size=512, hidden=256, layers=2, heads=4, mlp_hidden=688,
-                         max_seq_len=128)
+LLAMA_TINY = LlamaConfig(
+    vocab_size=512, hidden=256, layers=2, heads=4, mlp_hidden=688, max_seq_len=128
+)
 
 
 class RMSNorm(nn.Module):
@@ -164,7 +165,11 @@ def init_llama_(model: LlamaForCausalLM) -> None:
     description="LLaMA-7B decoder (RMSNorm, RoPE, SwiGLU), 6.7B params: audit on the meta device",
 )
 def llama_7b(
-    *, batch: int, dtype: torch.dtype, device: torch.device, seq_len: int | None = None,
+    *,
+    batch: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    seq_len: int | None = None,
     **options: Any,
 ) -> ModelAndInputs:
     config = configure("llama-7b", LLAMA_7B, options)

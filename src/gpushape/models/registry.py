@@ -103,8 +103,11 @@ def _public_signature(fn: Callable[..., ModelAndInputs]) -> inspect.Signature:
         inspect.Parameter("dtype", kw, default=torch.bfloat16),
         inspect.Parameter("device", kw, default="meta"),
     ]
-    own = [p for name, p in inspect.signature(fn).parameters.items()
-           if name not in ("batch", "dtype", "device")]
+    own = [
+        p
+        for name, p in inspect.signature(fn).parameters.items()
+        if name not in ("batch", "dtype", "device")
+    ]
     return inspect.Signature([*placed, *own], return_annotation=ModelAndInputs)
 
 

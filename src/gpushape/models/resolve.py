@@ -85,7 +85,11 @@ def resolve_model(
             f"or pass --input {INPUT_FORM}"
         )
     model, example_inputs = _place(
-        model, example_inputs, spec, device=device, dtype=None if "dtype" in accepted else dtype,
+        model,
+        example_inputs,
+        spec,
+        device=device,
+        dtype=None if "dtype" in accepted else dtype,
         cast_inputs=not inputs,
     )
     return ResolvedModel(name=str(spec), model=model, example_inputs=example_inputs)
@@ -117,6 +121,7 @@ def _from_zoo(name, *, batch, dtype, device, inputs) -> ResolvedModel:
 
 
 # --- finding the factory ---------------------------------------------------------------------
+
 
 def _is_path(target: str) -> bool:
     return target.endswith(".py") or "/" in target or os.sep in target
@@ -185,8 +190,10 @@ def _get_attribute(module: ModuleType, target: str, attr: str) -> Any:
     if hasattr(module, attr):
         return getattr(module, attr)
     defined = sorted(
-        name for name, value in vars(module).items()
-        if not name.startswith("_") and callable(value)
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and callable(value)
         and getattr(value, "__module__", None) == module.__name__
     )
     listing = f"; it defines: {', '.join(defined[:12])}" if defined else ""
@@ -194,6 +201,7 @@ def _get_attribute(module: ModuleType, target: str, attr: str) -> Any:
 
 
 # --- building --------------------------------------------------------------------------------
+
 
 def _build(factory: Any, label: str, *, batch, dtype, device):
     """(model, example_inputs or None, names of PLACED_ARGS the factory took)."""
@@ -239,9 +247,13 @@ def _accepted_args(factory: Callable, label: str) -> set[str]:
     except (TypeError, ValueError):
         return set()  # a builtin without a signature: call it with nothing
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    required = [p.name for p in params if p.default is inspect.Parameter.empty
-                and p.kind in (*named, inspect.Parameter.POSITIONAL_ONLY)
-                and p.name not in PLACED_ARGS]
+    required = [
+        p.name
+        for p in params
+        if p.default is inspect.Parameter.empty
+        and p.kind in (*named, inspect.Parameter.POSITIONAL_ONLY)
+        and p.name not in PLACED_ARGS
+    ]
     if required:
         raise GpushapeError(
             f"factory {label} needs argument(s) {', '.join(required)}, which gpushape cannot "

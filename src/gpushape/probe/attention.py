@@ -39,27 +39,37 @@ class AttentionConfig:
 
     def key(self, backward: bool) -> str:
         """The profile's key: "flash/fwd/d64", "efficient/bwd/dropout/d128", ..."""
-        return attention_key(self.backend, backward, self.dropout > 0, self.causal,
-                             self.head_dim)
+        return attention_key(self.backend, backward, self.dropout > 0, self.causal, self.head_dim)
 
     @property
     def describe(self) -> str:
-        extra = "".join((f", dropout {self.dropout}" if self.dropout else "",
-                         ", causal" if self.causal else ""))
+        extra = "".join(
+            (f", dropout {self.dropout}" if self.dropout else "", ", causal" if self.causal else "")
+        )
         return f"{self.backend} attention, head size {self.head_dim}{extra}"
 
 
-def attention_key(backend: str, backward: bool, dropout: bool, causal: bool,
-                  head_dim: int) -> str:
-    return "/".join((backend, "bwd" if backward else "fwd", *(("dropout",) if dropout else ()),
-                     *(("causal",) if causal else ()), f"d{head_dim}"))
+def attention_key(backend: str, backward: bool, dropout: bool, causal: bool, head_dim: int) -> str:
+    return "/".join(
+        (
+            backend,
+            "bwd" if backward else "fwd",
+            *(("dropout",) if dropout else ()),
+            *(("causal",) if causal else ()),
+            f"d{head_dim}",
+        )
+    )
 
 
 CONFIGS = (
-    AttentionConfig("flash", 64), AttentionConfig("flash", 128),
-    AttentionConfig("flash", 64, dropout=0.1), AttentionConfig("flash", 128, dropout=0.1),
-    AttentionConfig("flash", 64, causal=True), AttentionConfig("flash", 128, causal=True),
-    AttentionConfig("efficient", 64), AttentionConfig("efficient", 128),
+    AttentionConfig("flash", 64),
+    AttentionConfig("flash", 128),
+    AttentionConfig("flash", 64, dropout=0.1),
+    AttentionConfig("flash", 128, dropout=0.1),
+    AttentionConfig("flash", 64, causal=True),
+    AttentionConfig("flash", 128, causal=True),
+    AttentionConfig("efficient", 64),
+    AttentionConfig("efficient", 128),
     AttentionConfig("efficient", 64, dropout=0.1),
 )
 
@@ -70,12 +80,14 @@ class _Attention(nn.Module):
         self.cfg = cfg
 
     def forward(self, q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.cfg.dropout,
-                                              is_causal=self.cfg.causal)
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.cfg.dropout, is_causal=self.cfg.causal
+        )
 
 
-def model_s(spec: GPUSpec, cfg: AttentionConfig, shape: tuple[int, int, int],
-            dtype: torch.dtype) -> tuple[float, float, int, int]:
+def model_s(
+    spec: GPUSpec, cfg: AttentionConfig, shape: tuple[int, int, int], dtype: torch.dtype
+) -> tuple[float, float, int, int]:
     """The GEMM model's forward and backward time for this call (no measured attention
     factor), then the FLOPs of each pass."""
     from ..tracing.cost import op_cost
@@ -83,8 +95,10 @@ def model_s(spec: GPUSpec, cfg: AttentionConfig, shape: tuple[int, int, int],
 
     flat = spec.replace(achievable=dataclasses.replace(spec.achievable, attention={}))
     b, h, t = shape
-    qkv = tuple(torch.empty(b, h, t, cfg.head_dim, dtype=dtype, device="meta",
-                            requires_grad=True) for _ in range(3))
+    qkv = tuple(
+        torch.empty(b, h, t, cfg.head_dim, dtype=dtype, device="meta", requires_grad=True)
+        for _ in range(3)
+    )
     times, flops = {"forward": 0.0, "backward": 0.0}, {"forward": 0, "backward": 0}
     for rec in trace(_Attention(cfg), qkv, train=True).ops:
         if "scaled_dot_product" in rec.op:
@@ -97,19 +111,26 @@ def model_s(spec: GPUSpec, cfg: AttentionConfig, shape: tuple[int, int, int],
 def _backend(name: str):
     from torch.nn.attention import SDPBackend
 
-    return {"flash": SDPBackend.FLASH_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
+    return {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
 
 
-def measure_config(spec: GPUSpec, cfg: AttentionConfig, *, device: str = "cuda",
-                   shape: tuple[int, int, int] = (8, 16, 1024),
-                   dtype: torch.dtype = torch.bfloat16, repeats: int = 20) -> dict[str, Any]:
+def measure_config(
+    spec: GPUSpec,
+    cfg: AttentionConfig,
+    *,
+    device: str = "cuda",
+    shape: tuple[int, int, int] = (8, 16, 1024),
+    dtype: torch.dtype = torch.bfloat16,
+    repeats: int = 20,
+) -> dict[str, Any]:
     """One configuration's forward and backward efficiency and what they came from."""
     model_fwd, model_bwd, flops_fwd, flops_bwd = model_s(spec, cfg, shape, dtype)
     b, h, t = shape
     gen = torch.Generator(device="cpu").manual_seed(0)
-    q, k, v = (torch.randn(b, h, t, cfg.head_dim, generator=gen).to(device, dtype)
-               .requires_grad_() for _ in range(3))
+    q, k, v = (
+        torch.randn(b, h, t, cfg.head_dim, generator=gen).to(device, dtype).requires_grad_()
+        for _ in range(3)
+    )
     attn = _Attention(cfg)
     cuda = torch.device(device).type == "cuda"
     if cuda:
@@ -119,6 +140,7 @@ def measure_config(spec: GPUSpec, cfg: AttentionConfig, *, device: str = "cuda",
             with sdpa_kernel(_backend(cfg.backend)):
                 return attn(q, k, v)
     else:  # a smoke test: whatever CPU kernel PyTorch picks
+
         def forward() -> Any:
             return attn(q, k, v)
 
@@ -133,21 +155,32 @@ def measure_config(spec: GPUSpec, cfg: AttentionConfig, *, device: str = "cuda",
     fwd_s = step_s(forward_only, device, repeats)
     both_s = step_s(step, device, repeats)
     bwd_s = max(both_s - fwd_s, 0.0)
-    return {cfg.key(False): capped(model_fwd, fwd_s), cfg.key(True): capped(model_bwd, bwd_s),
-            "workload": f"{cfg.describe}, {b}x{h}x{t}x{cfg.head_dim}",
-            "dtype": str(dtype).removeprefix("torch."), "measured_fwd_s": fwd_s,
-            "measured_bwd_s": bwd_s, "model_fwd_s": model_fwd, "model_bwd_s": model_bwd,
-            "tflops_fwd": _tflops(flops_fwd, fwd_s), "tflops_bwd": _tflops(flops_bwd, bwd_s)}
+    return {
+        cfg.key(False): capped(model_fwd, fwd_s),
+        cfg.key(True): capped(model_bwd, bwd_s),
+        "workload": f"{cfg.describe}, {b}x{h}x{t}x{cfg.head_dim}",
+        "dtype": str(dtype).removeprefix("torch."),
+        "measured_fwd_s": fwd_s,
+        "measured_bwd_s": bwd_s,
+        "model_fwd_s": model_fwd,
+        "model_bwd_s": model_bwd,
+        "tflops_fwd": _tflops(flops_fwd, fwd_s),
+        "tflops_bwd": _tflops(flops_bwd, bwd_s),
+    }
 
 
 def _tflops(flops: int, seconds: float) -> float:
     return round(flops / seconds / 1e12, 1) if seconds > 0 and math.isfinite(seconds) else 0.0
 
 
-def measure_attention(spec: GPUSpec, *, device: str = "cuda",
-                      shape: tuple[int, int, int] = (8, 16, 1024),
-                      configs: tuple[AttentionConfig, ...] = CONFIGS,
-                      on_config=None) -> dict[str, dict[str, Any]]:
+def measure_attention(
+    spec: GPUSpec,
+    *,
+    device: str = "cuda",
+    shape: tuple[int, int, int] = (8, 16, 1024),
+    configs: tuple[AttentionConfig, ...] = CONFIGS,
+    on_config=None,
+) -> dict[str, dict[str, Any]]:
     """{workload name: measure_config(...)} for each configuration; one that cannot run (no such
     kernel on this GPU or build) gets {"error": ...} and leaves the model's rate alone."""
     out: dict[str, dict[str, Any]] = {}
@@ -158,8 +191,10 @@ def measure_attention(spec: GPUSpec, *, device: str = "cuda",
         try:
             out[name] = measure_config(spec, cfg, device=device, shape=shape)
         except (RuntimeError, ValueError, NotImplementedError) as exc:
-            out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}",
-                         "workload": cfg.describe}
+            out[name] = {
+                "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                "workload": cfg.describe,
+            }
     return out
 
 

@@ -28,10 +28,12 @@ from .measure import MeasureConfig
 HOLDS, PARTLY, FAILS, NOT_MEASURED = "holds", "holds only partly", "does not hold", "not measured"
 NOISE_FLOOR = 0.03
 MATERIAL_GAIN = 0.2
-RULE = (f"holds if the measured gain is at least half the claimed one; holds only partly if it "
-        f"is smaller but above {NOISE_FLOOR:.0%} in the claimed direction; does not hold at "
-        f"{NOISE_FLOOR:.0%} or less. A claim without a number is taken as a "
-        f"{MATERIAL_GAIN:.0%} gain.")
+RULE = (
+    f"holds if the measured gain is at least half the claimed one; holds only partly if it "
+    f"is smaller but above {NOISE_FLOOR:.0%} in the claimed direction; does not hold at "
+    f"{NOISE_FLOOR:.0%} or less. A claim without a number is taken as a "
+    f"{MATERIAL_GAIN:.0%} gain."
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,15 +79,24 @@ class Claim:
 REGISTRY: dict[str, Claim] = {}
 
 
-def claim(*, id: str, where: str, says: str, claimed: str,
-          claimed_gain: float = MATERIAL_GAIN) -> Callable:
+def claim(
+    *, id: str, where: str, says: str, claimed: str, claimed_gain: float = MATERIAL_GAIN
+) -> Callable:
     """Register a claim measurement: `@claim(id=..., ...)` over `def measure(ctx) -> Measured`."""
+
     def register(measure: Callable[[ClaimContext], Measured]) -> Callable[[ClaimContext], Measured]:
         if id in REGISTRY:
             raise ValueError(f"claim {id!r} registered twice")
-        REGISTRY[id] = Claim(id=id, where=where, says=says, claimed=claimed,
-                             claimed_gain=claimed_gain, measure=measure)
+        REGISTRY[id] = Claim(
+            id=id,
+            where=where,
+            says=says,
+            claimed=claimed,
+            claimed_gain=claimed_gain,
+            measure=measure,
+        )
         return measure
+
     return register
 
 
@@ -116,8 +127,13 @@ def ab_times(variants: Mapping[str, Callable[[], Any]], ctx: ClaimContext) -> di
         loops[name] = lambda fn=fn, inner=inner: [fn() for _ in range(inner)]
         inners[name] = inner
     rounds = ctx.pick(quick=3, full=5, tiny=2)
-    timings = compare(loops, rounds=rounds, repeats_per_round=max(2, cfg.repeats // 2),
-                      warmup=1, device=cfg.device)
+    timings = compare(
+        loops,
+        rounds=rounds,
+        repeats_per_round=max(2, cfg.repeats // 2),
+        warmup=1,
+        device=cfg.device,
+    )
     return {name: timings[name].median_s / inners[name] for name in variants}
 
 
@@ -126,15 +142,19 @@ def ms(seconds: float) -> float:
     return round(seconds * 1e3, 5)
 
 
-def ab_gain(variants: Mapping[str, Callable[[], Any]],
-            ctx: ClaimContext) -> tuple[float, dict[str, float], dict[str, float]]:
+def ab_gain(
+    variants: Mapping[str, Callable[[], Any]], ctx: ClaimContext
+) -> tuple[float, dict[str, float], dict[str, float]]:
     """Time two variants, the guide's slow one first and its advice second (`ab_times`).
 
     Returns the advice's gain, each variant's seconds per call, and the `<name>_ms` numbers a
     claim reports."""
     (slow, fast), seconds = variants, ab_times(variants, ctx)
-    return (gain_of(seconds[slow], seconds[fast]), seconds,
-            {f"{name}_ms": ms(seconds[name]) for name in variants})
+    return (
+        gain_of(seconds[slow], seconds[fast]),
+        seconds,
+        {f"{name}_ms": ms(seconds[name]) for name in variants},
+    )
 
 
 def check_same(name: str, a: torch.Tensor, b: torch.Tensor, tol: float = 2e-2) -> None:
@@ -146,15 +166,25 @@ def check_same(name: str, a: torch.Tensor, b: torch.Tensor, tol: float = 2e-2) -
 
 def _result(c: Claim, m: Measured) -> dict[str, Any]:
     claimed_gain = c.claimed_gain if m.claimed_gain is None else m.claimed_gain
-    return {"id": c.id, "where": c.where, "says": c.says, "claimed": c.claimed,
-            "claimed_gain": round(claimed_gain, 4),
-            "gain": None if m.gain is None else round(m.gain, 4),
-            "verdict": m.verdict or verdict(claimed_gain, m.gain), "rule": m.rule or RULE,
-            "how": m.how, "numbers": m.numbers}
+    return {
+        "id": c.id,
+        "where": c.where,
+        "says": c.says,
+        "claimed": c.claimed,
+        "claimed_gain": round(claimed_gain, 4),
+        "gain": None if m.gain is None else round(m.gain, 4),
+        "verdict": m.verdict or verdict(claimed_gain, m.gain),
+        "rule": m.rule or RULE,
+        "how": m.how,
+        "numbers": m.numbers,
+    }
 
 
-def run_claims(claims: Iterable[Claim], ctx: ClaimContext,
-               on_claim: Callable[[str], None] = lambda claim_id: None) -> list[dict[str, Any]]:
+def run_claims(
+    claims: Iterable[Claim],
+    ctx: ClaimContext,
+    on_claim: Callable[[str], None] = lambda claim_id: None,
+) -> list[dict[str, Any]]:
     """Measure each claim; a claim that fails is reported as not measured, with the error."""
     results = []
     for c in claims:
@@ -163,9 +193,20 @@ def run_claims(claims: Iterable[Claim], ctx: ClaimContext,
                 results.append(_result(c, c.measure(ctx)))
         except Exception as exc:  # one broken measurement must not lose the whole probe
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            results.append({"id": c.id, "where": c.where, "says": c.says, "claimed": c.claimed,
-                            "claimed_gain": c.claimed_gain, "gain": None, "verdict": NOT_MEASURED,
-                            "rule": RULE, "how": "", "numbers": {},
-                            "error": f"{type(exc).__name__}: {exc} (line {where.lineno})"[:300]})
+            results.append(
+                {
+                    "id": c.id,
+                    "where": c.where,
+                    "says": c.says,
+                    "claimed": c.claimed,
+                    "claimed_gain": c.claimed_gain,
+                    "gain": None,
+                    "verdict": NOT_MEASURED,
+                    "rule": RULE,
+                    "how": "",
+                    "numbers": {},
+                    "error": f"{type(exc).__name__}: {exc} (line {where.lineno})"[:300],
+                }
+            )
         on_claim(c.id)
     return results

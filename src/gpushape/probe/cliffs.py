@@ -43,8 +43,10 @@ class Curve:
 
     def __post_init__(self) -> None:
         if len(self.sizes) != len(self.throughputs):
-            raise ValueError(f"curve {self.label!r}: {len(self.sizes)} sizes but "
-                             f"{len(self.throughputs)} throughputs")
+            raise ValueError(
+                f"curve {self.label!r}: {len(self.sizes)} sizes but "
+                f"{len(self.throughputs)} throughputs"
+            )
         if any(s <= 0 for s in self.sizes):
             raise ValueError(f"curve {self.label!r}: sizes must be positive")
 
@@ -102,27 +104,38 @@ class Granularity:
         return 1.0 - self.missed_relative / self.aligned_relative
 
     def evidence(self) -> str:
-        by_level = ", ".join(f"{_level_name(s.level)} {s.median_relative:.2f}"
-                             for s in self.levels)
+        by_level = ", ".join(f"{_level_name(s.level)} {s.median_relative:.2f}" for s in self.levels)
         if self.cliff:
-            head = (f"multiples of {self.granularity} run at {self.aligned_relative:.2f} of full "
-                    f"speed, other sizes at {self.missed_relative:.2f}")
+            head = (
+                f"multiples of {self.granularity} run at {self.aligned_relative:.2f} of full "
+                f"speed, other sizes at {self.missed_relative:.2f}"
+            )
         else:
             head = f"no level falls by more than {self.drop:.0%}"
         tail = f"; ignored lone outliers at {list(self.outliers)}" if self.outliers else ""
-        return (f"{head} (median relative throughput by level: {by_level}; "
-                f"{self.curves} curves){tail}")
+        return (
+            f"{head} (median relative throughput by level: {by_level}; {self.curves} curves){tail}"
+        )
 
     def to_dict(self) -> dict:
         return {
-            "granularity": self.granularity, "drop_threshold": self.drop,
+            "granularity": self.granularity,
+            "drop_threshold": self.drop,
             "aligned_relative": round(self.aligned_relative, 4),
-            "missed_relative": (None if self.missed_relative is None
-                                else round(self.missed_relative, 4)),
-            "levels": {str(s.level): {"points": s.points,
-                                      "median_relative": round(s.median_relative, 4),
-                                      "slow": s.slow} for s in self.levels},
-            "outliers": list(self.outliers), "curves": self.curves, "evidence": self.evidence(),
+            "missed_relative": (
+                None if self.missed_relative is None else round(self.missed_relative, 4)
+            ),
+            "levels": {
+                str(s.level): {
+                    "points": s.points,
+                    "median_relative": round(s.median_relative, 4),
+                    "slow": s.slow,
+                }
+                for s in self.levels
+            },
+            "outliers": list(self.outliers),
+            "curves": self.curves,
+            "evidence": self.evidence(),
         }
 
 
@@ -145,8 +158,9 @@ def _level_stats(pooled: dict[int, list[float]], drop: float) -> tuple[list[Leve
     return stats, outliers
 
 
-def find_granularity(curves: Sequence[Curve], *, drop: float = DEFAULT_DROP,
-                     cap: int = MAX_LEVEL) -> Granularity:
+def find_granularity(
+    curves: Sequence[Curve], *, drop: float = DEFAULT_DROP, cap: int = MAX_LEVEL
+) -> Granularity:
     """The alignment granularity that curves of one dtype and dimension show (module docstring)."""
     if not curves:
         raise ValueError("find_granularity needs at least one curve")
@@ -162,10 +176,13 @@ def find_granularity(curves: Sequence[Curve], *, drop: float = DEFAULT_DROP,
     aligned = [r for lv, rs in pooled.items() if lv >= granularity for r in rs]
     missed = [r for lv, rs in pooled.items() if lv < granularity for r in rs]
     return Granularity(
-        granularity=granularity, drop=drop, levels=tuple(levels),
+        granularity=granularity,
+        drop=drop,
+        levels=tuple(levels),
         aligned_relative=statistics.median(aligned) if aligned else 0.0,
         missed_relative=statistics.median(missed) if missed else None,
-        outliers=tuple(outliers), curves=len(curves),
+        outliers=tuple(outliers),
+        curves=len(curves),
     )
 
 
@@ -177,7 +194,13 @@ def slow_sizes(curve: Curve, drop: float = DEFAULT_DROP) -> list[int]:
 # ---- wave quantization -------------------------------------------------------------------------
 # Output tile shapes (rows x columns) a GEMM library picks from on recent NVIDIA chips.
 TILE_CANDIDATES: tuple[tuple[int, int], ...] = (
-    (64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128), (256, 256),
+    (64, 64),
+    (64, 128),
+    (128, 64),
+    (128, 128),
+    (128, 256),
+    (256, 128),
+    (256, 256),
 )
 
 
@@ -212,22 +235,31 @@ class WaveFit:
     predicted: tuple[float, ...] = field(default=())  # efficiency at every size of the sweep
 
     def evidence(self) -> str:
-        verdict = ("wave quantization visible" if self.found
-                   else "no clear wave-quantization pattern")
-        return (f"{verdict}: best tile {self.tile[0]}x{self.tile[1]}, r = {self.correlation:.2f} "
-                f"over {self.points} sizes with a full wave; throughput fell at "
-                f"{self.boundary_drops} of {self.boundaries} wave boundaries")
+        verdict = (
+            "wave quantization visible" if self.found else "no clear wave-quantization pattern"
+        )
+        return (
+            f"{verdict}: best tile {self.tile[0]}x{self.tile[1]}, r = {self.correlation:.2f} "
+            f"over {self.points} sizes with a full wave; throughput fell at "
+            f"{self.boundary_drops} of {self.boundaries} wave boundaries"
+        )
 
     def to_dict(self) -> dict:
-        return {"tile": list(self.tile), "correlation": round(self.correlation, 4),
-                "points": self.points, "boundary_drops": self.boundary_drops,
-                "boundaries": self.boundaries, "found": self.found,
-                "predicted_efficiency": [round(p, 4) for p in self.predicted],
-                "evidence": self.evidence()}
+        return {
+            "tile": list(self.tile),
+            "correlation": round(self.correlation, 4),
+            "points": self.points,
+            "boundary_drops": self.boundary_drops,
+            "boundaries": self.boundaries,
+            "found": self.found,
+            "predicted_efficiency": [round(p, 4) for p in self.predicted],
+            "evidence": self.evidence(),
+        }
 
 
-def _boundary_drops(ms: Sequence[int], values: Sequence[float],
-                    eff: Sequence[float]) -> tuple[int, int]:
+def _boundary_drops(
+    ms: Sequence[int], values: Sequence[float], eff: Sequence[float]
+) -> tuple[int, int]:
     hits = total = 0
     for i in range(1, len(ms)):
         if eff[i] < 0.8 * eff[i - 1]:
@@ -236,9 +268,15 @@ def _boundary_drops(ms: Sequence[int], values: Sequence[float],
     return hits, total
 
 
-def fit_wave_pattern(ms: Sequence[int], n: int, throughputs: Sequence[float], sm_count: int, *,
-                     candidates: Sequence[tuple[int, int]] = TILE_CANDIDATES,
-                     min_correlation: float = 0.7) -> WaveFit:
+def fit_wave_pattern(
+    ms: Sequence[int],
+    n: int,
+    throughputs: Sequence[float],
+    sm_count: int,
+    *,
+    candidates: Sequence[tuple[int, int]] = TILE_CANDIDATES,
+    min_correlation: float = 0.7,
+) -> WaveFit:
     """Which tile shape's wave efficiency explains throughput(M) at fixed N (sorted by M)."""
     if len(ms) != len(throughputs) or len(ms) < 4:
         raise ValueError("fit_wave_pattern needs at least 4 (M, throughput) pairs of equal length")
@@ -256,6 +294,7 @@ def fit_wave_pattern(ms: Sequence[int], n: int, throughputs: Sequence[float], sm
         if best is None or r > best.correlation:
             best = fit
     if best is None:
-        raise ValueError(f"no tile shape gives 4 sizes with a full wave of {sm_count} SMs: "
-                         "sweep larger M")
+        raise ValueError(
+            f"no tile shape gives 4 sizes with a full wave of {sm_count} SMs: sweep larger M"
+        )
     return best

@@ -38,14 +38,36 @@ from .measure import ConvShape, conv_operands, math_mode, per_call_s
 from .plan import ProbePlan
 from .profile import conv_curves, gemm_curves
 
-__all__ = ["FAILS", "HOLDS", "NOT_MEASURED", "PARTLY", "REGISTRY", "ClaimContext", "run_claims",
-           "selected"]
+__all__ = [
+    "FAILS",
+    "HOLDS",
+    "NOT_MEASURED",
+    "PARTLY",
+    "REGISTRY",
+    "ClaimContext",
+    "run_claims",
+    "selected",
+]
 
 # Report order: shapes first (as DESIGN.md's table), then pooling, fusion and launches.
-ORDER = ("conv-channels-63-vs-64", "dims-multiple-of-32", "tensor-core-multiple-of-8",
-         "batch-127-vs-128", "batch-512-vs-256", "stem-7x7-pad-to-32", "spatial-multiple-of-32",
-         "channels-last", "cudnn-benchmark", "pool-vs-mean", "einsum-vs-bmm", "qkv-fusion",
-         "layernorm-gelu-fusion", "bn-relu-fusion", "launch-overhead", "memory-wall-1024-gemm")
+ORDER = (
+    "conv-channels-63-vs-64",
+    "dims-multiple-of-32",
+    "tensor-core-multiple-of-8",
+    "batch-127-vs-128",
+    "batch-512-vs-256",
+    "stem-7x7-pad-to-32",
+    "spatial-multiple-of-32",
+    "channels-last",
+    "cudnn-benchmark",
+    "pool-vs-mean",
+    "einsum-vs-bmm",
+    "qkv-fusion",
+    "layernorm-gelu-fusion",
+    "bn-relu-fusion",
+    "launch-overhead",
+    "memory-wall-1024-gemm",
+)
 
 BF16 = torch.bfloat16
 
@@ -76,20 +98,26 @@ def _timed_convs(shapes: dict[str, ConvShape], ctx: ClaimContext, timer=ab_times
 
 
 # ---- convolution shapes and channels -----------------------------------------------------------
-@claim(id="conv-channels-63-vs-64", where="§2.1",
-       says="A 3x3 convolution with 63 input channels instead of 64 runs 35% slower "
-            "(cuDNN falls back from implicit GEMM to FFT).",
-       claimed="35% lower speed: 64 channels 1.54x as fast", claimed_gain=1 / 0.65 - 1)
+@claim(
+    id="conv-channels-63-vs-64",
+    where="§2.1",
+    says="A 3x3 convolution with 63 input channels instead of 64 runs 35% slower "
+    "(cuDNN falls back from implicit GEMM to FFT).",
+    claimed="35% lower speed: 64 channels 1.54x as fast",
+    claimed_gain=1 / 0.65 - 1,
+)
 def conv_63_vs_64(ctx: ClaimContext) -> Measured:
     batch, hw = ctx.pick(quick=64, full=256, tiny=1), ctx.pick(quick=56, full=56, tiny=4)
     cout = ctx.pick(quick=128, full=128, tiny=8)
-    shapes = {f"cin{c}": ConvShape(batch=batch, cin=c, cout=cout, hw=hw, kernel=3)
-              for c in (63, 64)}
+    shapes = {
+        f"cin{c}": ConvShape(batch=batch, cin=c, cout=cout, hw=hw, kernel=3) for c in (63, 64)
+    }
     gain, t, numbers = _timed_convs(shapes, ctx, timer=ab_gain)
-    return Measured(gain=gain,
-                    numbers=numbers | {f"{k}_tflops": s.flops / t[k] / 1e12
-                                       for k, s in shapes.items()},
-                    how=f"3x3 conv, batch {batch}, {hw}x{hw}, 63 or 64 -> {cout} channels")
+    return Measured(
+        gain=gain,
+        numbers=numbers | {f"{k}_tflops": s.flops / t[k] / 1e12 for k, s in shapes.items()},
+        how=f"3x3 conv, batch {batch}, {hw}x{hw}, 63 or 64 -> {cout} channels",
+    )
 
 
 def _pooled_levels(curves, lo: int, hi: int) -> float | None:
@@ -105,10 +133,13 @@ def _align_curves(ctx: ClaimContext, dtypes=("bf16", "fp16")) -> tuple[str, list
     return "", []
 
 
-@claim(id="dims-multiple-of-32", where="§2.1, §3.1",
-       says="Batch, channels and other dims should be multiples of 32 (the warp size; 64 for "
-            "batch on an A100), not merely of 8.",
-       claimed="qualitative: multiples of 32 faster than multiples of 8")
+@claim(
+    id="dims-multiple-of-32",
+    where="§2.1, §3.1",
+    says="Batch, channels and other dims should be multiples of 32 (the warp size; 64 for "
+    "batch on an A100), not merely of 8.",
+    claimed="qualitative: multiples of 32 faster than multiples of 8",
+)
 def dims_multiple_of_32(ctx: ClaimContext) -> Measured:
     dtype, curves = _align_curves(ctx)
     convs = [c for name in ("3x3 cin", "3x3 cout") for c in conv_curves(ctx.sweeps, "bf16", name)]
@@ -119,16 +150,22 @@ def dims_multiple_of_32(ctx: ClaimContext) -> Measured:
         if x8 and x32:
             numbers.update({f"{label}_x8_x16_relative": x8, f"{label}_x32_plus_relative": x32})
             gains.append(x32 / x8 - 1)
-    return Measured(gain=max(gains) if gains else None, numbers=numbers,
-                    how=f"probe sweeps: {dtype} GEMM K and N, bf16 3x3 conv channels; median "
-                        "throughput relative to full speed of sizes that are multiples of 8 or "
-                        "16 (not 32) against multiples of 32 or more; the larger gain counts")
+    return Measured(
+        gain=max(gains) if gains else None,
+        numbers=numbers,
+        how=f"probe sweeps: {dtype} GEMM K and N, bf16 3x3 conv channels; median "
+        "throughput relative to full speed of sizes that are multiples of 8 or "
+        "16 (not 32) against multiples of 32 or more; the larger gain counts",
+    )
 
 
-@claim(id="tensor-core-multiple-of-8", where="§2.1",
-       says="With fp16, channels and batch must be multiples of 8 (or 16), otherwise tensor "
-            "cores are not used.",
-       claimed="falls to the CUDA-core rate: gain = tensor-core peak / CUDA-core peak")
+@claim(
+    id="tensor-core-multiple-of-8",
+    where="§2.1",
+    says="With fp16, channels and batch must be multiples of 8 (or 16), otherwise tensor "
+    "cores are not used.",
+    claimed="falls to the CUDA-core rate: gain = tensor-core peak / CUDA-core peak",
+)
 def tensor_core_multiple_of_8(ctx: ClaimContext) -> Measured:
     dtype, curves = _align_curves(ctx, ("fp16", "bf16"))
     if not curves:
@@ -137,17 +174,27 @@ def tensor_core_multiple_of_8(ctx: ClaimContext) -> Measured:
     cuda_core_peak = ctx.spec.peak_flops(dtype, tensor_cores=False)
     claimed = ctx.spec.peak_flops(dtype) / cuda_core_peak - 1
     cliff = ctx.analysis.get("gemm", {}).get("nn", {}).get(dtype, {}).get("K", {})
-    return Measured(gain=aligned / missed - 1 if missed else None, claimed_gain=claimed,
-                    numbers={"aligned_relative": aligned, "unaligned_relative": missed,
-                             "granularity_K": cliff.get("granularity")},
-                    how=f"probe sweep: {dtype} GEMM K and N; sizes that are multiples of 8 "
-                        "against sizes that are not")
+    return Measured(
+        gain=aligned / missed - 1 if missed else None,
+        claimed_gain=claimed,
+        numbers={
+            "aligned_relative": aligned,
+            "unaligned_relative": missed,
+            "granularity_K": cliff.get("granularity"),
+        },
+        how=f"probe sweep: {dtype} GEMM K and N; sizes that are multiples of 8 "
+        "against sizes that are not",
+    )
 
 
-@claim(id="batch-127-vs-128", where="§3.1",
-       says="Going from batch 127 to 128 raises ResNet-50 throughput by 26% (1250 -> 1580 img/s "
-            "on an A100): at 127 the last warp has 31 idle threads.",
-       claimed="+26% throughput", claimed_gain=0.26)
+@claim(
+    id="batch-127-vs-128",
+    where="§3.1",
+    says="Going from batch 127 to 128 raises ResNet-50 throughput by 26% (1250 -> 1580 img/s "
+    "on an A100): at 127 the last warp has 31 idle threads.",
+    claimed="+26% throughput",
+    claimed_gain=0.26,
+)
 def batch_127_vs_128(ctx: ClaimContext) -> Measured:
     (c, hw), nk = _stage1(ctx), ctx.pick(quick=4096, full=4096, tiny=64)
     shapes = {str(b): ConvShape(batch=b, cin=c, cout=c, hw=hw, kernel=3) for b in (127, 128)}
@@ -155,40 +202,62 @@ def batch_127_vs_128(ctx: ClaimContext) -> Measured:
     w = torch.randn(nk, nk, device=ctx.device, dtype=BF16)
     xs = {str(m): torch.randn(m, nk, device=ctx.device, dtype=BF16) for m in (127, 128)}
     tg = ab_times({m: (lambda x=x: F.linear(x, w)) for m, x in xs.items()}, ctx)
-    per_sample = {k: (128 / t["128"]) / (127 / t["127"]) - 1
-                  for k, t in (("conv", tc), ("gemm", tg))}
-    return Measured(gain=max(per_sample.values()),
-                    numbers={"conv_b127_ms": ms(tc["127"]), "conv_b128_ms": ms(tc["128"]),
-                             "gemm_m127_ms": ms(tg["127"]), "gemm_m128_ms": ms(tg["128"]),
-                             "conv_gain": per_sample["conv"], "gemm_gain": per_sample["gemm"]},
-                    how=f"samples/s at batch 127 and 128: a ResNet-50 stage-1 3x3 conv {c}->{c} at "
-                        f"{hw}x{hw} and a Linear {nk}->{nk} over M tokens (the larger gain "
-                        "counts; the full ResNet-50 is not run here)")
+    per_sample = {
+        k: (128 / t["128"]) / (127 / t["127"]) - 1 for k, t in (("conv", tc), ("gemm", tg))
+    }
+    return Measured(
+        gain=max(per_sample.values()),
+        numbers={
+            "conv_b127_ms": ms(tc["127"]),
+            "conv_b128_ms": ms(tc["128"]),
+            "gemm_m127_ms": ms(tg["127"]),
+            "gemm_m128_ms": ms(tg["128"]),
+            "conv_gain": per_sample["conv"],
+            "gemm_gain": per_sample["gemm"],
+        },
+        how=f"samples/s at batch 127 and 128: a ResNet-50 stage-1 3x3 conv {c}->{c} at "
+        f"{hw}x{hw} and a Linear {nk}->{nk} over M tokens (the larger gain "
+        "counts; the full ResNet-50 is not run here)",
+    )
 
 
-@claim(id="batch-512-vs-256", where="§5.2 (pit four)",
-       says="Doubling the batch from 256 to 512 lowers throughput (L2 misses rise from 35% to "
-            "72%); an A100 peaks near batch 384.",
-       claimed="qualitative: batch 256 faster per image than 512")
+@claim(
+    id="batch-512-vs-256",
+    where="§5.2 (pit four)",
+    says="Doubling the batch from 256 to 512 lowers throughput (L2 misses rise from 35% to "
+    "72%); an A100 peaks near batch 384.",
+    claimed="qualitative: batch 256 faster per image than 512",
+)
 def batch_512_vs_256(ctx: ClaimContext) -> Measured:
     c, hw = _stage1(ctx)
     shapes = {str(b): ConvShape(batch=b, cin=c, cout=c, hw=hw, kernel=3) for b in (256, 512)}
     t = _timed_convs(shapes, ctx)
     numbers = {"b256_ms": ms(t["256"]), "b512_ms": ms(t["512"])}
-    sweep = {r["size"]: r["flops_per_s"] for r in ctx.sweeps.get("conv_batch", [])
-             if r.get("flops_per_s")}
+    sweep = {
+        r["size"]: r["flops_per_s"]
+        for r in ctx.sweeps.get("conv_batch", [])
+        if r.get("flops_per_s")
+    }
     numbers.update({f"sweep_b{b}_tflops": sweep[b] / 1e12 for b in (256, 384, 512) if b in sweep})
-    return Measured(gain=(256 / t["256"]) / (512 / t["512"]) - 1, numbers=numbers,
-                    how=f"samples/s of a 3x3 conv {c}->{c} at {hw}x{hw}, batch 256 against 512")
+    return Measured(
+        gain=(256 / t["256"]) / (512 / t["512"]) - 1,
+        numbers=numbers,
+        how=f"samples/s of a 3x3 conv {c}->{c} at {hw}x{hw}, batch 256 against 512",
+    )
 
 
-@claim(id="stem-7x7-pad-to-32", where="§4.2",
-       says="Padding the 7x7 stem convolution's input from 3 to 32 channels makes it 18% faster.",
-       claimed="+18%", claimed_gain=0.18)
+@claim(
+    id="stem-7x7-pad-to-32",
+    where="§4.2",
+    says="Padding the 7x7 stem convolution's input from 3 to 32 channels makes it 18% faster.",
+    claimed="+18%",
+    claimed_gain=0.18,
+)
 def stem_pad_to_32(ctx: ClaimContext) -> Measured:
     batch, hw = ctx.pick(quick=32, full=128, tiny=2), ctx.pick(quick=224, full=224, tiny=16)
-    x3, w3 = conv_operands(ConvShape(batch=batch, cin=3, cout=64, hw=hw, kernel=7), "bf16",
-                           ctx.device)
+    x3, w3 = conv_operands(
+        ConvShape(batch=batch, cin=3, cout=64, hw=hw, kernel=7), "bf16", ctx.device
+    )
     x32 = F.pad(x3, (0, 0, 0, 0, 0, 29)).contiguous(memory_format=torch.channels_last)
     w32 = F.pad(w3, (0, 0, 0, 0, 0, 29)).contiguous(memory_format=torch.channels_last)
     with math_mode("bf16", cudnn_benchmark=True):
@@ -198,17 +267,22 @@ def stem_pad_to_32(ctx: ClaimContext) -> Measured:
         gain, t, numbers = ab_gain({"cin3": conv3, "cin32": conv32}, ctx)
         pad = lambda: F.pad(x3, (0, 0, 0, 0, 0, 29)).contiguous(memory_format=torch.channels_last)
         pad_s = per_call_s(pad, [()], ctx.cfg)
-    return Measured(gain=gain,
-                    numbers=numbers | {"pad_ms": ms(pad_s),
-                                       "gain_with_pad": gain_of(t["cin3"], t["cin32"] + pad_s)},
-                    how=f"7x7 stride-2 conv -> 64, batch {batch}, {hw}x{hw}, on 3 channels or on "
-                        "the same input zero-padded to 32 (padding not timed; gain_with_pad "
-                        "counts it)")
+    return Measured(
+        gain=gain,
+        numbers=numbers
+        | {"pad_ms": ms(pad_s), "gain_with_pad": gain_of(t["cin3"], t["cin32"] + pad_s)},
+        how=f"7x7 stride-2 conv -> 64, batch {batch}, {hw}x{hw}, on 3 channels or on "
+        "the same input zero-padded to 32 (padding not timed; gain_with_pad "
+        "counts it)",
+    )
 
 
-@claim(id="spatial-multiple-of-32", where="§2.1",
-       says="Feature-map height and width should be multiples of 32 so no warp idles.",
-       claimed="qualitative: 64x64 faster per FLOP than 56x56")
+@claim(
+    id="spatial-multiple-of-32",
+    where="§2.1",
+    says="Feature-map height and width should be multiples of 32 so no warp idles.",
+    claimed="qualitative: 64x64 faster per FLOP than 56x56",
+)
 def spatial_multiple_of_32(ctx: ClaimContext) -> Measured:
     batch, (c, _) = ctx.pick(quick=32, full=128, tiny=2), _stage1(ctx)
     sizes = ctx.pick(quick=(56, 64), full=(56, 64), tiny=(6, 8))
@@ -216,38 +290,53 @@ def spatial_multiple_of_32(ctx: ClaimContext) -> Measured:
     t = _timed_convs(shapes, ctx)
     rate = {k: shapes[k].flops / t[k] for k in shapes}
     lo, hi = (str(s) for s in sizes)
-    return Measured(gain=rate[hi] / rate[lo] - 1,
-                    numbers={f"hw{k}_tflops": r / 1e12 for k, r in rate.items()},
-                    how=f"TFLOP/s of a 3x3 conv {c}->{c}, batch {batch}, at {lo}x{lo} against "
-                        f"{hi}x{hi}")
+    return Measured(
+        gain=rate[hi] / rate[lo] - 1,
+        numbers={f"hw{k}_tflops": r / 1e12 for k, r in rate.items()},
+        how=f"TFLOP/s of a 3x3 conv {c}->{c}, batch {batch}, at {lo}x{lo} against {hi}x{hi}",
+    )
 
 
-@claim(id="channels-last", where="DESIGN.md (layout), guide §3.2 (memory access patterns)",
-       says="Memory layout matters: convolutions should run channels_last, not NCHW.",
-       claimed="qualitative: channels_last faster")
+@claim(
+    id="channels-last",
+    where="DESIGN.md (layout), guide §3.2 (memory access patterns)",
+    says="Memory layout matters: convolutions should run channels_last, not NCHW.",
+    claimed="qualitative: channels_last faster",
+)
 def channels_last(ctx: ClaimContext) -> Measured:
     batch, (c, hw) = ctx.pick(quick=32, full=128, tiny=2), _stage1(ctx)
-    x, w = conv_operands(ConvShape(batch=batch, cin=c, cout=c, hw=hw, kernel=3,
-                                   channels_last=False), "bf16", ctx.device)
+    x, w = conv_operands(
+        ConvShape(batch=batch, cin=c, cout=c, hw=hw, kernel=3, channels_last=False),
+        "bf16",
+        ctx.device,
+    )
     gy = torch.randn(batch, c, hw, hw, device=ctx.device, dtype=BF16)
     steps = {}
     for name, fmt in (("nchw", torch.contiguous_format), ("channels_last", torch.channels_last)):
         xf, wf, gyf = (t.contiguous(memory_format=fmt) for t in (x, w, gy))
         xf.requires_grad_(True)
         wf.requires_grad_(True)
-        steps[name] = (lambda xf=xf, wf=wf, gyf=gyf: torch.autograd.grad(
-            F.conv2d(xf, wf, padding=1), (xf, wf), gyf))
+        steps[name] = lambda xf=xf, wf=wf, gyf=gyf: torch.autograd.grad(
+            F.conv2d(xf, wf, padding=1), (xf, wf), gyf
+        )
     with torch.enable_grad(), math_mode("bf16", cudnn_benchmark=True):
-        check_same("NCHW vs channels_last input gradients", steps["channels_last"]()[0],
-                   steps["nchw"]()[0])
+        check_same(
+            "NCHW vs channels_last input gradients", steps["channels_last"]()[0], steps["nchw"]()[0]
+        )
         gain, _, numbers = ab_gain(steps, ctx)
-    return Measured(gain=gain, numbers=numbers,
-                    how=f"forward + backward of a 3x3 conv {c}->{c}, batch {batch}, {hw}x{hw}")
+    return Measured(
+        gain=gain,
+        numbers=numbers,
+        how=f"forward + backward of a 3x3 conv {c}->{c}, batch {batch}, {hw}x{hw}",
+    )
 
 
-@claim(id="cudnn-benchmark", where="§3.2",
-       says="Turn on torch.backends.cudnn.benchmark so cuDNN picks Winograd for 3x3 convolutions.",
-       claimed="qualitative: autotuned faster")
+@claim(
+    id="cudnn-benchmark",
+    where="§3.2",
+    says="Turn on torch.backends.cudnn.benchmark so cuDNN picks Winograd for 3x3 convolutions.",
+    claimed="qualitative: autotuned faster",
+)
 def cudnn_benchmark(ctx: ClaimContext) -> Measured:
     batch, (c, hw) = ctx.pick(quick=32, full=128, tiny=2), _stage1(ctx)
     run, _, _ = _conv(ConvShape(batch=batch, cin=c, cout=c, hw=hw, kernel=3), ctx)
@@ -256,11 +345,15 @@ def cudnn_benchmark(ctx: ClaimContext) -> Measured:
         def call():
             torch.backends.cudnn.benchmark = flag
             return run()
+
         return call
 
     with math_mode("bf16"):
-        gain, _, numbers = ab_gain({"heuristic": with_flag(False), "autotuned": with_flag(True)},
-                                   ctx)
-    return Measured(gain=gain, numbers=numbers,
-                    how=f"3x3 conv {c}->{c}, batch {batch}, {hw}x{hw}, cudnn.benchmark off and on")
-
+        gain, _, numbers = ab_gain(
+            {"heuristic": with_flag(False), "autotuned": with_flag(True)}, ctx
+        )
+    return Measured(
+        gain=gain,
+        numbers=numbers,
+        how=f"3x3 conv {c}->{c}, batch {batch}, {hw}x{hw}, cudnn.benchmark off and on",
+    )

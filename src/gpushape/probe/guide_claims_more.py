@@ -43,10 +43,14 @@ def lowered_ops(fn) -> list[str]:
     return list(dict.fromkeys(names.ops))
 
 
-@claim(id="pool-vs-mean", where="§2.2",
-       says="nn.AdaptiveAvgPool2d((1, 1)) runs a global reduce with every SM synchronising; "
-            "torch.mean(x, dim=[2, 3]) has 40% lower latency.",
-       claimed="40% lower latency: mean 1.67x as fast", claimed_gain=1 / 0.6 - 1)
+@claim(
+    id="pool-vs-mean",
+    where="§2.2",
+    says="nn.AdaptiveAvgPool2d((1, 1)) runs a global reduce with every SM synchronising; "
+    "torch.mean(x, dim=[2, 3]) has 40% lower latency.",
+    claimed="40% lower latency: mean 1.67x as fast",
+    claimed_gain=1 / 0.6 - 1,
+)
 def pool_vs_mean(ctx: ClaimContext) -> Measured:
     batch, channels = ctx.pick(quick=256, full=256, tiny=2), ctx.pick(quick=2048, full=2048, tiny=8)
     x = torch.randn(batch, channels, 7, 7, device=ctx.device, dtype=BF16)
@@ -54,15 +58,21 @@ def pool_vs_mean(ctx: ClaimContext) -> Measured:
     mean = lambda: x.mean(dim=(2, 3), keepdim=True)
     check_same("adaptive_avg_pool2d vs mean", pool(), mean())
     gain, _, numbers = ab_gain({"pool": pool, "mean": mean}, ctx)
-    return Measured(gain=gain, numbers=numbers | {"pool_lowers_to": ", ".join(lowered_ops(pool))},
-                    how=f"AdaptiveAvgPool2d(1) against mean over H, W of a ({batch}, {channels}, "
-                        "7, 7) tensor, and the aten ops the pool dispatches to")
+    return Measured(
+        gain=gain,
+        numbers=numbers | {"pool_lowers_to": ", ".join(lowered_ops(pool))},
+        how=f"AdaptiveAvgPool2d(1) against mean over H, W of a ({batch}, {channels}, "
+        "7, 7) tensor, and the aten ops the pool dispatches to",
+    )
 
 
-@claim(id="einsum-vs-bmm", where="§2.3",
-       says="torch.einsum('b h i d, h d j -> b h i j') runs a generic kernel; rewritten as "
-            "torch.bmm it hits cuBLAS's optimised batched GEMM.",
-       claimed="qualitative: bmm faster")
+@claim(
+    id="einsum-vs-bmm",
+    where="§2.3",
+    says="torch.einsum('b h i d, h d j -> b h i j') runs a generic kernel; rewritten as "
+    "torch.bmm it hits cuBLAS's optimised batched GEMM.",
+    claimed="qualitative: bmm faster",
+)
 def einsum_vs_bmm(ctx: ClaimContext) -> Measured:
     b, h, i, d = ctx.pick(quick=(4, 16, 1024, 64), full=(8, 16, 1024, 64), tiny=(1, 2, 8, 4))
     q = torch.randn(b, h, i, d, device=ctx.device, dtype=BF16)  # (B, H, I, D)
@@ -75,15 +85,20 @@ def einsum_vs_bmm(ctx: ClaimContext) -> Measured:
 
     check_same("einsum vs bmm", einsum(), bmm())
     gain, _, numbers = ab_gain({"einsum": einsum, "bmm": bmm}, ctx)
-    return Measured(gain=gain,
-                    numbers=numbers | {"einsum_lowers_to": ", ".join(lowered_ops(einsum))},
-                    how=f"q ({b}, {h}, {i}, {d}) times k ({h}, {d}, {i}) by einsum and by an "
-                        "explicit reshape + bmm, and the aten ops einsum dispatches to")
+    return Measured(
+        gain=gain,
+        numbers=numbers | {"einsum_lowers_to": ", ".join(lowered_ops(einsum))},
+        how=f"q ({b}, {h}, {i}, {d}) times k ({h}, {d}, {i}) by einsum and by an "
+        "explicit reshape + bmm, and the aten ops einsum dispatches to",
+    )
 
 
-@claim(id="qkv-fusion", where="§2.3",
-       says="Three Q, K, V projections of one input should be one fused GEMM.",
-       claimed="qualitative: one GEMM faster than three")
+@claim(
+    id="qkv-fusion",
+    where="§2.3",
+    says="Three Q, K, V projections of one input should be one fused GEMM.",
+    claimed="qualitative: one GEMM faster than three",
+)
 def qkv_fusion(ctx: ClaimContext) -> Measured:
     tokens, width = ctx.pick(quick=(4096, 768), full=(16384, 768), tiny=(16, 8))
     x = torch.randn(tokens, width, device=ctx.device, dtype=BF16)
@@ -93,9 +108,12 @@ def qkv_fusion(ctx: ClaimContext) -> Measured:
     fused = lambda: F.linear(x, w_qkv).split(width, dim=-1)
     check_same("three projections vs one", torch.cat(fused(), -1), torch.cat(separate(), -1))
     gain, _, numbers = ab_gain({"three_linear": separate, "one_linear": fused}, ctx)
-    return Measured(gain=gain, numbers=numbers,
-                    how=f"{tokens} tokens of width {width}: three Linear {width}->{width} against "
-                        f"one Linear {width}->{3 * width}")
+    return Measured(
+        gain=gain,
+        numbers=numbers,
+        how=f"{tokens} tokens of width {width}: three Linear {width}->{width} against "
+        f"one Linear {width}->{3 * width}",
+    )
 
 
 def _room(ctx: ClaimContext, seconds: float, bytes_once: int) -> tuple[float | None, dict]:
@@ -110,9 +128,13 @@ def _room(ctx: ClaimContext, seconds: float, bytes_once: int) -> tuple[float | N
     return seconds / bound_s - 1, numbers
 
 
-@claim(id="layernorm-gelu-fusion", where="§3.3",
-       says="A fused LayerNorm+GELU kernel is 2.1x as fast as PyTorch's LayerNorm then GELU.",
-       claimed="2.1x as fast", claimed_gain=1.1)
+@claim(
+    id="layernorm-gelu-fusion",
+    where="§3.3",
+    says="A fused LayerNorm+GELU kernel is 2.1x as fast as PyTorch's LayerNorm then GELU.",
+    claimed="2.1x as fast",
+    claimed_gain=1.1,
+)
 def layernorm_gelu(ctx: ClaimContext) -> Measured:
     # the full size in the quick probe too: a smaller tensor would sit in L2 and flatter eager
     rows, width = ctx.pick(quick=(32768, 4096), full=(32768, 4096), tiny=(64, 32))
@@ -120,16 +142,23 @@ def layernorm_gelu(ctx: ClaimContext) -> Measured:
     w, b = (torch.randn(width, device=ctx.device, dtype=BF16) for _ in range(2))
     seconds = per_call_s(lambda: F.gelu(F.layer_norm(x, (width,), w, b)), [()], ctx.cfg)
     gain, numbers = _room(ctx, seconds, 2 * x.numel() * x.element_size())  # read x, write y
-    return Measured(gain=gain, numbers=numbers,
-                    how=f"eager LayerNorm + GELU forward on ({rows}, {width}) against one pass "
-                        "(read x, write y) at the measured copy bandwidth: the gain is the most "
-                        "a fused kernel could reach (an upper bound)")
+    return Measured(
+        gain=gain,
+        numbers=numbers,
+        how=f"eager LayerNorm + GELU forward on ({rows}, {width}) against one pass "
+        "(read x, write y) at the measured copy bandwidth: the gain is the most "
+        "a fused kernel could reach (an upper bound)",
+    )
 
 
-@claim(id="bn-relu-fusion", where="§2.2",
-       says="BatchNorm followed by ReLU runs as two kernels, two reads and two writes; fused, "
-            "one of each.",
-       claimed="two passes over memory instead of one: 2x", claimed_gain=1.0)
+@claim(
+    id="bn-relu-fusion",
+    where="§2.2",
+    says="BatchNorm followed by ReLU runs as two kernels, two reads and two writes; fused, "
+    "one of each.",
+    claimed="two passes over memory instead of one: 2x",
+    claimed_gain=1.0,
+)
 def bn_relu(ctx: ClaimContext) -> Measured:
     batch, c, hw = ctx.pick(quick=(64, 256, 56), full=(64, 256, 56), tiny=(2, 8, 4))
     x = torch.randn(batch, c, hw, hw, device=ctx.device, dtype=BF16)
@@ -139,35 +168,51 @@ def bn_relu(ctx: ClaimContext) -> Measured:
     with math_mode("bf16", cudnn_benchmark=True):
         seconds = per_call_s(step, [()], ctx.cfg)
     gain, numbers = _room(ctx, seconds, 2 * x.numel() * x.element_size())
-    return Measured(gain=gain, numbers=numbers,
-                    how=f"eager BatchNorm (eval) + ReLU on ({batch}, {c}, {hw}, {hw}) "
-                        "channels_last against one pass at the measured copy bandwidth (an "
-                        "upper bound on the fusion gain)")
+    return Measured(
+        gain=gain,
+        numbers=numbers,
+        how=f"eager BatchNorm (eval) + ReLU on ({batch}, {c}, {hw}, {hw}) "
+        "channels_last against one pass at the measured copy bandwidth (an "
+        "upper bound on the fusion gain)",
+    )
 
 
-@claim(id="launch-overhead", where="§5.3, DESIGN.md",
-       says="Kernel launches cost real time: fewer, larger kernels (fusion, CUDA graphs) win.",
-       claimed="qualitative: a launch from a CUDA graph costs much less than an eager one")
+@claim(
+    id="launch-overhead",
+    where="§5.3, DESIGN.md",
+    says="Kernel launches cost real time: fewer, larger kernels (fusion, CUDA graphs) win.",
+    claimed="qualitative: a launch from a CUDA graph costs much less than an eager one",
+)
 def launch_overhead(ctx: ClaimContext) -> Measured:
     eager = ctx.ceilings.get("launch_overhead_s")
     graph = ctx.ceilings.get("graph_launch_overhead_s")
-    numbers = {"eager_us": None if eager is None else eager * 1e6,
-               "graph_us": None if graph is None else graph * 1e6}
-    return Measured(gain=gain_of(eager, graph) if eager and graph else None, numbers=numbers,
-                    how="1000 one-element adds launched eagerly against replayed from a CUDA "
-                        "graph (the probe's launch ceilings)")
+    numbers = {
+        "eager_us": None if eager is None else eager * 1e6,
+        "graph_us": None if graph is None else graph * 1e6,
+    }
+    return Measured(
+        gain=gain_of(eager, graph) if eager and graph else None,
+        numbers=numbers,
+        how="1000 one-element adds launched eagerly against replayed from a CUDA "
+        "graph (the probe's launch ceilings)",
+    )
 
 
-MEMORY_WALL_RULE = ("the guide's point is that this GEMM waits on memory (it computes 0.3% of the "
-                    "time it loads): holds if computing at the measured fp16 GEMM peak takes "
-                    "under half the time of moving its bytes at copy bandwidth, partly if under "
-                    "the whole time, does not hold otherwise")
+MEMORY_WALL_RULE = (
+    "the guide's point is that this GEMM waits on memory (it computes 0.3% of the "
+    "time it loads): holds if computing at the measured fp16 GEMM peak takes "
+    "under half the time of moving its bytes at copy bandwidth, partly if under "
+    "the whole time, does not hold otherwise"
+)
 
 
-@claim(id="memory-wall-1024-gemm", where="§2.2",
-       says="A 1024x1024 fp16 GEMM needs 2 us to load its 4 MB but only 6.9 ns to compute: the "
-            "GPU spends its time waiting for data.",
-       claimed="compute takes 0.3% of the load time (memory-bound)")
+@claim(
+    id="memory-wall-1024-gemm",
+    where="§2.2",
+    says="A 1024x1024 fp16 GEMM needs 2 us to load its 4 MB but only 6.9 ns to compute: the "
+    "GPU spends its time waiting for data.",
+    claimed="compute takes 0.3% of the load time (memory-bound)",
+)
 def memory_wall(ctx: ClaimContext) -> Measured:
     n = ctx.pick(quick=1024, full=1024, tiny=64)
     a, b = (torch.randn(n, n, device=ctx.device, dtype=torch.float16) for _ in range(2))
@@ -179,11 +224,19 @@ def memory_wall(ctx: ClaimContext) -> Measured:
     compute_s, memory_s = flops / peak, bytes_moved / copy
     ratio = compute_s / memory_s
     verdict = HOLDS if ratio < 0.5 else PARTLY if ratio < 1 else FAILS
-    return Measured(gain=None, verdict=verdict, rule=MEMORY_WALL_RULE,
-                    numbers={"gemm_us": seconds * 1e6, "gemm_tflops": flops / seconds / 1e12,
-                             "compute_at_peak_us": compute_s * 1e6,
-                             "memory_at_copy_bw_us": memory_s * 1e6,
-                             "compute_over_memory": ratio, "guide_compute_over_memory": 0.003,
-                             "note": "the guide's 6.9 ns is 2.15e9 / 312e12 s = 6.9 us"},
-                    how=f"an fp16 {n}^3 GEMM timed; compute time at the measured fp16 peak "
-                        "against moving A, B and C once at the measured copy bandwidth")
+    return Measured(
+        gain=None,
+        verdict=verdict,
+        rule=MEMORY_WALL_RULE,
+        numbers={
+            "gemm_us": seconds * 1e6,
+            "gemm_tflops": flops / seconds / 1e12,
+            "compute_at_peak_us": compute_s * 1e6,
+            "memory_at_copy_bw_us": memory_s * 1e6,
+            "compute_over_memory": ratio,
+            "guide_compute_over_memory": 0.003,
+            "note": "the guide's 6.9 ns is 2.15e9 / 312e12 s = 6.9 us",
+        },
+        how=f"an fp16 {n}^3 GEMM timed; compute time at the measured fp16 peak "
+        "against moving A, B and C once at the measured copy bandwidth",
+    )

@@ -37,10 +37,13 @@ class _Bottlenecks(nn.Module):
     def __init__(self, blocks: tuple[tuple[int, int, int], ...]) -> None:
         super().__init__()
         self.stages = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(c, m, 1, bias=False), nn.Conv2d(m, m, 3, padding=1,
-                                                                    bias=False),
-                          nn.Conv2d(m, c, 1, bias=False))
-            for c, m, _ in blocks)
+            nn.Sequential(
+                nn.Conv2d(c, m, 1, bias=False),
+                nn.Conv2d(m, m, 3, padding=1, bias=False),
+                nn.Conv2d(m, c, 1, bias=False),
+            )
+            for c, m, _ in blocks
+        )
 
     def forward(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         return [stage(x) for stage, x in zip(self.stages, inputs)]
@@ -53,8 +56,9 @@ def _sizes(scale: float) -> tuple[int, tuple[tuple[int, int, int], ...]]:
     return 2, ((32, 16, 8), (64, 32, 4))
 
 
-def conversion_bytes(blocks: tuple[tuple[int, int, int], ...], batch: int,
-                     element_size: int) -> int:
+def conversion_bytes(
+    blocks: tuple[tuple[int, int, int], ...], batch: int, element_size: int
+) -> int:
     """The conversions' bytes in one training step of the blocks (input and weight gradients
     of every convolution: the blocks' inputs require grad)."""
     from ..tracing.layout import nchw_conversion_bytes
@@ -67,17 +71,27 @@ def conversion_bytes(blocks: tuple[tuple[int, int, int], ...], batch: int,
     return total
 
 
-def measure_nchw_conversion(work: FamilyWorkload, spec: GPUSpec, *, device: str = "cuda",
-                            dtype: torch.dtype = torch.bfloat16, scale: float = 1.0,
-                            repeats: int = 20) -> dict[str, Any]:
+def measure_nchw_conversion(
+    work: FamilyWorkload,
+    spec: GPUSpec,
+    *,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    scale: float = 1.0,
+    repeats: int = 20,
+) -> dict[str, Any]:
     """The efficiency (see the module docstring) and what it came from."""
     batch, blocks = _sizes(scale)
     steps = {}
     for layout in (torch.contiguous_format, torch.channels_last):
         torch.manual_seed(0)  # one model per layout: the same weights, its own storage
         model = _Bottlenecks(blocks).to(device, dtype).to(memory_format=layout)
-        inputs = [torch.randn(batch, c, s, s, device=device, dtype=dtype).contiguous(
-            memory_format=layout).requires_grad_() for c, _, s in blocks]
+        inputs = [
+            torch.randn(batch, c, s, s, device=device, dtype=dtype)
+            .contiguous(memory_format=layout)
+            .requires_grad_()
+            for c, _, s in blocks
+        ]
         params = [*model.parameters(), *inputs]
 
         def step(model=model, inputs=inputs, params=params) -> Any:
@@ -88,15 +102,26 @@ def measure_nchw_conversion(work: FamilyWorkload, spec: GPUSpec, *, device: str 
         step()  # cuDNN's algorithm choice, outside the capture
         steps[name] = cuda_graph(step) if torch.device(device).type == "cuda" else step
     on_gpu = torch.device(device).type == "cuda"
-    times = compare(steps, rounds=4 if on_gpu else 2, repeats_per_round=max(repeats // 4, 2),
-                    warmup=2 if on_gpu else 1, device=device)
+    times = compare(
+        steps,
+        rounds=4 if on_gpu else 2,
+        repeats_per_round=max(repeats // 4, 2),
+        warmup=2 if on_gpu else 1,
+        device=device,
+    )
     nchw_s, cl_s = times["nchw"].median_s, times["channels_last"].median_s
     nbytes = conversion_bytes(blocks, batch, torch.empty((), dtype=dtype).element_size())
     family_s = nbytes / spec.attainable_bandwidth_bytes_per_s()
-    row = {"efficiency": capped(family_s, nchw_s - cl_s) if nchw_s > cl_s else None,
-           "workload": work.describe, "dtype": str(dtype).removeprefix("torch."),
-           "measured_s": nchw_s, "channels_last_s": cl_s, "conversion_bytes": nbytes,
-           "family_roofline_s": family_s, "other_roofline_s": 0.0}
+    row = {
+        "efficiency": capped(family_s, nchw_s - cl_s) if nchw_s > cl_s else None,
+        "workload": work.describe,
+        "dtype": str(dtype).removeprefix("torch."),
+        "measured_s": nchw_s,
+        "channels_last_s": cl_s,
+        "conversion_bytes": nbytes,
+        "family_roofline_s": family_s,
+        "other_roofline_s": 0.0,
+    }
     if nchw_s <= cl_s:
         row["note"] = "NCHW ran no slower than channels_last: the rule keeps the copy rate"
     if scale != 1.0:

@@ -25,8 +25,12 @@ from ..bench.timer import time_fn
 # The dtype keys the probe measures GEMMs in. "fp32" runs with TF32 off (CUDA cores), "tf32" is
 # fp32 storage with TF32 tensor-core math on, "fp8" is e4m3 through torch._scaled_mm.
 GEMM_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
-_STORAGE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
-            "bf16": torch.bfloat16}
+_STORAGE = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,8 +61,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def per_call_s(op: Callable[..., Any], input_sets: Sequence[Sequence[Any]],
-               cfg: MeasureConfig) -> float:
+def per_call_s(
+    op: Callable[..., Any], input_sets: Sequence[Sequence[Any]], cfg: MeasureConfig
+) -> float:
     """Median seconds per call of `op(*inputs)`, rotating over `input_sets`."""
     rotation: Iterator[Sequence[Any]] = itertools.cycle(input_sets)
     op(*next(rotation))  # first call: library heuristics, autotuning, lazy init
@@ -114,9 +119,13 @@ def gemm_s(m: int, n: int, k: int, dtype: str, cfg: MeasureConfig, *, layout: st
     """Seconds per (m x k) @ (k x n) GEMM in `dtype` ("fp32", "tf32", "fp16", "bf16", "fp8")."""
     a, b, op = _gemm_operands(m, n, k, dtype, layout, cfg.device)
     operand_bytes = (a.numel() + b.numel()) * a.element_size()
-    sets = [(a, b)] + [(torch.randn_like(a, dtype=torch.float32).to(a.dtype),
-                        torch.randn_like(b, dtype=torch.float32).to(b.dtype))
-                       for _ in range(input_sets_for(operand_bytes, cfg) - 1)]
+    sets = [(a, b)] + [
+        (
+            torch.randn_like(a, dtype=torch.float32).to(a.dtype),
+            torch.randn_like(b, dtype=torch.float32).to(b.dtype),
+        )
+        for _ in range(input_sets_for(operand_bytes, cfg) - 1)
+    ]
     with torch.no_grad(), math_mode(dtype):
         return per_call_s(op, sets, cfg)
 
@@ -168,8 +177,9 @@ def conv_operands(shape: ConvShape, dtype: str, device: str) -> tuple[torch.Tens
     return x.to(memory_format=fmt), (w / math.sqrt(w[0].numel())).to(memory_format=fmt)
 
 
-def conv_s(shape: ConvShape, dtype: str, cfg: MeasureConfig, *,
-           cudnn_benchmark: bool = True) -> float:
+def conv_s(
+    shape: ConvShape, dtype: str, cfg: MeasureConfig, *, cudnn_benchmark: bool = True
+) -> float:
     """Seconds per forward 2-D convolution (cuDNN autotuning on by default, as fast users run)."""
     x, w = conv_operands(shape, dtype, cfg.device)
     out = conv_out_hw(shape.hw, shape.kernel, shape.stride)
@@ -186,8 +196,9 @@ def conv_s(shape: ConvShape, dtype: str, cfg: MeasureConfig, *,
 # ---- copy and launch ---------------------------------------------------------------------------
 def copy_bytes_per_s(nbytes: int, cfg: MeasureConfig) -> float:
     """Device-to-device copy: bytes read plus bytes written per second (bench.record's helper)."""
-    return copy_bandwidth_bytes_per_s(nbytes=nbytes, device=cfg.device,
-                                      repeats=max(cfg.repeats, 10))
+    return copy_bandwidth_bytes_per_s(
+        nbytes=nbytes, device=cfg.device, repeats=max(cfg.repeats, 10)
+    )
 
 
 def _tiny_kernels(x: torch.Tensor, kernels: int) -> None:
@@ -198,8 +209,12 @@ def _tiny_kernels(x: torch.Tensor, kernels: int) -> None:
 def launch_overhead_s(cfg: MeasureConfig, kernels: int = 1000) -> float:
     """Seconds per tiny kernel (a 1-element add) launched eagerly: the PyTorch + driver cost."""
     x = torch.randn(1, device=cfg.device)
-    timing = time_fn(lambda: _tiny_kernels(x, kernels), warmup=1, repeats=max(3, cfg.repeats // 2),
-                     device=cfg.device)
+    timing = time_fn(
+        lambda: _tiny_kernels(x, kernels),
+        warmup=1,
+        repeats=max(3, cfg.repeats // 2),
+        device=cfg.device,
+    )
     return timing.median_s / kernels
 
 

@@ -33,8 +33,13 @@ _MIN_EFFICIENCY = 0.01
 class _Workload(nn.Module):
     """A step over tensors it owns as parameters (so a training trace differentiates them)."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], *shapes: tuple[int, ...],
-                 channels_last: bool = False, modules: dict[str, nn.Module] | None = None):
+    def __init__(
+        self,
+        fn: Callable[..., torch.Tensor],
+        *shapes: tuple[int, ...],
+        channels_last: bool = False,
+        modules: dict[str, nn.Module] | None = None,
+    ):
         super().__init__()
         self.fn = fn
         self.inputs = nn.ParameterList()
@@ -66,15 +71,26 @@ def _fused(kind: str, scale: float) -> nn.Module:
     from ..kernels import BatchNormAct2d, LayerNormGELU, SoftmaxDropout
 
     if kind == "norm_act":
-        return _Workload(lambda m, x: m.layers["op"](x), (_rows(scale, 32768), 4096),
-                         modules={"op": LayerNormGELU(4096)})
+        return _Workload(
+            lambda m, x: m.layers["op"](x),
+            (_rows(scale, 32768), 4096),
+            modules={"op": LayerNormGELU(4096)},
+        )
     if kind == "batch_norm_act":  # a smoke test's scale shrinks every dimension
         c, hw = (256, 56) if scale >= 0.05 else (16, 8)
         shape = (max(int(64 * scale), 2), c, hw, hw)
-        return _Workload(lambda m, x, r: m.layers["op"](x, r), shape, shape, channels_last=True,
-                         modules={"op": BatchNormAct2d(c)})
-    return _Workload(lambda m, x: m.layers["op"](x), (_rows(scale, 65536), 1024),
-                     modules={"op": SoftmaxDropout(0.1)})
+        return _Workload(
+            lambda m, x, r: m.layers["op"](x, r),
+            shape,
+            shape,
+            channels_last=True,
+            modules={"op": BatchNormAct2d(c)},
+        )
+    return _Workload(
+        lambda m, x: m.layers["op"](x),
+        (_rows(scale, 65536), 1024),
+        modules={"op": SoftmaxDropout(0.1)},
+    )
 
 
 def _nchw_conversion(work: FamilyWorkload, spec: GPUSpec, **kwargs: Any) -> dict[str, Any]:
@@ -95,50 +111,104 @@ def _embedding(scale: float) -> _Workload:
 
 
 WORKLOADS = (
-    FamilyWorkload("elementwise", "relu(x + y), x, y 8192x8192",
-                   lambda s: _Workload(lambda m, x, y: F.relu(x + y), (_rows(s, 8192), 8192),
-                                       (_rows(s, 8192), 8192))),
-    FamilyWorkload("activation", "gelu(x), x 8192x8192",
-                   lambda s: _Workload(lambda m, x: F.gelu(x), (_rows(s, 8192), 8192))),
-    FamilyWorkload("norm", "LayerNorm(4096) on 32768x4096",
-                   lambda s: _Workload(lambda m, x: m.layers["ln"](x), (_rows(s, 32768), 4096),
-                                       modules={"ln": nn.LayerNorm(4096)})),
-    FamilyWorkload("batch_norm", "BatchNorm2d(256), training, 64x256x56x56 channels_last",
-                   lambda s: _Workload(lambda m, x: m.layers["bn"](x), (_rows(s, 64), 256, 56, 56),
-                                       channels_last=True, modules={"bn": nn.BatchNorm2d(256)})),
-    FamilyWorkload("batch_norm_nchw", "BatchNorm2d(256), training, 64x256x56x56 NCHW",
-                   lambda s: _Workload(lambda m, x: m.layers["bn"](x), (_rows(s, 64), 256, 56, 56),
-                                       modules={"bn": nn.BatchNorm2d(256)})),
-    FamilyWorkload("softmax", "softmax(dim=-1) on 65536x1024",
-                   lambda s: _Workload(lambda m, x: torch.softmax(x, -1),
-                                       (_rows(s, 65536), 1024))),
-    FamilyWorkload("pool", "MaxPool2d(3, 2, 1) on 64x64x112x112 channels_last",
-                   lambda s: _Workload(lambda m, x: F.max_pool2d(x, 3, 2, 1),
-                                       (_rows(s, 64), 64, 112, 112), channels_last=True)),
-    FamilyWorkload("pool_nchw", "MaxPool2d(3, 2, 1) on 64x64x112x112 NCHW",
-                   lambda s: _Workload(lambda m, x: F.max_pool2d(x, 3, 2, 1),
-                                       (_rows(s, 64), 64, 112, 112))),
+    FamilyWorkload(
+        "elementwise",
+        "relu(x + y), x, y 8192x8192",
+        lambda s: _Workload(
+            lambda m, x, y: F.relu(x + y), (_rows(s, 8192), 8192), (_rows(s, 8192), 8192)
+        ),
+    ),
+    FamilyWorkload(
+        "activation",
+        "gelu(x), x 8192x8192",
+        lambda s: _Workload(lambda m, x: F.gelu(x), (_rows(s, 8192), 8192)),
+    ),
+    FamilyWorkload(
+        "norm",
+        "LayerNorm(4096) on 32768x4096",
+        lambda s: _Workload(
+            lambda m, x: m.layers["ln"](x),
+            (_rows(s, 32768), 4096),
+            modules={"ln": nn.LayerNorm(4096)},
+        ),
+    ),
+    FamilyWorkload(
+        "batch_norm",
+        "BatchNorm2d(256), training, 64x256x56x56 channels_last",
+        lambda s: _Workload(
+            lambda m, x: m.layers["bn"](x),
+            (_rows(s, 64), 256, 56, 56),
+            channels_last=True,
+            modules={"bn": nn.BatchNorm2d(256)},
+        ),
+    ),
+    FamilyWorkload(
+        "batch_norm_nchw",
+        "BatchNorm2d(256), training, 64x256x56x56 NCHW",
+        lambda s: _Workload(
+            lambda m, x: m.layers["bn"](x),
+            (_rows(s, 64), 256, 56, 56),
+            modules={"bn": nn.BatchNorm2d(256)},
+        ),
+    ),
+    FamilyWorkload(
+        "softmax",
+        "softmax(dim=-1) on 65536x1024",
+        lambda s: _Workload(lambda m, x: torch.softmax(x, -1), (_rows(s, 65536), 1024)),
+    ),
+    FamilyWorkload(
+        "pool",
+        "MaxPool2d(3, 2, 1) on 64x64x112x112 channels_last",
+        lambda s: _Workload(
+            lambda m, x: F.max_pool2d(x, 3, 2, 1), (_rows(s, 64), 64, 112, 112), channels_last=True
+        ),
+    ),
+    FamilyWorkload(
+        "pool_nchw",
+        "MaxPool2d(3, 2, 1) on 64x64x112x112 NCHW",
+        lambda s: _Workload(lambda m, x: F.max_pool2d(x, 3, 2, 1), (_rows(s, 64), 64, 112, 112)),
+    ),
     FamilyWorkload("gather", "Embedding(30522, 768) over 32x512 token ids", _embedding),
-    FamilyWorkload("dropout", "dropout(p=0.1), training, 8192x8192",
-                   lambda s: _Workload(lambda m, x: F.dropout(x, 0.1, True),
-                                       (_rows(s, 8192), 8192))),
-    FamilyWorkload("reduction", "sum over rows of 65536x1024 (a bias gradient's shape)",
-                   lambda s: _Workload(lambda m, x: x.sum(0), (_rows(s, 65536), 1024))),
+    FamilyWorkload(
+        "dropout",
+        "dropout(p=0.1), training, 8192x8192",
+        lambda s: _Workload(lambda m, x: F.dropout(x, 0.1, True), (_rows(s, 8192), 8192)),
+    ),
+    FamilyWorkload(
+        "reduction",
+        "sum over rows of 65536x1024 (a bias gradient's shape)",
+        lambda s: _Workload(lambda m, x: x.sum(0), (_rows(s, 65536), 1024)),
+    ),
     # fwd: read x, write y; bwd: read dy and x (or y), write dx
-    FamilyWorkload("fused_norm_act", "gpushape LayerNormGELU(4096) on 32768x4096",
-                   lambda s: _fused("norm_act", s), passes=5),
+    FamilyWorkload(
+        "fused_norm_act",
+        "gpushape LayerNormGELU(4096) on 32768x4096",
+        lambda s: _fused("norm_act", s),
+        passes=5,
+    ),
     # the bytes the audit keeps for a BatchNorm -> add -> ReLU chain once fused: the eager
     # chain's 16 passes (BatchNorm 3 + add 3 + ReLU 2 forward; ReLU 3 + BatchNorm 5 backward,
     # re-reads included) less the 8 the fusion removes; the kernel itself makes 10
-    FamilyWorkload("fused_batch_norm_act",
-                   "gpushape BatchNormAct2d(256) + residual, training, 64x256x56x56 "
-                   "channels_last", lambda s: _fused("batch_norm_act", s), passes=8),
-    FamilyWorkload("fused_softmax_dropout", "gpushape SoftmaxDropout(0.1) on 65536x1024",
-                   lambda s: _fused("softmax_dropout", s), passes=5),
+    FamilyWorkload(
+        "fused_batch_norm_act",
+        "gpushape BatchNormAct2d(256) + residual, training, 64x256x56x56 channels_last",
+        lambda s: _fused("batch_norm_act", s),
+        passes=8,
+    ),
+    FamilyWorkload(
+        "fused_softmax_dropout",
+        "gpushape SoftmaxDropout(0.1) on 65536x1024",
+        lambda s: _fused("softmax_dropout", s),
+        passes=5,
+    ),
     # not a kernel family: NCHW convolutions' loss against channels_last (probe/layout.py)
-    FamilyWorkload("nchw_conversion", "ResNet-50 bottleneck convolutions (stages 1 and 3, "
-                   "batch 64), training, NCHW against channels_last", None,
-                   measure=_nchw_conversion),
+    FamilyWorkload(
+        "nchw_conversion",
+        "ResNet-50 bottleneck convolutions (stages 1 and 3, "
+        "batch 64), training, NCHW against channels_last",
+        None,
+        measure=_nchw_conversion,
+    ),
 )
 
 
@@ -148,6 +218,7 @@ def _step(model: _Workload) -> Callable[[], Any]:
     def step() -> Any:
         out = model()
         return torch.autograd.grad(out, params, torch.ones_like(out))
+
     return step
 
 
@@ -165,9 +236,15 @@ def capped(model_s: float, measured_s: float) -> float:
     return round(min(max(ratio, _MIN_EFFICIENCY), 1.0), 4)
 
 
-def measure_family(work: FamilyWorkload, spec: GPUSpec, *, device: str = "cuda",
-                   dtype: torch.dtype = torch.bfloat16, scale: float = 1.0,
-                   repeats: int = 20) -> dict[str, Any]:
+def measure_family(
+    work: FamilyWorkload,
+    spec: GPUSpec,
+    *,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    scale: float = 1.0,
+    repeats: int = 20,
+) -> dict[str, Any]:
     """One family's efficiency (see the module docstring) and what it came from."""
     from ..tracing.cost import op_cost
     from ..tracing.families import memory_family
@@ -178,8 +255,9 @@ def measure_family(work: FamilyWorkload, spec: GPUSpec, *, device: str = "cuda",
     family_s = other_s = 0.0
     if work.passes:
         big = next(iter(model.inputs))
-        family_s = work.passes * big.numel() * big.element_size() / \
-            flat.attainable_bandwidth_bytes_per_s()
+        family_s = (
+            work.passes * big.numel() * big.element_size() / flat.attainable_bandwidth_bytes_per_s()
+        )
     else:
         for rec in trace(model, (), train=True).ops:
             c = op_cost(rec, flat)
@@ -188,18 +266,27 @@ def measure_family(work: FamilyWorkload, spec: GPUSpec, *, device: str = "cuda",
             else:
                 other_s += c.kernel_time_s
     measured = step_s(_step(model.to(device)), device, repeats)
-    row = {"efficiency": capped(family_s, measured - other_s),
-           "workload": work.describe, "dtype": str(dtype).removeprefix("torch."),
-           "measured_s": measured, "family_roofline_s": family_s, "other_roofline_s": other_s}
+    row = {
+        "efficiency": capped(family_s, measured - other_s),
+        "workload": work.describe,
+        "dtype": str(dtype).removeprefix("torch."),
+        "measured_s": measured,
+        "family_roofline_s": family_s,
+        "other_roofline_s": other_s,
+    }
     if scale != 1.0:
         row["scale"] = scale  # the workload's leading dimension, scaled: a smoke test
     return row
 
 
-def measure_memory_efficiency(spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0,
-                              families: tuple[str, ...] | None = None,
-                              on_family: Callable[[str], None] | None = None
-                              ) -> dict[str, dict[str, Any]]:
+def measure_memory_efficiency(
+    spec: GPUSpec,
+    *,
+    device: str = "cuda",
+    scale: float = 1.0,
+    families: tuple[str, ...] | None = None,
+    on_family: Callable[[str], None] | None = None,
+) -> dict[str, dict[str, Any]]:
     """{family: measure_family(...)} for every workload (or those of `families`); a family whose
     workload fails gets {"error": ...} instead (and keeps the copy rate)."""
     out = {}
@@ -212,6 +299,8 @@ def measure_memory_efficiency(spec: GPUSpec, *, device: str = "cuda", scale: flo
             measure = work.measure or measure_family
             out[work.family] = measure(work, spec, device=device, scale=scale)
         except (RuntimeError, ValueError, NotImplementedError) as exc:  # one family, reported
-            out[work.family] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}",
-                                "workload": work.describe}
+            out[work.family] = {
+                "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                "workload": work.describe,
+            }
     return out

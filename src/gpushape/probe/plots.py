@@ -36,8 +36,14 @@ def _base(curve: Curve) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def _draw_curve(ax: Any, curve: Curve, granularity: int, drop: float, scale: float = 1e12,
-                base: int | None = None) -> None:
+def _draw_curve(
+    ax: Any,
+    curve: Curve,
+    granularity: int,
+    drop: float,
+    scale: float = 1e12,
+    base: int | None = None,
+) -> None:
     """Throughput against size; slow points as red crosses, multiples of the cliff dotted.
 
     With a `base`, x is the offset from it on a symlog axis: offsets 0..16 spread out, 24..128
@@ -49,20 +55,41 @@ def _draw_curve(ax: Any, curve: Curve, granularity: int, drop: float, scale: flo
     if ok:
         ax.plot([s for s, _ in ok], [t for _, t in ok], "-", color="0.75", zorder=1)
         fast = [(s, t) for s, t in ok if s not in slow]
-        ax.scatter([s for s, _ in fast], [t for _, t in fast], s=14, color="tab:blue", zorder=2,
-                   label="full speed")
+        ax.scatter(
+            [s for s, _ in fast],
+            [t for _, t in fast],
+            s=14,
+            color="tab:blue",
+            zorder=2,
+            label="full speed",
+        )
         cliff = [(s, t) for s, t in ok if s in slow]
-        ax.scatter([s for s, _ in cliff], [t for _, t in cliff], s=28, marker="x",
-                   color="tab:red", zorder=3, label=f"> {drop:.0%} below full speed")
+        ax.scatter(
+            [s for s, _ in cliff],
+            [t for _, t in cliff],
+            s=28,
+            marker="x",
+            color="tab:red",
+            zorder=3,
+            label=f"> {drop:.0%} below full speed",
+        )
     if failed:
-        ax.scatter(failed, [0.0] * len(failed), s=28, marker="v", color="black", zorder=3,
-                   label="did not run")
+        ax.scatter(
+            failed,
+            [0.0] * len(failed),
+            s=28,
+            marker="v",
+            color="black",
+            zorder=3,
+            label="did not run",
+        )
     lo, hi = min(curve.sizes), max(curve.sizes)
     if base is not None:  # dotted lines only where the axis is linear, ticks as offsets
         lo, hi = max(lo, base - 16), min(hi, base + 16)
         ax.set_xscale("symlog", linthresh=16, linscale=2)
-        ticks = [t for t in (-8, -4, 0, 4, 8, 12, 16, 32, 64, 128) if lo <= t + base <= max(
-            curve.sizes)]
+        ticks = [
+            t for t in (-8, -4, 0, 4, 8, 12, 16, 32, 64, 128) if lo <= t + base <= max(curve.sizes)
+        ]
         ax.set_xticks(ticks, [f"{t:+d}" if t else "0" for t in ticks], fontsize=7)
     if granularity > 1 and (hi - lo) / granularity <= 64:
         for x in range(math.ceil(lo / granularity) * granularity, hi + 1, granularity):
@@ -71,16 +98,18 @@ def _draw_curve(ax: Any, curve: Curve, granularity: int, drop: float, scale: flo
     ax.grid(alpha=0.3)
 
 
-def plot_gemm_align(profile: Mapping[str, Any], out_dir: Path, dtype: str,
-                    layout: str) -> Path | None:
+def plot_gemm_align(
+    profile: Mapping[str, Any], out_dir: Path, dtype: str, layout: str
+) -> Path | None:
     sweeps = profile.get("sweeps", {})
     cliffs = profile.get("cliffs", {}).get("gemm", {}).get(layout, {}).get(dtype, {})
     dims = [d for d in ("M", "N", "K") if gemm_curves(sweeps, dtype, layout, d)]
     if not dims:
         return None
     bases = max(len(gemm_curves(sweeps, dtype, layout, d)) for d in dims)
-    fig, axes = plt.subplots(len(dims), bases, figsize=(5.2 * bases, 3.0 * len(dims)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(dims), bases, figsize=(5.2 * bases, 3.0 * len(dims)), squeeze=False
+    )
     for row, dim in enumerate(dims):
         cliff = cliffs.get(dim, {})
         g, drop = cliff.get("granularity", 1), cliff.get("drop_threshold", 0.2)
@@ -92,8 +121,9 @@ def plot_gemm_align(profile: Mapping[str, Any], out_dir: Path, dtype: str,
             ax.set_ylabel("TFLOP/s")
     axes[0][0].legend(fontsize=7, loc="lower right")
     lay = "A @ B" if layout == "nn" else "x @ W^T (F.linear)"
-    fig.suptitle(f"{dtype} GEMM ({lay}), dotted lines: multiples of the measured granularity",
-                 fontsize=10)
+    fig.suptitle(
+        f"{dtype} GEMM ({lay}), dotted lines: multiples of the measured granularity", fontsize=10
+    )
     return _save(fig, out_dir / f"gemm-align-{dtype}-{layout}.png")
 
 
@@ -138,8 +168,11 @@ def plot_batch(profile: Mapping[str, Any], out_dir: Path) -> Path | None:
 
 def plot_wave(profile: Mapping[str, Any], out_dir: Path) -> Path | None:
     wave = profile.get("wave_quantization", {})
-    rows = sorted((r["m"], r["flops_per_s"]) for r in profile.get("sweeps", {}).get("wave", [])
-                  if r.get("flops_per_s"))
+    rows = sorted(
+        (r["m"], r["flops_per_s"])
+        for r in profile.get("sweeps", {}).get("wave", [])
+        if r.get("flops_per_s")
+    )
     if not rows or "tile" not in wave:
         return None
     ms, tflops = [m for m, _ in rows], [t / 1e12 for _, t in rows]
@@ -147,15 +180,23 @@ def plot_wave(profile: Mapping[str, Any], out_dir: Path) -> Path | None:
     ax.plot(ms, tflops, "o-", ms=3, label="measured")
     tile, sms, n = wave["tile"], wave["sm_count"], wave["n"]
     eff = [wave_efficiency(math.ceil(m / tile[0]) * math.ceil(n / tile[1]), sms) for m in ms]
-    ax.plot(ms, [e * max(tflops) for e in eff], "--", color="tab:orange",
-            label=f"max x wave efficiency, tile {tile[0]}x{tile[1]}, {sms} SMs")
+    ax.plot(
+        ms,
+        [e * max(tflops) for e in eff],
+        "--",
+        color="tab:orange",
+        label=f"max x wave efficiency, tile {tile[0]}x{tile[1]}, {sms} SMs",
+    )
     ax.set_xlabel(f"M (N = K = {n})")
     ax.set_ylabel("TFLOP/s")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(f"wave quantization: r = {wave['correlation']:.2f}, "
-                 f"{'found' if wave['found'] else 'not found'}", fontsize=10)
+    ax.set_title(
+        f"wave quantization: r = {wave['correlation']:.2f}, "
+        f"{'found' if wave['found'] else 'not found'}",
+        fontsize=10,
+    )
     return _save(fig, out_dir / "wave.png")
 
 
@@ -165,18 +206,30 @@ def plot_claims(profile: Mapping[str, Any], out_dir: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(8, 0.38 * len(claims) + 1.4))
     ys = range(len(claims))
-    ax.barh([y + 0.2 for y in ys], [c["claimed_gain"] for c in claims], height=0.4,
-            color="0.7", label="the guide claims")
+    ax.barh(
+        [y + 0.2 for y in ys],
+        [c["claimed_gain"] for c in claims],
+        height=0.4,
+        color="0.7",
+        label="the guide claims",
+    )
     colors = {"holds": "tab:green", "holds only partly": "tab:orange"}
-    ax.barh([y - 0.2 for y in ys], [c["gain"] for c in claims], height=0.4,
-            color=[colors.get(c["verdict"], "tab:red") for c in claims],
-            label="measured here (green holds, orange partly, red does not)")
+    ax.barh(
+        [y - 0.2 for y in ys],
+        [c["gain"] for c in claims],
+        height=0.4,
+        color=[colors.get(c["verdict"], "tab:red") for c in claims],
+        label="measured here (green holds, orange partly, red does not)",
+    )
     ax.set_yticks(list(ys), [c["id"] for c in claims], fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("symlog", linthresh=0.1)
     values = [c["gain"] for c in claims] + [c["claimed_gain"] for c in claims]
-    ticks = [t for t in (-1, -0.5, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 5, 10, 100, 1000)
-             if min(*values, 0) <= t <= max(*values, 0.25)]
+    ticks = [
+        t
+        for t in (-1, -0.5, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 5, 10, 100, 1000)
+        if min(*values, 0) <= t <= max(*values, 0.25)
+    ]
     ax.set_xticks(ticks, [f"{t:g}" for t in ticks], fontsize=7)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlabel("gain of the guide's advice (0.26 = 26% faster; symlog scale)")

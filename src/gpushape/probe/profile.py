@@ -36,14 +36,16 @@ def curves_by(rows: Rows, group: Mapping[str, Any], split: str) -> list[Curve]:
     curves = []
     for key in sorted({r.get(split) for r in picked}, key=str):
         points = sorted((r["size"], r.get("flops_per_s")) for r in picked if r.get(split) == key)
-        curves.append(Curve(tuple(s for s, _ in points), tuple(t for _, t in points),
-                            label=f"{split} {key}"))
+        curves.append(
+            Curve(tuple(s for s, _ in points), tuple(t for _, t in points), label=f"{split} {key}")
+        )
     return curves
 
 
 def gemm_curves(sweeps: Mapping[str, Rows], dtype: str, layout: str, dim: str) -> list[Curve]:
-    return curves_by(sweeps.get("gemm_align", []), {"dtype": dtype, "layout": layout, "dim": dim},
-                     "base")
+    return curves_by(
+        sweeps.get("gemm_align", []), {"dtype": dtype, "layout": layout, "dim": dim}, "base"
+    )
 
 
 def conv_curves(sweeps: Mapping[str, Rows], dtype: str, sweep: str) -> list[Curve]:
@@ -56,11 +58,13 @@ def _window_curves(rows: Rows, width: int = 8) -> list[Curve]:
     centres = sorted({round(r["size"] / 128) * 128 for r in rows} - {0})
     curves = []
     for c in centres:
-        near = sorted((r["size"], r.get("flops_per_s")) for r in rows
-                      if abs(r["size"] - c) <= width)
+        near = sorted(
+            (r["size"], r.get("flops_per_s")) for r in rows if abs(r["size"] - c) <= width
+        )
         if len(near) >= 5:
-            curves.append(Curve(tuple(s for s, _ in near), tuple(t for _, t in near),
-                                label=f"window {c}"))
+            curves.append(
+                Curve(tuple(s for s, _ in near), tuple(t for _, t in near), label=f"window {c}")
+            )
     return curves
 
 
@@ -89,8 +93,14 @@ def _wave(rows: Rows, spec: GPUSpec) -> dict[str, Any]:
         fit = fit_wave_pattern([m for m, _ in points], n, [t for _, t in points], spec.sm_count)
     except ValueError as exc:
         return {"error": str(exc)}
-    return {"sm_count": spec.sm_count, "n": n, "k": rows[0]["k"], "dtype": rows[0]["dtype"],
-            "sizes": [m for m, _ in points], **fit.to_dict()}
+    return {
+        "sm_count": spec.sm_count,
+        "n": n,
+        "k": rows[0]["k"],
+        "dtype": rows[0]["dtype"],
+        "sizes": [m for m, _ in points],
+        **fit.to_dict(),
+    }
 
 
 def _peaks(rows: Rows) -> dict[str, float]:
@@ -114,9 +124,14 @@ def analyze(sweeps: Mapping[str, Rows], spec: GPUSpec) -> dict[str, Any]:
         curves = _window_curves(sweeps.get(name, []))
         if curves:
             batch[name] = find_granularity(curves).to_dict()
-    return {"gemm": gemm, "conv": _conv_cliffs(sweeps.get("conv_channels", [])), "batch": batch,
-            "wave": _wave(sweeps["wave"], spec) if sweeps.get("wave") else {},
-            "gemm_peak": _peaks(sweeps.get("gemm_peak", [])), "tc_align_elems": align}
+    return {
+        "gemm": gemm,
+        "conv": _conv_cliffs(sweeps.get("conv_channels", [])),
+        "batch": batch,
+        "wave": _wave(sweeps["wave"], spec) if sweeps.get("wave") else {},
+        "gemm_peak": _peaks(sweeps.get("gemm_peak", [])),
+        "tc_align_elems": align,
+    }
 
 
 def _software() -> dict[str, Any]:
@@ -127,8 +142,13 @@ def _software() -> dict[str, Any]:
     except ImportError:
         triton_version = None
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return {"torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
-            "cudnn": cudnn, "python": platform.python_version()}
+    return {
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "python": platform.python_version(),
+    }
 
 
 def _device_name(device: str) -> str:
@@ -142,13 +162,20 @@ def tensor_core_peaks(analysis: Mapping[str, Any]) -> dict[str, float]:
     return {d: f for d, f in analysis["gemm_peak"].items() if d not in _CUDA_CORE_DTYPES}
 
 
-def build_profile(*, plan: Any, spec: GPUSpec, cfg: MeasureConfig,
-                  ceilings: Mapping[str, float | None], sweeps: Mapping[str, Rows],
-                  analysis: Mapping[str, Any], claims: list[dict[str, Any]],
-                  timing: Mapping[str, Any],
-                  memory: Mapping[str, Any] | None = None,
-                  stem: Mapping[str, Any] | None = None,
-                  attention: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def build_profile(
+    *,
+    plan: Any,
+    spec: GPUSpec,
+    cfg: MeasureConfig,
+    ceilings: Mapping[str, float | None],
+    sweeps: Mapping[str, Rows],
+    analysis: Mapping[str, Any],
+    claims: list[dict[str, Any]],
+    timing: Mapping[str, Any],
+    memory: Mapping[str, Any] | None = None,
+    stem: Mapping[str, Any] | None = None,
+    attention: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     peaks = analysis["gemm_peak"]
     ceiling_out: dict[str, Any] = {
         "copy_bytes_per_s": ceilings["copy_bytes_per_s"],
@@ -160,12 +187,17 @@ def build_profile(*, plan: Any, spec: GPUSpec, cfg: MeasureConfig,
     if ceilings.get("graph_launch_overhead_s") is not None:
         ceiling_out["graph_launch_overhead_s"] = ceilings["graph_launch_overhead_s"]
     return {
-        "format": PROFILE_FORMAT, "version": PROFILE_VERSION, "gpu": spec.name,
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "gpu": spec.name,
         "device_name": _device_name(cfg.device),
         "measured_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "software": _software(),
-        "device": {"sm_count": spec.sm_count, "memory_bytes": spec.memory_bytes,
-                   "l2_bytes": spec.l2_bytes},
+        "device": {
+            "sm_count": spec.sm_count,
+            "memory_bytes": spec.memory_bytes,
+            "l2_bytes": spec.l2_bytes,
+        },
         "ceilings": ceiling_out,
         "tc_align_elems": dict(analysis["tc_align_elems"]),
         "cliffs": {"gemm": analysis["gemm"], "conv": analysis["conv"], "batch": analysis["batch"]},
@@ -174,11 +206,16 @@ def build_profile(*, plan: Any, spec: GPUSpec, cfg: MeasureConfig,
         "conv_small_cin": dict(stem or {}),
         "attention": dict(attention or {}),
         "guide_claims": claims,
-        "probe": {"mode": plan.mode, "command": " ".join(shlex.quote(a) for a in sys.argv),
-                  "method": "CUDA events (perf_counter on CPU), median of samples; each sample "
-                            "repeats the op to last about target_s; random inputs rotated when "
-                            "they fit in L2; cuDNN autotuning on",
-                  "repeats": cfg.repeats, "target_s": cfg.target_s, "timing": dict(timing)},
+        "probe": {
+            "mode": plan.mode,
+            "command": " ".join(shlex.quote(a) for a in sys.argv),
+            "method": "CUDA events (perf_counter on CPU), median of samples; each sample "
+            "repeats the op to last about target_s; random inputs rotated when "
+            "they fit in L2; cuDNN autotuning on",
+            "repeats": cfg.repeats,
+            "target_s": cfg.target_s,
+            "timing": dict(timing),
+        },
         "sweeps": {name: [_rounded(r) for r in rows] for name, rows in sweeps.items()},
     }
 

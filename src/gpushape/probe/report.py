@@ -29,13 +29,19 @@ def _fmt(value: Any) -> str:
 
 def _ceilings(profile: Mapping[str, Any], spec: GPUSpec | None) -> list[str]:
     c = profile.get("ceilings", {})
-    lines = ["## Ceilings", "",
-             "| what | measured | datasheet | fraction |", "| --- | ---: | ---: | ---: |"]
+    lines = [
+        "## Ceilings",
+        "",
+        "| what | measured | datasheet | fraction |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     copy = c.get("copy_bytes_per_s")
     if copy:
         sheet = spec.memory_bandwidth_bytes_per_s if spec else None
-        lines.append(f"| device-to-device copy (read + write) | {_fmt(copy / 1e9)} GB/s | "
-                     + (f"{sheet / 1e9:,.0f} GB/s | {copy / sheet:.0%} |" if sheet else "- | - |"))
+        lines.append(
+            f"| device-to-device copy (read + write) | {_fmt(copy / 1e9)} GB/s | "
+            + (f"{sheet / 1e9:,.0f} GB/s | {copy / sheet:.0%} |" if sheet else "- | - |")
+        )
     gemms = [(d, f, True) for d, f in c.get("gemm_flops", {}).items()]
     gemms += [(d, f, False) for d, f in c.get("gemm_flops_cuda_cores", {}).items()]
     sizes = ", ".join(f"{s}^3" for s in c.get("gemm_peak_sizes", []))
@@ -45,11 +51,14 @@ def _ceilings(profile: Mapping[str, Any], spec: GPUSpec | None) -> list[str]:
         except ValueError:
             sheet = None
         where = "tensor cores" if tensor_cores else "CUDA cores, TF32 off"
-        lines.append(f"| {dtype} GEMM ({where}; best of {sizes}) | {_fmt(flops / 1e12)} TFLOP/s | "
-                     + (f"{sheet / 1e12:,.1f} TFLOP/s | {flops / sheet:.0%} |" if sheet
-                        else "- | - |"))
-    for key, label in (("launch_overhead_s", "tiny kernel launch, eager"),
-                       ("graph_launch_overhead_s", "tiny kernel launch, CUDA graph")):
+        lines.append(
+            f"| {dtype} GEMM ({where}; best of {sizes}) | {_fmt(flops / 1e12)} TFLOP/s | "
+            + (f"{sheet / 1e12:,.1f} TFLOP/s | {flops / sheet:.0%} |" if sheet else "- | - |")
+        )
+    for key, label in (
+        ("launch_overhead_s", "tiny kernel launch, eager"),
+        ("graph_launch_overhead_s", "tiny kernel launch, CUDA graph"),
+    ):
         if c.get(key) is not None:
             lines.append(f"| {label} | {c[key] * 1e6:.2f} us | - | - |")
     return [*lines, ""]
@@ -66,15 +75,20 @@ def _granularity_cell(cliff: Mapping[str, Any] | None) -> str:
     return f"**{g}** (-{fall:.0%})"
 
 
-def _gemm_cliffs(profile: Mapping[str, Any], spec: GPUSpec | None,
-                 plots: dict[str, Path]) -> list[str]:
+def _gemm_cliffs(
+    profile: Mapping[str, Any], spec: GPUSpec | None, plots: dict[str, Path]
+) -> list[str]:
     gemm = profile.get("cliffs", {}).get("gemm", {})
-    lines = ["## GEMM alignment cliffs", "",
-             "Granularity: sizes that are multiples of it run at full speed, sizes that miss it "
-             "fall by more than the threshold (in brackets: the median fall). The profile's "
-             "`tc_align_elems` takes the largest over dimensions and layouts.", "",
-             "| dtype | layout | M | N | K | profile | datasheet rule |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "## GEMM alignment cliffs",
+        "",
+        "Granularity: sizes that are multiples of it run at full speed, sizes that miss it "
+        "fall by more than the threshold (in brackets: the median fall). The profile's "
+        "`tc_align_elems` takes the largest over dimensions and layouts.",
+        "",
+        "| dtype | layout | M | N | K | profile | datasheet rule |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     align = profile.get("tc_align_elems", {})
     for layout, by_dtype in gemm.items():
         for dtype, by_dim in by_dtype.items():
@@ -94,15 +108,24 @@ def _gemm_cliffs(profile: Mapping[str, Any], spec: GPUSpec | None,
 
 def _conv_and_batch(profile: Mapping[str, Any], plots: dict[str, Path]) -> list[str]:
     cliffs = profile.get("cliffs", {})
-    lines = ["## Convolution channels (channels_last)", "",
-             "| dtype | sweep | granularity | evidence |", "| --- | --- | ---: | --- |"]
+    lines = [
+        "## Convolution channels (channels_last)",
+        "",
+        "| dtype | sweep | granularity | evidence |",
+        "| --- | --- | ---: | --- |",
+    ]
     for dtype, by_sweep in cliffs.get("conv", {}).items():
         for name, cliff in by_sweep.items():
             lines.append(f"| {dtype} | {name} | {_granularity_cell(cliff)} | {cliff['evidence']} |")
     lines += [f"\n![{k}](plots/{p.name})\n" for k, p in plots.items() if k.startswith("conv")]
-    lines += ["", "## Batch size", "",
-              "Cliffs are looked for in windows of batch sizes around multiples of 128 (small "
-              "batches are slow for other reasons and only plotted).", ""]
+    lines += [
+        "",
+        "## Batch size",
+        "",
+        "Cliffs are looked for in windows of batch sizes around multiples of 128 (small "
+        "batches are slow for other reasons and only plotted).",
+        "",
+    ]
     for name, cliff in cliffs.get("batch", {}).items():
         lines.append(f"- {name}: granularity {cliff['granularity']}; {cliff['evidence']}")
     if "batch" in plots:
@@ -110,8 +133,10 @@ def _conv_and_batch(profile: Mapping[str, Any], plots: dict[str, Path]) -> list[
     wave = profile.get("wave_quantization", {})
     lines += ["", "## Wave quantization", ""]
     if "evidence" in wave:
-        lines.append(f"{wave['dtype']} GEMM, N = K = {wave['n']}, M = 128 i, {wave['sm_count']} "
-                     f"SMs: {wave['evidence']}.")
+        lines.append(
+            f"{wave['dtype']} GEMM, N = K = {wave['n']}, M = 128 i, {wave['sm_count']} "
+            f"SMs: {wave['evidence']}."
+        )
     else:
         lines.append(f"Not measured: {wave.get('error', 'no wave sweep')}.")
     if "wave" in plots:
@@ -121,26 +146,38 @@ def _conv_and_batch(profile: Mapping[str, Any], plots: dict[str, Path]) -> list[
 
 def _claims(profile: Mapping[str, Any], plots: dict[str, Path]) -> list[str]:
     claims = profile.get("guide_claims", [])
-    lines = ["## The guide's rules of thumb on this GPU", "",
-             f"Verdict rule: {RULE} Claims with their own rule state it below the table. "
-             "Gain: how much faster the guide's advice makes the measured case (0.26 = 26%).", "",
-             "| claim | the guide says | claimed | measured here | gain | verdict |",
-             "| --- | --- | --- | --- | ---: | --- |"]
+    lines = [
+        "## The guide's rules of thumb on this GPU",
+        "",
+        f"Verdict rule: {RULE} Claims with their own rule state it below the table. "
+        "Gain: how much faster the guide's advice makes the measured case (0.26 = 26%).",
+        "",
+        "| claim | the guide says | claimed | measured here | gain | verdict |",
+        "| --- | --- | --- | --- | ---: | --- |",
+    ]
     own_rules = []
     for c in claims:
-        numbers = "; ".join(f"{k} {_fmt(v)}" for k, v in c.get("numbers", {}).items()
-                            if v is not None and k != "note")
+        numbers = "; ".join(
+            f"{k} {_fmt(v)}"
+            for k, v in c.get("numbers", {}).items()
+            if v is not None and k != "note"
+        )
         if c.get("error"):
             numbers = f"error: {c['error']}"
         gain = "-" if c.get("gain") is None else f"{c['gain']:+.2f}"
-        lines.append(f"| `{c['id']}` | {c['says']} ({c['where']}) | {c['claimed']} | {numbers} "
-                     f"| {gain} | **{c['verdict']}** |")
+        lines.append(
+            f"| `{c['id']}` | {c['says']} ({c['where']}) | {c['claimed']} | {numbers} "
+            f"| {gain} | **{c['verdict']}** |"
+        )
         if c.get("rule") and c["rule"] != RULE:
             own_rules.append(f"- `{c['id']}`: {c['rule']}.")
     lines += ["", *own_rules, "", "How each was measured:", ""]
-    lines += [f"- `{c['id']}`: {c['how']}." + (f" Note: {c['numbers']['note']}."
-                                               if "note" in c.get("numbers", {}) else "")
-              for c in claims if c.get("how")]
+    lines += [
+        f"- `{c['id']}`: {c['how']}."
+        + (f" Note: {c['numbers']['note']}." if "note" in c.get("numbers", {}) else "")
+        for c in claims
+        if c.get("how")
+    ]
     if "claims" in plots:
         lines.append(f"\n![claims](plots/{plots['claims'].name})\n")
     return [*lines, ""]
@@ -151,34 +188,48 @@ def _memory(profile: Mapping[str, Any]) -> list[str]:
     rows = profile.get("memory_efficiency") or {}
     if not rows:
         return []
-    lines = ["## Eager kernels against the copy rate", "",
-             "One training step per family, its bytes counted by gpushape's formulas, timed "
-             "from a CUDA graph; the cost model divides each op's memory time by its family's "
-             "fraction.", "",
-             "| family | workload | fraction of copy rate | measured ms |",
-             "| --- | --- | ---: | ---: |"]
+    lines = [
+        "## Eager kernels against the copy rate",
+        "",
+        "One training step per family, its bytes counted by gpushape's formulas, timed "
+        "from a CUDA graph; the cost model divides each op's memory time by its family's "
+        "fraction.",
+        "",
+        "| family | workload | fraction of copy rate | measured ms |",
+        "| --- | --- | ---: | ---: |",
+    ]
     for family, row in rows.items():
         if "error" in row:
             lines.append(f"| {family} | {row.get('workload', '')} | failed: {row['error']} | |")
         else:
-            fraction = ("none: " + row.get("note", "not measured") if row.get("efficiency")
-                        is None else f"{row['efficiency']:.2f}")
-            lines.append(f"| {family} | {row['workload']} | {fraction} | "
-                         f"{row['measured_s'] * 1e3:.3f} |")
+            fraction = (
+                "none: " + row.get("note", "not measured")
+                if row.get("efficiency") is None
+                else f"{row['efficiency']:.2f}"
+            )
+            lines.append(
+                f"| {family} | {row['workload']} | {fraction} | {row['measured_s'] * 1e3:.3f} |"
+            )
     nchw = rows.get("nchw_conversion") or {}
     if nchw.get("efficiency"):
         nchw_ms, cl_ms = nchw["measured_s"] * 1e3, nchw["channels_last_s"] * 1e3
-        lines += ["", f"nchw_conversion is not a kernel: NCHW convolutions took {nchw_ms:.3f} "
-                      f"ms against {cl_ms:.3f} ms in channels_last, the difference priced as "
-                      f"cuDNN's layout conversions' {nchw['conversion_bytes'] / 1e9:.2f} GB at "
-                      f"{nchw['efficiency']:.2f} of the copy rate (the nchw-conv rule's price)."]
+        lines += [
+            "",
+            f"nchw_conversion is not a kernel: NCHW convolutions took {nchw_ms:.3f} "
+            f"ms against {cl_ms:.3f} ms in channels_last, the difference priced as "
+            f"cuDNN's layout conversions' {nchw['conversion_bytes'] / 1e9:.2f} GB at "
+            f"{nchw['efficiency']:.2f} of the copy rate (the nchw-conv rule's price).",
+        ]
     stem = profile.get("conv_small_cin") or {}
     if stem.get("efficiency"):
-        lines += ["", f"A convolution on 3 input channels ({stem['workload']}) ran at "
-                      f"{stem['efficiency']:.3f} of the GEMM model's rate for its shape "
-                      f"({stem['measured_s'] * 1e3:.3f} ms against {stem['model_s'] * 1e3:.3f} "
-                      "ms): the cost model prices convolutions with fewer input channels per "
-                      "group than the tensor-core alignment at that rate."]
+        lines += [
+            "",
+            f"A convolution on 3 input channels ({stem['workload']}) ran at "
+            f"{stem['efficiency']:.3f} of the GEMM model's rate for its shape "
+            f"({stem['measured_s'] * 1e3:.3f} ms against {stem['model_s'] * 1e3:.3f} "
+            "ms): the cost model prices convolutions with fewer input channels per "
+            "group than the tensor-core alignment at that rate.",
+        ]
     return [*lines, ""]
 
 
@@ -186,19 +237,25 @@ def _attention(profile: Mapping[str, Any]) -> list[str]:
     rows = profile.get("attention") or {}
     if not rows:
         return []
-    lines = ["## Fused attention against the GEMM model", "",
-             "One SDPA call per configuration, forward and forward + backward from a CUDA "
-             "graph; the cost model multiplies an attention kernel's GEMM efficiency by the "
-             "fraction measured for its backend, pass and flags at the nearest head size.", "",
-             "| workload | fwd fraction | fwd TFLOP/s | bwd fraction | bwd TFLOP/s |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "## Fused attention against the GEMM model",
+        "",
+        "One SDPA call per configuration, forward and forward + backward from a CUDA "
+        "graph; the cost model multiplies an attention kernel's GEMM efficiency by the "
+        "fraction measured for its backend, pass and flags at the nearest head size.",
+        "",
+        "| workload | fwd fraction | fwd TFLOP/s | bwd fraction | bwd TFLOP/s |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for row in rows.values():
         if "error" in row:
             lines.append(f"| {row.get('workload', '')} | failed: {row['error']} | | | |")
             continue
         fwd, bwd = pass_rates(row)
-        lines.append(f"| {row['workload']} | {fwd:.2f} | {row['tflops_fwd']:.0f} | {bwd:.2f} | "
-                     f"{row['tflops_bwd']:.0f} |")
+        lines.append(
+            f"| {row['workload']} | {fwd:.2f} | {row['tflops_fwd']:.0f} | {bwd:.2f} | "
+            f"{row['tflops_bwd']:.0f} |"
+        )
     return [*lines, ""]
 
 
@@ -206,10 +263,15 @@ def _header(profile: Mapping[str, Any]) -> list[str]:
     probe, sw = profile.get("probe", {}), profile.get("software", {})
     timing = probe.get("timing", {})
     versions = ", ".join(f"{k} {v}" for k, v in sw.items() if v is not None)
-    return [f"# gpushape probe: {profile.get('device_name')} ({profile.get('gpu')})", "",
-            f"Measured {profile.get('measured_at')} with {versions}; {probe.get('mode')} probe, "
-            f"{timing.get('total_s', '?')} s; `{probe.get('command', '')}`.", "",
-            f"Method: {probe.get('method', '-')}; {probe.get('repeats')} samples per point.", ""]
+    return [
+        f"# gpushape probe: {profile.get('device_name')} ({profile.get('gpu')})",
+        "",
+        f"Measured {profile.get('measured_at')} with {versions}; {probe.get('mode')} probe, "
+        f"{timing.get('total_s', '?')} s; `{probe.get('command', '')}`.",
+        "",
+        f"Method: {probe.get('method', '-')}; {probe.get('repeats')} samples per point.",
+        "",
+    ]
 
 
 def _spec(profile: Mapping[str, Any]) -> GPUSpec | None:
@@ -225,7 +287,8 @@ def write_plots(profile: Mapping[str, Any], plot_dir: Path) -> dict[str, Path]:
     for layout, by_dtype in gemm.items():
         for dtype in by_dtype:
             plots[f"gemm-align-{dtype}-{layout}"] = probe_plots.plot_gemm_align(
-                profile, plot_dir, dtype, layout)
+                profile, plot_dir, dtype, layout
+            )
     for dtype in profile.get("cliffs", {}).get("conv", {}):
         plots[f"conv-{dtype}"] = probe_plots.plot_conv_channels(profile, plot_dir, dtype)
     plots["batch"] = probe_plots.plot_batch(profile, plot_dir)
@@ -241,10 +304,15 @@ def write_report(profile: Mapping[str, Any] | str | Path, out_dir: str | Path) -
     out_dir = Path(out_dir)
     plots = write_plots(profile, out_dir / "plots")
     spec = _spec(profile)
-    lines = [*_header(profile), *_ceilings(profile, spec), *_memory(profile),
-             *_attention(profile),
-             *_gemm_cliffs(profile, spec, plots),
-             *_conv_and_batch(profile, plots), *_claims(profile, plots)]
+    lines = [
+        *_header(profile),
+        *_ceilings(profile, spec),
+        *_memory(profile),
+        *_attention(profile),
+        *_gemm_cliffs(profile, spec, plots),
+        *_conv_and_batch(profile, plots),
+        *_claims(profile, plots),
+    ]
     path = out_dir / REPORT_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines).rstrip() + "\n")

@@ -81,29 +81,60 @@ def _gemm_rate(spec: GPUSpec, dtype: str) -> float:
     return spec.attainable_flops("fp32" if dtype == "fp32" else dtype, tensor_cores=dtype != "fp32")
 
 
-def _gemm_task(task_sweep: str, m: int, n: int, k: int, dtype: str, layout: str, spec: GPUSpec,
-               cfg: MeasureConfig, **extra: Any) -> Task:
+def _gemm_task(
+    task_sweep: str,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str,
+    layout: str,
+    spec: GPUSpec,
+    cfg: MeasureConfig,
+    **extra: Any,
+) -> Task:
     flops = gemm_flops(m, n, k)
     align = spec.tc_alignment("fp32" if dtype == "fp32" else dtype) or 1
     # sizes off the datasheet's alignment rule are budgeted at a quarter of the rate
     slowdown = 1 if all(d % align == 0 for d in (m, n, k)) else _MISALIGNED_SLOWDOWN
     call_s = slowdown * flops / _gemm_rate(spec, dtype) + _LAUNCH_S
-    row = {"dtype": dtype, "layout": "nt" if dtype == "fp8" else layout, "m": m, "n": n, "k": k,
-           **extra}
-    return Task(task_sweep, row, flops, lambda c: gemm_s(m, n, k, dtype, c, layout=row["layout"]),
-                _estimate_s(call_s, cfg, _GEMM_SETUP_S))
+    row = {
+        "dtype": dtype,
+        "layout": "nt" if dtype == "fp8" else layout,
+        "m": m,
+        "n": n,
+        "k": k,
+        **extra,
+    }
+    return Task(
+        task_sweep,
+        row,
+        flops,
+        lambda c: gemm_s(m, n, k, dtype, c, layout=row["layout"]),
+        _estimate_s(call_s, cfg, _GEMM_SETUP_S),
+    )
 
 
-def _conv_task(task_sweep: str, shape: ConvShape, dtype: str, spec: GPUSpec, cfg: MeasureConfig,
-               **extra: Any) -> Task:
+def _conv_task(
+    task_sweep: str, shape: ConvShape, dtype: str, spec: GPUSpec, cfg: MeasureConfig, **extra: Any
+) -> Task:
     # convolutions reach about half a GEMM's rate; bytes: input + output, bf16
     out_elems = shape.batch * shape.cout * shape.hw * shape.hw // shape.stride**2
     bytes_moved = 2 * (shape.batch * shape.cin * shape.hw**2 + out_elems)
-    call_s = max(shape.flops / (0.5 * spec.attainable_flops(dtype)),
-                 bytes_moved / spec.attainable_bandwidth_bytes_per_s()) + _LAUNCH_S
+    call_s = (
+        max(
+            shape.flops / (0.5 * spec.attainable_flops(dtype)),
+            bytes_moved / spec.attainable_bandwidth_bytes_per_s(),
+        )
+        + _LAUNCH_S
+    )
     row = {"dtype": dtype, **dataclasses.asdict(shape), **extra}
-    return Task(task_sweep, row, shape.flops, lambda c: conv_s(shape, dtype, c),
-                _estimate_s(call_s, cfg, _CONV_SETUP_S))
+    return Task(
+        task_sweep,
+        row,
+        shape.flops,
+        lambda c: conv_s(shape, dtype, c),
+        _estimate_s(call_s, cfg, _CONV_SETUP_S),
+    )
 
 
 def _align_tasks(plan: ProbePlan, spec: GPUSpec, fp8: bool) -> list[Task]:
@@ -116,8 +147,19 @@ def _align_tasks(plan: ProbePlan, spec: GPUSpec, fp8: bool) -> list[Task]:
             for dim in plan.align_dims:
                 for size in (base + o for o in plan.align_offsets):
                     mnk = {d.lower(): size if d == dim else other for d in ("M", "N", "K")}
-                    tasks.append(_gemm_task("gemm_align", **mnk, dtype=dtype, layout=layout,
-                                            spec=spec, cfg=cfg, dim=dim, base=base, size=size))
+                    tasks.append(
+                        _gemm_task(
+                            "gemm_align",
+                            **mnk,
+                            dtype=dtype,
+                            layout=layout,
+                            spec=spec,
+                            cfg=cfg,
+                            dim=dim,
+                            base=base,
+                            size=size,
+                        )
+                    )
     return tasks
 
 
@@ -127,18 +169,31 @@ def _conv_channel_tasks(plan: ProbePlan, spec: GPUSpec) -> list[Task]:
         for sweep in plan.conv_sweeps:
             for size in (sweep.base + o for o in plan.conv_offsets):
                 cin, cout = (size, sweep.fixed) if sweep.vary == "cin" else (sweep.fixed, size)
-                shape = ConvShape(batch=plan.conv_batch, cin=cin, cout=cout, hw=plan.conv_hw,
-                                  kernel=sweep.kernel)
-                tasks.append(_conv_task("conv_channels", shape, dtype, spec, plan.measure,
-                                        sweep=sweep.name, dim=sweep.vary, base=sweep.base,
-                                        size=size))
+                shape = ConvShape(
+                    batch=plan.conv_batch, cin=cin, cout=cout, hw=plan.conv_hw, kernel=sweep.kernel
+                )
+                tasks.append(
+                    _conv_task(
+                        "conv_channels",
+                        shape,
+                        dtype,
+                        spec,
+                        plan.measure,
+                        sweep=sweep.name,
+                        dim=sweep.vary,
+                        base=sweep.base,
+                        size=size,
+                    )
+                )
     return tasks
 
 
 def _batch_tasks(plan: ProbePlan, spec: GPUSpec) -> list[Task]:
     cfg, nk, c = plan.measure, plan.gemm_batch_nk, plan.conv_batch_channels
-    tasks = [_gemm_task("gemm_batch", m, nk, nk, "bf16", "nt", spec, cfg, dim="batch", size=m)
-             for m in plan.batch_sizes(plan.gemm_batch_context)]
+    tasks = [
+        _gemm_task("gemm_batch", m, nk, nk, "bf16", "nt", spec, cfg, dim="batch", size=m)
+        for m in plan.batch_sizes(plan.gemm_batch_context)
+    ]
     for batch in plan.batch_sizes(plan.conv_batch_context):
         shape = ConvShape(batch=batch, cin=c, cout=c, hw=plan.conv_hw, kernel=3)
         tasks.append(_conv_task("conv_batch", shape, "bf16", spec, cfg, dim="batch", size=batch))
@@ -148,12 +203,23 @@ def _batch_tasks(plan: ProbePlan, spec: GPUSpec) -> list[Task]:
 def build_tasks(plan: ProbePlan, spec: GPUSpec, *, fp8: bool) -> list[Task]:
     """Every sweep point of the plan, in the order they run."""
     cfg = plan.measure
-    peaks = [_gemm_task("gemm_peak", s, s, s, d, "nn", spec, cfg, size=s)
-             for d in plan.peak_dtypes if d != "fp8" or fp8 for s in plan.peak_sizes]
-    wave = [_gemm_task("wave", m, plan.wave_nk, plan.wave_nk, "bf16", "nn", spec, cfg, size=m)
-            for m in plan.wave_ms()]
-    return (peaks + _align_tasks(plan, spec, fp8) + _conv_channel_tasks(plan, spec)
-            + _batch_tasks(plan, spec) + wave)
+    peaks = [
+        _gemm_task("gemm_peak", s, s, s, d, "nn", spec, cfg, size=s)
+        for d in plan.peak_dtypes
+        if d != "fp8" or fp8
+        for s in plan.peak_sizes
+    ]
+    wave = [
+        _gemm_task("wave", m, plan.wave_nk, plan.wave_nk, "bf16", "nn", spec, cfg, size=m)
+        for m in plan.wave_ms()
+    ]
+    return (
+        peaks
+        + _align_tasks(plan, spec, fp8)
+        + _conv_channel_tasks(plan, spec)
+        + _batch_tasks(plan, spec)
+        + wave
+    )
 
 
 # ---- running -----------------------------------------------------------------------------------
@@ -186,8 +252,10 @@ def check_kernels(device: str, *, fp8: bool) -> None:
         errors["fp8"] = _rel_err(out, a8.float().double() @ b8.t().float().double())
     bad = {k: v for k, v in errors.items() if not v < 3e-2}
     if bad:
-        raise ProbeError(f"wrong results on {device}, relative error {bad}: timings would mean "
-                         "nothing; check the driver and PyTorch build")
+        raise ProbeError(
+            f"wrong results on {device}, relative error {bad}: timings would mean "
+            "nothing; check the driver and PyTorch build"
+        )
 
 
 def _ceilings(plan: ProbePlan, cfg: MeasureConfig) -> dict[str, float | None]:
@@ -195,27 +263,39 @@ def _ceilings(plan: ProbePlan, cfg: MeasureConfig) -> dict[str, float | None]:
     return {
         "copy_bytes_per_s": copy_bytes_per_s(plan.copy_bytes, cfg),
         "launch_overhead_s": launch_overhead_s(cfg, plan.launch_kernels),
-        "graph_launch_overhead_s": (graph_launch_overhead_s(cfg, plan.launch_kernels)
-                                    if cuda else None),
+        "graph_launch_overhead_s": (
+            graph_launch_overhead_s(cfg, plan.launch_kernels) if cuda else None
+        ),
     }
 
 
 def _budget_table(tasks: list[Task], plan: ProbePlan, claims: int) -> Table:
-    table = Table(title=f"gpushape probe ({plan.mode}): budget from datasheet rates "
-                        "(points x time per point)")
+    table = Table(
+        title=f"gpushape probe ({plan.mode}): budget from datasheet rates (points x time per point)"
+    )
     for col in ("sweep", "points", "estimate s"):
         table.add_column(col, justify="left" if col == "sweep" else "right")
     for sweep, est in _by_sweep(tasks).items():
         table.add_row(sweep, str(est[0]), f"{est[1]:.1f}")
     table.add_row("guide claims (A/B measurements)", str(claims), f"{claims * _CLAIM_EST_S:.1f}")
     families = len(probe_memory.WORKLOADS) + 1  # and the stem convolution
-    table.add_row("eager kernels by memory family, stem conv", str(families),
-                  f"{families * _MEMORY_EST_S:.1f}")
+    table.add_row(
+        "eager kernels by memory family, stem conv",
+        str(families),
+        f"{families * _MEMORY_EST_S:.1f}",
+    )
     attention = len(probe_attention.CONFIGS)
-    table.add_row("fused attention (SDPA backends, head sizes)", str(attention),
-                  f"{attention * _ATTENTION_EST_S:.1f}")
-    total_s = (sum(t.est_s for t in tasks) + claims * _CLAIM_EST_S + families * _MEMORY_EST_S
-               + attention * _ATTENTION_EST_S)
+    table.add_row(
+        "fused attention (SDPA backends, head sizes)",
+        str(attention),
+        f"{attention * _ATTENTION_EST_S:.1f}",
+    )
+    total_s = (
+        sum(t.est_s for t in tasks)
+        + claims * _CLAIM_EST_S
+        + families * _MEMORY_EST_S
+        + attention * _ATTENTION_EST_S
+    )
     table.add_row("total", str(len(tasks) + claims + families + attention), f"{total_s:.1f}")
     return table
 
@@ -229,18 +309,27 @@ def _by_sweep(tasks: list[Task]) -> dict[str, tuple[int, float]]:
 
 
 def _progress(console: Console, show: bool) -> Progress:
-    return Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                    disable=not show)
+    return Progress(
+        TextColumn("{task.description:<44}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not show,
+    )
 
 
-def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
-              show_progress: bool = True) -> dict[str, Any]:
+def run_probe(
+    plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None, show_progress: bool = True
+) -> dict[str, Any]:
     """Measure everything in `plan` on `plan.measure.device`; returns the profile (a dict)."""
     console = console or Console(stderr=True)
     started = time.perf_counter()
-    cfg = dataclasses.replace(plan.measure, l2_bytes=spec.l2_bytes
-                              if torch.device(plan.measure.device).type == "cuda" else 0)
+    cfg = dataclasses.replace(
+        plan.measure,
+        l2_bytes=spec.l2_bytes if torch.device(plan.measure.device).type == "cuda" else 0,
+    )
     torch.manual_seed(0)
     fp8 = fp8_supported(cfg.device)
     check_kernels(cfg.device, fp8=fp8)
@@ -251,9 +340,15 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
     sweeps: dict[str, list[dict[str, Any]]] = {}
     actual_s: dict[str, float] = {}
     with _progress(console, show_progress) as bar:
-        job = bar.add_task("ceilings: copy, launch",
-                           total=1 + len(tasks) + len(claims) + len(probe_memory.WORKLOADS) + 1
-                           + len(probe_attention.CONFIGS))
+        job = bar.add_task(
+            "ceilings: copy, launch",
+            total=1
+            + len(tasks)
+            + len(claims)
+            + len(probe_memory.WORKLOADS)
+            + 1
+            + len(probe_attention.CONFIGS),
+        )
         t0 = time.perf_counter()
         ceilings = _ceilings(plan, cfg)
         actual_s["ceilings"] = time.perf_counter() - t0
@@ -266,46 +361,71 @@ def run_probe(plan: ProbePlan, *, spec: GPUSpec, console: Console | None = None,
             bar.advance(job)
         analysis = probe_profile.analyze(sweeps, spec)
         # the rates below are fractions of the copy and GEMM rates just measured
-        measured = apply_profile(spec, {"ceilings": {
-            "copy_bytes_per_s": ceilings["copy_bytes_per_s"],
-            "gemm_flops": probe_profile.tensor_core_peaks(analysis)}})
+        measured = apply_profile(
+            spec,
+            {
+                "ceilings": {
+                    "copy_bytes_per_s": ceilings["copy_bytes_per_s"],
+                    "gemm_flops": probe_profile.tensor_core_peaks(analysis),
+                }
+            },
+        )
         memory = _memory_efficiency(plan, cfg, measured, bar, job)
         actual_s["memory_efficiency"] = sum(r["wall_s"] for r in memory.values())
         bar.update(job, description="convolution on 3 input channels (stem)")
         t0 = time.perf_counter()
-        stem = probe_stem.measure_small_cin_conv(measured, device=cfg.device,
-                                                 batch=plan.stem_shape[0], size=plan.stem_shape[1])
+        stem = probe_stem.measure_small_cin_conv(
+            measured, device=cfg.device, batch=plan.stem_shape[0], size=plan.stem_shape[1]
+        )
         actual_s["conv_small_cin"] = time.perf_counter() - t0
         bar.advance(job)
         t0 = time.perf_counter()
         attention = probe_attention.measure_attention(
-            measured, device=cfg.device, shape=plan.attention_shape,
-            on_config=lambda c: _on_attention(bar, job, c))
+            measured,
+            device=cfg.device,
+            shape=plan.attention_shape,
+            on_config=lambda c: _on_attention(bar, job, c),
+        )
         actual_s["attention"] = time.perf_counter() - t0
-        context = guide_claims.ClaimContext(cfg=cfg, mode=plan.mode, spec=spec, ceilings=ceilings,
-                                            sweeps=sweeps, analysis=analysis)
+        context = guide_claims.ClaimContext(
+            cfg=cfg, mode=plan.mode, spec=spec, ceilings=ceilings, sweeps=sweeps, analysis=analysis
+        )
         t0 = time.perf_counter()
-        results = guide_claims.run_claims(claims, context,
-                                          on_claim=lambda c: _on_claim(bar, job, c))
+        results = guide_claims.run_claims(
+            claims, context, on_claim=lambda c: _on_claim(bar, job, c)
+        )
         actual_s["guide_claims"] = time.perf_counter() - t0
-    timing = {"estimate_s": {k: round(v[1], 2) for k, v in _by_sweep(tasks).items()},
-              "actual_s": {k: round(v, 2) for k, v in actual_s.items()},
-              "total_s": round(time.perf_counter() - started, 2)}
-    return probe_profile.build_profile(plan=plan, spec=spec, cfg=cfg, ceilings=ceilings,
-                                       sweeps=sweeps, analysis=analysis, claims=results,
-                                       timing=timing, memory=memory, stem=stem,
-                                       attention=attention)
+    timing = {
+        "estimate_s": {k: round(v[1], 2) for k, v in _by_sweep(tasks).items()},
+        "actual_s": {k: round(v, 2) for k, v in actual_s.items()},
+        "total_s": round(time.perf_counter() - started, 2),
+    }
+    return probe_profile.build_profile(
+        plan=plan,
+        spec=spec,
+        cfg=cfg,
+        ceilings=ceilings,
+        sweeps=sweeps,
+        analysis=analysis,
+        claims=results,
+        timing=timing,
+        memory=memory,
+        stem=stem,
+        attention=attention,
+    )
 
 
-def _memory_efficiency(plan: ProbePlan, cfg: MeasureConfig, spec: GPUSpec, bar: Progress,
-                       job: Any) -> dict[str, dict[str, Any]]:
+def _memory_efficiency(
+    plan: ProbePlan, cfg: MeasureConfig, spec: GPUSpec, bar: Progress, job: Any
+) -> dict[str, dict[str, Any]]:
     """Eager kernels' bandwidth per memory family against `spec`'s (measured) copy rate."""
     out = {}
     for work in probe_memory.WORKLOADS:
         bar.update(job, description=f"memory efficiency: {work.family}")
         t0 = time.perf_counter()
         row = probe_memory.measure_memory_efficiency(
-            spec, device=cfg.device, scale=plan.memory_scale, families=(work.family,))
+            spec, device=cfg.device, scale=plan.memory_scale, families=(work.family,)
+        )
         out[work.family] = {**row[work.family], "wall_s": round(time.perf_counter() - t0, 2)}
         bar.advance(job)
     return out

@@ -41,24 +41,34 @@ def model_s(spec: GPUSpec, conv: nn.Conv2d, batch: int, size: int, dtype: torch.
     return total
 
 
-def measure_small_cin_conv(spec: GPUSpec, *, device: str = "cuda", batch: int = 64,
-                           size: int = 224, dtype: torch.dtype = torch.bfloat16,
-                           repeats: int = 20) -> dict[str, Any]:
+def measure_small_cin_conv(
+    spec: GPUSpec,
+    *,
+    device: str = "cuda",
+    batch: int = 64,
+    size: int = 224,
+    dtype: torch.dtype = torch.bfloat16,
+    repeats: int = 20,
+) -> dict[str, Any]:
     """The stem's efficiency (see the module docstring) and what it came from."""
     spec = spec.replace(achievable=dataclasses.replace(spec.achievable, small_cin_conv=0.0))
     conv = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False).to(dtype)
     predicted = model_s(spec, conv, batch, size, dtype)
     conv = conv.to(device, memory_format=torch.channels_last)
     x = torch.randn(batch, 3, size, size, device=device, dtype=dtype).contiguous(
-        memory_format=torch.channels_last)
+        memory_format=torch.channels_last
+    )
 
     def step() -> Any:
         out = conv(x)
         return torch.autograd.grad(out, conv.weight, torch.ones_like(out))
 
     measured = step_s(step, device, repeats)
-    return {"efficiency": capped(predicted, measured),
-            "workload": f"Conv2d(3, 64, 7, stride 2) on {batch}x3x{size}x{size} channels_last, "
-                        "forward + weight gradient",
-            "dtype": str(dtype).removeprefix("torch."), "measured_s": measured,
-            "model_s": predicted}
+    return {
+        "efficiency": capped(predicted, measured),
+        "workload": f"Conv2d(3, 64, 7, stride 2) on {batch}x3x{size}x{size} channels_last, "
+        "forward + weight gradient",
+        "dtype": str(dtype).removeprefix("torch."),
+        "measured_s": measured,
+        "model_s": predicted,
+    }

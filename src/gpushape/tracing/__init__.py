@@ -22,10 +22,18 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "trace": "tracer", "TraceError": "recorder", "TensorSpec": "inputs",
-    "Trace": "records", "OpRecord": "records", "TensorMeta": "records",
-    "CostReport": "cost", "OpCost": "cost", "CostTotals": "cost",
-    "ModuleCost": "cost", "register_formula": "flops.registry", "OpWork": "flops.registry",
+    "trace": "tracer",
+    "TraceError": "recorder",
+    "TensorSpec": "inputs",
+    "Trace": "records",
+    "OpRecord": "records",
+    "TensorMeta": "records",
+    "CostReport": "cost",
+    "OpCost": "cost",
+    "CostTotals": "cost",
+    "ModuleCost": "cost",
+    "register_formula": "flops.registry",
+    "OpWork": "flops.registry",
     "Gemm": "flops.registry",
     "gemm_efficiency": "gemm_model",
 }

@@ -95,8 +95,17 @@ class CostTotals:
         return CostTotals(*(a + b for a, b in zip(self._values(), other._values())))
 
     def _values(self) -> tuple:
-        return (self.flops, self.min_bytes, self.gemm_flops, self.kernel_time_s, self.launch_s,
-                self.roofline_time_s, self.compute_bound_s, self.kernels, self.ops)
+        return (
+            self.flops,
+            self.min_bytes,
+            self.gemm_flops,
+            self.kernel_time_s,
+            self.launch_s,
+            self.roofline_time_s,
+            self.compute_bound_s,
+            self.kernels,
+            self.ops,
+        )
 
     @property
     def intensity(self) -> float:
@@ -114,10 +123,17 @@ class CostTotals:
         for op in ops:
             if op.bound == "none":
                 continue
-            total = total + cls(op.flops, op.min_bytes, op.gemm_flops, op.kernel_time_s,
-                                op.launch_s, op.roofline_time_s,
-                                op.roofline_time_s if op.bound == "compute" else 0.0,
-                                op.kernels, 1)
+            total = total + cls(
+                op.flops,
+                op.min_bytes,
+                op.gemm_flops,
+                op.kernel_time_s,
+                op.launch_s,
+                op.roofline_time_s,
+                op.roofline_time_s if op.bound == "compute" else 0.0,
+                op.kernels,
+                1,
+            )
         return total
 
 
@@ -166,11 +182,16 @@ class CostReport:
             paths = _ancestors(op.module) if inclusive else (op.module,)
             for path in paths:
                 groups.setdefault(path, []).append(op)
-        return {path: ModuleCost(
-            path, self.modules.get(path) or (ops[0].module_type if ops else ""),
-            CostTotals.of(o for o in ops if o.phase == "forward"),
-            CostTotals.of(o for o in ops if o.phase == "backward"),
-        ) for path, ops in groups.items() if ops}
+        return {
+            path: ModuleCost(
+                path,
+                self.modules.get(path) or (ops[0].module_type if ops else ""),
+                CostTotals.of(o for o in ops if o.phase == "forward"),
+                CostTotals.of(o for o in ops if o.phase == "backward"),
+            )
+            for path, ops in groups.items()
+            if ops
+        }
 
     def top_ops(self, n: int = 10) -> list[OpCost]:
         return sorted(self.ops, key=lambda o: o.roofline_time_s, reverse=True)[:n]
@@ -190,8 +211,14 @@ def cost(trace: Trace, gpu: GPUSpec | str, *, math: MathMode | None = None) -> C
     if math is not None and math not in MATH_MODES:
         raise GpushapeError(f"unknown math mode {math!r}; known: {', '.join(MATH_MODES)}")
     ops = [op_cost(rec, spec, math) for rec in trace.ops]
-    return CostReport(model=trace.model, gpu=spec, math=math, train=trace.train, ops=ops,
-                      modules=dict(trace.modules))
+    return CostReport(
+        model=trace.model,
+        gpu=spec,
+        math=math,
+        train=trace.train,
+        ops=ops,
+        modules=dict(trace.modules),
+    )
 
 
 def _tensor_dtype(rec: OpRecord) -> str:
@@ -216,8 +243,9 @@ def _gemm_math(dtype: str, math: str | None, family: str) -> str:
     return math
 
 
-def op_cost(rec: OpRecord, gpu: GPUSpec, math: str | None = None,
-            work: OpWork | None = None) -> OpCost:
+def op_cost(
+    rec: OpRecord, gpu: GPUSpec, math: str | None = None, work: OpWork | None = None
+) -> OpCost:
     """One op on `gpu`: the roofline above."""
     work = work if work is not None else op_work(rec)
     dtype = _tensor_dtype(rec)
@@ -234,15 +262,17 @@ def op_cost(rec: OpRecord, gpu: GPUSpec, math: str | None = None,
     rest = max(work.flops - gemm_flops, 0)
     compute_s += rest / gpu.attainable_flops(dtype, tensor_cores=False)
     memory_s = (work.min_bytes + work.reread_bytes) / (
-        gpu.attainable_bandwidth_bytes_per_s() * gpu.achievable.memory(
-            priced_family(memory_family(rec), gpu.achievable.memory_efficiency)))
+        gpu.attainable_bandwidth_bytes_per_s()
+        * gpu.achievable.memory(priced_family(memory_family(rec), gpu.achievable.memory_efficiency))
+    )
     kernel_s = max(compute_s, memory_s)
     kernels = work.kernels
     layout_s = 0.0
     passes = conversion_passes(rec) if used_tc else 0
     if passes:  # cuDNN's NHWC conversions: kernels of their own, after and before the GEMM
-        layout_s = conversion_bytes_of(rec) / (gpu.attainable_bandwidth_bytes_per_s()
-                                               * gpu.achievable.memory("nchw_conversion"))
+        layout_s = conversion_bytes_of(rec) / (
+            gpu.attainable_bandwidth_bytes_per_s() * gpu.achievable.memory("nchw_conversion")
+        )
         kernel_s += layout_s
         kernels += 2 * passes
     launch_s = kernels * gpu.achievable.launch_overhead_s
@@ -254,11 +284,26 @@ def op_cost(rec: OpRecord, gpu: GPUSpec, math: str | None = None,
     if effs and gemm_flops:
         efficiency = gemm_flops / sum(e.gemm.flops / e.efficiency for e in effs)
     return OpCost(
-        index=rec.index, op=rec.op, module=rec.module, module_type=rec.module_type,
-        phase=rec.phase, flops=work.flops, min_bytes=work.min_bytes,
-        intensity=work.flops / work.min_bytes if work.min_bytes else 0.0, bound=bound,
-        compute_s=compute_s, memory_s=memory_s, kernel_time_s=kernel_s, launch_s=launch_s,
-        roofline_time_s=kernel_s + launch_s, kernels=kernels, math=math_key,
-        tensor_cores=used_tc, efficiency=efficiency, gemm_flops=gemm_flops, gemms=tuple(effs),
-        misaligned=tuple(m for e in effs for m in e.misaligned), layout_s=layout_s,
+        index=rec.index,
+        op=rec.op,
+        module=rec.module,
+        module_type=rec.module_type,
+        phase=rec.phase,
+        flops=work.flops,
+        min_bytes=work.min_bytes,
+        intensity=work.flops / work.min_bytes if work.min_bytes else 0.0,
+        bound=bound,
+        compute_s=compute_s,
+        memory_s=memory_s,
+        kernel_time_s=kernel_s,
+        launch_s=launch_s,
+        roofline_time_s=kernel_s + launch_s,
+        kernels=kernels,
+        math=math_key,
+        tensor_cores=used_tc,
+        efficiency=efficiency,
+        gemm_flops=gemm_flops,
+        gemms=tuple(effs),
+        misaligned=tuple(m for e in effs for m in e.misaligned),
+        layout_s=layout_s,
     )

@@ -126,7 +126,8 @@ def _best_tile(gemm: Gemm, sms: int):
     best = None
     for bm, bn in TILES:
         tile_eff, wave_eff, ctas, split, waves = _quantize(
-            gemm.m, gemm.n, gemm.k, gemm.batch, sms, bm, bn)
+            gemm.m, gemm.n, gemm.k, gemm.batch, sms, bm, bn
+        )
         if best is None or tile_eff * wave_eff > best[1] * best[2] + 1e-12:
             best = ((bm, bn), tile_eff, wave_eff, ctas, split, waves)
     return best
@@ -138,8 +139,9 @@ def _reference(sms: int) -> float:
     return tile_eff * wave_eff
 
 
-def alignment_penalty(value: int, align_elems: int, family: str,
-                      small_cin_conv: float = 0.0) -> float:
+def alignment_penalty(
+    value: int, align_elems: int, family: str, small_cin_conv: float = 0.0
+) -> float:
     """1.0 if `value` is a multiple of `align_elems`, else the calibrated penalty.
     `small_cin_conv`: the measured rate of a convolution whose channels per group are fewer
     than `align_elems` (0: not measured, the generic convolution penalty)."""
@@ -153,14 +155,25 @@ def alignment_penalty(value: int, align_elems: int, family: str,
     return GEMM_MISALIGNED.get(align_elems // reached, GEMM_MISALIGNED_WORST)
 
 
-def gemm_efficiency(gemm: Gemm, gpu: GPUSpec, dtype: str, tensor_cores: bool = True
-                    ) -> GemmEfficiency:
+def gemm_efficiency(
+    gemm: Gemm, gpu: GPUSpec, dtype: str, tensor_cores: bool = True
+) -> GemmEfficiency:
     """The efficiency model above for one GEMM on `gpu` with math in `dtype` ("bf16", "tf32"...)."""
     sms = gpu.sm_count
     if gemm.m <= 0 or gemm.n <= 0 or gemm.k <= 0:
-        return GemmEfficiency(gemm=gemm, sm_count=sms, tile=(0, 0), ctas=0, split_k=1, waves=0,
-                              tile_eff=1.0, wave_eff=1.0, alignment=1.0, misaligned=(),
-                              efficiency=1.0)
+        return GemmEfficiency(
+            gemm=gemm,
+            sm_count=sms,
+            tile=(0, 0),
+            ctas=0,
+            split_k=1,
+            waves=0,
+            tile_eff=1.0,
+            wave_eff=1.0,
+            alignment=1.0,
+            misaligned=(),
+            efficiency=1.0,
+        )
     tile, tile_eff, wave_eff, ctas, split, waves = _best_tile(gemm, sms)
     quantization = min(1.0, tile_eff * wave_eff / _reference(sms))
     align = gpu.tc_alignment(dtype) if tensor_cores else None
@@ -175,9 +188,20 @@ def gemm_efficiency(gemm: Gemm, gpu: GPUSpec, dtype: str, tensor_cores: bool = T
     rate = 1.0
     kernel = gemm.attention
     if kernel is not None and kernel.backend:
-        rate = gpu.achievable.attention_rate(kernel.backend, kernel.backward, kernel.dropout,
-                                             kernel.causal, gemm.k)
-    return GemmEfficiency(gemm=gemm, sm_count=sms, tile=tile, ctas=ctas, split_k=split, waves=waves,
-                          tile_eff=tile_eff, wave_eff=wave_eff, alignment=penalty,
-                          misaligned=tuple(misaligned), efficiency=quantization * penalty * rate,
-                          kernel_rate=rate)
+        rate = gpu.achievable.attention_rate(
+            kernel.backend, kernel.backward, kernel.dropout, kernel.causal, gemm.k
+        )
+    return GemmEfficiency(
+        gemm=gemm,
+        sm_count=sms,
+        tile=tile,
+        ctas=ctas,
+        split_k=split,
+        waves=waves,
+        tile_eff=tile_eff,
+        wave_eff=wave_eff,
+        alignment=penalty,
+        misaligned=tuple(misaligned),
+        efficiency=quantization * penalty * rate,
+        kernel_rate=rate,
+    )

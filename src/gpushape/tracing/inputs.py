@@ -57,8 +57,12 @@ def _fill(t: torch.Tensor) -> torch.Tensor:
 def place(value: Any, device: torch.device) -> Any:
     """`value` (a tensor, a TensorSpec, or containers of them) on `device`; others unchanged."""
     if isinstance(value, TensorSpec):
-        t = torch.empty(value.shape, dtype=value.dtype, device=device,
-                        memory_format=_layout(value.shape, value.channels_last))
+        t = torch.empty(
+            value.shape,
+            dtype=value.dtype,
+            device=device,
+            memory_format=_layout(value.shape, value.channels_last),
+        )
         return t if device.type == "meta" else _fill(t)
     if isinstance(value, torch.Tensor):
         if value.device == device:
@@ -93,6 +97,9 @@ def meta_stand_ins(model: nn.Module) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, t in model_tensors(model):
         meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-        out[name] = nn.Parameter(meta, requires_grad=t.requires_grad) \
-            if isinstance(t, nn.Parameter) else meta
+        out[name] = (
+            nn.Parameter(meta, requires_grad=t.requires_grad)
+            if isinstance(t, nn.Parameter)
+            else meta
+        )
     return out

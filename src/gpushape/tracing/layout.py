@@ -15,8 +15,14 @@ from __future__ import annotations
 from .flops.registry import packet
 from .records import OpRecord, TensorMeta
 
-FORWARD = frozenset({"aten.convolution", "aten._convolution", "aten.cudnn_convolution",
-                     "aten.convolution_overrideable"})
+FORWARD = frozenset(
+    {
+        "aten.convolution",
+        "aten._convolution",
+        "aten.cudnn_convolution",
+        "aten.convolution_overrideable",
+    }
+)
 BACKWARD = frozenset({"aten.convolution_backward", "aten.convolution_backward_overrideable"})
 
 
@@ -38,8 +44,13 @@ def runs_nchw(rec: OpRecord) -> bool:
     """Whether `rec`'s first tensor is 4-D NCHW where the layouts differ (C > 1, H x W > 1):
     BatchNorm and pooling then run their NCHW kernels (`families.NCHW_VARIANTS`)."""
     x = rec.inputs[0] if rec.inputs else None
-    return (x is not None and len(x.shape) == 4 and x.memory_format == "contiguous"
-            and x.shape[1] > 1 and x.shape[2] * x.shape[3] > 1)
+    return (
+        x is not None
+        and len(x.shape) == 4
+        and x.memory_format == "contiguous"
+        and x.shape[1] > 1
+        and x.shape[2] * x.shape[3] > 1
+    )
 
 
 def is_conv(rec: OpRecord) -> bool:
@@ -57,8 +68,9 @@ def runs_nhwc(rec: OpRecord) -> bool:
     return x.channels_last or channels_last_strides(x) or channels_last_strides(w)
 
 
-def nchw_conversion_bytes(x_bytes: int, y_bytes: int, *, grad_input: bool,
-                          grad_weight: bool) -> int:
+def nchw_conversion_bytes(
+    x_bytes: int, y_bytes: int, *, grad_input: bool, grad_weight: bool
+) -> int:
     """Bytes the conversions move around one NCHW convolution with input of `x_bytes` and
     output of `y_bytes`: forward 2 (x + y); the input gradient 2 (dy + dx); the weight gradient
     2 (x + dy)."""

@@ -40,16 +40,31 @@ from .records import DTYPE_BYTES, OpRecord, TensorMeta
 from .routing import cuda_output_layout
 
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
-_VIEW_OPS = {"aten._unsafe_view", "aten.detach", "aten.lift_fresh", "aten.alias",
-             "aten._reshape_alias", "aten.set_"}
+_VIEW_OPS = {
+    "aten._unsafe_view",
+    "aten.detach",
+    "aten.lift_fresh",
+    "aten.alias",
+    "aten._reshape_alias",
+    "aten.set_",
+}
 # Tags differ between torch releases (Tag.inplace is newer than torch 2.11): look them up by name.
-_KEPT_TAGS = {getattr(torch.Tag, name) for name in ("pointwise", "reduction",
-                                                      "nondeterministic_seeded")
-              if hasattr(torch.Tag, name)}
+_KEPT_TAGS = {
+    getattr(torch.Tag, name)
+    for name in ("pointwise", "reduction", "nondeterministic_seeded")
+    if hasattr(torch.Tag, name)
+}
 _INPLACE_TAG = getattr(torch.Tag, "inplace", None)
 _INPLACE_VIEW_TAG = getattr(torch.Tag, "inplace_view", None)
-_ALLOC_OPS = {"aten.empty", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
-              "aten.empty_like", "aten.resize_", "aten.resize_as_"}
+_ALLOC_OPS = {
+    "aten.empty",
+    "aten.empty_strided",
+    "aten.new_empty",
+    "aten.new_empty_strided",
+    "aten.empty_like",
+    "aten.resize_",
+    "aten.resize_as_",
+}
 
 
 class TraceError(GpushapeError, RuntimeError):
@@ -76,8 +91,14 @@ def tensor_meta(t: torch.Tensor, same_as: int | None = None) -> TensorMeta:
         strides, fmt = tuple(t.stride()), _memory_format(t)
     except RuntimeError:  # sparse / nested tensors have no strides
         strides, fmt = (), "strided"
-    return TensorMeta(shape=tuple(t.shape), dtype=name, strides=strides, memory_format=fmt,
-                      itemsize=DTYPE_BYTES.get(name, t.element_size()), same_as=same_as)
+    return TensorMeta(
+        shape=tuple(t.shape),
+        dtype=name,
+        strides=strides,
+        memory_format=fmt,
+        itemsize=DTYPE_BYTES.get(name, t.element_size()),
+        same_as=same_as,
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -88,17 +109,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def failure_message(op: str | None, module: str, module_type: str, phase: str, device: str,
-                    exc: BaseException) -> str:
+def failure_message(
+    op: str | None, module: str, module_type: str, phase: str, device: str, exc: BaseException
+) -> str:
     """One line: what failed, in which module, and (on meta) what to do about it."""
     where = f"module '{module}' ({module_type})" if module else f"the root module ({module_type})"
     message = " ".join(str(exc).split())[:300] or type(exc).__name__
     what = f"{op} failed" if op else f"{type(exc).__name__} raised"
     text = f"{what} in {where} during the {phase} pass on {device}: {message}"
     if device == "meta":
-        text += ("; if the model needs tensor values (meta tensors have shapes only) or an op "
-                 "has no meta kernel, trace it with real tensors: --device cpu "
-                 "(API: device='cpu')")
+        text += (
+            "; if the model needs tensor values (meta tensors have shapes only) or an op "
+            "has no meta kernel, trace it with real tensors: --device cpu "
+            "(API: device='cpu')"
+        )
     return text
 
 
@@ -161,8 +185,13 @@ class ModuleStack:
 class Recorder(TorchDispatchMode):
     """Records each aten op that reaches the dispatcher as an `OpRecord`."""
 
-    def __init__(self, modules: ModuleStack, module_types: dict[str, str],
-                 param_modules: dict[int, str], device: str) -> None:
+    def __init__(
+        self,
+        modules: ModuleStack,
+        module_types: dict[str, str],
+        param_modules: dict[int, str],
+        device: str,
+    ) -> None:
         super().__init__()
         self.modules = modules
         self.module_types = module_types  # module path -> type name
@@ -186,8 +215,9 @@ class Recorder(TorchDispatchMode):
             raise
         except Exception as exc:
             module, mtype, *_ = self._attribution(None)
-            raise TraceError(failure_message(str(func), module, mtype, self.phase,
-                                             self.device, exc)) from exc
+            raise TraceError(
+                failure_message(str(func), module, mtype, self.phase, self.device, exc)
+            ) from exc
         if self.device == "meta":
             out = cuda_output_layout(func, args, out)
         self._record(func, args, kwargs, out)
@@ -212,15 +242,29 @@ class Recorder(TorchDispatchMode):
     def _record(self, func, args, kwargs, out) -> None:
         schema = self._schema(func)
         inputs, names, params = self._arguments(schema, args, kwargs)
-        outputs = tuple(tensor_meta(t) for t in pytree.tree_leaves(out)
-                        if isinstance(t, torch.Tensor))
+        outputs = tuple(
+            tensor_meta(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+        )
         index = len(self.ops)
         module, mtype, phase, fwd_index, grad_fn = self._attribution(index)
-        self.ops.append(OpRecord(
-            index=index, op=schema.name, module=module, module_type=mtype, phase=phase,
-            kind=schema.kind, inputs=inputs, input_names=names, outputs=outputs, params=params,
-            inplace=schema.inplace, tags=schema.tags, fwd_index=fwd_index, grad_fn=grad_fn,
-        ))
+        self.ops.append(
+            OpRecord(
+                index=index,
+                op=schema.name,
+                module=module,
+                module_type=mtype,
+                phase=phase,
+                kind=schema.kind,
+                inputs=inputs,
+                input_names=names,
+                outputs=outputs,
+                params=params,
+                inplace=schema.inplace,
+                tags=schema.tags,
+                fwd_index=fwd_index,
+                grad_fn=grad_fn,
+            )
+        )
 
     def _arguments(self, schema: _Schema, args, kwargs):
         inputs: list[TensorMeta] = []
@@ -240,7 +284,8 @@ class Recorder(TorchDispatchMode):
             if isinstance(value, torch.Tensor):
                 add(name, value)
             elif isinstance(value, (list, tuple)) and any(
-                    isinstance(v, torch.Tensor) for v in value):
+                isinstance(v, torch.Tensor) for v in value
+            ):
                 for i, v in enumerate(value):
                     if isinstance(v, torch.Tensor):
                         add(f"{name}[{i}]", v)

@@ -17,10 +17,25 @@ Phase = Literal["forward", "backward"]
 OpKind = Literal["compute", "view", "alloc"]
 
 DTYPE_BYTES = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
-    "int16": 2, "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1,
-    "complex64": 8, "complex128": 16,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
 }
 
 
@@ -67,8 +82,12 @@ class TensorMeta:
         return self.memory_format in ("channels_last", "channels_last_3d")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"shape": list(self.shape), "dtype": self.dtype, "strides": list(self.strides),
-                "memory_format": self.memory_format}
+        return {
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "strides": list(self.strides),
+            "memory_format": self.memory_format,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,17 +134,24 @@ class OpRecord:
         try:
             return self.inputs[self.input_names.index(name)]
         except ValueError:
-            raise KeyError(f"{self.op} has no tensor input {name!r}; "
-                           f"inputs: {', '.join(self.input_names)}") from None
+            raise KeyError(
+                f"{self.op} has no tensor input {name!r}; inputs: {', '.join(self.input_names)}"
+            ) from None
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "index": self.index, "op": self.op, "module": self.module,
-            "module_type": self.module_type, "phase": self.phase, "kind": self.kind,
+            "index": self.index,
+            "op": self.op,
+            "module": self.module,
+            "module_type": self.module_type,
+            "phase": self.phase,
+            "kind": self.kind,
             "inputs": {n: t.to_dict() for n, t in zip(self.input_names, self.inputs)},
             "outputs": [t.to_dict() for t in self.outputs],
             "params": {k: _plain(v) for k, v in self.params.items()},
-            "inplace": self.inplace, "tags": list(self.tags), "fwd_index": self.fwd_index,
+            "inplace": self.inplace,
+            "tags": list(self.tags),
+            "fwd_index": self.fwd_index,
             "grad_fn": self.grad_fn,
         }
 
@@ -167,13 +193,21 @@ class Trace:
     def ops_in(self, module: str, *, inclusive: bool = True) -> list[OpRecord]:
         """Ops attributed to `module` (and, if inclusive, to its submodules)."""
         prefix = module + "." if module else ""
-        return [op for op in self.ops if op.module == module
-                or (inclusive and op.module.startswith(prefix))]
+        return [
+            op
+            for op in self.ops
+            if op.module == module or (inclusive and op.module.startswith(prefix))
+        ]
 
     def backward_of(self, index: int) -> list[OpRecord]:
         """The backward ops that the autograd node of forward op `index` ran."""
         return [op for op in self.ops if op.fwd_index == index]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "train": self.train, "device": self.device,
-                "modules": dict(self.modules), "ops": [op.to_dict() for op in self.ops]}
+        return {
+            "model": self.model,
+            "train": self.train,
+            "device": self.device,
+            "modules": dict(self.modules),
+            "ops": [op.to_dict() for op in self.ops],
+        }

@@ -45,8 +45,12 @@ def _same_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 def _flash_ok(q, k, v, mask) -> bool:
     d = q.shape[-1]
-    return (mask is None and q.dtype in _HALF and k.shape[-1] == d == v.shape[-1]
-            and d <= _FLASH_MAX_HEAD_DIM)
+    return (
+        mask is None
+        and q.dtype in _HALF
+        and k.shape[-1] == d == v.shape[-1]
+        and d <= _FLASH_MAX_HEAD_DIM
+    )
 
 
 def _efficient_ok(q, k, v) -> bool:
@@ -66,22 +70,30 @@ def _as_bias(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> tor
     return mask.expand(shape)
 
 
-def route_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-               is_causal: bool = False, scale: float | None = None,
-               enable_gqa: bool = False) -> torch.Tensor | None:
+def route_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor | None:
     """The fused kernel's output, or None where CUDA too would take the math path."""
     q, k, v = query, key, value
     if not _same_heads(q, k, v) or (attn_mask is not None and is_causal):
         return None
     if _flash_ok(q, k, v, attn_mask):
         out = torch.ops.aten._scaled_dot_product_flash_attention(
-            q, k, v, dropout_p, is_causal, False, scale=scale)
+            q, k, v, dropout_p, is_causal, False, scale=scale
+        )
         return out[0]  # (B, H, Tq, Dv)
     if _efficient_ok(q, k, v):
         need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         out = torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, _as_bias(attn_mask, q, k), need_lse, dropout_p, is_causal, scale=scale)
+            q, k, v, _as_bias(attn_mask, q, k), need_lse, dropout_p, is_causal, scale=scale
+        )
         return out[0]
     return None
 
@@ -103,8 +115,9 @@ def cuda_output_layout(func: Any, args: tuple, out: Any) -> Any:
     return out
 
 
-def route_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,
-                  inplace: bool = False) -> torch.Tensor | None:
+def route_dropout(
+    input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> torch.Tensor | None:
     """CUDA's fused dropout kernel, or None where CUDA too would not use it."""
     if not training or inplace or not 0.0 < p < 1.0 or input.numel() == 0:
         return None
@@ -114,8 +127,9 @@ def route_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,
 class GpuKernelRouting(TorchFunctionMode):
     """Routes F.scaled_dot_product_attention and F.dropout as CUDA would, while active."""
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         route = route_sdpa if func is _SDPA else route_dropout if func is _DROPOUT else None
         if route is not None:

@@ -16,8 +16,14 @@ from .records import Trace
 from .routing import GpuKernelRouting
 
 
-def trace(model: nn.Module, example_inputs: Any, train: bool = False,
-          device: str | torch.device | None = None, *, name: str | None = None) -> Trace:
+def trace(
+    model: nn.Module,
+    example_inputs: Any,
+    train: bool = False,
+    device: str | torch.device | None = None,
+    *,
+    name: str | None = None,
+) -> Trace:
     """Run `model` once on `example_inputs` and record every aten op.
 
     example_inputs: a tensor, a `TensorSpec`, a tuple/list of them (positional arguments) or a
@@ -59,8 +65,13 @@ def trace(model: nn.Module, example_inputs: Any, train: bool = False,
                 _backward(out, _grad_leaves(tensors.values(), (args, kwargs)), recorder)
     finally:
         model.train(was_training)
-    return Trace(model=name or type(model).__name__, train=train, device=target.type,
-                 ops=recorder.ops, modules=module_types)
+    return Trace(
+        model=name or type(model).__name__,
+        train=train,
+        device=target.type,
+        ops=recorder.ops,
+        modules=module_types,
+    )
 
 
 def _target_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
@@ -72,11 +83,15 @@ def _target_device(model: nn.Module, device: str | torch.device | None) -> torch
         return target
     kinds = model_device_types(model)
     if "meta" in kinds:
-        raise TraceError(f"the model's weights are on the meta device, so it cannot run on "
-                         f"{target}: build it on {target} to trace with real tensors")
+        raise TraceError(
+            f"the model's weights are on the meta device, so it cannot run on "
+            f"{target}: build it on {target} to trace with real tensors"
+        )
     if kinds - {target.type}:
-        raise TraceError(f"the model is on {', '.join(sorted(kinds))}; move it to {target} "
-                         f"first, or trace on meta (device=None)")
+        raise TraceError(
+            f"the model is on {', '.join(sorted(kinds))}; move it to {target} "
+            f"first, or trace on meta (device=None)"
+        )
     return target
 
 
@@ -86,8 +101,9 @@ def _forward(model, args, kwargs, stand_ins, train, stack: ModuleStack, device: 
         with grad:
             if stand_ins is None:
                 return model(*args, **kwargs)
-            return torch.func.functional_call(model, stand_ins, args, kwargs,
-                                              tie_weights=True, strict=False)
+            return torch.func.functional_call(
+                model, stand_ins, args, kwargs, tie_weights=True, strict=False
+            )
     except GpushapeError:
         raise
     except Exception as exc:  # raised by the model's Python code, not by an aten op
@@ -108,11 +124,18 @@ def _grad_leaves(params, inputs) -> list[torch.Tensor]:
 
 
 def _backward(out: Any, leaves: list[torch.Tensor], recorder: Recorder) -> None:
-    outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
-            and t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    outs = [
+        t
+        for t in pytree.tree_leaves(out)
+        if isinstance(t, torch.Tensor)
+        and t.requires_grad
+        and (t.is_floating_point() or t.is_complex())
+    ]
     if not outs:
-        raise TraceError("train=True, but no output of the model requires grad (are its "
-                         "parameters frozen, or is the forward run under no_grad?)")
+        raise TraceError(
+            "train=True, but no output of the model requires grad (are its "
+            "parameters frozen, or is the forward run under no_grad?)"
+        )
     if not leaves:
         raise TraceError("train=True, but the model has no parameter that requires grad")
     with recorder.pause():

@@ -49,22 +49,33 @@ def fused_backend(s: AttentionShape) -> str | None:
     return None
 
 
-def fused_records(s: AttentionShape, train: bool, backend: str = "flash",
-                  causal: bool = False) -> list[OpRecord]:
+def fused_records(
+    s: AttentionShape, train: bool, backend: str = "flash", causal: bool = False
+) -> list[OpRecord]:
     q = tensor((s.bh, 1, s.tq, s.d), s.dtype)
     k = tensor((s.bh, 1, s.tk, s.d), s.dtype)
     v = tensor((s.bh, 1, s.tk, s.dv), s.dtype)
     out = tensor((s.bh, 1, s.tq, s.dv), s.dtype)
     lse = tensor((s.bh, 1, s.tq), "float32")
-    name = ("aten._scaled_dot_product_flash_attention" if backend == "flash"
-            else "aten._scaled_dot_product_efficient_attention")
+    name = (
+        "aten._scaled_dot_product_flash_attention"
+        if backend == "flash"
+        else "aten._scaled_dot_product_efficient_attention"
+    )
     params = {"dropout_p": 0.1 if s.dropout else 0.0, "is_causal": causal}
-    recs = [record(f"{name}.default", {"query": q, "key": k, "value": v}, [out, lse],
-                   params=params)]
+    recs = [
+        record(f"{name}.default", {"query": q, "key": k, "value": v}, [out, lse], params=params)
+    ]
     if train:
-        recs.append(record(f"{name}_backward.default",
-                           {"grad_out": out, "query": q, "key": k, "value": v, "out": out,
-                            "logsumexp": lse}, [q, k, v], params=params, phase="backward"))
+        recs.append(
+            record(
+                f"{name}_backward.default",
+                {"grad_out": out, "query": q, "key": k, "value": v, "out": out, "logsumexp": lse},
+                [q, k, v],
+                params=params,
+                phase="backward",
+            )
+        )
     return recs
 
 
@@ -75,9 +86,11 @@ def math_records(s: AttentionShape, train: bool) -> list[OpRecord]:
     scores = tensor((s.bh, s.tq, s.tk), s.dtype)
     out = tensor((s.bh, s.tq, s.dv), s.dtype)
     mask = tensor((s.bh, s.tq, s.tk), "bool")
-    recs = [record("aten.bmm.default", {"self": q, "mat2": kt}, [scores]),
-            record("aten.mul.Tensor", {"self": scores}, [scores]),
-            record("aten._softmax.default", {"self": scores}, [scores])]
+    recs = [
+        record("aten.bmm.default", {"self": q, "mat2": kt}, [scores]),
+        record("aten.mul.Tensor", {"self": scores}, [scores]),
+        record("aten._softmax.default", {"self": scores}, [scores]),
+    ]
     if s.has_mask:
         recs.insert(2, record("aten.add.Tensor", {"self": scores, "other": scores}, [scores]))
     if s.dropout:
@@ -92,14 +105,26 @@ def _math_backward(s, q, kt, v, scores, out, mask) -> list[OpRecord]:
     vt = tensor((s.bh, s.dv, s.tk), s.dtype)
     st = tensor((s.bh, s.tk, s.tq), s.dtype)
     k = tensor((s.bh, s.tk, s.d), s.dtype)
-    back = [record("aten.bmm.default", {"self": out, "mat2": vt}, [scores]),   # dP = dO V^T
-            record("aten.bmm.default", {"self": st, "mat2": out}, [v])]        # dV = P^T dO
+    back = [
+        record("aten.bmm.default", {"self": out, "mat2": vt}, [scores]),  # dP = dO V^T
+        record("aten.bmm.default", {"self": st, "mat2": out}, [v]),
+    ]  # dV = P^T dO
     if s.dropout:
-        back.append(record("aten.native_dropout_backward.default",
-                           {"grad_output": scores, "mask": mask}, [scores]))
-    back += [record("aten._softmax_backward_data.default",
-                    {"grad_output": scores, "output": scores}, [scores]),
-             record("aten.mul.Tensor", {"self": scores}, [scores]),
-             record("aten.bmm.default", {"self": scores, "mat2": k}, [q]),    # dQ = dS K
-             record("aten.bmm.default", {"self": st, "mat2": q}, [k])]       # dK = dS^T Q
+        back.append(
+            record(
+                "aten.native_dropout_backward.default",
+                {"grad_output": scores, "mask": mask},
+                [scores],
+            )
+        )
+    back += [
+        record(
+            "aten._softmax_backward_data.default",
+            {"grad_output": scores, "output": scores},
+            [scores],
+        ),
+        record("aten.mul.Tensor", {"self": scores}, [scores]),
+        record("aten.bmm.default", {"self": scores, "mat2": k}, [q]),  # dQ = dS K
+        record("aten.bmm.default", {"self": st, "mat2": q}, [k]),
+    ]  # dK = dS^T Q
     return [dataclasses.replace(r, phase="backward") for r in back]

@@ -17,8 +17,16 @@ from ...tracing.records import OpRecord
 from .synth import record, tensor
 
 
-def linear_records(m: int, k: int, n: int, dtype: str, *, bias: bool = True,
-                   train: bool = True, input_grad: bool = True) -> list[OpRecord]:
+def linear_records(
+    m: int,
+    k: int,
+    n: int,
+    dtype: str,
+    *,
+    bias: bool = True,
+    train: bool = True,
+    input_grad: bool = True,
+) -> list[OpRecord]:
     x, w = tensor((m, k), dtype), tensor((n, k), dtype)
     wt = dataclasses.replace(tensor((k, n), dtype), strides=(1, k))  # W^T: a view of W
     y = tensor((m, n), dtype)

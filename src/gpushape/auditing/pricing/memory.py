@@ -30,8 +30,12 @@ class TrainingMemory:
 
     @property
     def total_bytes(self) -> int:
-        return (self.activation_bytes + self.weights_bytes + self.grads_bytes
-                + (self.optimizer_state_bytes or 0))
+        return (
+            self.activation_bytes
+            + self.weights_bytes
+            + self.grads_bytes
+            + (self.optimizer_state_bytes or 0)
+        )
 
     def within(self, prefix: str) -> int:
         """Activation bytes of a module and its submodules."""
@@ -63,5 +67,6 @@ def training_memory(ctx: AuditContext) -> TrainingMemory:
     params = list(ctx.model.parameters()) if ctx.model is not None else []
     weights = sum(p.numel() * p.element_size() for p in params)
     grads = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
-    return TrainingMemory(activations_by_module(ctx), weights, grads,
-                          _optimizer_state_bytes(ctx.optimizer))
+    return TrainingMemory(
+        activations_by_module(ctx), weights, grads, _optimizer_state_bytes(ctx.optimizer)
+    )

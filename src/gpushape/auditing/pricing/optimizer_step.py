@@ -99,8 +99,12 @@ def _stepped_state(optimizer: torch.optim.Optimizer):
     copy = _meta_copy(optimizer, foreach=False)
     copy.step()
     params = [p for g in copy.param_groups for p in g["params"]]
-    state = [t for p in params for t in copy.state[p].values()
-             if isinstance(t, torch.Tensor) and t.numel() > 1]
+    state = [
+        t
+        for p in params
+        for t in copy.state[p].values()
+        if isinstance(t, torch.Tensor) and t.numel() > 1
+    ]
     return copy, params, state
 
 

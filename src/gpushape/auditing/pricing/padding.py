@@ -72,5 +72,6 @@ def pad_matmul(rec: OpRecord, value: int, padded: int) -> OpRecord:
 
 def pad_records(recs: Sequence[OpRecord], value: int, padded: int) -> list[OpRecord]:
     """The records with dimension `value` padded to `padded` (see the module docstring)."""
-    return [pad_conv(r, value, padded) if is_conv(r) else pad_matmul(r, value, padded)
-            for r in recs]
+    return [
+        pad_conv(r, value, padded) if is_conv(r) else pad_matmul(r, value, padded) for r in recs
+    ]

@@ -23,8 +23,13 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 def tensor(shape: Sequence[int], dtype: str) -> TensorMeta:
     """A contiguous tensor of `shape` and `dtype` ("bfloat16", ...)."""
     shape = tuple(int(n) for n in shape)
-    return TensorMeta(shape=shape, dtype=dtype, strides=contiguous_strides(shape),
-                      memory_format="contiguous", itemsize=DTYPE_BYTES.get(dtype, 4))
+    return TensorMeta(
+        shape=shape,
+        dtype=dtype,
+        strides=contiguous_strides(shape),
+        memory_format="contiguous",
+        itemsize=DTYPE_BYTES.get(dtype, 4),
+    )
 
 
 def resized(t: TensorMeta, shape: Sequence[int]) -> TensorMeta:
@@ -52,15 +57,28 @@ def map_tensors(rec: OpRecord, fn: Callable[[str, TensorMeta], TensorMeta]) -> O
     return dataclasses.replace(rec, inputs=inputs, outputs=outputs)
 
 
-def record(op: str, inputs: Mapping[str, TensorMeta], outputs: Sequence[TensorMeta], *,
-           params: Mapping[str, Any] | None = None, like: OpRecord | None = None,
-           phase: str = "forward") -> OpRecord:
+def record(
+    op: str,
+    inputs: Mapping[str, TensorMeta],
+    outputs: Sequence[TensorMeta],
+    *,
+    params: Mapping[str, Any] | None = None,
+    like: OpRecord | None = None,
+    phase: str = "forward",
+) -> OpRecord:
     """A new op record (module and phase taken from `like` when given)."""
     return OpRecord(
-        index=like.index if like else -1, op=op, module=like.module if like else "",
-        module_type=like.module_type if like else "", phase=like.phase if like else phase,
-        kind="compute", inputs=tuple(inputs.values()), input_names=tuple(inputs),
-        outputs=tuple(outputs), params=dict(params or {}))
+        index=like.index if like else -1,
+        op=op,
+        module=like.module if like else "",
+        module_type=like.module_type if like else "",
+        phase=like.phase if like else phase,
+        kind="compute",
+        inputs=tuple(inputs.values()),
+        input_names=tuple(inputs),
+        outputs=tuple(outputs),
+        params=dict(params or {}),
+    )
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -51,10 +51,19 @@ class Layer:
         return "compute" if self.compute_bound_s >= self.roofline_time_s / 2 else "memory"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"module": self.module, "op": self.op, "flops": self.flops,
-                "min_bytes": self.min_bytes, "intensity": self.intensity, "bound": self.bound,
-                "roofline_time_s": self.roofline_time_s, "tensor_cores": self.tensor_cores,
-                "module_type": self.module_type, "phase": self.phase, "calls": self.calls}
+        return {
+            "module": self.module,
+            "op": self.op,
+            "flops": self.flops,
+            "min_bytes": self.min_bytes,
+            "intensity": self.intensity,
+            "bound": self.bound,
+            "roofline_time_s": self.roofline_time_s,
+            "tensor_cores": self.tensor_cores,
+            "module_type": self.module_type,
+            "phase": self.phase,
+            "calls": self.calls,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,16 +79,28 @@ class Totals:
 
     @classmethod
     def of(cls, totals: CostTotals) -> Totals:
-        return cls(flops=totals.flops, min_bytes=totals.min_bytes,
-                   roofline_time_s=totals.roofline_time_s, ops=totals.ops,
-                   gemm_flops=totals.gemm_flops, kernel_time_s=totals.kernel_time_s,
-                   launch_s=totals.launch_s, kernels=totals.kernels)
+        return cls(
+            flops=totals.flops,
+            min_bytes=totals.min_bytes,
+            roofline_time_s=totals.roofline_time_s,
+            ops=totals.ops,
+            gemm_flops=totals.gemm_flops,
+            kernel_time_s=totals.kernel_time_s,
+            launch_s=totals.launch_s,
+            kernels=totals.kernels,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"flops": self.flops, "min_bytes": self.min_bytes,
-                "roofline_time_s": self.roofline_time_s, "ops": self.ops,
-                "gemm_flops": self.gemm_flops, "kernel_time_s": self.kernel_time_s,
-                "launch_s": self.launch_s, "kernels": self.kernels}
+        return {
+            "flops": self.flops,
+            "min_bytes": self.min_bytes,
+            "roofline_time_s": self.roofline_time_s,
+            "ops": self.ops,
+            "gemm_flops": self.gemm_flops,
+            "kernel_time_s": self.kernel_time_s,
+            "launch_s": self.launch_s,
+            "kernels": self.kernels,
+        }
 
 
 @dataclass(kw_only=True)
@@ -99,15 +120,28 @@ class Report:
 
     @classmethod
     def from_cost(cls, cost: CostReport, *, dtype: str) -> Report:
-        return cls(model=cost.model, gpu=cost.gpu.name, gpu_full_name=cost.gpu.full_name,
-                   dtype=dtype, train=cost.train, totals=Totals.of(cost.totals),
-                   layers=group_layers(cost.ops), gpu_spec=cost.gpu)
+        return cls(
+            model=cost.model,
+            gpu=cost.gpu.name,
+            gpu_full_name=cost.gpu.full_name,
+            dtype=dtype,
+            train=cost.train,
+            totals=Totals.of(cost.totals),
+            layers=group_layers(cost.ops),
+            gpu_spec=cost.gpu,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA_VERSION, "model": self.model, "gpu": self.gpu,
-                "dtype": self.dtype, "train": self.train, "totals": self.totals.to_dict(),
-                "layers": [layer.to_dict() for layer in self.layers],
-                "findings": [f if isinstance(f, dict) else f.to_dict() for f in self.findings]}
+        return {
+            "schema": SCHEMA_VERSION,
+            "model": self.model,
+            "gpu": self.gpu,
+            "dtype": self.dtype,
+            "train": self.train,
+            "totals": self.totals.to_dict(),
+            "layers": [layer.to_dict() for layer in self.layers],
+            "findings": [f if isinstance(f, dict) else f.to_dict() for f in self.findings],
+        }
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -119,8 +153,9 @@ class Report:
         from .table import _console, render_table
 
         console = console or _console()
-        render_findings(ordered(self.findings), self.totals.roofline_time_s, console,
-                        headline(self))
+        render_findings(
+            ordered(self.findings), self.totals.roofline_time_s, console, headline(self)
+        )
         render_table(self, console, top=top)
 
     def to_markdown(self, *, top: int = 20) -> str:
@@ -142,12 +177,19 @@ def group_layers(ops: Iterable[OpCost]) -> list[Layer]:
     for op in ops:
         if op.bound != "none":
             groups.setdefault((op.module, op.op, op.phase), []).append(op)
-    layers = [Layer(
-        module=module, module_type=members[0].module_type, op=op, phase=phase,
-        calls=len(members), flops=sum(o.flops for o in members),
-        min_bytes=sum(o.min_bytes for o in members),
-        roofline_time_s=sum(o.roofline_time_s for o in members),
-        compute_bound_s=sum(o.roofline_time_s for o in members if o.bound == "compute"),
-        tensor_cores=any(o.tensor_cores for o in members),
-    ) for (module, op, phase), members in groups.items()]
+    layers = [
+        Layer(
+            module=module,
+            module_type=members[0].module_type,
+            op=op,
+            phase=phase,
+            calls=len(members),
+            flops=sum(o.flops for o in members),
+            min_bytes=sum(o.min_bytes for o in members),
+            roofline_time_s=sum(o.roofline_time_s for o in members),
+            compute_bound_s=sum(o.roofline_time_s for o in members if o.bound == "compute"),
+            tensor_cores=any(o.tensor_cores for o in members),
+        )
+        for (module, op, phase), members in groups.items()
+    ]
     return sorted(layers, key=lambda layer: layer.roofline_time_s, reverse=True)

@@ -15,8 +15,12 @@ from ..fixes import describe
 from .render import headline, module_text, ordered, saving_text
 from .roofline import roofline_png
 
-SEVERITY_COLORS = {Severity.HIGH: "#c0392b", Severity.MEDIUM: "#d68910",
-                   Severity.LOW: "#2471a3", Severity.INFO: "#7f8c8d"}
+SEVERITY_COLORS = {
+    Severity.HIGH: "#c0392b",
+    Severity.MEDIUM: "#d68910",
+    Severity.LOW: "#2471a3",
+    Severity.INFO: "#7f8c8d",
+}
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }
 table { border-collapse: collapse; width: 100%; margin: 1em 0; font-size: 14px; }
@@ -42,8 +46,9 @@ def _findings_html(report: Any) -> str:
         return "<p>No findings: nothing in this design wastes the chip that the rules see.</p>"
     rows = []
     for f in findings:
-        evidence = ", ".join(f"{escape(str(k))}={escape(_short(v))}"
-                             for k, v in f.evidence.items() if k != "numbers")
+        evidence = ", ".join(
+            f"{escape(str(k))}={escape(_short(v))}" for k, v in f.evidence.items() if k != "numbers"
+        )
         fix = f"<code title='{escape(describe(f.fix))}'>{escape(f.fix)}</code>" if f.fix else "-"
         rows.append(
             f"<tr><td><span class='sev' style='background:{SEVERITY_COLORS[f.severity]}'>"
@@ -51,17 +56,26 @@ def _findings_html(report: Any) -> str:
             f"<td><code>{escape(module_text(f))}</code></td>"
             f"<td class='num'>{escape(saving_text(f, report.totals.roofline_time_s))}</td>"
             f"<td>{fix}</td><td>{escape(f.message)}<details><summary>evidence</summary>"
-            f"<small>{evidence}</small></details></td></tr>")
-    return ("<table><tr><th>severity</th><th>rule</th><th>module</th><th>est. saving / step"
-            "</th><th>fix</th><th>what and why (evidence)</th></tr>" + "".join(rows)
-            + "</table>" + _fixes_html(findings))
+            f"<small>{evidence}</small></details></td></tr>"
+        )
+    return (
+        "<table><tr><th>severity</th><th>rule</th><th>module</th><th>est. saving / step"
+        "</th><th>fix</th><th>what and why (evidence)</th></tr>"
+        + "".join(rows)
+        + "</table>"
+        + _fixes_html(findings)
+    )
 
 
 def _fixes_html(findings: list) -> str:
     fixes = sorted({f.fix for f in findings if f.fix})
     items = "".join(f"<li><code>{escape(x)}</code>: {escape(describe(x))}</li>" for x in fixes)
-    return (f"<p><small>Fixes name transforms that arrive with <code>gpushape optimize</code> "
-            f"in a later release:</small></p><ul><small>{items}</small></ul>" if fixes else "")
+    return (
+        f"<p><small>Fixes name transforms that arrive with <code>gpushape optimize</code> "
+        f"in a later release:</small></p><ul><small>{items}</small></ul>"
+        if fixes
+        else ""
+    )
 
 
 def _layers_html(report: Any, top: int) -> str:
@@ -75,10 +89,14 @@ def _layers_html(report: Any, top: int) -> str:
             f"<td class='num'>{x.min_bytes / 1e6:,.1f}</td>"
             f"<td class='num'>{x.intensity:,.1f}</td><td>{x.bound}</td>"
             f"<td class='num'>{x.roofline_time_s * 1e3:,.3f}</td>"
-            f"<td class='num'>{x.roofline_time_s / total:.1%}</td></tr>")
-    return ("<table><tr><th>module</th><th>op</th><th>phase</th><th>GFLOP</th><th>MB</th>"
-            "<th>FLOP/B</th><th>bound</th><th>predicted ms</th><th>share</th></tr>"
-            + "".join(rows) + "</table>")
+            f"<td class='num'>{x.roofline_time_s / total:.1%}</td></tr>"
+        )
+    return (
+        "<table><tr><th>module</th><th>op</th><th>phase</th><th>GFLOP</th><th>MB</th>"
+        "<th>FLOP/B</th><th>bound</th><th>predicted ms</th><th>share</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
 
 
 def to_html(report: Any, path: str | Path | None = None, *, top: int = 40) -> str:
@@ -94,7 +112,8 @@ def to_html(report: Any, path: str | Path | None = None, *, top: int = 40) -> st
         f"<h2>Roofline</h2><img alt='roofline plot' src='data:image/png;base64,{png}'>"
         f"<h2>Findings</h2>{_findings_html(report)}"
         f"<h2>Top {min(top, len(report.layers))} layers by predicted time</h2>"
-        f"{_layers_html(report, top)}</body></html>")
+        f"{_layers_html(report, top)}</body></html>"
+    )
     if path is not None:
         try:
             Path(path).write_text(page, encoding="utf-8")

@@ -17,12 +17,26 @@ def _findings(report: Any) -> list[str]:
     if not findings:
         return ["No findings: nothing in this design wastes the chip that the rules can see."]
     step_s = report.totals.roofline_time_s
-    lines = ["| severity | rule | module | est. saving / step | fix | what and why |",
-             "| --- | --- | --- | ---: | --- | --- |"]
+    lines = [
+        "| severity | rule | module | est. saving / step | fix | what and why |",
+        "| --- | --- | --- | ---: | --- | --- |",
+    ]
     for f in findings:
-        lines.append("| " + " | ".join(_cell(x) for x in (
-            f.severity.label, f.rule, f"`{module_text(f)}`", saving_text(f, step_s),
-            f.fix or "-", f.message)) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(x)
+                for x in (
+                    f.severity.label,
+                    f.rule,
+                    f"`{module_text(f)}`",
+                    saving_text(f, step_s),
+                    f.fix or "-",
+                    f.message,
+                )
+            )
+            + " |"
+        )
     fixes = sorted({f.fix for f in findings if f.fix})
     if fixes:
         lines += ["", "Fixes (the transforms arrive with `gpushape optimize` in a later release):"]
@@ -32,26 +46,52 @@ def _findings(report: Any) -> list[str]:
 
 def _layers(report: Any, top: int) -> list[str]:
     total_s = report.totals.roofline_time_s or 1.0
-    lines = ["| module | op | phase | GFLOP | MB | FLOP/B | bound | predicted ms | share |",
-             "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
+    lines = [
+        "| module | op | phase | GFLOP | MB | FLOP/B | bound | predicted ms | share |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
     for layer in report.layers[:top]:
         op = layer.op.split(".")[1] if layer.op.count(".") >= 2 else layer.op
-        lines.append("| " + " | ".join(_cell(x) for x in (
-            f"`{layer.module or '(root)'}`", op, layer.phase, f"{layer.flops / 1e9:,.3f}",
-            f"{layer.min_bytes / 1e6:,.1f}", f"{layer.intensity:,.1f}", layer.bound,
-            f"{layer.roofline_time_s * 1e3:,.3f}",
-            f"{layer.roofline_time_s / total_s:.1%}")) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(x)
+                for x in (
+                    f"`{layer.module or '(root)'}`",
+                    op,
+                    layer.phase,
+                    f"{layer.flops / 1e9:,.3f}",
+                    f"{layer.min_bytes / 1e6:,.1f}",
+                    f"{layer.intensity:,.1f}",
+                    layer.bound,
+                    f"{layer.roofline_time_s * 1e3:,.3f}",
+                    f"{layer.roofline_time_s / total_s:.1%}",
+                )
+            )
+            + " |"
+        )
     return lines
 
 
 def to_markdown(report: Any, *, top: int = 20) -> str:
     t = report.totals
-    lines = [f"# gpushape audit: {report.model}", "", headline(report), "",
-             f"- FLOPs: {t.flops / 1e9:,.2f} G (a multiply-add counts 2); minimum bytes: "
-             f"{t.min_bytes / 1e9:,.3f} GB; ops: {t.ops}",
-             f"- predicted step: {t.roofline_time_s * 1e3:,.3f} ms "
-             f"(GPU {t.kernel_time_s * 1e3:,.3f} ms + launches {t.launch_s * 1e3:,.3f} ms)",
-             "", "## Findings", "", *_findings(report), "",
-             f"## Top {min(top, len(report.layers))} layers by predicted time", "",
-             *_layers(report, top), ""]
+    lines = [
+        f"# gpushape audit: {report.model}",
+        "",
+        headline(report),
+        "",
+        f"- FLOPs: {t.flops / 1e9:,.2f} G (a multiply-add counts 2); minimum bytes: "
+        f"{t.min_bytes / 1e9:,.3f} GB; ops: {t.ops}",
+        f"- predicted step: {t.roofline_time_s * 1e3:,.3f} ms "
+        f"(GPU {t.kernel_time_s * 1e3:,.3f} ms + launches {t.launch_s * 1e3:,.3f} ms)",
+        "",
+        "## Findings",
+        "",
+        *_findings(report),
+        "",
+        f"## Top {min(top, len(report.layers))} layers by predicted time",
+        "",
+        *_layers(report, top),
+        "",
+    ]
     return "\n".join(lines)

@@ -16,8 +16,12 @@ from rich.table import Table
 from ..finding import Finding, Severity
 from ..fixes import describe
 
-SEVERITY_STYLE = {Severity.HIGH: "bold red", Severity.MEDIUM: "yellow", Severity.LOW: "cyan",
-                  Severity.INFO: "dim"}
+SEVERITY_STYLE = {
+    Severity.HIGH: "bold red",
+    Severity.MEDIUM: "yellow",
+    Severity.LOW: "cyan",
+    Severity.INFO: "dim",
+}
 
 
 def saving_text(f: Finding, step_s: float) -> str:
@@ -34,17 +38,25 @@ def module_text(f: Finding) -> str:
 
 def headline(report: Any) -> str:
     step = "training step" if report.train else "forward"
-    numbers = (f"calibrated by measurement: {report.calibration}" if report.calibration
-               else "datasheet numbers")
-    return (f"{report.model} on {report.gpu_full_name} ({report.gpu}), {report.dtype}, {step}: "
-            f"{report.totals.roofline_time_s * 1e3:,.3f} ms predicted; {numbers}")
+    numbers = (
+        f"calibrated by measurement: {report.calibration}"
+        if report.calibration
+        else "datasheet numbers"
+    )
+    return (
+        f"{report.model} on {report.gpu_full_name} ({report.gpu}), {report.dtype}, {step}: "
+        f"{report.totals.roofline_time_s * 1e3:,.3f} ms predicted; {numbers}"
+    )
 
 
-def render_findings(findings: Sequence[Finding], step_s: float, console: Console,
-                    title: str) -> None:
+def render_findings(
+    findings: Sequence[Finding], step_s: float, console: Console, title: str
+) -> None:
     if not findings:
-        console.print(f"{title}\nno findings: nothing in this design wastes the chip that the "
-                      f"rules can see", highlight=False)
+        console.print(
+            f"{title}\nno findings: nothing in this design wastes the chip that the rules can see",
+            highlight=False,
+        )
         return
     table = Table(title=title, title_justify="left", show_lines=True)
     table.add_column("severity", no_wrap=True)
@@ -53,15 +65,20 @@ def render_findings(findings: Sequence[Finding], step_s: float, console: Console
     for f in findings:
         style = SEVERITY_STYLE[f.severity]
         fix = f" [dim]fix:[/] {f.fix}" if f.fix else ""
-        table.add_row(f"[{style}]{f.severity.label}[/]", saving_text(f, step_s),
-                      f"[bold]{f.rule}[/] [magenta]{escape(module_text(f))}[/]{fix}\n"
-                      f"{escape(f.message)}")
+        table.add_row(
+            f"[{style}]{f.severity.label}[/]",
+            saving_text(f, step_s),
+            f"[bold]{f.rule}[/] [magenta]{escape(module_text(f))}[/]{fix}\n{escape(f.message)}",
+        )
     console.print(table)
     fixes = sorted({f.fix for f in findings if f.fix})
     if fixes:
-        console.print("fixes (transforms arrive with `gpushape optimize` in a later release): "
-                      + "; ".join(f"{fix}: {describe(fix)}" for fix in fixes),
-                      highlight=False, style="dim")
+        console.print(
+            "fixes (transforms arrive with `gpushape optimize` in a later release): "
+            + "; ".join(f"{fix}: {describe(fix)}" for fix in fixes),
+            highlight=False,
+            style="dim",
+        )
 
 
 def ordered(findings: Sequence[Finding]) -> list[Finding]:

@@ -44,11 +44,17 @@ def module_rows(layers: Iterable[Layer]) -> list[ModuleRow]:
     for module, members in by_module.items():
         members = sorted(members, key=lambda m: m.roofline_time_s, reverse=True)
         names = tuple(dict.fromkeys(_short(m.op) for m in members))
-        rows.append(ModuleRow(
-            module=module, module_type=members[0].module_type, ops=names,
-            flops=sum(m.flops for m in members), min_bytes=sum(m.min_bytes for m in members),
-            roofline_time_s=sum(m.roofline_time_s for m in members),
-            compute_bound_s=sum(m.compute_bound_s for m in members)))
+        rows.append(
+            ModuleRow(
+                module=module,
+                module_type=members[0].module_type,
+                ops=names,
+                flops=sum(m.flops for m in members),
+                min_bytes=sum(m.min_bytes for m in members),
+                roofline_time_s=sum(m.roofline_time_s for m in members),
+                compute_bound_s=sum(m.compute_bound_s for m in members),
+            )
+        )
     return sorted(rows, key=lambda r: r.roofline_time_s, reverse=True)
 
 
@@ -60,8 +66,13 @@ def _ops_text(ops: tuple[str, ...], limit: int = 2) -> str:
 def _cells(flops: int, nbytes: int, time_s: float, total_s: float) -> list[str]:
     intensity = flops / nbytes if nbytes else 0.0
     share = time_s / total_s if total_s else 0.0
-    return [f"{flops / 1e9:,.3f}", f"{nbytes / 1e6:,.1f}", f"{intensity:,.1f}",
-            f"{time_s * 1e3:,.3f}", f"{share:.1%}"]
+    return [
+        f"{flops / 1e9:,.3f}",
+        f"{nbytes / 1e6:,.1f}",
+        f"{intensity:,.1f}",
+        f"{time_s * 1e3:,.3f}",
+        f"{share:.1%}",
+    ]
 
 
 def _console() -> Console:
@@ -73,8 +84,10 @@ def _console() -> Console:
 def render_table(report: Report, console: Any = None, *, top: int = 15) -> None:
     console = console or _console()
     step = "training step (forward + backward)" if report.train else "forward"
-    table = Table(title=f"{report.model}: {step} on {report.gpu_full_name} ({report.gpu}), "
-                        f"{report.dtype}; top {top} modules by predicted time")
+    table = Table(
+        title=f"{report.model}: {step} on {report.gpu_full_name} ({report.gpu}), "
+        f"{report.dtype}; top {top} modules by predicted time"
+    )
     table.add_column("module", overflow="fold")
     table.add_column("op(s)", overflow="fold")
     for name in ("GFLOP", "MB", "FLOP/B"):
@@ -86,19 +99,30 @@ def render_table(report: Report, console: Any = None, *, top: int = 15) -> None:
     total_s = report.totals.roofline_time_s
     for row in rows[:top]:
         name = row.module or f"(root {row.module_type})"
-        flops, nbytes, inten, ms, share = _cells(row.flops, row.min_bytes, row.roofline_time_s,
-                                                 total_s)
+        flops, nbytes, inten, ms, share = _cells(
+            row.flops, row.min_bytes, row.roofline_time_s, total_s
+        )
         table.add_row(name, _ops_text(row.ops), flops, nbytes, inten, row.bound, ms, share)
     rest = rows[top:]
     if rest:
-        cells = _cells(sum(r.flops for r in rest), sum(r.min_bytes for r in rest),
-                       sum(r.roofline_time_s for r in rest), total_s)
+        cells = _cells(
+            sum(r.flops for r in rest),
+            sum(r.min_bytes for r in rest),
+            sum(r.roofline_time_s for r in rest),
+            total_s,
+        )
         table.add_row(f"... {len(rest)} more modules", "", *cells[:3], "", *cells[3:])
     t = report.totals
     table.add_section()
-    table.add_row("total", f"{t.ops} ops",
-                  *_cells(t.flops, t.min_bytes, t.roofline_time_s, total_s)[:3], "",
-                  f"{t.roofline_time_s * 1e3:,.3f}", "100.0%", style="bold")
+    table.add_row(
+        "total",
+        f"{t.ops} ops",
+        *_cells(t.flops, t.min_bytes, t.roofline_time_s, total_s)[:3],
+        "",
+        f"{t.roofline_time_s * 1e3:,.3f}",
+        "100.0%",
+        style="bold",
+    )
     console.print(table)
     console.print(
         f"FLOPs count a multiply-add as 2 (FLOPs = 2 x MACs): {t.gemm_flops / 2e9:,.3f} GMACs "
@@ -108,4 +132,5 @@ def render_table(report: Report, console: Any = None, *, top: int = 15) -> None:
         f"overhead x kernels: {t.kernel_time_s * 1e3:,.3f} ms on "
         f"the GPU + {t.launch_s * 1e3:,.3f} ms launching {t.kernels} kernels (eager, not "
         f"overlapped).",
-        highlight=False)
+        highlight=False,
+    )

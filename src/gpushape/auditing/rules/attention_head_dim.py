@@ -27,16 +27,22 @@ RULE = "attention-head-dim"
 
 
 def _shape(call: AttentionCall) -> AttentionShape:
-    return AttentionShape(bh=math.prod(call.query[:-2]), tq=call.query[-2], tk=call.key[-2],
-                          d=call.query[-1], dv=call.value[-1], dtype=call.dtype,
-                          has_mask=call.has_mask, dropout=call.dropout_p > 0)
+    return AttentionShape(
+        bh=math.prod(call.query[:-2]),
+        tq=call.query[-2],
+        tk=call.key[-2],
+        d=call.query[-1],
+        dv=call.value[-1],
+        dtype=call.dtype,
+        has_mask=call.has_mask,
+        dropout=call.dropout_p > 0,
+    )
 
 
 def _padded(shape: AttentionShape) -> tuple[AttentionShape, str] | None:
     """The head size padded to 16 bytes, and the fused kernel it reaches (None: none)."""
     align = 8 if shape.dtype in ("float16", "bfloat16") else 4
-    padded = dataclasses.replace(shape, d=round_up(shape.d, align),
-                                 dv=round_up(shape.dv, align))
+    padded = dataclasses.replace(shape, d=round_up(shape.d, align), dv=round_up(shape.dv, align))
     backend = fused_backend(padded)
     return (padded, backend) if backend else None
 
@@ -59,12 +65,28 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     call, shape, (padded, backend), _, _ = sites[0]
     math_s = sum(s[3] for s in sites)
     fused_s = sum(s[4] for s in sites)
-    evidence = {"head_dim": shape.d, "value_head_dim": shape.dv, "padded_to": padded.d,
-                "dtype": shape.dtype, "mask": shape.has_mask, "query_shape": list(call.query),
-                "fused_kernel_when_padded": backend, "calls": len(sites),
-                "time_math_path_s": math_s, "time_fused_padded_s": fused_s}
-    message = (f"head size {shape.d} ({shape.dtype}{', with a mask' if shape.has_mask else ''}) "
-               f"sends scaled_dot_product_attention down the math path at {len(sites)} call(s); "
-               f"padded to {padded.d} it runs the {backend} kernel")
-    yield ctx.finding(RULE, module_pattern(s[0].module for s in sites), message, evidence,
-                      saving_s=max(math_s - fused_s, 0.0), fix="pad-head-dim")
+    evidence = {
+        "head_dim": shape.d,
+        "value_head_dim": shape.dv,
+        "padded_to": padded.d,
+        "dtype": shape.dtype,
+        "mask": shape.has_mask,
+        "query_shape": list(call.query),
+        "fused_kernel_when_padded": backend,
+        "calls": len(sites),
+        "time_math_path_s": math_s,
+        "time_fused_padded_s": fused_s,
+    }
+    message = (
+        f"head size {shape.d} ({shape.dtype}{', with a mask' if shape.has_mask else ''}) "
+        f"sends scaled_dot_product_attention down the math path at {len(sites)} call(s); "
+        f"padded to {padded.d} it runs the {backend} kernel"
+    )
+    yield ctx.finding(
+        RULE,
+        module_pattern(s[0].module for s in sites),
+        message,
+        evidence,
+        saving_s=max(math_s - fused_s, 0.0),
+        fix="pad-head-dim",
+    )

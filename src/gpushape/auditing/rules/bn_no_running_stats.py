@@ -25,8 +25,11 @@ RULE = "bn-no-running-stats"
 def _no_stats_modules(ctx: AuditContext) -> list[str]:
     if ctx.model is None:
         return []
-    return [name for name, m in ctx.model.named_modules()
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats]
+    return [
+        name
+        for name, m in ctx.model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats
+    ]
 
 
 @register_rule(RULE, title="BatchNorm without running statistics")
@@ -39,13 +42,26 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         return
     saving_s = ctx.time_s(ops)
     names = sorted(modules)
-    evidence = {"batch_norms": len(names), "track_running_stats": False,
-                "forward_bn_time_s": saving_s, "basis": "inference forward",
-                "modules": first_modules(names),
-                "input_shape": list(ops[0].inputs[0].shape)}
-    message = (f"{len(names)} BatchNorm layer(s) keep no running statistics: at inference they "
-               f"normalize per batch and cannot be folded into the convolution before them; "
-               f"set track_running_stats=True (and retrain) if per-batch statistics are not "
-               f"what the model needs")
-    yield ctx.finding(RULE, module_pattern(names), message, evidence, saving_s=saving_s,
-                      fix=None, basis_s=ctx.forward_time_s)
+    evidence = {
+        "batch_norms": len(names),
+        "track_running_stats": False,
+        "forward_bn_time_s": saving_s,
+        "basis": "inference forward",
+        "modules": first_modules(names),
+        "input_shape": list(ops[0].inputs[0].shape),
+    }
+    message = (
+        f"{len(names)} BatchNorm layer(s) keep no running statistics: at inference they "
+        f"normalize per batch and cannot be folded into the convolution before them; "
+        f"set track_running_stats=True (and retrain) if per-batch statistics are not "
+        f"what the model needs"
+    )
+    yield ctx.finding(
+        RULE,
+        module_pattern(names),
+        message,
+        evidence,
+        saving_s=saving_s,
+        fix=None,
+        basis_s=ctx.forward_time_s,
+    )

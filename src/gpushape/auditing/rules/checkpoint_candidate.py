@@ -34,8 +34,11 @@ def repeated_blocks(model: nn.Module) -> dict[str, list[str]]:
             continue
         children = list(module.named_children())
         types = {type(c) for _, c in children}
-        if len(children) >= 2 and len(types) == 1 and not isinstance(children[0][1], (
-                nn.Linear, nn.ReLU, nn.GELU, nn.Dropout)):
+        if (
+            len(children) >= 2
+            and len(types) == 1
+            and not isinstance(children[0][1], (nn.Linear, nn.ReLU, nn.GELU, nn.Dropout))
+        ):
             out[path] = [f"{path}.{name}" if path else name for name, _ in children]
     return out
 
@@ -74,19 +77,35 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         if freed <= 0:
             continue
         share = freed / memory.activation_bytes
-        recompute_s = sum(ctx.cost.by_module(inclusive=True)[b].forward.roofline_time_s
-                          for b in blocks if b in ctx.cost.modules)
+        recompute_s = sum(
+            ctx.cost.by_module(inclusive=True)[b].forward.roofline_time_s
+            for b in blocks
+            if b in ctx.cost.modules
+        )
         cheap_bytes, cheap_s = _cheap_bytes(ctx, blocks)
-        evidence = {"blocks": len(blocks), "activation_bytes": memory.activation_bytes,
-                    "freed_bytes": freed, "training_memory_bytes": memory.total_bytes,
-                    "gpu_memory_bytes": ctx.gpu.memory_bytes,
-                    "optimizer_state_bytes": memory.optimizer_state_bytes,
-                    "recompute_time_s": recompute_s, "memory_bound_bytes": cheap_bytes,
-                    "memory_bound_recompute_s": cheap_s}
-        message = (f"training needs ~{memory.total_bytes / 1e9:,.1f} GB of "
-                   f"{ctx.gpu.memory_bytes / 1e9:,.0f} GB; checkpointing the {len(blocks)} "
-                   f"blocks frees ~{freed / 1e9:,.1f} GB of activations for "
-                   f"{recompute_s * 1e3:,.2f} ms more a step ({cheap_bytes / 1e9:,.1f} GB of "
-                   f"it from memory-bound ops that recompute in {cheap_s * 1e3:,.2f} ms)")
-        yield ctx.memory_finding(RULE, f"{container}.*" if container else "*", message,
-                                 evidence, share=share, fix="activation-checkpoint")
+        evidence = {
+            "blocks": len(blocks),
+            "activation_bytes": memory.activation_bytes,
+            "freed_bytes": freed,
+            "training_memory_bytes": memory.total_bytes,
+            "gpu_memory_bytes": ctx.gpu.memory_bytes,
+            "optimizer_state_bytes": memory.optimizer_state_bytes,
+            "recompute_time_s": recompute_s,
+            "memory_bound_bytes": cheap_bytes,
+            "memory_bound_recompute_s": cheap_s,
+        }
+        message = (
+            f"training needs ~{memory.total_bytes / 1e9:,.1f} GB of "
+            f"{ctx.gpu.memory_bytes / 1e9:,.0f} GB; checkpointing the {len(blocks)} "
+            f"blocks frees ~{freed / 1e9:,.1f} GB of activations for "
+            f"{recompute_s * 1e3:,.2f} ms more a step ({cheap_bytes / 1e9:,.1f} GB of "
+            f"it from memory-bound ops that recompute in {cheap_s * 1e3:,.2f} ms)"
+        )
+        yield ctx.memory_finding(
+            RULE,
+            f"{container}.*" if container else "*",
+            message,
+            evidence,
+            share=share,
+            fix="activation-checkpoint",
+        )

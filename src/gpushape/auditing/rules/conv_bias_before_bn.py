@@ -33,17 +33,35 @@ def _feeds_batch_norm(ops: list[OpRecord], pos: int) -> bool:
 @register_rule(RULE, title="convolution bias cancelled by the BatchNorm after it")
 def check(ctx: AuditContext) -> Iterable[Finding]:
     ops = ctx.trace.ops
-    sites = [r for pos, r in enumerate(ops) if r.phase == "forward" and r.name in CONV_OPS
-             and r.has_input("bias") and _feeds_batch_norm(ops, pos)]
+    sites = [
+        r
+        for pos, r in enumerate(ops)
+        if r.phase == "forward"
+        and r.name in CONV_OPS
+        and r.has_input("bias")
+        and _feeds_batch_norm(ops, pos)
+    ]
     if not sites:
         return
     passes = 3 if ctx.train else 2
     nbytes = passes * sum(r.outputs[0].nbytes for r in sites)
     params = sum(r.input("bias").numel for r in sites)
-    evidence = {"convolutions": len(sites), "bias_parameters": params, "bytes_saved": nbytes,
-                "modules": first_modules(r.module for r in sites)}
-    message = (f"{len(sites)} convolution(s) carry a bias that the following BatchNorm cancels "
-               f"({params:,} wasted parameters, {nbytes / 1e6:,.1f} MB of traffic a step): "
-               f"use bias=False")
-    yield ctx.finding(RULE, module_pattern(r.module for r in sites), message, evidence,
-                      saving_s=ctx.bytes_time_s(nbytes), fix="fold-conv-bias")
+    evidence = {
+        "convolutions": len(sites),
+        "bias_parameters": params,
+        "bytes_saved": nbytes,
+        "modules": first_modules(r.module for r in sites),
+    }
+    message = (
+        f"{len(sites)} convolution(s) carry a bias that the following BatchNorm cancels "
+        f"({params:,} wasted parameters, {nbytes / 1e6:,.1f} MB of traffic a step): "
+        f"use bias=False"
+    )
+    yield ctx.finding(
+        RULE,
+        module_pattern(r.module for r in sites),
+        message,
+        evidence,
+        saving_s=ctx.bytes_time_s(nbytes),
+        fix="fold-conv-bias",
+    )

@@ -25,16 +25,31 @@ def problems(loader) -> list[tuple[Severity, str, str]]:
     workers = int(getattr(loader, "num_workers", 0) or 0)
     out = []
     if workers == 0:
-        out.append((Severity.MEDIUM, "num_workers=0",
-                    "loads and collates batches on the training thread, in series with the "
-                    "GPU: give it worker processes (num_workers > 0)"))
+        out.append(
+            (
+                Severity.MEDIUM,
+                "num_workers=0",
+                "loads and collates batches on the training thread, in series with the "
+                "GPU: give it worker processes (num_workers > 0)",
+            )
+        )
     if not getattr(loader, "pin_memory", False):
-        out.append((Severity.LOW, "pin_memory=False",
-                    "copies batches from pageable memory, which cannot overlap compute: set "
-                    "pin_memory=True and copy with non_blocking=True"))
+        out.append(
+            (
+                Severity.LOW,
+                "pin_memory=False",
+                "copies batches from pageable memory, which cannot overlap compute: set "
+                "pin_memory=True and copy with non_blocking=True",
+            )
+        )
     if workers > 0 and not getattr(loader, "persistent_workers", False):
-        out.append((Severity.LOW, "persistent_workers=False",
-                    "re-spawns its workers every epoch: set persistent_workers=True"))
+        out.append(
+            (
+                Severity.LOW,
+                "persistent_workers=False",
+                "re-spawns its workers every epoch: set persistent_workers=True",
+            )
+        )
     return out
 
 
@@ -43,12 +58,24 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     if ctx.dataloader is None:
         return
     loader = ctx.dataloader
-    settings = {"num_workers": int(getattr(loader, "num_workers", 0) or 0),
-                "pin_memory": bool(getattr(loader, "pin_memory", False)),
-                "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
-                "batch_size": getattr(loader, "batch_size", None)}
+    settings = {
+        "num_workers": int(getattr(loader, "num_workers", 0) or 0),
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "batch_size": getattr(loader, "batch_size", None),
+    }
     for severity, setting, text in problems(loader):
-        evidence = {**settings, "setting": setting,
-                    "severity_rule": "no time estimate: num_workers=0 medium, others low"}
-        yield ctx.finding(RULE, "", f"the DataLoader {text}", evidence, saving_s=None,
-                          fix="dataloader-workers", severity=severity)
+        evidence = {
+            **settings,
+            "setting": setting,
+            "severity_rule": "no time estimate: num_workers=0 medium, others low",
+        }
+        yield ctx.finding(
+            RULE,
+            "",
+            f"the DataLoader {text}",
+            evidence,
+            saving_s=None,
+            fix="dataloader-workers",
+            severity=severity,
+        )

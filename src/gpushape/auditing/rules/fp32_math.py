@@ -35,9 +35,13 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     fast = _fast_math(ctx)
     if fast is None:
         return
-    sites = [r for r in ctx.forward_compute()
-             if ctx.op_cost(r).gemms and ctx.op_cost(r).math == "fp32"
-             and not ctx.op_cost(r).tensor_cores]
+    sites = [
+        r
+        for r in ctx.forward_compute()
+        if ctx.op_cost(r).gemms
+        and ctx.op_cost(r).math == "fp32"
+        and not ctx.op_cost(r).tensor_cores
+    ]
     if not sites:
         return
     recs = [rec for r in sites for rec in ctx.with_backward(r)]
@@ -45,13 +49,26 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     fast_s = ctx.price(recs, fast)
     tf32_s = ctx.price(recs, "tf32") if ctx.gpu.has_tensor_cores("tf32") else None
     saving_s = max(as_is_s - fast_s, 0.0)
-    evidence = {"ops": len(sites), "dtype": "fp32", "flags": ctx.flags.to_dict(),
-                "time_as_is_s": as_is_s, f"time_{fast}_s": fast_s,
-                "modules": first_modules(r.module for r in sites),
-                "op_kinds": sorted({r.name for r in sites})}
+    evidence = {
+        "ops": len(sites),
+        "dtype": "fp32",
+        "flags": ctx.flags.to_dict(),
+        "time_as_is_s": as_is_s,
+        f"time_{fast}_s": fast_s,
+        "modules": first_modules(r.module for r in sites),
+        "op_kinds": sorted({r.name for r in sites}),
+    }
     if tf32_s is not None:
         evidence["time_tf32_s"] = tf32_s
-    message = (f"{len(sites)} matmuls/convolutions run fp32 on CUDA cores: autocast to {fast} "
-               f"(or allow TF32) puts them on tensor cores")
-    yield ctx.finding(RULE, module_pattern(r.module for r in sites), message, evidence,
-                      saving_s=saving_s, fix="autocast-bf16")
+    message = (
+        f"{len(sites)} matmuls/convolutions run fp32 on CUDA cores: autocast to {fast} "
+        f"(or allow TF32) puts them on tensor cores"
+    )
+    yield ctx.finding(
+        RULE,
+        module_pattern(r.module for r in sites),
+        message,
+        evidence,
+        saving_s=saving_s,
+        fix="autocast-bf16",
+    )

@@ -34,14 +34,21 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     saving_s = max(gpu_s, eager_s) - max(gpu_s, graph_s)
     if saving_s <= 0:
         return
-    short = sum(c.kernels for c in ops
-                if c.kernel_time_s / c.kernels < achievable.launch_overhead_s)
-    evidence = {"kernels": kernels, "kernels_shorter_than_launch": short,
-                "gpu_time_s": gpu_s, "eager_launch_time_s": eager_s,
-                "graph_launch_time_s": graph_s,
-                "launch_overhead_s": achievable.launch_overhead_s,
-                "graph_launch_overhead_s": achievable.graph_launch_overhead_s}
-    message = (f"{kernels} kernels take {eager_s * 1e3:,.2f} ms to launch eagerly against "
-               f"{gpu_s * 1e3:,.2f} ms of GPU work ({short} are shorter than their launch): "
-               f"the CPU sets the pace; a CUDA graph launches them in {graph_s * 1e3:,.2f} ms")
+    short = sum(
+        c.kernels for c in ops if c.kernel_time_s / c.kernels < achievable.launch_overhead_s
+    )
+    evidence = {
+        "kernels": kernels,
+        "kernels_shorter_than_launch": short,
+        "gpu_time_s": gpu_s,
+        "eager_launch_time_s": eager_s,
+        "graph_launch_time_s": graph_s,
+        "launch_overhead_s": achievable.launch_overhead_s,
+        "graph_launch_overhead_s": achievable.graph_launch_overhead_s,
+    }
+    message = (
+        f"{kernels} kernels take {eager_s * 1e3:,.2f} ms to launch eagerly against "
+        f"{gpu_s * 1e3:,.2f} ms of GPU work ({short} are shorter than their launch): "
+        f"the CPU sets the pace; a CUDA graph launches them in {graph_s * 1e3:,.2f} ms"
+    )
     yield ctx.finding(RULE, "", message, evidence, saving_s=saving_s, fix="cuda-graphs")

@@ -75,8 +75,7 @@ def _feeding_copies(ops: list[OpRecord], bmm: OpRecord) -> list[OpRecord]:
 def _per_query(rec: OpRecord, tq: int) -> bool:
     """Whether a mask op's smaller input (the mask) varies over the tq query positions."""
     scores = max(t.numel for t in rec.inputs)
-    return any(t.numel < scores and len(t.shape) >= 2 and t.shape[-2] == tq > 1
-               for t in rec.inputs)
+    return any(t.numel < scores and len(t.shape) >= 2 and t.shape[-2] == tq > 1 for t in rec.inputs)
 
 
 def find_sites(ops: list[OpRecord]) -> list[dict]:
@@ -90,10 +89,17 @@ def find_sites(ops: list[OpRecord]) -> list[dict]:
         (bmm1, pre), (bmm2, post) = before, after
         q, kt, v = bmm1.inputs[0].shape, bmm1.inputs[1].shape, bmm2.inputs[1].shape
         masks = [r for r in pre if r.name not in ("div", "mul")]
-        shape = AttentionShape(bh=q[0], tq=q[-2], tk=kt[-1], d=q[-1], dv=v[-1],
-                               dtype=bmm1.inputs[0].dtype, has_mask=bool(masks),
-                               dropout=any(r.name in DROPOUT_OPS for r in post),
-                               mask_per_query=any(_per_query(r, q[-2]) for r in masks))
+        shape = AttentionShape(
+            bh=q[0],
+            tq=q[-2],
+            tk=kt[-1],
+            d=q[-1],
+            dv=v[-1],
+            dtype=bmm1.inputs[0].dtype,
+            has_mask=bool(masks),
+            dropout=any(r.name in DROPOUT_OPS for r in post),
+            mask_per_query=any(_per_query(r, q[-2]) for r in masks),
+        )
         recs = [*_feeding_copies(ops, bmm1), bmm1, *pre, rec, *post, bmm2]
         sites.append({"module": bmm1.module, "shape": shape, "ops": recs})
     return sites
@@ -102,8 +108,14 @@ def find_sites(ops: list[OpRecord]) -> list[dict]:
 def _could_be_causal(s: AttentionShape) -> bool:
     """A (T, T) mask over a square score matrix in half precision: if it is the causal one,
     flash runs it with is_causal=True (the trace sees a mask's shape, not its values)."""
-    return (s.has_mask and s.mask_per_query and s.tq == s.tk and s.dtype in HALF
-            and s.d == s.dv and s.d <= FLASH_MAX_HEAD_DIM)
+    return (
+        s.has_mask
+        and s.mask_per_query
+        and s.tq == s.tk
+        and s.dtype in HALF
+        and s.d == s.dv
+        and s.d <= FLASH_MAX_HEAD_DIM
+    )
 
 
 @register_rule(RULE, title="softmax(QK^T)V written by hand instead of SDPA")
@@ -124,23 +136,46 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     s = sites[0]["shape"]
     backend = fused_backend(s)
     saving_s = max(manual_s - fused_s, 0.0)
-    evidence = {"sites": len(sites), "batch_x_heads": s.bh, "q_len": s.tq, "kv_len": s.tk,
-                "head_dim": s.d, "dtype": s.dtype, "mask": s.has_mask, "dropout": s.dropout,
-                "score_matrix_bytes": s.score_bytes(), "fused_kernel": backend,
-                "time_manual_s": manual_s, "time_fused_s": fused_s}
-    message = (f"attention written out by hand at {len(sites)} site(s): the "
-               f"{s.tq}x{s.tk} score matrix goes through memory ({s.score_bytes() / 1e6:,.1f} MB "
-               f"per site); F.scaled_dot_product_attention runs it as one "
-               f"{backend or 'fused'} kernel")
+    evidence = {
+        "sites": len(sites),
+        "batch_x_heads": s.bh,
+        "q_len": s.tq,
+        "kv_len": s.tk,
+        "head_dim": s.d,
+        "dtype": s.dtype,
+        "mask": s.has_mask,
+        "dropout": s.dropout,
+        "score_matrix_bytes": s.score_bytes(),
+        "fused_kernel": backend,
+        "time_manual_s": manual_s,
+        "time_fused_s": fused_s,
+    }
+    message = (
+        f"attention written out by hand at {len(sites)} site(s): the "
+        f"{s.tq}x{s.tk} score matrix goes through memory ({s.score_bytes() / 1e6:,.1f} MB "
+        f"per site); F.scaled_dot_product_attention runs it as one "
+        f"{backend or 'fused'} kernel"
+    )
     if backend and saving_s <= 0:
-        message += (f", which on {ctx.gpu.name} is no faster for these shapes"
-                    f"{' with a mask and dropout' if s.has_mask and s.dropout else ''}: "
-                    "the gain is the score matrix not kept for the backward")
+        message += (
+            f", which on {ctx.gpu.name} is no faster for these shapes"
+            f"{' with a mask and dropout' if s.has_mask and s.dropout else ''}: "
+            "the gain is the score matrix not kept for the backward"
+        )
     if causal_s:
         evidence["time_fused_if_causal_s"] = causal_s
         if manual_s > causal_s:
-            message += (f" (if the mask is causal, is_causal=True without it lets flash skip "
-                        f"the masked half: {(manual_s - causal_s) * 1e3:,.2f} ms saved instead)")
+            message += (
+                f" (if the mask is causal, is_causal=True without it lets flash skip "
+                f"the masked half: {(manual_s - causal_s) * 1e3:,.2f} ms saved instead)"
+            )
     severity = None if backend else Severity.INFO
-    yield ctx.finding(RULE, module_pattern(x["module"] for x in sites), message, evidence,
-                      saving_s=saving_s, fix="sdpa", severity=severity)
+    yield ctx.finding(
+        RULE,
+        module_pattern(x["module"] for x in sites),
+        message,
+        evidence,
+        saving_s=saving_s,
+        fix="sdpa",
+        severity=severity,
+    )

@@ -51,9 +51,14 @@ def layout_bound(ctx: AuditContext) -> tuple[float, int]:
 
 @register_rule(RULE, title="convolutions in NCHW where channels_last takes the fast path")
 def check(ctx: AuditContext) -> Iterable[Finding]:
-    convs = [r for r in ctx.forward_compute() if r.name in CONV_OPS
-             and len(r.inputs[0].shape) == 4 and ctx.op_cost(r).tensor_cores
-             and not runs_nhwc(r)]
+    convs = [
+        r
+        for r in ctx.forward_compute()
+        if r.name in CONV_OPS
+        and len(r.inputs[0].shape) == 4
+        and ctx.op_cost(r).tensor_cores
+        and not runs_nhwc(r)
+    ]
     if not convs:
         return
     ops = [o for r in convs for o in ctx.with_backward(r)]
@@ -63,17 +68,34 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     others_s, others = layout_bound(ctx)
     saving_s = conversions_s + others_s
     conv_s = sum(ctx.time_s(ctx.with_backward(r)) for r in convs)
-    evidence = {"convolutions": len(convs), "layout": "NCHW (contiguous)",
-                "conversion_bytes": nbytes, "conv_time_s": conv_s,
-                "bandwidth_bytes_per_s": ctx.bandwidth_bytes_per_s(),
-                "conversion_efficiency": efficiency, "conversions_s": conversions_s,
-                "nchw_norm_pool_ops": others, "nchw_norm_pool_s": others_s,
-                "modules": first_modules(r.module for r in convs),
-                "first_input_shape": list(convs[0].inputs[0].shape)}
-    also = (f", and {others} BatchNorm/pooling ops run NCHW kernels that are slower on this "
-            f"chip" if others_s > 0 else "")
-    message = (f"{len(convs)} tensor-core convolutions run NCHW: cuDNN converts each input "
-               f"and output to NHWC and back ({nbytes / 1e9:,.2f} GB a step){also}; convert "
-               f"the model and its inputs to channels_last")
-    yield ctx.finding(RULE, module_pattern(r.module for r in convs), message, evidence,
-                      saving_s=saving_s, fix="channels-last")
+    evidence = {
+        "convolutions": len(convs),
+        "layout": "NCHW (contiguous)",
+        "conversion_bytes": nbytes,
+        "conv_time_s": conv_s,
+        "bandwidth_bytes_per_s": ctx.bandwidth_bytes_per_s(),
+        "conversion_efficiency": efficiency,
+        "conversions_s": conversions_s,
+        "nchw_norm_pool_ops": others,
+        "nchw_norm_pool_s": others_s,
+        "modules": first_modules(r.module for r in convs),
+        "first_input_shape": list(convs[0].inputs[0].shape),
+    }
+    also = (
+        f", and {others} BatchNorm/pooling ops run NCHW kernels that are slower on this chip"
+        if others_s > 0
+        else ""
+    )
+    message = (
+        f"{len(convs)} tensor-core convolutions run NCHW: cuDNN converts each input "
+        f"and output to NHWC and back ({nbytes / 1e9:,.2f} GB a step){also}; convert "
+        f"the model and its inputs to channels_last"
+    )
+    yield ctx.finding(
+        RULE,
+        module_pattern(r.module for r in convs),
+        message,
+        evidence,
+        saving_s=saving_s,
+        fix="channels-last",
+    )

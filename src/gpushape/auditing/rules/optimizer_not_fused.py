@@ -25,8 +25,9 @@ RULE = "optimizer-not-fused"
 
 
 def _step_s(ctx: AuditContext, step: StepCost) -> float:
-    return max(ctx.bytes_time_s(step.bytes_moved),
-               step.kernels * ctx.gpu.achievable.launch_overhead_s)
+    return max(
+        ctx.bytes_time_s(step.bytes_moved), step.kernels * ctx.gpu.achievable.launch_overhead_s
+    )
 
 
 def _better(optimizer: torch.optim.Optimizer, impl: str) -> str | None:
@@ -48,22 +49,36 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         return
     name = type(opt).__name__
     evidence = {"optimizer": name, "implementation": impl, "better": better}
-    message = (f"{name} steps with the {impl} implementation: construct it with "
-               f"{better}=True")
+    message = f"{name} steps with the {impl} implementation: construct it with {better}=True"
     try:
         now, fused = current_step(opt), fused_step(opt)
     except Exception as exc:  # an optimizer that needs real values: no estimate
         evidence["no_estimate"] = f"{type(exc).__name__}: {exc}"[:200]
         severity = Severity.MEDIUM if impl == "for-loop" else Severity.LOW
-        yield ctx.finding(RULE, "", message, evidence, saving_s=None, fix="fused-optimizer",
-                          severity=severity)
+        yield ctx.finding(
+            RULE, "", message, evidence, saving_s=None, fix="fused-optimizer", severity=severity
+        )
         return
     now_s, fused_s = _step_s(ctx, now), _step_s(ctx, fused)
-    evidence |= {"parameters": now.parameters, "kernels": now.kernels,
-                 "bytes_moved": now.bytes_moved, "fused_kernels": fused.kernels,
-                 "fused_bytes_moved": fused.bytes_moved, "time_step_s": now_s,
-                 "time_fused_step_s": fused_s}
-    message += (f" ({now.kernels} kernels and {now.bytes_moved / 1e6:,.1f} MB a step against "
-                f"{fused.kernels} and {fused.bytes_moved / 1e6:,.1f} MB fused)")
-    yield ctx.finding(RULE, "", message, evidence, saving_s=max(now_s - fused_s, 0.0),
-                      fix="fused-optimizer", basis_s=ctx.step_time_s + now_s)
+    evidence |= {
+        "parameters": now.parameters,
+        "kernels": now.kernels,
+        "bytes_moved": now.bytes_moved,
+        "fused_kernels": fused.kernels,
+        "fused_bytes_moved": fused.bytes_moved,
+        "time_step_s": now_s,
+        "time_fused_step_s": fused_s,
+    }
+    message += (
+        f" ({now.kernels} kernels and {now.bytes_moved / 1e6:,.1f} MB a step against "
+        f"{fused.kernels} and {fused.bytes_moved / 1e6:,.1f} MB fused)"
+    )
+    yield ctx.finding(
+        RULE,
+        "",
+        message,
+        evidence,
+        saving_s=max(now_s - fused_s, 0.0),
+        fix="fused-optimizer",
+        basis_s=ctx.step_time_s + now_s,
+    )

@@ -33,8 +33,7 @@ def _groups(ctx: AuditContext) -> list[list[ModuleCall]]:
         if call.module_type in LINEAR_TYPES and call.inputs:
             parent = call.module.rpartition(".")[0]
             groups.setdefault((parent, call.inputs[0]), []).append(call)
-    return [calls for calls in groups.values()
-            if len({c.module for c in calls}) >= 2]
+    return [calls for calls in groups.values() if len({c.module for c in calls}) >= 2]
 
 
 def _layer(ctx: AuditContext, path: str):
@@ -53,17 +52,25 @@ def _price(ctx: AuditContext, calls: list[ModuleCall]) -> dict | None:
     dtype = str(layers[0].weight.dtype).removeprefix("torch.")
     widths = [layer.out_features for layer in layers]
     bias = all(layer.bias is not None for layer in layers)
-    separate = [r for n in widths
-                for r in linear_records(m, k, n, dtype, bias=bias, train=ctx.train)]
+    separate = [
+        r for n in widths for r in linear_records(m, k, n, dtype, bias=bias, train=ctx.train)
+    ]
     if ctx.train:  # autograd sums the n input gradients: n - 1 additions of (M, K)
         x = tensor((m, k), dtype)
-        separate += [record("aten.add.Tensor", {"self": x, "other": x}, [x], phase="backward")
-                     for _ in widths[1:]]
+        separate += [
+            record("aten.add.Tensor", {"self": x, "other": x}, [x], phase="backward")
+            for _ in widths[1:]
+        ]
     fused = linear_records(m, k, sum(widths), dtype, bias=bias, train=ctx.train)
-    return {"separate_s": ctx.price(separate), "fused_s": ctx.price(fused), "tokens": m,
-            "in_features": k,
-            "out_features": widths, "dtype": dtype,
-            "projections": [c.module.rpartition(".")[2] for c in calls]}
+    return {
+        "separate_s": ctx.price(separate),
+        "fused_s": ctx.price(fused),
+        "tokens": m,
+        "in_features": k,
+        "out_features": widths,
+        "dtype": dtype,
+        "projections": [c.module.rpartition(".")[2] for c in calls],
+    }
 
 
 @register_rule(RULE, title="projections of the same input as separate GEMMs")
@@ -80,12 +87,26 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         separate_s = sum(p["separate_s"] for _, p in sites)
         fused_s = sum(p["fused_s"] for _, p in sites)
         first = sites[0][1]
-        evidence = {"projections": list(names), "in_features": k,
-                    "out_features": first["out_features"], "tokens": first["tokens"],
-                    "dtype": first["dtype"], "sites": len(sites),
-                    "time_separate_s": separate_s, "time_fused_s": fused_s}
-        message = (f"{', '.join(names)} are {len(names)} Linear layers reading the same input "
-                   f"({len(sites)} site(s)): one Linear of width {sum(first['out_features'])} "
-                   f"reads it once and launches one GEMM per pass")
-        yield ctx.finding(RULE, module_pattern(path for path, _ in sites), message, evidence,
-                          saving_s=max(separate_s - fused_s, 0.0), fix="fuse-qkv")
+        evidence = {
+            "projections": list(names),
+            "in_features": k,
+            "out_features": first["out_features"],
+            "tokens": first["tokens"],
+            "dtype": first["dtype"],
+            "sites": len(sites),
+            "time_separate_s": separate_s,
+            "time_fused_s": fused_s,
+        }
+        message = (
+            f"{', '.join(names)} are {len(names)} Linear layers reading the same input "
+            f"({len(sites)} site(s)): one Linear of width {sum(first['out_features'])} "
+            f"reads it once and launches one GEMM per pass"
+        )
+        yield ctx.finding(
+            RULE,
+            module_pattern(path for path, _ in sites),
+            message,
+            evidence,
+            saving_s=max(separate_s - fused_s, 0.0),
+            fix="fuse-qkv",
+        )

@@ -59,12 +59,23 @@ def _site(ctx: AuditContext, fwd: OpRecord, value: int, name: str) -> dict | Non
     as_is_s = ctx.time_s(recs)
     padded_s = ctx.price(pad_records(recs, value, padded))
     library_pads = is_conv(fwd) and value < align
-    return {"module": fwd.module, "op": fwd.op, "dim": name, "value": value, "padded": padded,
-            "align": align, "math": cost.math, "as_is_s": as_is_s, "padded_s": padded_s,
-            "saving_s": 0.0 if library_pads else as_is_s - padded_s,
-            "library_pads": library_pads, "bound": cost.bound,
-            "efficiency": round(cost.efficiency, 3), "ops": len(recs),
-            "shapes": [list(t.shape) for t in fwd.inputs[:2]]}
+    return {
+        "module": fwd.module,
+        "op": fwd.op,
+        "dim": name,
+        "value": value,
+        "padded": padded,
+        "align": align,
+        "math": cost.math,
+        "as_is_s": as_is_s,
+        "padded_s": padded_s,
+        "saving_s": 0.0 if library_pads else as_is_s - padded_s,
+        "library_pads": library_pads,
+        "bound": cost.bound,
+        "efficiency": round(cost.efficiency, 3),
+        "ops": len(recs),
+        "shapes": [list(t.shape) for t in fwd.inputs[:2]],
+    }
 
 
 def _merge(sites: list[dict]) -> dict[tuple[str, int], dict]:
@@ -81,19 +92,27 @@ def _merge(sites: list[dict]) -> dict[tuple[str, int], dict]:
 
 
 def _message(s: dict, saving_s: float, feature: bool) -> str:
-    what = (f"{s['dim']}={s['value']} misses the {s['align']}-element {s['math']} tensor-core "
-            f"granularity")
+    what = (
+        f"{s['dim']}={s['value']} misses the {s['align']}-element {s['math']} tensor-core "
+        f"granularity"
+    )
     if s["library_pads"]:
-        return (f"{what}, but {s['value']} channels are fewer than {s['align']}: the library "
-                f"pads them itself, so padding the model saves nothing (a {s['bound']}-bound "
-                f"conv at {s['efficiency']:.0%} of the GEMM rate)")
+        return (
+            f"{what}, but {s['value']} channels are fewer than {s['align']}: the library "
+            f"pads them itself, so padding the model saves nothing (a {s['bound']}-bound "
+            f"conv at {s['efficiency']:.0%} of the GEMM rate)"
+        )
     if saving_s <= 0:
-        return (f"{what}, but padding to {s['padded']} saves nothing here ({s['bound']}-bound: "
-                f"the extra work costs as much as the faster kernel gains)")
-    how = f"pad it to {s['padded']}" if feature else (
-        f"make the batch x sequence a multiple of {s['align']} (pad to {s['padded']})")
-    return (f"{what} ({s['bound']}-bound, {s['efficiency']:.0%} GEMM efficiency as is): "
-            f"{how}")
+        return (
+            f"{what}, but padding to {s['padded']} saves nothing here ({s['bound']}-bound: "
+            f"the extra work costs as much as the faster kernel gains)"
+        )
+    how = (
+        f"pad it to {s['padded']}"
+        if feature
+        else (f"make the batch x sequence a multiple of {s['align']} (pad to {s['padded']})")
+    )
+    return f"{what} ({s['bound']}-bound, {s['efficiency']:.0%} GEMM efficiency as is): {how}"
 
 
 @register_rule(RULE, title="a matmul/conv dimension misses the tensor-core granularity")
@@ -109,14 +128,29 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     for s in _merge(sites).values():
         saving_s = max(s["saving_s"], 0.0)
         feature = _is_feature(ctx, s["module"], s["value"])
-        evidence = {"dim": s["dim"], "value": s["value"], "padded_to": s["padded"],
-                    "alignment_elems": s["align"], "dtype": s["math"], "op": s["op"],
-                    "input_shapes": s["shapes"], "bound": s["bound"],
-                    "gemm_efficiency": s["efficiency"], "time_as_is_s": s["as_is_s"],
-                    "time_padded_s": s["padded_s"], "ops_priced": s["ops"]}
+        evidence = {
+            "dim": s["dim"],
+            "value": s["value"],
+            "padded_to": s["padded"],
+            "alignment_elems": s["align"],
+            "dtype": s["math"],
+            "op": s["op"],
+            "input_shapes": s["shapes"],
+            "bound": s["bound"],
+            "gemm_efficiency": s["efficiency"],
+            "time_as_is_s": s["as_is_s"],
+            "time_padded_s": s["padded_s"],
+            "ops_priced": s["ops"],
+        }
         if s["library_pads"]:
             evidence["library_pads_tiny_channels"] = True
         worth = saving_s > 0
-        yield ctx.finding(RULE, s["module"], _message(s, saving_s, feature), evidence,
-                          saving_s=saving_s, fix="pad-channels" if feature and worth else None,
-                          severity=None if worth else Severity.INFO)
+        yield ctx.finding(
+            RULE,
+            s["module"],
+            _message(s, saving_s, feature),
+            evidence,
+            saving_s=saving_s,
+            fix="pad-channels" if feature and worth else None,
+            severity=None if worth else Severity.INFO,
+        )

@@ -72,8 +72,10 @@ def find_chains(ops: list[OpRecord]) -> list[Chain]:
 
 def _fused_family(ctx: AuditContext, norm: OpRecord) -> str:
     """The measured family whose rate prices the fused kernel of this chain."""
-    if (norm.name in BATCH_NORM_OPS
-            and "fused_batch_norm_act" in ctx.gpu.achievable.memory_efficiency):
+    if (
+        norm.name in BATCH_NORM_OPS
+        and "fused_batch_norm_act" in ctx.gpu.achievable.memory_efficiency
+    ):
         return "fused_batch_norm_act"
     return "fused_norm_act"
 
@@ -86,16 +88,33 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     passes = 4 if ctx.train else 2  # write + read, and the same for the gradient in training
     for pattern, chains in by_pattern.items():
         nbytes = passes * sum(c.intermediate_bytes for c in chains)
-        evidence = {"pattern": pattern, "sites": len(chains),
-                    "intermediate_shape": list(chains[0].norm.outputs[0].shape),
-                    "dtype": chains[0].norm.outputs[0].dtype, "bytes_saved": nbytes,
-                    "modules": first_modules(c.norm.module for c in chains)}
-        message = (f"{pattern} runs as {1 + len(chains[0].ops)} kernels at {len(chains)} "
-                   f"site(s): fusing writes and re-reads {nbytes / 1e6:,.1f} MB less a step")
+        evidence = {
+            "pattern": pattern,
+            "sites": len(chains),
+            "intermediate_shape": list(chains[0].norm.outputs[0].shape),
+            "dtype": chains[0].norm.outputs[0].dtype,
+            "bytes_saved": nbytes,
+            "modules": first_modules(c.norm.module for c in chains),
+        }
+        message = (
+            f"{pattern} runs as {1 + len(chains[0].ops)} kernels at {len(chains)} "
+            f"site(s): fusing writes and re-reads {nbytes / 1e6:,.1f} MB less a step"
+        )
         if not ctx.train and chains[0].norm.name in BATCH_NORM_OPS:
-            message += (" (for inference, folding the BatchNorm into the convolution before it "
-                         "and the rest into its epilogue removes these passes altogether)")
-        saving = ctx.fusion_saving_s([r for c in chains for r in (c.norm, *c.ops)], nbytes,
-                                     _fused_family(ctx, chains[0].norm))
-        yield ctx.finding(RULE, module_pattern(c.norm.module for c in chains), message,
-                          evidence, saving_s=saving, fix="fuse-norm-act")
+            message += (
+                " (for inference, folding the BatchNorm into the convolution before it "
+                "and the rest into its epilogue removes these passes altogether)"
+            )
+        saving = ctx.fusion_saving_s(
+            [r for c in chains for r in (c.norm, *c.ops)],
+            nbytes,
+            _fused_family(ctx, chains[0].norm),
+        )
+        yield ctx.finding(
+            RULE,
+            module_pattern(c.norm.module for c in chains),
+            message,
+            evidence,
+            saving_s=saving,
+            fix="fuse-norm-act",
+        )

@@ -30,9 +30,12 @@ def find_sites(ops: list[OpRecord]) -> list[tuple[OpRecord, OpRecord]]:
         if rec.phase != "forward" or rec.name not in SOFTMAX_OPS or not rec.outputs:
             continue
         nxt = next(following(ops, pos, limit=1), None)
-        if nxt is not None and nxt.name in DROPOUT_OPS \
-                and nxt.inputs[0].shape == rec.outputs[0].shape \
-                and nxt.params.get("train", True) is not False:
+        if (
+            nxt is not None
+            and nxt.name in DROPOUT_OPS
+            and nxt.inputs[0].shape == rec.outputs[0].shape
+            and nxt.params.get("train", True) is not False
+        ):
             sites.append((rec, nxt))
     return sites
 
@@ -47,15 +50,28 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     passes = 2 if ctx.train else 1
     nbytes = passes * (2 * probs + mask)
     softmax, dropout = sites[0]
-    evidence = {"sites": len(sites), "shape": list(softmax.outputs[0].shape),
-                "dtype": softmax.outputs[0].dtype, "p": dropout.params.get("p"),
-                "bytes_saved": nbytes, "mask_bytes_held_for_backward": mask if ctx.train else 0,
-                "modules": first_modules(s.module for s, _ in sites)}
-    message = (f"softmax and dropout run as two kernels at {len(sites)} site(s): the "
-               f"probabilities make a round trip through memory and dropout keeps a "
-               f"{mask / max(len(sites), 1) / 1e6:,.1f} MB mask per site; a fused kernel saves "
-               f"{nbytes / 1e6:,.1f} MB of traffic a step")
-    yield ctx.finding(RULE, module_pattern(s.module for s, _ in sites), message, evidence,
-                      saving_s=ctx.fusion_saving_s([r for site in sites for r in site], nbytes,
-                                                   "fused_softmax_dropout"),
-                      fix="fuse-softmax-dropout")
+    evidence = {
+        "sites": len(sites),
+        "shape": list(softmax.outputs[0].shape),
+        "dtype": softmax.outputs[0].dtype,
+        "p": dropout.params.get("p"),
+        "bytes_saved": nbytes,
+        "mask_bytes_held_for_backward": mask if ctx.train else 0,
+        "modules": first_modules(s.module for s, _ in sites),
+    }
+    message = (
+        f"softmax and dropout run as two kernels at {len(sites)} site(s): the "
+        f"probabilities make a round trip through memory and dropout keeps a "
+        f"{mask / max(len(sites), 1) / 1e6:,.1f} MB mask per site; a fused kernel saves "
+        f"{nbytes / 1e6:,.1f} MB of traffic a step"
+    )
+    yield ctx.finding(
+        RULE,
+        module_pattern(s.module for s, _ in sites),
+        message,
+        evidence,
+        saving_s=ctx.fusion_saving_s(
+            [r for site in sites for r in site], nbytes, "fused_softmax_dropout"
+        ),
+        fix="fuse-softmax-dropout",
+    )

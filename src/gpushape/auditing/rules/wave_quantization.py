@@ -30,8 +30,16 @@ from ..registry import register_rule
 RULE = "wave-quantization"
 MIN_WAVES = 2
 LIBRARY_FILL_OK = 0.9
-LIBRARY_TILES = ((128, 64), (128, 128), (128, 192), (128, 256), (256, 64), (256, 128),
-                 (64, 128), (64, 256))
+LIBRARY_TILES = (
+    (128, 64),
+    (128, 128),
+    (128, 192),
+    (128, 256),
+    (256, 64),
+    (256, 128),
+    (64, 128),
+    (64, 256),
+)
 ATTENTION_ROWS = (64, 128)
 SPLITS = (1, 2, 3, 4)
 
@@ -49,8 +57,9 @@ def library_fill(g: Gemm, sms: int) -> tuple[float, float, str]:
     if g.family == "attention":
         for rows in ATTENTION_ROWS:
             blocks = math.ceil(g.m / rows)
-            options.append((_config(blocks * g.batch, g.m / (blocks * rows), sms),
-                            f"{rows}-row blocks"))
+            options.append(
+                (_config(blocks * g.batch, g.m / (blocks * rows), sms), f"{rows}-row blocks")
+            )
     else:
         for bm, bn in LIBRARY_TILES:
             tm, tn = math.ceil(g.m / bm), math.ceil(g.n / bn)
@@ -58,8 +67,12 @@ def library_fill(g: Gemm, sms: int) -> tuple[float, float, str]:
             for split in SPLITS:
                 if split > 1 and g.k < split * SPLIT_K_MIN_DEPTH:
                     break
-                options.append((_config(tm * tn * g.batch * split, used, sms),
-                                f"{bm}x{bn} tiles" + (f", split-K {split}" if split > 1 else "")))
+                options.append(
+                    (
+                        _config(tm * tn * g.batch * split, used, sms),
+                        f"{bm}x{bn} tiles" + (f", split-K {split}" if split > 1 else ""),
+                    )
+                )
     for (tile, wave), label in options:
         if tile * wave > best[0] * best[1]:
             best, how = (tile, wave), label
@@ -82,9 +95,18 @@ def _sites(ctx: AuditContext) -> dict[tuple, dict]:
             rate = ctx.gpu.attainable_flops(op.math, tensor_cores=op.tensor_cores)
             compute_s = eff.gemm.flops / (rate * eff.efficiency)
             g = eff.gemm
-            site = sites.setdefault((g.m, g.n, g.k, g.batch, op.module_type),
-                                    {"saving_s": 0.0, "modules": [], "eff": eff, "fill": fill,
-                                     "tile": tile, "wave": wave, "how": how})
+            site = sites.setdefault(
+                (g.m, g.n, g.k, g.batch, op.module_type),
+                {
+                    "saving_s": 0.0,
+                    "modules": [],
+                    "eff": eff,
+                    "fill": fill,
+                    "tile": tile,
+                    "wave": wave,
+                    "how": how,
+                },
+            )
             site["saving_s"] += compute_s * (1 - fill)
             site["modules"].append(op.module)
     return sites
@@ -104,20 +126,36 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     for site in _sites(ctx).values():
         eff = site["eff"]
         g = eff.gemm
-        evidence = {"m": g.m, "n": g.n, "k": g.k, "batch": g.batch, "family": g.family,
-                    "sm_count": eff.sm_count, "waves": eff.waves,
-                    "best_library_fill": round(site["fill"], 3),
-                    "tile_efficiency": round(site["tile"], 3),
-                    "wave_efficiency": round(site["wave"], 3),
-                    "best_library_config": site["how"], "gemms": len(site["modules"]),
-                    "modules": first_modules(site["modules"])}
-        message = (f"a {g.m}x{g.n}x{g.k} GEMM (x{g.batch}) fits {eff.sm_count} SMs poorly: the "
-                   f"best library configuration ({site['how']}) does useful work in "
-                   f"{site['tile']:.0%} of each tile and fills its waves {site['wave']:.0%}; "
-                   f"sizes that fill whole tiles and waves recover the {1 - site['fill']:.0%}")
+        evidence = {
+            "m": g.m,
+            "n": g.n,
+            "k": g.k,
+            "batch": g.batch,
+            "family": g.family,
+            "sm_count": eff.sm_count,
+            "waves": eff.waves,
+            "best_library_fill": round(site["fill"], 3),
+            "tile_efficiency": round(site["tile"], 3),
+            "wave_efficiency": round(site["wave"], 3),
+            "best_library_config": site["how"],
+            "gemms": len(site["modules"]),
+            "modules": first_modules(site["modules"]),
+        }
+        message = (
+            f"a {g.m}x{g.n}x{g.k} GEMM (x{g.batch}) fits {eff.sm_count} SMs poorly: the "
+            f"best library configuration ({site['how']}) does useful work in "
+            f"{site['tile']:.0%} of each tile and fills its waves {site['wave']:.0%}; "
+            f"sizes that fill whole tiles and waves recover the {1 - site['fill']:.0%}"
+        )
         if absent:
             evidence["probe"] = absent
             message += f"; but measured on this chip: {absent}"
-        yield ctx.finding(RULE, module_pattern(site["modules"]), message, evidence,
-                          saving_s=site["saving_s"], fix=None,
-                          severity=Severity.INFO if absent else None)
+        yield ctx.finding(
+            RULE,
+            module_pattern(site["modules"]),
+            message,
+            evidence,
+            saving_s=site["saving_s"],
+            fix=None,
+            severity=Severity.INFO if absent else None,
+        )

@@ -130,8 +130,14 @@ def philox4x32_reference(c0, c1, c2, c3, k0, k1):
     return c0, c1, c2, c3
 
 
-def keep_mask_reference(seed: int, rows: int, cols: int, p: float,
-                        device: torch.device | str = "cpu", first_row: int = 0) -> torch.Tensor:
+def keep_mask_reference(
+    seed: int,
+    rows: int,
+    cols: int,
+    p: float,
+    device: torch.device | str = "cpu",
+    first_row: int = 0,
+) -> torch.Tensor:
     """The (rows, cols) bool keep mask the kernels draw for `seed` and drop probability `p`,
     for rows first_row .. first_row + rows - 1."""
     k0, k1 = seed & MASK32, (seed >> 32) & MASK32
@@ -139,8 +145,9 @@ def keep_mask_reference(seed: int, rows: int, cols: int, p: float,
     row = torch.arange(first_row, first_row + rows, dtype=torch.int64, device=device)[:, None]
     group = torch.arange(groups, dtype=torch.int64, device=device)[None, :]  # (1, groups)
     zero = torch.zeros(rows, groups, dtype=torch.int64, device=device)
-    words = philox4x32_reference(zero + group, zero + (row & MASK32), zero + (row >> 32), zero,
-                                 k0, k1)
+    words = philox4x32_reference(
+        zero + group, zero + (row & MASK32), zero + (row >> 32), zero, k0, k1
+    )
     halves = [(w >> shift) & 0xFFFF for w in words for shift in (0, 16)]
     draws = torch.stack(halves, dim=-1).reshape(rows, groups * DRAWS_PER_CALL)[:, :cols]
     return draws >= drop_threshold(p)

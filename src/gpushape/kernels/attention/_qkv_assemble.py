@@ -34,9 +34,29 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def _assemble_heads_kernel(q, k, v, dst, T, H0, H1, HEADS, R, D,
-                               qb, qh, qt, kb, kh, kt, vb, vh, vt,
-                               BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _assemble_heads_kernel(
+        q,
+        k,
+        v,
+        dst,
+        T,
+        H0,
+        H1,
+        HEADS,
+        R,
+        D,
+        qb,
+        qh,
+        qt,
+        kb,
+        kh,
+        kt,
+        vb,
+        vh,
+        vt,
+        BLOCK_T: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
         """dst[b, t, j * D + d] = part[b, h, t, d] for one (b, head j) and BLOCK_T rows, where
         head j is q's head j, k's head j - H0 or v's head j - H0 - H1."""
         pid_t = tl.program_id(0)
@@ -75,8 +95,11 @@ def _launch_for(ints: tuple, batch: int, dtype: torch.dtype, device: torch.devic
         t, heads, d = ints[0], ints[3], ints[5]
         block_d = triton.next_power_of_2(d)
         block_t = max(1, min(_TILE_ELEMENTS // block_d, triton.next_power_of_2(t)))
-        launch = _LAUNCHES[key] = Launch(_kernel(), (triton.cdiv(t, block_t), batch * heads),
-                                         dict(BLOCK_T=block_t, BLOCK_D=block_d, num_warps=4))
+        launch = _LAUNCHES[key] = Launch(
+            _kernel(),
+            (triton.cdiv(t, block_t), batch * heads),
+            dict(BLOCK_T=block_t, BLOCK_D=block_d, num_warps=4),
+        )
     return launch
 
 
@@ -97,8 +120,9 @@ class AssemblyPlan(NamedTuple):
 _PLANS: dict[tuple, AssemblyPlan] = {}
 
 
-def assembly_plan(shape: tuple[int, int, int], heads: tuple[int, ...], dtype: torch.dtype,
-                  device: torch.device) -> AssemblyPlan | None:
+def assembly_plan(
+    shape: tuple[int, int, int], heads: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> AssemblyPlan | None:
     """The plan for contiguous gradients of this shape; None when batch x heads programs do
     not fit the grid (the backward then copies with torch)."""
     if shape[0] * sum(heads) > _MAX_GRID_Y:
@@ -114,30 +138,41 @@ def assembly_plan(shape: tuple[int, int, int], heads: tuple[int, ...], dtype: to
     return plan
 
 
-def assemble_heads(grads: tuple[torch.Tensor | None, ...], heads: tuple[int, ...],
-                   shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device,
-                   plan: AssemblyPlan | None = None) -> torch.Tensor:
+def assemble_heads(
+    grads: tuple[torch.Tensor | None, ...],
+    heads: tuple[int, ...],
+    shape: tuple[int, int, int],
+    dtype: torch.dtype,
+    device: torch.device,
+    plan: AssemblyPlan | None = None,
+) -> torch.Tensor:
     """The (B, T, R) gradient of the GEMM output from the gradients (B, h_i, T, D) of q, k and v
     in head order; a None part (an output that got no gradient) contributes zeros. `plan`
     (from the forward) skips the checks when the gradients come contiguous."""
     out = torch.empty(shape, dtype=dtype, device=device)
-    if plan is not None and all(g is not None and g.dtype is dtype for g in grads) and \
-            tuple(g.stride() for g in grads) == plan.strides:
+    if (
+        plan is not None
+        and all(g is not None and g.dtype is dtype for g in grads)
+        and tuple(g.stride() for g in grads) == plan.strides
+    ):
         plan.launch(aligned(*grads, out), *grads, out, *plan.ints)
         return out
     batch, t, r = shape
     d = r // sum(heads)
     if not out.numel():
         return out
-    if (use_triton(out) and batch * sum(heads) <= _MAX_GRID_Y
-            and all(g is not None and g.stride(-1) == 1 and g.dtype == dtype for g in grads)):
+    if (
+        use_triton(out)
+        and batch * sum(heads) <= _MAX_GRID_Y
+        and all(g is not None and g.stride(-1) == 1 and g.dtype == dtype for g in grads)
+    ):
         ints = _ints(t, heads, d, [s for g in grads for s in g.stride()[:3]])
         _launch_for(ints, batch, dtype, device)(aligned(*grads, out), *grads, out, *ints)
         return out
     view = out.view(batch, t, sum(heads), d)
     head0 = 0
     for g, h in zip(grads, heads):
-        part = view[:, :, head0:head0 + h]
+        part = view[:, :, head0 : head0 + h]
         if g is None:
             part.zero_()
         else:

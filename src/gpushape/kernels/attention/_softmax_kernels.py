@@ -36,13 +36,28 @@ def _row_offset(rows, D1, D2, s0, s1, s2, FLAT: tl.constexpr):
     else:
         i2 = rows % D2
         outer = rows // D2
-        return ((outer // D1).to(tl.int64) * s0 + (outer % D1).to(tl.int64) * s1
-                + i2.to(tl.int64) * s2)
+        return (
+            (outer // D1).to(tl.int64) * s0 + (outer % D1).to(tl.int64) * s1 + i2.to(tl.int64) * s2
+        )
 
 
 @triton.jit
-def _logits(x_ptr, x_row, sxn, mask_ptr, mask_row, smn, rows, D2, cols, ok, scale,
-            MASK_MODE: tl.constexpr, IS_CAUSAL: tl.constexpr, F64: tl.constexpr):
+def _logits(
+    x_ptr,
+    x_row,
+    sxn,
+    mask_ptr,
+    mask_row,
+    smn,
+    rows,
+    D2,
+    cols,
+    ok,
+    scale,
+    MASK_MODE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    F64: tl.constexpr,
+):
     """z = scale * x (+ additive mask), -inf where masked out, causal-masked or padding."""
     # int64 column offsets: a large column stride (a transposed x) times N can pass 2^31
     x = tl.load(x_ptr + x_row + cols.to(tl.int64) * sxn, mask=ok, other=0.0)
@@ -127,8 +142,7 @@ def _tile_rows(BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _tile_ok(rows, cols, R, N, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
-             NO_PAD: tl.constexpr):
+def _tile_ok(rows, cols, R, N, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, NO_PAD: tl.constexpr):
     """In-bounds mask of the tile. NO_PAD (N == BLOCK_G * 8 and R % BLOCK_M == 0): a constant,
     so loads and stores go unpredicated and the -inf padding selects fold away."""
     if NO_PAD:
@@ -139,16 +153,38 @@ def _tile_ok(rows, cols, R, N, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
 
 @triton.jit
 def softmax_dropout_fwd_kernel(
-    x_ptr, sx0, sx1, sx2, sxn,  # logits: element (i0, i1, i2, n) at i0*sx0 + i1*sx1 + ...
-    mask_ptr, sm0, sm1, sm2, smn,  # attention mask broadcast to x; unused when MASK_MODE == 0
+    x_ptr,
+    sx0,
+    sx1,
+    sx2,
+    sxn,  # logits: element (i0, i1, i2, n) at i0*sx0 + i1*sx1 + ...
+    mask_ptr,
+    sm0,
+    sm1,
+    sm2,
+    smn,  # attention mask broadcast to x; unused when MASK_MODE == 0
     y_ptr,  # output, contiguous (R, N)
     stats_ptr,  # (2, R): row max (0 on a fully masked row), then row sum of exp(z - max)
     seed_ptr,  # (1,) int64 Philox key; unused without dropout
-    R, D1, D2, N,  # R = D0 * D1 * D2 rows of N columns
-    scale, scale_lo, threshold, keep_scale, keep_scale_lo,  # see _wide; drop draws < threshold
-    MASK_MODE: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PRECISE: tl.constexpr, F64: tl.constexpr, X_FLAT: tl.constexpr, M_FLAT: tl.constexpr,
-    NO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
+    R,
+    D1,
+    D2,
+    N,  # R = D0 * D1 * D2 rows of N columns
+    scale,
+    scale_lo,
+    threshold,
+    keep_scale,
+    keep_scale_lo,  # see _wide; drop draws < threshold
+    MASK_MODE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    PRECISE: tl.constexpr,
+    F64: tl.constexpr,
+    X_FLAT: tl.constexpr,
+    M_FLAT: tl.constexpr,
+    NO_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_G: tl.constexpr,
 ):
     """One pass per row: rows of up to BLOCK_G * 8 columns, BLOCK_M rows per program."""
     scale = _wide(scale, scale_lo, F64)
@@ -159,9 +195,22 @@ def softmax_dropout_fwd_kernel(
     cols = groups * 8 + lanes  # (1, G, 8)
     row_ok = rows < R
     ok = _tile_ok(rows, cols, R, N, BLOCK_M, BLOCK_G, NO_PAD)
-    z = _logits(x_ptr, _row_offset(rows, D1, D2, sx0, sx1, sx2, X_FLAT), sxn,
-                mask_ptr, _row_offset(rows, D1, D2, sm0, sm1, sm2, M_FLAT), smn,
-                rows, D2, cols, ok, scale, MASK_MODE, IS_CAUSAL, F64)
+    z = _logits(
+        x_ptr,
+        _row_offset(rows, D1, D2, sx0, sx1, sx2, X_FLAT),
+        sxn,
+        mask_ptr,
+        _row_offset(rows, D1, D2, sm0, sm1, sm2, M_FLAT),
+        smn,
+        rows,
+        D2,
+        cols,
+        ok,
+        scale,
+        MASK_MODE,
+        IS_CAUSAL,
+        F64,
+    )
     m = _safe_max(_max_all(z))
     e = _exp_shifted(z, m, PRECISE)
     l = _sum_all(e)
@@ -176,10 +225,35 @@ def softmax_dropout_fwd_kernel(
 
 @triton.jit
 def softmax_dropout_fwd_looped_kernel(
-    x_ptr, sx0, sx1, sx2, sxn, mask_ptr, sm0, sm1, sm2, smn, y_ptr, stats_ptr, seed_ptr,
-    R, D1, D2, N, scale, scale_lo, threshold, keep_scale, keep_scale_lo,
-    MASK_MODE: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PRECISE: tl.constexpr, F64: tl.constexpr, X_FLAT: tl.constexpr, M_FLAT: tl.constexpr,
+    x_ptr,
+    sx0,
+    sx1,
+    sx2,
+    sxn,
+    mask_ptr,
+    sm0,
+    sm1,
+    sm2,
+    smn,
+    y_ptr,
+    stats_ptr,
+    seed_ptr,
+    R,
+    D1,
+    D2,
+    N,
+    scale,
+    scale_lo,
+    threshold,
+    keep_scale,
+    keep_scale_lo,
+    MASK_MODE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    PRECISE: tl.constexpr,
+    F64: tl.constexpr,
+    X_FLAT: tl.constexpr,
+    M_FLAT: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
     """Rows longer than one tile: one row per program, an online (max, sum) pass over chunks of
@@ -195,8 +269,22 @@ def softmax_dropout_fwd_looped_kernel(
     l = tl.zeros((1, 1, 1), tl.float64 if F64 else tl.float32)
     for start in range(0, N, BLOCK_G * 8):
         cols = start + groups * 8 + lanes
-        z = _logits(x_ptr, x_row, sxn, mask_ptr, mask_row, smn, rows, D2, cols, cols < N,
-                    scale, MASK_MODE, IS_CAUSAL, F64)
+        z = _logits(
+            x_ptr,
+            x_row,
+            sxn,
+            mask_ptr,
+            mask_row,
+            smn,
+            rows,
+            D2,
+            cols,
+            cols < N,
+            scale,
+            MASK_MODE,
+            IS_CAUSAL,
+            F64,
+        )
         m_new = tl.maximum(m, _max_all(z))
         m_new_safe = _safe_max(m_new)
         rescale = tl.where(m == float("-inf"), 0.0, _exp_shifted(m, m_new_safe, PRECISE))
@@ -206,12 +294,27 @@ def softmax_dropout_fwd_looped_kernel(
     rows64 = rows.to(tl.int64)
     for start in range(0, N, BLOCK_G * 8):
         cols = start + groups * 8 + lanes
-        z = _logits(x_ptr, x_row, sxn, mask_ptr, mask_row, smn, rows, D2, cols, cols < N,
-                    scale, MASK_MODE, IS_CAUSAL, F64)
+        z = _logits(
+            x_ptr,
+            x_row,
+            sxn,
+            mask_ptr,
+            mask_row,
+            smn,
+            rows,
+            D2,
+            cols,
+            cols < N,
+            scale,
+            MASK_MODE,
+            IS_CAUSAL,
+            F64,
+        )
         y = _probs(z, m, l, PRECISE)
         if HAS_DROPOUT:
-            y = y * _dropout_scale(seed_ptr, rows, start // 8 + groups, lanes, threshold,
-                                   keep_scale)
+            y = y * _dropout_scale(
+                seed_ptr, rows, start // 8 + groups, lanes, threshold, keep_scale
+            )
         tl.store(y_ptr + rows64 * N + cols, y.to(y_ptr.dtype.element_ty), mask=cols < N)
     tl.store(stats_ptr + rows64, m)
     tl.store(stats_ptr + R + rows64, l)
@@ -219,15 +322,46 @@ def softmax_dropout_fwd_looped_kernel(
 
 @triton.jit
 def softmax_dropout_bwd_kernel(
-    dy_ptr, sd0, sd1, sd2, sdn,  # grad of y, any strides (stride 0 where expanded)
-    x_ptr, sx0, sx1, sx2, sxn, mask_ptr, sm0, sm1, sm2, smn,  # as in the forward
+    dy_ptr,
+    sd0,
+    sd1,
+    sd2,
+    sdn,  # grad of y, any strides (stride 0 where expanded)
+    x_ptr,
+    sx0,
+    sx1,
+    sx2,
+    sxn,
+    mask_ptr,
+    sm0,
+    sm1,
+    sm2,
+    smn,  # as in the forward
     dx_ptr,  # grad of x, contiguous (R, N)
-    stats_ptr, seed_ptr,  # the forward's (2, R) row statistics and its seed
-    R, D1, D2, N, scale, scale_lo, threshold, keep_scale, keep_scale_lo,
-    grad_scale, grad_scale_lo,  # dx = grad_scale * dL/dz (scale for x; 1 for a mask's grad)
-    MASK_MODE: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PRECISE: tl.constexpr, F64: tl.constexpr, X_FLAT: tl.constexpr, M_FLAT: tl.constexpr,
-    DY_FLAT: tl.constexpr, NO_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
+    stats_ptr,
+    seed_ptr,  # the forward's (2, R) row statistics and its seed
+    R,
+    D1,
+    D2,
+    N,
+    scale,
+    scale_lo,
+    threshold,
+    keep_scale,
+    keep_scale_lo,
+    grad_scale,
+    grad_scale_lo,  # dx = grad_scale * dL/dz (scale for x; 1 for a mask's grad)
+    MASK_MODE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    PRECISE: tl.constexpr,
+    F64: tl.constexpr,
+    X_FLAT: tl.constexpr,
+    M_FLAT: tl.constexpr,
+    DY_FLAT: tl.constexpr,
+    NO_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_G: tl.constexpr,
 ):
     """dL/dz = s * (g - sum(s * g)) with g = dy * keep / (1 - p) and s recomputed from x."""
     scale = _wide(scale, scale_lo, F64)
@@ -240,9 +374,22 @@ def softmax_dropout_bwd_kernel(
     row_ok = rows < R
     ok = _tile_ok(rows, cols, R, N, BLOCK_M, BLOCK_G, NO_PAD)
     rows64 = rows.to(tl.int64)
-    z = _logits(x_ptr, _row_offset(rows, D1, D2, sx0, sx1, sx2, X_FLAT), sxn,
-                mask_ptr, _row_offset(rows, D1, D2, sm0, sm1, sm2, M_FLAT), smn,
-                rows, D2, cols, ok, scale, MASK_MODE, IS_CAUSAL, F64)
+    z = _logits(
+        x_ptr,
+        _row_offset(rows, D1, D2, sx0, sx1, sx2, X_FLAT),
+        sxn,
+        mask_ptr,
+        _row_offset(rows, D1, D2, sm0, sm1, sm2, M_FLAT),
+        smn,
+        rows,
+        D2,
+        cols,
+        ok,
+        scale,
+        MASK_MODE,
+        IS_CAUSAL,
+        F64,
+    )
     m = tl.load(stats_ptr + rows64, mask=row_ok, other=0.0)
     l = tl.load(stats_ptr + R + rows64, mask=row_ok, other=1.0)
     s = _probs(z, m, l, PRECISE)
@@ -251,21 +398,57 @@ def softmax_dropout_bwd_kernel(
     if HAS_DROPOUT:
         g = g * _dropout_scale(seed_ptr, rows, groups, lanes, threshold, keep_scale)
     dz = s * (g - _sum_all(s * g))
-    tl.store(dx_ptr + rows64 * N + cols, (dz * grad_scale).to(dx_ptr.dtype.element_ty),
-             mask=ok)
+    tl.store(dx_ptr + rows64 * N + cols, (dz * grad_scale).to(dx_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _chunk_probs_and_grads(start, groups, lanes, rows, m, l, x_ptr, x_row, sxn, mask_ptr,
-                           mask_row, smn, dy_ptr, dy_row, sdn, seed_ptr, D2, N, scale,
-                           threshold, keep_scale, MASK_MODE: tl.constexpr,
-                           IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                           PRECISE: tl.constexpr, F64: tl.constexpr):
+def _chunk_probs_and_grads(
+    start,
+    groups,
+    lanes,
+    rows,
+    m,
+    l,
+    x_ptr,
+    x_row,
+    sxn,
+    mask_ptr,
+    mask_row,
+    smn,
+    dy_ptr,
+    dy_row,
+    sdn,
+    seed_ptr,
+    D2,
+    N,
+    scale,
+    threshold,
+    keep_scale,
+    MASK_MODE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    PRECISE: tl.constexpr,
+    F64: tl.constexpr,
+):
     """One column chunk of a long row: its columns, softmax s (recomputed from the row's max m
     and sum l) and the gradient g reaching s (dy through the regenerated dropout mask)."""
     cols = start + groups * 8 + lanes
-    z = _logits(x_ptr, x_row, sxn, mask_ptr, mask_row, smn, rows, D2, cols, cols < N,
-                scale, MASK_MODE, IS_CAUSAL, F64)
+    z = _logits(
+        x_ptr,
+        x_row,
+        sxn,
+        mask_ptr,
+        mask_row,
+        smn,
+        rows,
+        D2,
+        cols,
+        cols < N,
+        scale,
+        MASK_MODE,
+        IS_CAUSAL,
+        F64,
+    )
     s = _probs(z, m, l, PRECISE)
     g = tl.load(dy_ptr + dy_row + cols.to(tl.int64) * sdn, mask=cols < N, other=0.0).to(s.dtype)
     if HAS_DROPOUT:
@@ -275,12 +458,44 @@ def _chunk_probs_and_grads(start, groups, lanes, rows, m, l, x_ptr, x_row, sxn, 
 
 @triton.jit
 def softmax_dropout_bwd_looped_kernel(
-    dy_ptr, sd0, sd1, sd2, sdn, x_ptr, sx0, sx1, sx2, sxn, mask_ptr, sm0, sm1, sm2, smn,
-    dx_ptr, stats_ptr, seed_ptr, R, D1, D2, N, scale, scale_lo, threshold, keep_scale,
-    keep_scale_lo, grad_scale, grad_scale_lo,
-    MASK_MODE: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PRECISE: tl.constexpr, F64: tl.constexpr, X_FLAT: tl.constexpr, M_FLAT: tl.constexpr,
-    DY_FLAT: tl.constexpr, BLOCK_G: tl.constexpr,
+    dy_ptr,
+    sd0,
+    sd1,
+    sd2,
+    sdn,
+    x_ptr,
+    sx0,
+    sx1,
+    sx2,
+    sxn,
+    mask_ptr,
+    sm0,
+    sm1,
+    sm2,
+    smn,
+    dx_ptr,
+    stats_ptr,
+    seed_ptr,
+    R,
+    D1,
+    D2,
+    N,
+    scale,
+    scale_lo,
+    threshold,
+    keep_scale,
+    keep_scale_lo,
+    grad_scale,
+    grad_scale_lo,
+    MASK_MODE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    PRECISE: tl.constexpr,
+    F64: tl.constexpr,
+    X_FLAT: tl.constexpr,
+    M_FLAT: tl.constexpr,
+    DY_FLAT: tl.constexpr,
+    BLOCK_G: tl.constexpr,
 ):
     """Long rows: one pass for sum(s * g), a second that writes dx (reads x and dy twice)."""
     scale = _wide(scale, scale_lo, F64)
@@ -298,15 +513,64 @@ def softmax_dropout_bwd_looped_kernel(
     total = tl.zeros((1, 1, 1), m.dtype)
     for start in range(0, N, BLOCK_G * 8):
         cols, s, g = _chunk_probs_and_grads(
-            start, groups, lanes, rows, m, l, x_ptr, x_row, sxn, mask_ptr, mask_row, smn,
-            dy_ptr, dy_row, sdn, seed_ptr, D2, N, scale, threshold, keep_scale,
-            MASK_MODE, IS_CAUSAL, HAS_DROPOUT, PRECISE, F64)
+            start,
+            groups,
+            lanes,
+            rows,
+            m,
+            l,
+            x_ptr,
+            x_row,
+            sxn,
+            mask_ptr,
+            mask_row,
+            smn,
+            dy_ptr,
+            dy_row,
+            sdn,
+            seed_ptr,
+            D2,
+            N,
+            scale,
+            threshold,
+            keep_scale,
+            MASK_MODE,
+            IS_CAUSAL,
+            HAS_DROPOUT,
+            PRECISE,
+            F64,
+        )
         total += _sum_all(s * g)
     for start in range(0, N, BLOCK_G * 8):
         cols, s, g = _chunk_probs_and_grads(
-            start, groups, lanes, rows, m, l, x_ptr, x_row, sxn, mask_ptr, mask_row, smn,
-            dy_ptr, dy_row, sdn, seed_ptr, D2, N, scale, threshold, keep_scale,
-            MASK_MODE, IS_CAUSAL, HAS_DROPOUT, PRECISE, F64)
+            start,
+            groups,
+            lanes,
+            rows,
+            m,
+            l,
+            x_ptr,
+            x_row,
+            sxn,
+            mask_ptr,
+            mask_row,
+            smn,
+            dy_ptr,
+            dy_row,
+            sdn,
+            seed_ptr,
+            D2,
+            N,
+            scale,
+            threshold,
+            keep_scale,
+            MASK_MODE,
+            IS_CAUSAL,
+            HAS_DROPOUT,
+            PRECISE,
+            F64,
+        )
         dz = s * (g - total)
-        tl.store(dx_ptr + rows64 * N + cols, (dz * grad_scale).to(dx_ptr.dtype.element_ty),
-                 mask=cols < N)
+        tl.store(
+            dx_ptr + rows64 * N + cols, (dz * grad_scale).to(dx_ptr.dtype.element_ty), mask=cols < N
+        )

@@ -21,8 +21,9 @@ def causal_keep(rows: int, cols: int, device: torch.device) -> torch.Tensor:
     return torch.ones(rows, cols, dtype=torch.bool, device=device).tril()
 
 
-def logits_reference(x: torch.Tensor, scale: float, mask: torch.Tensor | None,
-                     is_causal: bool) -> torch.Tensor:
+def logits_reference(
+    x: torch.Tensor, scale: float, mask: torch.Tensor | None, is_causal: bool
+) -> torch.Tensor:
     """z = scale * x (+ additive mask); -inf where a bool mask is False or above the diagonal."""
     z = x.to(compute_dtype(x.dtype)) * scale
     if mask is not None and mask.dtype == torch.bool:
@@ -46,9 +47,14 @@ def _probs(z: torch.Tensor, row_max: torch.Tensor, row_sum: torch.Tensor) -> tor
     return e / torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
 
 
-def forward_reference(x: torch.Tensor, seed: torch.Tensor | None, p: float, scale: float,
-                      mask: torch.Tensor | None, is_causal: bool
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_reference(
+    x: torch.Tensor,
+    seed: torch.Tensor | None,
+    p: float,
+    scale: float,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, stats): y in x's dtype and shape; stats (2, rows) = row max (0 if fully masked), sum."""
     z = logits_reference(x, scale, mask, is_causal)
     row_max = z.amax(dim=-1, keepdim=True)
@@ -61,10 +67,17 @@ def forward_reference(x: torch.Tensor, seed: torch.Tensor | None, p: float, scal
     return y.to(x.dtype).contiguous(), stats
 
 
-def backward_reference(dy: torch.Tensor, x: torch.Tensor, stats: torch.Tensor,
-                       seed: torch.Tensor | None, p: float, scale: float,
-                       mask: torch.Tensor | None, is_causal: bool,
-                       grad_scale: float) -> torch.Tensor:
+def backward_reference(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    stats: torch.Tensor,
+    seed: torch.Tensor | None,
+    p: float,
+    scale: float,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    grad_scale: float,
+) -> torch.Tensor:
     """dx = grad_scale * s * (g - sum(s * g)), g = dy * keep / (1 - p), s recomputed from x."""
     z = logits_reference(x, scale, mask, is_causal)
     row_shape = (*x.shape[:-1], 1)

@@ -46,28 +46,40 @@ def _head_dims(embed_dim: int, num_heads: int, num_kv_heads: int | None) -> tupl
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"FusedQKV: {name} must be a positive int, got {value!r}")
     if embed_dim % num_heads:
-        raise ValueError(f"FusedQKV: num_heads={num_heads} does not divide "
-                         f"embed_dim={embed_dim}; pick a head count that divides the width")
+        raise ValueError(
+            f"FusedQKV: num_heads={num_heads} does not divide "
+            f"embed_dim={embed_dim}; pick a head count that divides the width"
+        )
     kv = num_heads if num_kv_heads is None else num_kv_heads
     if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or num_heads % kv:
-        raise ValueError(f"FusedQKV: num_kv_heads={num_kv_heads!r} must be a positive divisor "
-                         f"of num_heads={num_heads} (grouped-query attention)")
+        raise ValueError(
+            f"FusedQKV: num_kv_heads={num_kv_heads!r} must be a positive divisor "
+            f"of num_heads={num_heads} (grouped-query attention)"
+        )
     return embed_dim // num_heads, kv
 
 
 class FusedQKV(nn.Module):
     """q, k, v = FusedQKV(E, H, Hkv)(x): one GEMM, outputs as (B, heads, T, D) strided views."""
 
-    def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int | None = None,
-                 bias: bool = True, *, names: tuple[str, str, str] = DEFAULT_NAMES,
-                 device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        bias: bool = True,
+        *,
+        names: tuple[str, str, str] = DEFAULT_NAMES,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.head_dim, self.num_kv_heads = _head_dims(embed_dim, num_heads, num_kv_heads)
         self.embed_dim, self.num_heads = embed_dim, num_heads
         if len(names) != 3 or len(set(names)) != 3:
-            raise ValueError(f"FusedQKV: names must be three distinct sub-module names, "
-                             f"got {names!r}")
+            raise ValueError(
+                f"FusedQKV: names must be three distinct sub-module names, got {names!r}"
+            )
         self.names = tuple(names)
         rows = (num_heads + 2 * self.num_kv_heads) * self.head_dim
         factory = dict(device=device, dtype=dtype)
@@ -92,35 +104,54 @@ class FusedQKV(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise ValueError(f"FusedQKV: expected x of shape (batch, seq, {self.embed_dim}), "
-                             f"got {tuple(x.shape)}")
+            raise ValueError(
+                f"FusedQKV: expected x of shape (batch, seq, {self.embed_dim}), "
+                f"got {tuple(x.shape)}"
+            )
         qkv = F.linear(x, self.weight, self.bias)  # (B, T, (H + 2 Hkv) * D), one GEMM
         sizes = (self.num_heads, self.num_kv_heads, self.num_kv_heads)
-        if (qkv.requires_grad and eager_path(qkv) and use_triton(qkv)
-                and not functorch_active()):  # torch.func: plain ops
+        if (
+            qkv.requires_grad and eager_path(qkv) and use_triton(qkv) and not functorch_active()
+        ):  # torch.func: plain ops
             return _SplitHeads.apply(qkv, sizes, self.head_dim)
         return _split_heads(qkv, sizes, self.head_dim)
 
     @classmethod
-    def from_linears(cls, q_proj: nn.Linear, k_proj: nn.Linear, v_proj: nn.Linear,
-                     num_heads: int, num_kv_heads: int | None = None, *,
-                     names: tuple[str, str, str] = DEFAULT_NAMES) -> FusedQKV:
+    def from_linears(
+        cls,
+        q_proj: nn.Linear,
+        k_proj: nn.Linear,
+        v_proj: nn.Linear,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        *,
+        names: tuple[str, str, str] = DEFAULT_NAMES,
+    ) -> FusedQKV:
         """A FusedQKV holding copies of three Linear layers' weights (same dtype and device)."""
         layers = (q_proj, k_proj, v_proj)
         has_bias = {layer.bias is not None for layer in layers}
         if len(has_bias) != 1:
             raise ValueError("FusedQKV.from_linears: q, k and v must all have a bias or none")
         weight = q_proj.weight
-        fused = cls(q_proj.in_features, num_heads, num_kv_heads, bias=has_bias.pop(),
-                    names=names, device=weight.device, dtype=weight.dtype)
+        fused = cls(
+            q_proj.in_features,
+            num_heads,
+            num_kv_heads,
+            bias=has_bias.pop(),
+            names=names,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
         expected = fused.split_sizes
         got = tuple(layer.out_features for layer in layers)
         ins = {layer.in_features for layer in layers}
         if got != expected or len(ins) != 1:
-            raise ValueError(f"FusedQKV.from_linears: out_features {got} (in_features "
-                             f"{sorted(ins)}) do not fit {num_heads} heads and "
-                             f"{fused.num_kv_heads} kv heads of width {fused.embed_dim}: "
-                             f"expected out_features {expected}")
+            raise ValueError(
+                f"FusedQKV.from_linears: out_features {got} (in_features "
+                f"{sorted(ins)}) do not fit {num_heads} heads and "
+                f"{fused.num_kv_heads} kv heads of width {fused.embed_dim}: "
+                f"expected out_features {expected}"
+            )
         with torch.no_grad():
             fused.weight.copy_(torch.cat([layer.weight for layer in layers]))
             if fused.bias is not None:
@@ -131,8 +162,9 @@ class FusedQKV(nn.Module):
         """Three nn.Linear layers with copies of the q, k and v blocks (the reverse swap)."""
         factory = dict(device=self.weight.device, dtype=self.weight.dtype)
         weights = self.weight.detach().split(self.split_sizes)
-        biases = (self.bias.detach().split(self.split_sizes) if self.bias is not None
-                  else (None,) * 3)
+        biases = (
+            self.bias.detach().split(self.split_sizes) if self.bias is not None else (None,) * 3
+        )
         layers = []
         for w, b in zip(weights, biases):
             layer = nn.Linear(self.embed_dim, w.shape[0], bias=b is not None, **factory)
@@ -144,13 +176,16 @@ class FusedQKV(nn.Module):
         return tuple(layers)
 
     def extra_repr(self) -> str:
-        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-                f"bias={self.bias is not None}, names={self.names}")
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"bias={self.bias is not None}, names={self.names}"
+        )
 
 
-def _split_heads(qkv: torch.Tensor, sizes: tuple[int, int, int], head_dim: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _split_heads(
+    qkv: torch.Tensor, sizes: tuple[int, int, int], head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(B, T, R) -> q, k, v as (B, heads, T, D) strided views: nothing is copied."""
     batch, seq = qkv.shape[0], qkv.shape[1]
     heads = qkv.view(batch, seq, sum(sizes), head_dim)
@@ -179,16 +214,27 @@ class _SplitHeads(torch.autograd.Function):
 
 def _save_as_three_linears(module: FusedQKV, state_dict, prefix: str, local_metadata) -> None:
     """weight / bias -> <q>.weight, <q>.bias, <k>.weight, ... (views of the fused tensors)."""
-    params = [(suffix, state_dict.pop(prefix + suffix)) for suffix in ("weight", "bias")
-              if prefix + suffix in state_dict]
+    params = [
+        (suffix, state_dict.pop(prefix + suffix))
+        for suffix in ("weight", "bias")
+        if prefix + suffix in state_dict
+    ]
     parts = {suffix: t.split(module.split_sizes) for suffix, t in params}
     for i, name in enumerate(module.names):
         for suffix, _ in params:
             state_dict[f"{prefix}{name}.{suffix}"] = parts[suffix][i]
 
 
-def _load_from_three_linears(module: FusedQKV, state_dict, prefix: str, local_metadata,
-                             strict, missing_keys, unexpected_keys, error_msgs) -> None:
+def _load_from_three_linears(
+    module: FusedQKV,
+    state_dict,
+    prefix: str,
+    local_metadata,
+    strict,
+    missing_keys,
+    unexpected_keys,
+    error_msgs,
+) -> None:
     """<q>.weight, <k>.weight, <v>.weight (and biases) -> the fused weight (and bias)."""
     for suffix in ("weight", "bias"):
         keys = [f"{prefix}{name}.{suffix}" for name in module.names]
@@ -199,12 +245,16 @@ def _load_from_three_linears(module: FusedQKV, state_dict, prefix: str, local_me
             error_msgs.append(f"FusedQKV at '{prefix}': found {present} but not all of {keys}")
             continue
         parts = [state_dict[k] for k in keys]
-        expected = [(rows, module.embed_dim) if suffix == "weight" else (rows,)
-                    for rows in module.split_sizes]
+        expected = [
+            (rows, module.embed_dim) if suffix == "weight" else (rows,)
+            for rows in module.split_sizes
+        ]
         got = [tuple(p.shape) for p in parts]
         if got != expected:
-            error_msgs.append(f"FusedQKV at '{prefix}': {suffix} shapes {got} do not match the "
-                              f"q, k, v shapes {expected}")
+            error_msgs.append(
+                f"FusedQKV at '{prefix}': {suffix} shapes {got} do not match the "
+                f"q, k, v shapes {expected}"
+            )
             continue
         for k in keys:
             del state_dict[k]

@@ -31,12 +31,22 @@ __all__ = ["KVCache"]
 class KVCache(nn.Module):
     """Preallocated (B, H, max_len, D) key and value buffers (non-persistent module buffers)."""
 
-    def __init__(self, batch: int, num_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        batch: int,
+        num_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
-        for name, value in (("batch", batch), ("num_heads", num_heads), ("max_len", max_len),
-                            ("head_dim", head_dim)):
+        for name, value in (
+            ("batch", batch),
+            ("num_heads", num_heads),
+            ("max_len", max_len),
+            ("head_dim", head_dim),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"KVCache: {name} must be a positive int, got {value!r}")
         if not dtype.is_floating_point:
@@ -45,14 +55,18 @@ class KVCache(nn.Module):
         self.max_len, self.head_dim = max_len, head_dim
         # one spare slot past max_len takes the static API's overflowing writes
         shape = (batch, num_heads, max_len + 1, head_dim)
-        self.register_buffer("k_buffer", torch.zeros(shape, dtype=dtype, device=device),
-                             persistent=False)
-        self.register_buffer("v_buffer", torch.zeros(shape, dtype=dtype, device=device),
-                             persistent=False)
-        self.register_buffer("position", torch.zeros((), dtype=torch.int64, device=device),
-                             persistent=False)
-        self.register_buffer("overflowed", torch.zeros((), dtype=torch.bool, device=device),
-                             persistent=False)
+        self.register_buffer(
+            "k_buffer", torch.zeros(shape, dtype=dtype, device=device), persistent=False
+        )
+        self.register_buffer(
+            "v_buffer", torch.zeros(shape, dtype=dtype, device=device), persistent=False
+        )
+        self.register_buffer(
+            "position", torch.zeros((), dtype=torch.int64, device=device), persistent=False
+        )
+        self.register_buffer(
+            "overflowed", torch.zeros((), dtype=torch.bool, device=device), persistent=False
+        )
         self.register_buffer("_steps", torch.arange(max_len, device=device), persistent=False)
         self.length = 0  # filled steps, for the eager API
 
@@ -72,15 +86,20 @@ class KVCache(nn.Module):
         expected = (self.batch, self.num_heads, self.head_dim)
         for name, t in (("k", k), ("v", v)):
             if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != expected:
-                raise ValueError(f"KVCache.append: {name} must have shape (batch={self.batch}, "
-                                 f"heads={self.num_heads}, steps, head_dim={self.head_dim}), "
-                                 f"got {tuple(t.shape)}")
+                raise ValueError(
+                    f"KVCache.append: {name} must have shape (batch={self.batch}, "
+                    f"heads={self.num_heads}, steps, head_dim={self.head_dim}), "
+                    f"got {tuple(t.shape)}"
+                )
             if t.dtype != self.k_buffer.dtype:
-                raise TypeError(f"KVCache.append: {name} is {t.dtype}, the cache holds "
-                                f"{self.k_buffer.dtype}")
+                raise TypeError(
+                    f"KVCache.append: {name} is {t.dtype}, the cache holds {self.k_buffer.dtype}"
+                )
         if k.shape[2] != v.shape[2] or k.shape[2] < 1:
-            raise ValueError(f"KVCache.append: k and v need the same number (>= 1) of steps, "
-                             f"got {k.shape[2]} and {v.shape[2]}")
+            raise ValueError(
+                f"KVCache.append: k and v need the same number (>= 1) of steps, "
+                f"got {k.shape[2]} and {v.shape[2]}"
+            )
         return k.shape[2]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,15 +107,16 @@ class KVCache(nn.Module):
         steps = self._check_step(k, v)
         start, end = self.length, self.length + steps
         if end > self.max_len:
-            raise ValueError(f"KVCache is full: length {start} + {steps} new steps > max_len "
-                             f"{self.max_len}; allocate a larger cache or call reset()")
+            raise ValueError(
+                f"KVCache is full: length {start} + {steps} new steps > max_len "
+                f"{self.max_len}; allocate a larger cache or call reset()"
+            )
         self.k_buffer[:, :, start:end].copy_(k)  # O(steps), never O(length)
         self.v_buffer[:, :, start:end].copy_(v)
         self.length = end
         return self.k_buffer[:, :, :end], self.v_buffer[:, :, :end]
 
-    def append_static(self, k: torch.Tensor,
-                      v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append_static(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Graph-safe append at the device position; returns the full (B, H, max_len, D) views.
 
         Writes past max_len go to the spare slot and set `overflowed` (see `check()`)."""
@@ -118,9 +138,11 @@ class KVCache(nn.Module):
     def check(self) -> None:
         """Raise if a static append ran past max_len (synchronises with the device)."""
         if bool(self.overflowed):
-            raise ValueError(f"KVCache overflowed: append_static wrote past max_len "
-                             f"{self.max_len} (position {int(self.position)}); those steps were "
-                             "dropped")
+            raise ValueError(
+                f"KVCache overflowed: append_static wrote past max_len "
+                f"{self.max_len} (position {int(self.position)}); those steps were "
+                "dropped"
+            )
 
     def reset(self) -> None:
         """Forget the cached steps (buffers keep their memory; contents are not cleared)."""
@@ -129,5 +151,7 @@ class KVCache(nn.Module):
         self.overflowed.zero_()
 
     def extra_repr(self) -> str:
-        return (f"batch={self.batch}, num_heads={self.num_heads}, max_len={self.max_len}, "
-                f"head_dim={self.head_dim}, dtype={self.k_buffer.dtype}")
+        return (
+            f"batch={self.batch}, num_heads={self.num_heads}, max_len={self.max_len}, "
+            f"head_dim={self.head_dim}, dtype={self.k_buffer.dtype}"
+        )

@@ -40,8 +40,13 @@ from . import _softmax_kernels as K
 from ._philox import drop_threshold, keep_mask_reference
 from ._softmax_reference import backward_reference, compute_dtype, forward_reference
 
-__all__ = ["SINGLE_PASS_MAX_N", "SoftmaxDropout", "draw_seed", "dropout_keep_mask",
-           "softmax_dropout"]
+__all__ = [
+    "SINGLE_PASS_MAX_N",
+    "SoftmaxDropout",
+    "draw_seed",
+    "dropout_keep_mask",
+    "softmax_dropout",
+]
 
 # Rows up to this length run in one pass with the row in registers; longer rows take the
 # two-pass (online max/sum) kernels, which read the row twice.
@@ -87,8 +92,9 @@ def _dims(shape: torch.Size) -> tuple[int, int, int, int]:
     for d in shape[:-1]:
         rows *= d
     if rows >= 2**31:
-        raise ValueError(f"softmax_dropout: {rows} rows exceed the kernels' 2^31 - 1 limit; "
-                         "split the batch")
+        raise ValueError(
+            f"softmax_dropout: {rows} rows exceed the kernels' 2^31 - 1 limit; split the batch"
+        )
     return rows, d1, d2, n
 
 
@@ -118,11 +124,21 @@ def _common_args(x, seed, p, scale, mask, is_causal):
         mode = 1 if mask.dtype == torch.bool else 2
     has_dropout = p > 0
     ptrs = (xt, *x_strides, mt, *m_strides)
-    sizes = (*_dims(x.shape), *_hi_lo(scale), drop_threshold(p) if has_dropout else 0,
-             *_hi_lo(1.0 / (1.0 - p)))
-    flags = dict(MASK_MODE=mode, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
-                 PRECISE=x.dtype == torch.float32, F64=x.dtype == torch.float64,
-                 X_FLAT=x_flat, M_FLAT=m_flat)
+    sizes = (
+        *_dims(x.shape),
+        *_hi_lo(scale),
+        drop_threshold(p) if has_dropout else 0,
+        *_hi_lo(1.0 / (1.0 - p)),
+    )
+    flags = dict(
+        MASK_MODE=mode,
+        IS_CAUSAL=bool(is_causal),
+        HAS_DROPOUT=has_dropout,
+        PRECISE=x.dtype == torch.float32,
+        F64=x.dtype == torch.float64,
+        X_FLAT=x_flat,
+        M_FLAT=m_flat,
+    )
     return ptrs, sizes, flags, seed if has_dropout else xt
 
 
@@ -130,13 +146,23 @@ def _launch(kernel_single, kernel_looped, lead, tail, ptrs, sizes, flags, rows, 
     looped, block_m, block_g, num_warps = _tiling(n, rows)
     with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
         if looped:
-            kernel_looped[(rows,)](*lead, *ptrs, *tail, *sizes, **flags, BLOCK_G=block_g,
-                                   num_warps=num_warps)
+            kernel_looped[(rows,)](
+                *lead, *ptrs, *tail, *sizes, **flags, BLOCK_G=block_g, num_warps=num_warps
+            )
         else:
             grid = (triton.cdiv(rows, block_m),)
             no_pad = n == block_g * 8 and rows % block_m == 0
-            kernel_single[grid](*lead, *ptrs, *tail, *sizes, **flags, NO_PAD=no_pad,
-                                BLOCK_M=block_m, BLOCK_G=block_g, num_warps=num_warps)
+            kernel_single[grid](
+                *lead,
+                *ptrs,
+                *tail,
+                *sizes,
+                **flags,
+                NO_PAD=no_pad,
+                BLOCK_M=block_m,
+                BLOCK_G=block_g,
+                num_warps=num_warps,
+            )
 
 
 def forward_triton(x, seed, p, scale, mask, is_causal):
@@ -145,8 +171,18 @@ def forward_triton(x, seed, p, scale, mask, is_causal):
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     stats = torch.empty((2, rows), dtype=compute_dtype(x.dtype), device=x.device)
     if rows > 0:
-        _launch(K.softmax_dropout_fwd_kernel, K.softmax_dropout_fwd_looped_kernel, (), (
-            y, stats, seed_arg), ptrs, sizes, flags, rows, n, x.device)
+        _launch(
+            K.softmax_dropout_fwd_kernel,
+            K.softmax_dropout_fwd_looped_kernel,
+            (),
+            (y, stats, seed_arg),
+            ptrs,
+            sizes,
+            flags,
+            rows,
+            n,
+            x.device,
+        )
     return y, stats
 
 
@@ -156,9 +192,18 @@ def backward_triton(dy, x, stats, seed, p, scale, mask, is_causal, grad_scale):
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if rows > 0:
         dyt, dy_strides, dy_flat = _strided_view(dy, x.shape)
-        _launch(K.softmax_dropout_bwd_kernel, K.softmax_dropout_bwd_looped_kernel,
-                (dyt, *dy_strides), (dx, stats, seed_arg), ptrs, (*sizes, *_hi_lo(grad_scale)),
-                dict(flags, DY_FLAT=dy_flat), rows, n, x.device)
+        _launch(
+            K.softmax_dropout_bwd_kernel,
+            K.softmax_dropout_bwd_looped_kernel,
+            (dyt, *dy_strides),
+            (dx, stats, seed_arg),
+            ptrs,
+            (*sizes, *_hi_lo(grad_scale)),
+            dict(flags, DY_FLAT=dy_flat),
+            rows,
+            n,
+            x.device,
+        )
     return dx
 
 
@@ -168,9 +213,11 @@ def backward_triton(dy, x, stats, seed, p, scale, mask, is_causal, grad_scale):
 
 
 @torch.library.custom_op(
-    "gpushape::softmax_dropout_fwd", mutates_args=(),
+    "gpushape::softmax_dropout_fwd",
+    mutates_args=(),
     schema="(Tensor x, Tensor? seed, float p, float scale, Tensor? mask, bool is_causal)"
-           " -> (Tensor, Tensor)")
+    " -> (Tensor, Tensor)",
+)
 def softmax_dropout_fwd(x, seed, p, scale, mask, is_causal):
     """(y, stats) with stats (2, rows): row max and row sum of exp(z - max)."""
     if use_triton(x):
@@ -185,9 +232,11 @@ def _(x, seed, p, scale, mask, is_causal):
 
 
 @torch.library.custom_op(
-    "gpushape::softmax_dropout_bwd", mutates_args=(),
+    "gpushape::softmax_dropout_bwd",
+    mutates_args=(),
     schema="(Tensor dy, Tensor x, Tensor stats, Tensor? seed, float p, float scale,"
-           " Tensor? mask, bool is_causal, float grad_scale) -> Tensor")
+    " Tensor? mask, bool is_causal, float grad_scale) -> Tensor",
+)
 def softmax_dropout_bwd(dy, x, stats, seed, p, scale, mask, is_causal, grad_scale):
     """grad_scale * dL/dz for z = scale * x + mask, from x, the stats and the seed."""
     if use_triton(x):
@@ -234,8 +283,9 @@ def draw_seed(device: torch.device | str) -> torch.Tensor:
     return torch.randint(0, _SEED_HIGH, (1,), dtype=torch.int64, device=device)
 
 
-def dropout_keep_mask(seed: int | torch.Tensor, shape, p: float,
-                      device: torch.device | str = "cpu") -> torch.Tensor:
+def dropout_keep_mask(
+    seed: int | torch.Tensor, shape, p: float, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """The bool keep mask (x's shape) that softmax_dropout draws for `seed` (for checks)."""
     seed = int(seed.item()) if isinstance(seed, torch.Tensor) else int(seed)
     shape = tuple(shape)
@@ -259,38 +309,53 @@ def _check_inputs(x, p, scale, attn_mask, is_causal) -> None:
     if isinstance(scale, torch.Tensor) or not isinstance(scale, (int, float)):
         raise TypeError(f"{op}: scale must be a Python number, got {type(scale).__name__}")
     if x.dim() == 0 or x.shape[-1] == 0:
-        raise ValueError(f"{op}: x needs a last dim of size >= 1 to take the softmax over, "
-                         f"got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{op}: x needs a last dim of size >= 1 to take the softmax over, "
+            f"got shape {tuple(x.shape)}"
+        )
     if is_causal and x.dim() < 2:
-        raise ValueError(f"{op}: is_causal needs x of at least 2 dims (..., queries, keys), "
-                         f"got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{op}: is_causal needs x of at least 2 dims (..., queries, keys), "
+            f"got shape {tuple(x.shape)}"
+        )
     if attn_mask is None:
         return
     check_same_device(op, x=x, attn_mask=attn_mask)
     if attn_mask.dtype != torch.bool and attn_mask.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: attn_mask must be bool (True = attend) or a float additive "
-                        f"mask, got {attn_mask.dtype}")
+        raise TypeError(
+            f"{op}: attn_mask must be bool (True = attend) or a float additive "
+            f"mask, got {attn_mask.dtype}"
+        )
     try:
         fits = torch.broadcast_shapes(attn_mask.shape, x.shape) == x.shape
     except RuntimeError:
         fits = False
     if not fits:
-        raise ValueError(f"{op}: attn_mask of shape {tuple(attn_mask.shape)} does not "
-                         f"broadcast to x's shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{op}: attn_mask of shape {tuple(attn_mask.shape)} does not "
+            f"broadcast to x's shape {tuple(x.shape)}"
+        )
 
 
-def softmax_dropout(x: torch.Tensor, p: float, training: bool = True, scale: float = 1.0,
-                    attn_mask: torch.Tensor | None = None,
-                    is_causal: bool = False) -> torch.Tensor:
+def softmax_dropout(
+    x: torch.Tensor,
+    p: float,
+    training: bool = True,
+    scale: float = 1.0,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
     """dropout(softmax(scale * x + attn_mask, dim=-1), p) in one kernel (see module doc)."""
     _check_inputs(x, p, scale, attn_mask, is_causal)
     drop = bool(training) and p > 0
     seed = draw_seed(x.device) if drop else None
     if functorch_active():  # torch.func: the plain-PyTorch reference, same Philox mask
-        return forward_reference(x, seed, float(p) if drop else 0.0, float(scale), attn_mask,
-                                 bool(is_causal))[0]
-    y, _ = softmax_dropout_fwd(x, seed, float(p) if drop else 0.0, float(scale), attn_mask,
-                               bool(is_causal))
+        return forward_reference(
+            x, seed, float(p) if drop else 0.0, float(scale), attn_mask, bool(is_causal)
+        )[0]
+    y, _ = softmax_dropout_fwd(
+        x, seed, float(p) if drop else 0.0, float(scale), attn_mask, bool(is_causal)
+    )
     return y
 
 
@@ -303,8 +368,9 @@ class SoftmaxDropout(nn.Module):
         self.p = float(p)
         self.scale = float(scale)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                is_causal: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+    ) -> torch.Tensor:
         return softmax_dropout(x, self.p, self.training, self.scale, attn_mask, is_causal)
 
     def extra_repr(self) -> str:

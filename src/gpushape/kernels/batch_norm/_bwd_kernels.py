@@ -27,8 +27,18 @@ from ._kernels import (
 
 
 @triton.jit
-def _load_dz(dy_ptr, bits_ptr, ptr_off, m, bits_off, bm, acc_ty: tl.constexpr,
-             RELU: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
+def _load_dz(
+    dy_ptr,
+    bits_ptr,
+    ptr_off,
+    m,
+    bits_off,
+    bm,
+    acc_ty: tl.constexpr,
+    RELU: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     dy = tl.load(dy_ptr + ptr_off, mask=m, other=0.0).to(acc_ty)
     if RELU:
         packed = tl.load(bits_ptr + bits_off, mask=bm, other=0)
@@ -37,10 +47,30 @@ def _load_dz(dy_ptr, bits_ptr, ptr_off, m, bits_off, bm, acc_ty: tl.constexpr,
 
 
 @triton.jit
-def _bwd_block(dy_ptr, x_ptr, bits_ptr, dx_ptr, dres_ptr, rb, rb_end, cb, cmask, offs, c_off,
-               mean, scale, C, L, NB,
-               EVAL: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr,
-               BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, CHANNELS_LAST: tl.constexpr):
+def _bwd_block(
+    dy_ptr,
+    x_ptr,
+    bits_ptr,
+    dx_ptr,
+    dres_ptr,
+    rb,
+    rb_end,
+    cb,
+    cmask,
+    offs,
+    c_off,
+    mean,
+    scale,
+    C,
+    L,
+    NB,
+    EVAL: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    RELU: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
+):
     """dz and dz * (x - mean) of one row block (zero outside it); in eval also writes dx, dres."""
     base, row0, rmask = _block_at(rb, rb < rb_end, C, L, BLOCK_L, CHANNELS_LAST)
     ptr_off = base + c_off + offs
@@ -58,8 +88,9 @@ def _bwd_block(dy_ptr, x_ptr, bits_ptr, dx_ptr, dres_ptr, rb, rb_end, cb, cmask,
 
 
 @triton.jit
-def _finish_sums(part_ptr, cols, cmask, C, P, rstd, dw_ptr, db_ptr,
-                 BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+def _finish_sums(
+    part_ptr, cols, cmask, C, P, rstd, dw_ptr, db_ptr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr
+):
     """dweight = sum(dz * (x - mean)) * rstd and dbias = sum(dz) from the (2, P, C) partials."""
     sum_dz = _sum_partials(part_ptr, 0, P, C, cols, cmask, rstd.dtype, BLOCK_P, BLOCK_C)
     sum_dzx = _sum_partials(part_ptr, P, P, C, cols, cmask, rstd.dtype, BLOCK_P, BLOCK_C)
@@ -69,18 +100,33 @@ def _finish_sums(part_ptr, cols, cmask, C, P, rstd, dw_ptr, db_ptr,
 
 @triton.jit(do_not_specialize=["NB", "n_rb", "P"])  # as _apply_kernel and _stats_kernel
 def _bwd_reduce_kernel(
-    dy_ptr, x_ptr,          # (O, L, C) views: output gradient and the forward input
-    bits_ptr,               # (N*H*W, NB) uint8 ReLU mask bits from the forward (RELU)
-    mean_ptr, stat_ptr,     # (C,) mean; rstd, or running var in eval (STAT_IS_VAR = EVAL)
-    w_ptr,                  # (C,) weight (HAS_W)
-    part_ptr,               # (2, P, C) out: per-program sum(dz), sum(dz * (x - mean))
-    count_ptr,              # (n_cb,) int32, zero between launches (FUSED)
-    dw_ptr, db_ptr,         # (C,) out (FUSED): dweight, dbias
-    dx_ptr, dres_ptr,       # EVAL only: dx = dz * w * rstd and d_residual = dz
-    C, L, NB, n_rb, P, eps,
-    EVAL: tl.constexpr, HAS_W: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr,
-    FUSED: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, CHANNELS_LAST: tl.constexpr,
+    dy_ptr,
+    x_ptr,  # (O, L, C) views: output gradient and the forward input
+    bits_ptr,  # (N*H*W, NB) uint8 ReLU mask bits from the forward (RELU)
+    mean_ptr,
+    stat_ptr,  # (C,) mean; rstd, or running var in eval (STAT_IS_VAR = EVAL)
+    w_ptr,  # (C,) weight (HAS_W)
+    part_ptr,  # (2, P, C) out: per-program sum(dz), sum(dz * (x - mean))
+    count_ptr,  # (n_cb,) int32, zero between launches (FUSED)
+    dw_ptr,
+    db_ptr,  # (C,) out (FUSED): dweight, dbias
+    dx_ptr,
+    dres_ptr,  # EVAL only: dx = dz * w * rstd and d_residual = dz
+    C,
+    L,
+    NB,
+    n_rb,
+    P,
+    eps,
+    EVAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    RELU: tl.constexpr,
+    FUSED: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
 ):
     # read dy, x and mask bits once (eval: also write dx, dres); row blocks j, j + P, ...
     pid = tl.program_id(0)
@@ -96,12 +142,54 @@ def _bwd_reduce_kernel(
     acc_dz = tl.zeros((BLOCK_L, BLOCK_C), mean.dtype)
     acc_dzx = tl.zeros((BLOCK_L, BLOCK_C), mean.dtype)
     for rb in range(j, n_rb, 2 * P):
-        dz0, dzx0 = _bwd_block(dy_ptr, x_ptr, bits_ptr, dx_ptr, dres_ptr, rb, n_rb, cb, cmask,
-                               offs, c_off, mean, scale, C, L, NB, EVAL, HAS_RES, RELU,
-                               BLOCK_L, BLOCK_C, CHANNELS_LAST)
-        dz1, dzx1 = _bwd_block(dy_ptr, x_ptr, bits_ptr, dx_ptr, dres_ptr, rb + P, n_rb, cb,
-                               cmask, offs, c_off, mean, scale, C, L, NB, EVAL, HAS_RES, RELU,
-                               BLOCK_L, BLOCK_C, CHANNELS_LAST)
+        dz0, dzx0 = _bwd_block(
+            dy_ptr,
+            x_ptr,
+            bits_ptr,
+            dx_ptr,
+            dres_ptr,
+            rb,
+            n_rb,
+            cb,
+            cmask,
+            offs,
+            c_off,
+            mean,
+            scale,
+            C,
+            L,
+            NB,
+            EVAL,
+            HAS_RES,
+            RELU,
+            BLOCK_L,
+            BLOCK_C,
+            CHANNELS_LAST,
+        )
+        dz1, dzx1 = _bwd_block(
+            dy_ptr,
+            x_ptr,
+            bits_ptr,
+            dx_ptr,
+            dres_ptr,
+            rb + P,
+            n_rb,
+            cb,
+            cmask,
+            offs,
+            c_off,
+            mean,
+            scale,
+            C,
+            L,
+            NB,
+            EVAL,
+            HAS_RES,
+            RELU,
+            BLOCK_L,
+            BLOCK_C,
+            CHANNELS_LAST,
+        )
         acc_dz += dz0 + dz1
         acc_dzx += dzx0 + dzx1
     tl.store(part_ptr + j * C + cols, tl.sum(acc_dz, axis=0), mask=cmask)
@@ -113,23 +201,43 @@ def _bwd_reduce_kernel(
 
 @triton.jit(do_not_specialize=["P"])
 def _bwd_finalize_kernel(
-    part_ptr,               # (2, P, C) partials from _bwd_reduce_kernel
-    mean_ptr, stat_ptr,     # (C,) mean; rstd, or running var when STAT_IS_VAR
-    dw_ptr, db_ptr,         # (C,) out: dweight = sum(dz * x_hat), dbias = sum(dz)
-    C, P, eps,
-    STAT_IS_VAR: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    part_ptr,  # (2, P, C) partials from _bwd_reduce_kernel
+    mean_ptr,
+    stat_ptr,  # (C,) mean; rstd, or running var when STAT_IS_VAR
+    dw_ptr,
+    db_ptr,  # (C,) out: dweight = sum(dz * x_hat), dbias = sum(dz)
+    C,
+    P,
+    eps,
+    STAT_IS_VAR: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
-    _, rstd, _ = _channel_params(mean_ptr, stat_ptr, mean_ptr, cols, cmask, eps,
-                                 STAT_IS_VAR, False)
+    _, rstd, _ = _channel_params(mean_ptr, stat_ptr, mean_ptr, cols, cmask, eps, STAT_IS_VAR, False)
     _finish_sums(part_ptr, cols, cmask, C, P, rstd, dw_ptr, db_ptr, BLOCK_P, BLOCK_C)
 
 
 @triton.jit
-def _load_block(dy_ptr, x_ptr, bits_ptr, rb, valid, cb, c_off, offs, cmask, C, L, NB,
-                RELU: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
-                CHANNELS_LAST: tl.constexpr):
+def _load_block(
+    dy_ptr,
+    x_ptr,
+    bits_ptr,
+    rb,
+    valid,
+    cb,
+    c_off,
+    offs,
+    cmask,
+    C,
+    L,
+    NB,
+    RELU: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
+):
     """dy, x and the packed mask bytes of row block rb >= 0 (zeros where it is not `valid`)."""
     base, row0, rmask = _block_at(rb, valid, C, L, BLOCK_L, CHANNELS_LAST)
     m = rmask[:, None] & cmask[None, :]
@@ -138,17 +246,39 @@ def _load_block(dy_ptr, x_ptr, bits_ptr, rb, valid, cb, c_off, offs, cmask, C, L
     if RELU:
         byte = cb * (BLOCK_C // 8) + tl.arange(0, BLOCK_C // 8)
         bm = rmask[:, None] & (byte < NB)[None, :]
-        packed = tl.load(bits_ptr + row0 * NB + cb * (BLOCK_C // 8)
-                         + _bits_offsets(NB, BLOCK_L, BLOCK_C), mask=bm, other=0)
+        packed = tl.load(
+            bits_ptr + row0 * NB + cb * (BLOCK_C // 8) + _bits_offsets(NB, BLOCK_L, BLOCK_C),
+            mask=bm,
+            other=0,
+        )
     else:
         packed = tl.zeros((BLOCK_L, BLOCK_C // 8), tl.uint8)
     return dy, x, packed
 
 
 @triton.jit
-def _dx_tile(dy, x, packed, rb, dx_ptr, dres_ptr, mean, a, mean_dz, k_x, c_off, offs, cmask,
-             C, L, HAS_RES: tl.constexpr, RELU: tl.constexpr, BLOCK_L: tl.constexpr,
-             BLOCK_C: tl.constexpr, CHANNELS_LAST: tl.constexpr):
+def _dx_tile(
+    dy,
+    x,
+    packed,
+    rb,
+    dx_ptr,
+    dres_ptr,
+    mean,
+    a,
+    mean_dz,
+    k_x,
+    c_off,
+    offs,
+    cmask,
+    C,
+    L,
+    HAS_RES: tl.constexpr,
+    RELU: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
+):
     """dx (and d_residual) of row block rb from its loaded dy, x and mask bytes."""
     dz = dy.to(mean.dtype)
     if RELU:
@@ -164,16 +294,30 @@ def _dx_tile(dy, x, packed, rb, dx_ptr, dres_ptr, mean, a, mean_dz, k_x, c_off, 
 
 @triton.jit(do_not_specialize=["NB", "n_rb", "G", "M"])  # NB: "Mask bytes", _batch_norm_kernels
 def _bwd_apply_kernel(
-    dy_ptr, x_ptr,          # (O, L, C) views: output gradient and the forward input
-    bits_ptr,               # (N*H*W, NB) uint8 ReLU mask bits (RELU)
-    mean_ptr, rstd_ptr,     # (C,) batch statistics
-    w_ptr,                  # (C,) weight (HAS_W)
-    dw_ptr, db_ptr,         # (C,) sum(dz * x_hat) and sum(dz) from the reduction
-    dx_ptr, dres_ptr,       # (O, L, C) out: input gradient, residual gradient (HAS_RES)
-    C, L, NB, n_rb, G, M,
-    HAS_W: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr,
-    LOOP: tl.constexpr, PREFETCH: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, CHANNELS_LAST: tl.constexpr,
+    dy_ptr,
+    x_ptr,  # (O, L, C) views: output gradient and the forward input
+    bits_ptr,  # (N*H*W, NB) uint8 ReLU mask bits (RELU)
+    mean_ptr,
+    rstd_ptr,  # (C,) batch statistics
+    w_ptr,  # (C,) weight (HAS_W)
+    dw_ptr,
+    db_ptr,  # (C,) sum(dz * x_hat) and sum(dz) from the reduction
+    dx_ptr,
+    dres_ptr,  # (O, L, C) out: input gradient, residual gradient (HAS_RES)
+    C,
+    L,
+    NB,
+    n_rb,
+    G,
+    M,
+    HAS_W: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    RELU: tl.constexpr,
+    LOOP: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
 ):
     # read dy, x, mask bits; write dx (+ dres). Programs, order, LOOP and PREFETCH as
     # _apply_kernel (row blocks from the end: the reduction read the tail last, still in L2).
@@ -186,8 +330,24 @@ def _bwd_apply_kernel(
     offs, s_c = _tile_offsets(C, L, BLOCK_L, BLOCK_C, CHANNELS_LAST)
     c_off = (cb * BLOCK_C).to(tl.int64) * s_c
     # the first tile's loads go first, so they are in flight while the channel vectors arrive
-    dy, x, packed = _load_block(dy_ptr, x_ptr, bits_ptr, n_rb - 1 - j, True, cb, c_off, offs,
-                                cmask, C, L, NB, RELU, BLOCK_L, BLOCK_C, CHANNELS_LAST)
+    dy, x, packed = _load_block(
+        dy_ptr,
+        x_ptr,
+        bits_ptr,
+        n_rb - 1 - j,
+        True,
+        cb,
+        c_off,
+        offs,
+        cmask,
+        C,
+        L,
+        NB,
+        RELU,
+        BLOCK_L,
+        BLOCK_C,
+        CHANNELS_LAST,
+    )
     mean, rstd, w = _channel_params(mean_ptr, rstd_ptr, w_ptr, cols, cmask, 0.0, False, HAS_W)
     n = tl.zeros((), mean.dtype) + M
     a = w * rstd
@@ -199,15 +359,85 @@ def _bwd_apply_kernel(
             nxt = tl.maximum(rb - G, 0)  # this program's next row block, when rb - G >= 0
             dy_now, x_now, packed_now = dy, x, packed
             if PREFETCH:
-                dy, x, packed = _load_block(dy_ptr, x_ptr, bits_ptr, nxt, rb >= G, cb, c_off,
-                                            offs, cmask, C, L, NB, RELU, BLOCK_L, BLOCK_C,
-                                            CHANNELS_LAST)
-            _dx_tile(dy_now, x_now, packed_now, rb, dx_ptr, dres_ptr, mean, a, mean_dz, k_x,
-                     c_off, offs, cmask, C, L, HAS_RES, RELU, BLOCK_L, BLOCK_C, CHANNELS_LAST)
+                dy, x, packed = _load_block(
+                    dy_ptr,
+                    x_ptr,
+                    bits_ptr,
+                    nxt,
+                    rb >= G,
+                    cb,
+                    c_off,
+                    offs,
+                    cmask,
+                    C,
+                    L,
+                    NB,
+                    RELU,
+                    BLOCK_L,
+                    BLOCK_C,
+                    CHANNELS_LAST,
+                )
+            _dx_tile(
+                dy_now,
+                x_now,
+                packed_now,
+                rb,
+                dx_ptr,
+                dres_ptr,
+                mean,
+                a,
+                mean_dz,
+                k_x,
+                c_off,
+                offs,
+                cmask,
+                C,
+                L,
+                HAS_RES,
+                RELU,
+                BLOCK_L,
+                BLOCK_C,
+                CHANNELS_LAST,
+            )
             if not PREFETCH:
-                dy, x, packed = _load_block(dy_ptr, x_ptr, bits_ptr, nxt, rb >= G, cb, c_off,
-                                            offs, cmask, C, L, NB, RELU, BLOCK_L, BLOCK_C,
-                                            CHANNELS_LAST)
+                dy, x, packed = _load_block(
+                    dy_ptr,
+                    x_ptr,
+                    bits_ptr,
+                    nxt,
+                    rb >= G,
+                    cb,
+                    c_off,
+                    offs,
+                    cmask,
+                    C,
+                    L,
+                    NB,
+                    RELU,
+                    BLOCK_L,
+                    BLOCK_C,
+                    CHANNELS_LAST,
+                )
     else:
-        _dx_tile(dy, x, packed, n_rb - 1 - j, dx_ptr, dres_ptr, mean, a, mean_dz, k_x, c_off,
-                 offs, cmask, C, L, HAS_RES, RELU, BLOCK_L, BLOCK_C, CHANNELS_LAST)
+        _dx_tile(
+            dy,
+            x,
+            packed,
+            n_rb - 1 - j,
+            dx_ptr,
+            dres_ptr,
+            mean,
+            a,
+            mean_dz,
+            k_x,
+            c_off,
+            offs,
+            cmask,
+            C,
+            L,
+            HAS_RES,
+            RELU,
+            BLOCK_L,
+            BLOCK_C,
+            CHANNELS_LAST,
+        )

@@ -96,8 +96,9 @@ def _inv_sqrt(v):
 
 
 @triton.jit
-def _channel_params(mean_ptr, stat_ptr, w_ptr, cols, cmask, eps,
-                    STAT_IS_VAR: tl.constexpr, HAS_W: tl.constexpr):
+def _channel_params(
+    mean_ptr, stat_ptr, w_ptr, cols, cmask, eps, STAT_IS_VAR: tl.constexpr, HAS_W: tl.constexpr
+):
     """Per-channel mean, rstd and weight in the statistics dtype (fp32, or fp64 for fp64 input)."""
     mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
     acc_ty = mean.dtype
@@ -111,8 +112,20 @@ def _channel_params(mean_ptr, stat_ptr, w_ptr, cols, cmask, eps,
 
 
 @triton.jit
-def _shifted_tile(x_ptr, rb, rb_end, c_off, offs, cmask, shift_x, shift, C, L,
-                  BLOCK_L: tl.constexpr, CHANNELS_LAST: tl.constexpr):
+def _shifted_tile(
+    x_ptr,
+    rb,
+    rb_end,
+    c_off,
+    offs,
+    cmask,
+    shift_x,
+    shift,
+    C,
+    L,
+    BLOCK_L: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
+):
     """x - K over one row block; 0 outside it (masked lanes load K itself: no select needed)."""
     base, _, rmask = _block_at(rb, rb < rb_end, C, L, BLOCK_L, CHANNELS_LAST)
     m = rmask[:, None] & cmask[None, :]
@@ -121,15 +134,28 @@ def _shifted_tile(x_ptr, rb, rb_end, c_off, offs, cmask, shift_x, shift, C, L,
 
 
 @triton.jit
-def _sum_partials(part_ptr, row0, P, C, cols, cmask, acc_ty: tl.constexpr,
-                  BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+def _sum_partials(
+    part_ptr,
+    row0,
+    P,
+    C,
+    cols,
+    cmask,
+    acc_ty: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     """Column sums of part[row0 : row0 + P, cols] in a fixed order (deterministic)."""
     acc = tl.zeros((BLOCK_P, BLOCK_C), acc_ty)
     for p0 in range(0, P, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P)
         m = (p < P)[:, None] & cmask[None, :]
-        acc += tl.load(part_ptr + (row0 + p)[:, None] * C + cols[None, :], mask=m, other=0.0,
-                       cache_modifier=".cg")
+        acc += tl.load(
+            part_ptr + (row0 + p)[:, None] * C + cols[None, :],
+            mask=m,
+            other=0.0,
+            cache_modifier=".cg",
+        )
     return tl.sum(acc, axis=0)
 
 
@@ -145,9 +171,23 @@ def _last_of_block(count_ptr, cb, P):
 
 
 @triton.jit
-def _finish_stats(part_ptr, cols, cmask, C, P, M, eps, momentum,
-                  mean_ptr, rstd_ptr, rmean_ptr, rvar_ptr,
-                  UPDATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+def _finish_stats(
+    part_ptr,
+    cols,
+    cmask,
+    C,
+    P,
+    M,
+    eps,
+    momentum,
+    mean_ptr,
+    rstd_ptr,
+    rmean_ptr,
+    rvar_ptr,
+    UPDATE: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     """mean, rstd (and the running stats) of channels `cols` from the (2P + 1, C) partials."""
     acc_ty = mean_ptr.dtype.element_ty
     s1 = _sum_partials(part_ptr, 0, P, C, cols, cmask, acc_ty, BLOCK_P, BLOCK_C)
@@ -170,14 +210,26 @@ def _finish_stats(part_ptr, cols, cmask, C, P, M, eps, momentum,
 
 @triton.jit(do_not_specialize=["n_rb", "P", "M"])  # one compiled kernel for every grid size
 def _stats_kernel(
-    x_ptr,                  # input, read through the (O, L, C) view
-    part_ptr,               # (2P + 1, C) fp32/fp64: per-program sum(x - K), sum((x - K)^2); K
-    count_ptr,              # (n_cb,) int32, zero between launches (FUSED)
-    mean_ptr, rstd_ptr,     # (C,) out (FUSED): batch mean and 1/sqrt(biased var + eps)
-    rmean_ptr, rvar_ptr,    # (C,) running stats, blended in place (FUSED and UPDATE)
-    C, L, n_rb, P, M, eps, momentum,
-    FUSED: tl.constexpr, UPDATE: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, CHANNELS_LAST: tl.constexpr,
+    x_ptr,  # input, read through the (O, L, C) view
+    part_ptr,  # (2P + 1, C) fp32/fp64: per-program sum(x - K), sum((x - K)^2); K
+    count_ptr,  # (n_cb,) int32, zero between launches (FUSED)
+    mean_ptr,
+    rstd_ptr,  # (C,) out (FUSED): batch mean and 1/sqrt(biased var + eps)
+    rmean_ptr,
+    rvar_ptr,  # (C,) running stats, blended in place (FUSED and UPDATE)
+    C,
+    L,
+    n_rb,
+    P,
+    M,
+    eps,
+    momentum,
+    FUSED: tl.constexpr,
+    UPDATE: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
 ):
     # read: x once. Program (j, channel block cb) sums row blocks j, j + P, j + 2P, ...
     pid = tl.program_id(0)
@@ -199,10 +251,12 @@ def _stats_kernel(
     acc2 = tl.zeros((BLOCK_L, BLOCK_C), acc_ty)
     for rb in range(j, n_rb, 2 * P):
         # two blocks per trip: both loads are in flight before either is summed
-        d0 = _shifted_tile(x_ptr, rb, n_rb, c_off, offs, cmask, shift_x, shift, C, L,
-                           BLOCK_L, CHANNELS_LAST)
-        d1 = _shifted_tile(x_ptr, rb + P, n_rb, c_off, offs, cmask, shift_x, shift, C, L,
-                           BLOCK_L, CHANNELS_LAST)
+        d0 = _shifted_tile(
+            x_ptr, rb, n_rb, c_off, offs, cmask, shift_x, shift, C, L, BLOCK_L, CHANNELS_LAST
+        )
+        d1 = _shifted_tile(
+            x_ptr, rb + P, n_rb, c_off, offs, cmask, shift_x, shift, C, L, BLOCK_L, CHANNELS_LAST
+        )
         acc1 += d0
         acc1 += d1
         acc2 += d0 * d0
@@ -213,36 +267,95 @@ def _stats_kernel(
         tl.store(part_ptr + 2 * P * C + cols, shift, mask=cmask)
     if FUSED:  # noqa: SIM102 (a static if: the atomic must not be emitted unless FUSED)
         if _last_of_block(count_ptr, cb, P):
-            _finish_stats(part_ptr, cols, cmask, C, P, M, eps, momentum, mean_ptr, rstd_ptr,
-                          rmean_ptr, rvar_ptr, UPDATE, BLOCK_P, BLOCK_C)
+            _finish_stats(
+                part_ptr,
+                cols,
+                cmask,
+                C,
+                P,
+                M,
+                eps,
+                momentum,
+                mean_ptr,
+                rstd_ptr,
+                rmean_ptr,
+                rvar_ptr,
+                UPDATE,
+                BLOCK_P,
+                BLOCK_C,
+            )
 
 
 @triton.jit(do_not_specialize=["P", "M"])
 def _stats_finalize_kernel(
-    part_ptr,               # (2P + 1, C) partial shifted sums and the shift K, from _stats_kernel
-    mean_ptr, rstd_ptr,     # (C,) out: batch mean and 1/sqrt(biased var + eps)
-    rmean_ptr, rvar_ptr,    # (C,) running stats, blended in place when UPDATE
-    C, P, M, eps, momentum,
-    UPDATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    part_ptr,  # (2P + 1, C) partial shifted sums and the shift K, from _stats_kernel
+    mean_ptr,
+    rstd_ptr,  # (C,) out: batch mean and 1/sqrt(biased var + eps)
+    rmean_ptr,
+    rvar_ptr,  # (C,) running stats, blended in place when UPDATE
+    C,
+    P,
+    M,
+    eps,
+    momentum,
+    UPDATE: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     # when P * BLOCK_C partials are too many for the last reduction program to add alone
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    _finish_stats(part_ptr, cols, cols < C, C, P, M, eps, momentum, mean_ptr, rstd_ptr,
-                  rmean_ptr, rvar_ptr, UPDATE, BLOCK_P, BLOCK_C)
+    _finish_stats(
+        part_ptr,
+        cols,
+        cols < C,
+        C,
+        P,
+        M,
+        eps,
+        momentum,
+        mean_ptr,
+        rstd_ptr,
+        rmean_ptr,
+        rvar_ptr,
+        UPDATE,
+        BLOCK_P,
+        BLOCK_C,
+    )
 
 
 @triton.jit
-def _load_tile(ptr, rb, valid, c_off, offs, cmask, C, L,
-               BLOCK_L: tl.constexpr, CHANNELS_LAST: tl.constexpr):
+def _load_tile(
+    ptr, rb, valid, c_off, offs, cmask, C, L, BLOCK_L: tl.constexpr, CHANNELS_LAST: tl.constexpr
+):
     """Row block rb of one channel block (zeros where it is not `valid`); rb >= 0."""
     base, _, rmask = _block_at(rb, valid, C, L, BLOCK_L, CHANNELS_LAST)
     return tl.load(ptr + base + c_off + offs, mask=rmask[:, None] & cmask[None, :], other=0.0)
 
 
 @triton.jit
-def _apply_tile(x, res, rb, y_ptr, bits_ptr, mean, scale, bias, cb, c_off, offs, cmask, byte,
-                C, L, NB, HAS_RES: tl.constexpr, RELU: tl.constexpr,
-                BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, CHANNELS_LAST: tl.constexpr):
+def _apply_tile(
+    x,
+    res,
+    rb,
+    y_ptr,
+    bits_ptr,
+    mean,
+    scale,
+    bias,
+    cb,
+    c_off,
+    offs,
+    cmask,
+    byte,
+    C,
+    L,
+    NB,
+    HAS_RES: tl.constexpr,
+    RELU: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
+):
     """y and the mask bits of row block rb from its loaded x (and residual)."""
     y = (x.to(mean.dtype) - mean[None, :]) * scale[None, :] + bias[None, :]
     if HAS_RES:
@@ -250,25 +363,47 @@ def _apply_tile(x, res, rb, y_ptr, bits_ptr, mean, scale, bias, cb, c_off, offs,
     if RELU:
         y = tl.where(y < 0.0, 0.0, y)  # not max(): NaN must propagate as in torch.relu
     base, row0, rmask = _block_at(rb, True, C, L, BLOCK_L, CHANNELS_LAST)
-    tl.store(y_ptr + base + c_off + offs, y.to(y_ptr.dtype.element_ty),
-             mask=rmask[:, None] & cmask[None, :])
+    tl.store(
+        y_ptr + base + c_off + offs,
+        y.to(y_ptr.dtype.element_ty),
+        mask=rmask[:, None] & cmask[None, :],
+    )
     if RELU:
         packed = _pack_bits(y > 0.0, BLOCK_L, BLOCK_C)
         bm = rmask[:, None] & (byte < NB)[None, :]
-        tl.store(bits_ptr + row0 * NB + cb * (BLOCK_C // 8) + _bits_offsets(NB, BLOCK_L, BLOCK_C),
-                 packed, mask=bm)
+        tl.store(
+            bits_ptr + row0 * NB + cb * (BLOCK_C // 8) + _bits_offsets(NB, BLOCK_L, BLOCK_C),
+            packed,
+            mask=bm,
+        )
 
 
 @triton.jit(do_not_specialize=["NB", "n_rb", "G"])  # NB: see "Mask bytes" above
 def _apply_kernel(
-    x_ptr, res_ptr, y_ptr,  # (O, L, C) views: input, residual (HAS_RES), output
-    bits_ptr,               # (N*H*W, NB) uint8 out: bit set where y > 0 (RELU)
-    mean_ptr, stat_ptr,     # (C,) mean; rstd, or running var when STAT_IS_VAR (eval)
-    w_ptr, b_ptr,           # (C,) affine weight and bias (HAS_W / HAS_B)
-    C, L, NB, n_rb, G, eps,
-    STAT_IS_VAR: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    HAS_RES: tl.constexpr, RELU: tl.constexpr, LOOP: tl.constexpr, PREFETCH: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, CHANNELS_LAST: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    y_ptr,  # (O, L, C) views: input, residual (HAS_RES), output
+    bits_ptr,  # (N*H*W, NB) uint8 out: bit set where y > 0 (RELU)
+    mean_ptr,
+    stat_ptr,  # (C,) mean; rstd, or running var when STAT_IS_VAR (eval)
+    w_ptr,
+    b_ptr,  # (C,) affine weight and bias (HAS_W / HAS_B)
+    C,
+    L,
+    NB,
+    n_rb,
+    G,
+    eps,
+    STAT_IS_VAR: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    RELU: tl.constexpr,
+    LOOP: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
 ):
     # read x (+ residual), write y (+ 1 bit an element): y = act((x - mean)*rstd*w + b + res).
     # Row blocks are counted from the end (reverse order: see the module docstring). LOOP: G
@@ -287,10 +422,10 @@ def _apply_kernel(
     x = _load_tile(x_ptr, n_rb - 1 - j, True, c_off, offs, cmask, C, L, BLOCK_L, CHANNELS_LAST)
     res = x
     if HAS_RES:
-        res = _load_tile(res_ptr, n_rb - 1 - j, True, c_off, offs, cmask, C, L, BLOCK_L,
-                         CHANNELS_LAST)
-    mean, rstd, w = _channel_params(mean_ptr, stat_ptr, w_ptr, cols, cmask, eps,
-                                    STAT_IS_VAR, HAS_W)
+        res = _load_tile(
+            res_ptr, n_rb - 1 - j, True, c_off, offs, cmask, C, L, BLOCK_L, CHANNELS_LAST
+        )
+    mean, rstd, w = _channel_params(mean_ptr, stat_ptr, w_ptr, cols, cmask, eps, STAT_IS_VAR, HAS_W)
     scale = rstd * w
     if HAS_B:
         bias = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(mean.dtype)
@@ -303,20 +438,65 @@ def _apply_kernel(
             nxt = tl.maximum(rb - G, 0)  # this program's next row block, when rb - G >= 0
             x_now, res_now = x, res
             if PREFETCH:
-                x = _load_tile(x_ptr, nxt, rb >= G, c_off, offs, cmask, C, L, BLOCK_L,
-                               CHANNELS_LAST)
+                x = _load_tile(
+                    x_ptr, nxt, rb >= G, c_off, offs, cmask, C, L, BLOCK_L, CHANNELS_LAST
+                )
                 if HAS_RES:
-                    res = _load_tile(res_ptr, nxt, rb >= G, c_off, offs, cmask, C, L, BLOCK_L,
-                                     CHANNELS_LAST)
-            _apply_tile(x_now, res_now, rb, y_ptr, bits_ptr, mean, scale, bias, cb, c_off,
-                        offs, cmask, byte, C, L, NB, HAS_RES, RELU, BLOCK_L, BLOCK_C,
-                        CHANNELS_LAST)
+                    res = _load_tile(
+                        res_ptr, nxt, rb >= G, c_off, offs, cmask, C, L, BLOCK_L, CHANNELS_LAST
+                    )
+            _apply_tile(
+                x_now,
+                res_now,
+                rb,
+                y_ptr,
+                bits_ptr,
+                mean,
+                scale,
+                bias,
+                cb,
+                c_off,
+                offs,
+                cmask,
+                byte,
+                C,
+                L,
+                NB,
+                HAS_RES,
+                RELU,
+                BLOCK_L,
+                BLOCK_C,
+                CHANNELS_LAST,
+            )
             if not PREFETCH:
-                x = _load_tile(x_ptr, nxt, rb >= G, c_off, offs, cmask, C, L, BLOCK_L,
-                               CHANNELS_LAST)
+                x = _load_tile(
+                    x_ptr, nxt, rb >= G, c_off, offs, cmask, C, L, BLOCK_L, CHANNELS_LAST
+                )
                 if HAS_RES:
-                    res = _load_tile(res_ptr, nxt, rb >= G, c_off, offs, cmask, C, L, BLOCK_L,
-                                     CHANNELS_LAST)
+                    res = _load_tile(
+                        res_ptr, nxt, rb >= G, c_off, offs, cmask, C, L, BLOCK_L, CHANNELS_LAST
+                    )
     else:
-        _apply_tile(x, res, n_rb - 1 - j, y_ptr, bits_ptr, mean, scale, bias, cb, c_off, offs,
-                    cmask, byte, C, L, NB, HAS_RES, RELU, BLOCK_L, BLOCK_C, CHANNELS_LAST)
+        _apply_tile(
+            x,
+            res,
+            n_rb - 1 - j,
+            y_ptr,
+            bits_ptr,
+            mean,
+            scale,
+            bias,
+            cb,
+            c_off,
+            offs,
+            cmask,
+            byte,
+            C,
+            L,
+            NB,
+            HAS_RES,
+            RELU,
+            BLOCK_L,
+            BLOCK_C,
+            CHANNELS_LAST,
+        )

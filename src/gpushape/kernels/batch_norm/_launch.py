@@ -23,8 +23,14 @@ import torch
 from . import _tuning as tuning_table
 from ._plans import BackwardPlan, ForwardPlan, View, in_layout, stat_dtype
 
-__all__ = ["BackwardPlan", "ForwardPlan", "backward_plan", "forward_plan", "in_layout",
-           "stat_dtype"]
+__all__ = [
+    "BackwardPlan",
+    "ForwardPlan",
+    "backward_plan",
+    "forward_plan",
+    "in_layout",
+    "stat_dtype",
+]
 
 
 # ---- plans, cached per signature ----
@@ -46,33 +52,61 @@ def _dtype(t: torch.Tensor | None):
     return None if t is None else t.dtype
 
 
-def forward_plan(x, weight, bias, running_mean, running_var, residual, training: bool,
-                 relu: bool) -> ForwardPlan:
+def forward_plan(
+    x, weight, bias, running_mean, running_var, residual, training: bool, relu: bool
+) -> ForwardPlan:
     """The cached plan of a forward with these inputs' shapes, strides and dtypes."""
-    key = ("fwd", x.shape, x.stride(), x.dtype, x.get_device(), _dtype(weight), _dtype(bias),
-           _dtype(running_mean), _dtype(running_var), residual is not None, training, relu,
-           tuning_table.generation)
+    key = (
+        "fwd",
+        x.shape,
+        x.stride(),
+        x.dtype,
+        x.get_device(),
+        _dtype(weight),
+        _dtype(bias),
+        _dtype(running_mean),
+        _dtype(running_var),
+        residual is not None,
+        training,
+        relu,
+        tuning_table.generation,
+    )
 
     def build():
         view = View.of(x)
         tuning = tuning_table.tuning_for(view.C, view.M, view.channels_last)
-        return ForwardPlan(x, view, tuning, weight, bias, running_mean, running_var, residual,
-                           training, relu)
+        return ForwardPlan(
+            x, view, tuning, weight, bias, running_mean, running_var, residual, training, relu
+        )
+
     return _cached(key, build)
 
 
 def backward_plan(x, weight, stat, training: bool, relu: bool, res_grad: bool) -> BackwardPlan:
-    key = ("bwd", x.shape, x.stride(), x.dtype, x.get_device(), _dtype(weight), stat.dtype,
-           training, relu, res_grad, tuning_table.generation)
+    key = (
+        "bwd",
+        x.shape,
+        x.stride(),
+        x.dtype,
+        x.get_device(),
+        _dtype(weight),
+        stat.dtype,
+        training,
+        relu,
+        res_grad,
+        tuning_table.generation,
+    )
 
     def build():
         view = View.of(x)
         tuning = tuning_table.tuning_for(view.C, view.M, view.channels_last)
         return BackwardPlan(x, view, tuning, weight, stat, training, relu, res_grad)
+
     return _cached(key, build)
 
 
 # ---- the custom ops' implementations (each call looks its plan up) ----
+
 
 def batch_stats(x, running_mean, running_var, momentum: float, eps: float):
     """Batch mean and 1/sqrt(var + eps) over N*H*W (fp32); blends the running stats in place."""
@@ -82,13 +116,16 @@ def batch_stats(x, running_mean, running_var, momentum: float, eps: float):
 
 def apply(x, mean, stat, weight, bias, residual, eps: float, stat_is_var: bool, relu: bool):
     """y = act((x - mean) * rstd * weight + bias + residual), and the ReLU mask bits."""
-    plan = forward_plan(x, weight, bias, None, stat if stat_is_var else None, residual,
-                        not stat_is_var, relu)
+    plan = forward_plan(
+        x, weight, bias, None, stat if stat_is_var else None, residual, not stat_is_var, relu
+    )
     return plan.apply(x, mean, stat, weight, bias, residual, eps)
 
 
-def backward(dy, x, weight, mean, stat, bits, eps: float, training: bool, relu: bool,
-             res_grad: bool):
+def backward(
+    dy, x, weight, mean, stat, bits, eps: float, training: bool, relu: bool, res_grad: bool
+):
     """(dx, dweight, dbias, d_residual); dweight/dbias in the statistics dtype."""
     return backward_plan(x, weight, stat, training, relu, res_grad).run(
-        dy, x, weight, mean, stat, bits, eps)
+        dy, x, weight, mean, stat, bits, eps
+    )

@@ -96,8 +96,14 @@ class _Reduction:
 
     def __init__(self, kernel, example_args: list, meta: dict, t: Tiles, cfg: ReduceConfig):
         most = max(t.n_rb // max(cfg.min_rows // t.block_l, 1), 1)
-        meta = dict(meta, FUSED=True, BLOCK_P=max(2 * t.block_l, 2), BLOCK_L=t.block_l,
-                    BLOCK_C=t.block_c, num_warps=cfg.warps)
+        meta = dict(
+            meta,
+            FUSED=True,
+            BLOCK_P=max(2 * t.block_l, 2),
+            BLOCK_L=t.block_l,
+            BLOCK_C=t.block_c,
+            num_warps=cfg.warps,
+        )
         resident = resident_programs(kernel, example_args, meta)  # P is not specialised on
         self.P = max(min(cfg.waves * resident // t.n_cb, most), 1)
         self.fused = self.P * t.block_c <= cfg.fuse_max
@@ -105,12 +111,19 @@ class _Reduction:
         self.launch = Launch(kernel, self.P * t.n_cb, meta)
 
 
-def _elementwise(kernel, example_args: list, meta: dict, t: Tiles, cfg: ApplyConfig,
-                 g_index: int) -> tuple[Launch, int]:
+def _elementwise(
+    kernel, example_args: list, meta: dict, t: Tiles, cfg: ApplyConfig, g_index: int
+) -> tuple[Launch, int]:
     """(launch, G): G programs a channel block, from cfg.waves (0: one per row block)."""
     loop = cfg.waves > 0
-    meta = dict(meta, LOOP=loop, PREFETCH=loop and cfg.prefetch, BLOCK_L=t.block_l,
-                BLOCK_C=t.block_c, num_warps=cfg.warps)
+    meta = dict(
+        meta,
+        LOOP=loop,
+        PREFETCH=loop and cfg.prefetch,
+        BLOCK_L=t.block_l,
+        BLOCK_C=t.block_c,
+        num_warps=cfg.warps,
+    )
     g = t.n_rb
     if loop and t.n_rb > 0:
         resident = resident_programs(kernel, example_args, meta)  # G is not specialised on
@@ -120,8 +133,9 @@ def _elementwise(kernel, example_args: list, meta: dict, t: Tiles, cfg: ApplyCon
 
 
 def _finalize_launch(kernel, c: int, **meta) -> Launch:
-    meta = dict(meta, BLOCK_P=_FINALIZE_BLOCK_P, BLOCK_C=_FINALIZE_BLOCK_C,
-                num_warps=_FINALIZE_WARPS)
+    meta = dict(
+        meta, BLOCK_P=_FINALIZE_BLOCK_P, BLOCK_C=_FINALIZE_BLOCK_C, num_warps=_FINALIZE_WARPS
+    )
     return Launch(kernel, _cdiv(c, _FINALIZE_BLOCK_C), meta)
 
 
@@ -158,8 +172,19 @@ class _Layout:
 class ForwardPlan(_Layout):
     """stats (training) and apply of one forward signature."""
 
-    def __init__(self, x, view: View, tuning: BatchNormTuning, weight, bias, running_mean,
-                 running_var, residual, training: bool, relu: bool):
+    def __init__(
+        self,
+        x,
+        view: View,
+        tuning: BatchNormTuning,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        residual,
+        training: bool,
+        relu: bool,
+    ):
         super().__init__(x, view)
         self.relu = relu
         self.update = running_mean is not None
@@ -170,31 +195,69 @@ class ForwardPlan(_Layout):
 
     def _plan_stats(self, xk, tuning: BatchNormTuning, running_mean, running_var) -> None:
         v = self.view
-        self.stats_tiles = t = tiles(v, xk.element_size(), tuning.stats.tile_bytes,
-                                     tuning.stats.block_c)
+        self.stats_tiles = t = tiles(
+            v, xk.element_size(), tuning.stats.tile_bytes, tuning.stats.block_c
+        )
         mean = self.example()
         rm, rv = (running_mean, running_var) if self.update else (mean, mean)
-        example = [xk, mean, counters(xk, t.n_cb), mean, mean, rm, rv, v.C, v.L, t.n_rb, 1, v.M,
-                   1e-5, 0.1]
+        example = [
+            xk,
+            mean,
+            counters(xk, t.n_cb),
+            mean,
+            mean,
+            rm,
+            rv,
+            v.C,
+            v.L,
+            t.n_rb,
+            1,
+            v.M,
+            1e-5,
+            0.1,
+        ]
         self.reduction = r = _Reduction(
-            _stats_kernel, example, dict(UPDATE=self.update, CHANNELS_LAST=v.channels_last), t,
-            tuning.stats)
+            _stats_kernel,
+            example,
+            dict(UPDATE=self.update, CHANNELS_LAST=v.channels_last),
+            t,
+            tuning.stats,
+        )
         self.part_shape = (2 * r.P + 1, v.C)
-        self.finalize = None if r.fused else _finalize_launch(
-            _stats_finalize_kernel, v.C, UPDATE=self.update)
+        self.finalize = (
+            None if r.fused else _finalize_launch(_stats_finalize_kernel, v.C, UPDATE=self.update)
+        )
 
     def _plan_apply(self, x, cfg: ApplyConfig, weight, bias, residual, running_var) -> None:
         """running_var: the eval statistics (None in training: the batch rstd, fp32)."""
         v = self.view
         self.apply_tiles = t = tiles(v, x.element_size(), cfg.tile_bytes, cfg.block_c)
-        meta = dict(STAT_IS_VAR=running_var is not None, HAS_W=weight is not None,
-                    HAS_B=bias is not None, HAS_RES=residual is not None, RELU=self.relu,
-                    CHANNELS_LAST=v.channels_last)
+        meta = dict(
+            STAT_IS_VAR=running_var is not None,
+            HAS_W=weight is not None,
+            HAS_B=bias is not None,
+            HAS_RES=residual is not None,
+            RELU=self.relu,
+            CHANNELS_LAST=v.channels_last,
+        )
         xk, acc = self.kin(x), self.example()
         stat = acc if running_var is None else self.example(running_var.dtype)
-        example = [xk, xk, xk, self.example(torch.uint8, v.NB * 16), acc, stat,
-                   acc if weight is None else weight, acc if bias is None else bias, v.C, v.L,
-                   v.NB, t.n_rb, 1, 1e-5]
+        example = [
+            xk,
+            xk,
+            xk,
+            self.example(torch.uint8, v.NB * 16),
+            acc,
+            stat,
+            acc if weight is None else weight,
+            acc if bias is None else bias,
+            v.C,
+            v.L,
+            v.NB,
+            t.n_rb,
+            1,
+            1e-5,
+        ]
         self.apply_launch, self.apply_g = _elementwise(_apply_kernel, example, meta, t, cfg, 12)
 
     def stats(self, x, running_mean, running_var, momentum: float, eps: float):
@@ -205,8 +268,23 @@ class ForwardPlan(_Layout):
         rstd = torch.empty_like(mean)
         rm, rv = (running_mean, running_var) if self.update else (mean, rstd)
         ok = aligned(x, running_mean, running_var)
-        r.launch(ok, self.kin(x), part, counters(x, self.stats_tiles.n_cb), mean, rstd, rm, rv,
-                 v.C, v.L, self.stats_tiles.n_rb, r.P, v.M, eps, momentum)
+        r.launch(
+            ok,
+            self.kin(x),
+            part,
+            counters(x, self.stats_tiles.n_cb),
+            mean,
+            rstd,
+            rm,
+            rv,
+            v.C,
+            v.L,
+            self.stats_tiles.n_rb,
+            r.P,
+            v.M,
+            eps,
+            momentum,
+        )
         if self.finalize is not None:
             self.finalize(ok, part, mean, rstd, rm, rv, v.C, r.P, v.M, eps, momentum)
         return mean, rstd
@@ -217,13 +295,27 @@ class ForwardPlan(_Layout):
         xk = self.kin(x)
         res = self.kin(residual) if residual is not None else xk
         y, yk = self.out(x)
-        bits = torch.empty((v.M, v.NB) if self.relu else (0,), dtype=torch.uint8,
-                           device=self.device)
+        bits = torch.empty(
+            (v.M, v.NB) if self.relu else (0,), dtype=torch.uint8, device=self.device
+        )
         if t.n_rb:
-            self.apply_launch(aligned(x, residual, weight, bias, mean, stat), xk, res, yk, bits,
-                              mean, stat, weight if weight is not None else mean,
-                              bias if bias is not None else mean, v.C, v.L, v.NB, t.n_rb,
-                              self.apply_g, eps)
+            self.apply_launch(
+                aligned(x, residual, weight, bias, mean, stat),
+                xk,
+                res,
+                yk,
+                bits,
+                mean,
+                stat,
+                weight if weight is not None else mean,
+                bias if bias is not None else mean,
+                v.C,
+                v.L,
+                v.NB,
+                t.n_rb,
+                self.apply_g,
+                eps,
+            )
         if yk is not y:
             y.copy_(yk)
         return y, bits
@@ -233,30 +325,81 @@ class BackwardPlan(_Layout):
     """The backward of one signature: a reduction (sums; in eval also dx) and, when training,
     the elementwise dx pass."""
 
-    def __init__(self, x, view: View, tuning: BatchNormTuning, weight, stat, training: bool,
-                 relu: bool, res_grad: bool):
+    def __init__(
+        self,
+        x,
+        view: View,
+        tuning: BatchNormTuning,
+        weight,
+        stat,
+        training: bool,
+        relu: bool,
+        res_grad: bool,
+    ):
         super().__init__(x, view)
         self.training, self.res_grad, self.has_w = training, res_grad, weight is not None
         xk = self.kin(x)
-        self.reduce_tiles = t = tiles(view, x.element_size(), tuning.bwd_reduce.tile_bytes,
-                                      tuning.bwd_reduce.block_c)
-        flags = dict(HAS_W=weight is not None, HAS_RES=res_grad, RELU=relu,
-                     CHANNELS_LAST=view.channels_last)
+        self.reduce_tiles = t = tiles(
+            view, x.element_size(), tuning.bwd_reduce.tile_bytes, tuning.bwd_reduce.block_c
+        )
+        flags = dict(
+            HAS_W=weight is not None, HAS_RES=res_grad, RELU=relu, CHANNELS_LAST=view.channels_last
+        )
         acc = self.example()
         w = weight if weight is not None else acc
         bits = self.example(torch.uint8, view.NB * 16)
-        example = [xk, xk, bits, acc, self.example(stat.dtype), w, acc, counters(xk, t.n_cb),
-                   acc, acc, xk, xk, view.C, view.L, view.NB, t.n_rb, 1, 1e-5]
-        self.reduction = r = _Reduction(_bwd_reduce_kernel, example, dict(flags, EVAL=not training),
-                                        t, tuning.bwd_reduce)
-        self.finalize = None if r.fused else _finalize_launch(
-            _bwd_finalize_kernel, view.C, STAT_IS_VAR=not training)
-        self.apply_tiles = a = tiles(view, x.element_size(), tuning.bwd_apply.tile_bytes,
-                                     tuning.bwd_apply.block_c)
-        example = [xk, xk, bits, acc, acc, w, acc, acc, xk, xk, view.C, view.L, view.NB, a.n_rb,
-                   1, view.M]
+        example = [
+            xk,
+            xk,
+            bits,
+            acc,
+            self.example(stat.dtype),
+            w,
+            acc,
+            counters(xk, t.n_cb),
+            acc,
+            acc,
+            xk,
+            xk,
+            view.C,
+            view.L,
+            view.NB,
+            t.n_rb,
+            1,
+            1e-5,
+        ]
+        self.reduction = r = _Reduction(
+            _bwd_reduce_kernel, example, dict(flags, EVAL=not training), t, tuning.bwd_reduce
+        )
+        self.finalize = (
+            None
+            if r.fused
+            else _finalize_launch(_bwd_finalize_kernel, view.C, STAT_IS_VAR=not training)
+        )
+        self.apply_tiles = a = tiles(
+            view, x.element_size(), tuning.bwd_apply.tile_bytes, tuning.bwd_apply.block_c
+        )
+        example = [
+            xk,
+            xk,
+            bits,
+            acc,
+            acc,
+            w,
+            acc,
+            acc,
+            xk,
+            xk,
+            view.C,
+            view.L,
+            view.NB,
+            a.n_rb,
+            1,
+            view.M,
+        ]
         self.apply_launch, self.apply_g = _elementwise(
-            _bwd_apply_kernel, example, flags, a, tuning.bwd_apply, 14)
+            _bwd_apply_kernel, example, flags, a, tuning.bwd_apply, 14
+        )
 
     def sums(self, ok: bool, dyk, xk, weight, mean, stat, bits, eps: float, dxk, dresk):
         """(dweight, dbias) in the statistics dtype; in eval also writes dx, d_residual.
@@ -265,8 +408,27 @@ class BackwardPlan(_Layout):
         part = torch.empty((2 * r.P, v.C), dtype=self.acc, device=self.device)
         dw, db = torch.empty_like(mean), torch.empty_like(mean)
         w = weight if weight is not None else mean
-        r.launch(ok, dyk, xk, bits, mean, stat, w, part, counters(xk, t.n_cb), dw, db, dxk,
-                 dresk, v.C, v.L, v.NB, t.n_rb, r.P, eps)
+        r.launch(
+            ok,
+            dyk,
+            xk,
+            bits,
+            mean,
+            stat,
+            w,
+            part,
+            counters(xk, t.n_cb),
+            dw,
+            db,
+            dxk,
+            dresk,
+            v.C,
+            v.L,
+            v.NB,
+            t.n_rb,
+            r.P,
+            eps,
+        )
         if self.finalize is not None:
             self.finalize(ok, part, mean, stat, dw, db, v.C, r.P, eps)
         return dw, db
@@ -275,8 +437,25 @@ class BackwardPlan(_Layout):
         """dx (and d_residual) of training, from the sums."""
         v, a = self.view, self.apply_tiles
         w = weight if weight is not None else mean
-        self.apply_launch(ok, dyk, xk, bits, mean, rstd, w, dw, db, dxk, dresk,
-                          v.C, v.L, v.NB, a.n_rb, self.apply_g, v.M)
+        self.apply_launch(
+            ok,
+            dyk,
+            xk,
+            bits,
+            mean,
+            rstd,
+            w,
+            dw,
+            db,
+            dxk,
+            dresk,
+            v.C,
+            v.L,
+            v.NB,
+            a.n_rb,
+            self.apply_g,
+            v.M,
+        )
 
     def run(self, dy, x, weight, mean, stat, bits, eps: float):
         """(dx, dweight, dbias, d_residual)."""

@@ -30,8 +30,11 @@ def _occupancy(function: int, threads: int, shared_bytes: int) -> int:
     count = ctypes.c_int(0)
     try:
         err = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            ctypes.byref(count), ctypes.c_void_p(function), ctypes.c_int(threads),
-            ctypes.c_size_t(shared_bytes))
+            ctypes.byref(count),
+            ctypes.c_void_p(function),
+            ctypes.c_int(threads),
+            ctypes.c_size_t(shared_bytes),
+        )
     except OSError:
         err = -1
     return count.value if err == 0 and count.value > 0 else _FALLBACK_PROGRAMS_PER_SM

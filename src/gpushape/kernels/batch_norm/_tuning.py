@@ -73,19 +73,29 @@ DEFAULT = BatchNormTuning()
 # benchmarks/results/kernels-h200/tune_batch_norm_act.json): ResNet-50's stages at batch 256.
 TUNED: dict[tuple[int, int], BatchNormTuning] = {
     (1024, 50176): BatchNormTuning(
-        stats=ReduceConfig(min_rows=64), apply=ApplyConfig(block_c=1024, tile_bytes=8192),
-        bwd_reduce=ReduceConfig(), bwd_apply=ApplyConfig(block_c=1024, tile_bytes=8192)),
+        stats=ReduceConfig(min_rows=64),
+        apply=ApplyConfig(block_c=1024, tile_bytes=8192),
+        bwd_reduce=ReduceConfig(),
+        bwd_apply=ApplyConfig(block_c=1024, tile_bytes=8192),
+    ),
     (512, 200704): BatchNormTuning(
-        stats=ReduceConfig(fuse_max=0), apply=ApplyConfig(block_c=512, tile_bytes=8192),
-        bwd_reduce=ReduceConfig(), bwd_apply=ApplyConfig(block_c=512)),
+        stats=ReduceConfig(fuse_max=0),
+        apply=ApplyConfig(block_c=512, tile_bytes=8192),
+        bwd_reduce=ReduceConfig(),
+        bwd_apply=ApplyConfig(block_c=512),
+    ),
     (256, 802816): BatchNormTuning(
-        stats=ReduceConfig(fuse_max=0), apply=ApplyConfig(tile_bytes=8192),
-        bwd_reduce=ReduceConfig(fuse_max=0), bwd_apply=ApplyConfig(tile_bytes=8192, warps=4)),
+        stats=ReduceConfig(fuse_max=0),
+        apply=ApplyConfig(tile_bytes=8192),
+        bwd_reduce=ReduceConfig(fuse_max=0),
+        bwd_apply=ApplyConfig(tile_bytes=8192, warps=4),
+    ),
     (64, 3211264): BatchNormTuning(
         stats=ReduceConfig(block_c=64, fuse_max=0),
         apply=ApplyConfig(block_c=64, tile_bytes=8192, warps=4),
         bwd_reduce=ReduceConfig(block_c=64, fuse_max=0),
-        bwd_apply=ApplyConfig(block_c=64, tile_bytes=8192, warps=4)),
+        bwd_apply=ApplyConfig(block_c=64, tile_bytes=8192, warps=4),
+    ),
 }
 
 _OVERRIDE: BatchNormTuning | None = None
@@ -123,8 +133,12 @@ def batch_norm_tuning(tuning: BatchNormTuning | None = None, **changes):
         generation += 1
 
 
-KINDS = {"stats": ReduceConfig, "apply": ApplyConfig, "bwd_reduce": ReduceConfig,
-         "bwd_apply": ApplyConfig}
+KINDS = {
+    "stats": ReduceConfig,
+    "apply": ApplyConfig,
+    "bwd_reduce": ReduceConfig,
+    "bwd_apply": ApplyConfig,
+}
 
 
 def from_dict(d: dict) -> BatchNormTuning:

@@ -41,6 +41,7 @@ _CHANNEL = (1, -1, 1, 1)
 
 # ---- plain-PyTorch reference (CPU path; also defines the exact op semantics) ----
 
+
 def _pack_bits_ref(pos: Tensor) -> Tensor:
     """(N, C, H, W) bool -> (N*H*W, ceil(C/8)) uint8, bit k of byte j = channel 8j + k."""
     n, c, h, w = pos.shape
@@ -117,8 +118,10 @@ def _backward_ref(dy, x, weight, mean, stat, bits, eps, training, relu, res_grad
 
 # ---- implementations (Triton or reference), registered as custom ops below ----
 
-def _stats(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
-           momentum: float, eps: float) -> tuple[Tensor, Tensor]:
+
+def _stats(
+    x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, momentum: float, eps: float
+) -> tuple[Tensor, Tensor]:
     """Batch mean and 1/sqrt(var + eps) per channel; blends running stats in place if given."""
     if x.numel() == 0:  # as torch: nothing to normalise, running stats untouched
         zeros = x.new_zeros(x.shape[1], dtype=launch.stat_dtype(x))
@@ -128,9 +131,17 @@ def _stats(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
     return _stats_ref(x, running_mean, running_var, momentum, eps)
 
 
-def _apply(x: Tensor, mean: Tensor, stat: Tensor, weight: Tensor | None, bias: Tensor | None,
-           residual: Tensor | None, eps: float, training: bool,
-           activation: str) -> tuple[Tensor, Tensor]:
+def _apply(
+    x: Tensor,
+    mean: Tensor,
+    stat: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    residual: Tensor | None,
+    eps: float,
+    training: bool,
+    activation: str,
+) -> tuple[Tensor, Tensor]:
     """(y, ReLU mask bits). `stat` is the batch rstd when training, else the running var.
     With training set the backward treats mean/stat as x's batch statistics."""
     relu = activation == "relu"
@@ -139,9 +150,18 @@ def _apply(x: Tensor, mean: Tensor, stat: Tensor, weight: Tensor | None, bias: T
     return _apply_ref(x, mean, stat, weight, bias, residual, eps, not training, relu)
 
 
-def _backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor, stat: Tensor,
-                   bits: Tensor, eps: float, training: bool, activation: str,
-                   res_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _backward_impl(
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    mean: Tensor,
+    stat: Tensor,
+    bits: Tensor,
+    eps: float,
+    training: bool,
+    activation: str,
+    res_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, dweight, dbias, d_residual); dweight/dbias in the statistics dtype."""
     relu = activation == "relu"
     if x.numel() == 0:
@@ -165,8 +185,18 @@ def _input_grads(ctx, dy: Tensor, backward_fn) -> tuple:
     """Gradients for (x, mean, stat, weight, bias, residual, eps, training, activation)."""
     x, weight, mean, stat, bits = ctx.saved_tensors
     relu = ctx.activation == "relu"
-    dx, dw, db, dres = backward_fn(dy, x, weight, mean, stat, bits, ctx.eps, ctx.training,
-                                   ctx.activation, ctx.has_residual and relu)
+    dx, dw, db, dres = backward_fn(
+        dy,
+        x,
+        weight,
+        mean,
+        stat,
+        bits,
+        ctx.eps,
+        ctx.training,
+        ctx.activation,
+        ctx.has_residual and relu,
+    )
     dweight = None if weight is None else dw if dw.dtype == weight.dtype else dw.to(weight.dtype)
     bias_dtype = ctx.bias_dtype
     dbias = None if bias_dtype is None else db if db.dtype == bias_dtype else db.to(bias_dtype)
@@ -174,8 +204,18 @@ def _input_grads(ctx, dy: Tensor, backward_fn) -> tuple:
     return dx, None, None, dweight, dbias, dresidual, None, None, None
 
 
-def _forward(x, weight, bias, running_mean, running_var, residual, training: bool,
-             momentum: float, eps: float, activation: str) -> tuple[Tensor, ...]:
+def _forward(
+    x,
+    weight,
+    bias,
+    running_mean,
+    running_var,
+    residual,
+    training: bool,
+    momentum: float,
+    eps: float,
+    activation: str,
+) -> tuple[Tensor, ...]:
     """(y, mean, stat, mask bits) of the eager path: one plan lookup for both kernels."""
     relu = activation == "relu"
     if x.numel() == 0 or not use_triton(x):
@@ -185,8 +225,7 @@ def _forward(x, weight, bias, running_mean, running_var, residual, training: boo
             mean, stat = running_mean.to(launch.stat_dtype(x)), running_var
         y, bits = _apply(x, mean, stat, weight, bias, residual, eps, training, activation)
         return y, mean, stat, bits
-    plan = launch.forward_plan(x, weight, bias, running_mean, running_var, residual, training,
-                               relu)
+    plan = launch.forward_plan(x, weight, bias, running_mean, running_var, residual, training, relu)
     if training:
         mean, stat = plan.stats(x, running_mean, running_var, momentum, eps)
     else:
@@ -200,10 +239,31 @@ class _BatchNormActFn(torch.autograd.Function):
     (its Python costs more than these kernels take at ResNet's smaller stages)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, residual, training, momentum,
-                eps, activation):
-        y, mean, stat, bits = _forward(x, weight, bias, running_mean, running_var, residual,
-                                       training, momentum, eps, activation)
+    def forward(
+        ctx,
+        x,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        residual,
+        training,
+        momentum,
+        eps,
+        activation,
+    ):
+        y, mean, stat, bits = _forward(
+            x,
+            weight,
+            bias,
+            running_mean,
+            running_var,
+            residual,
+            training,
+            momentum,
+            eps,
+            activation,
+        )
         _save(ctx, (x, mean, stat, weight, bias, residual, eps, training, activation), bits)
         return y
 
@@ -216,11 +276,14 @@ class _BatchNormActFn(torch.autograd.Function):
 # ---- custom ops: what torch.compile traces (fake implementations, registered autograd) ----
 
 batch_norm_stats = torch.library.custom_op(
-    "gpushape::batch_norm_stats", _stats, mutates_args=("running_mean", "running_var"))
+    "gpushape::batch_norm_stats", _stats, mutates_args=("running_mean", "running_var")
+)
 batch_norm_act_apply = torch.library.custom_op(
-    "gpushape::batch_norm_act_apply", _apply, mutates_args=())
+    "gpushape::batch_norm_act_apply", _apply, mutates_args=()
+)
 batch_norm_act_backward = torch.library.custom_op(
-    "gpushape::batch_norm_act_backward", _backward_impl, mutates_args=())
+    "gpushape::batch_norm_act_backward", _backward_impl, mutates_args=()
+)
 
 
 @batch_norm_stats.register_fake
@@ -249,20 +312,29 @@ def _setup_context(ctx, inputs, output):
 
 batch_norm_act_apply.register_autograd(
     lambda ctx, dy, _dbits: _input_grads(ctx, dy, batch_norm_act_backward),
-    setup_context=_setup_context)
+    setup_context=_setup_context,
+)
 
 
 # ---- functional and module ----
+
 
 def _check(x, weight, bias, running_mean, running_var, residual, training, eps, activation):
     if not isinstance(x, Tensor) or x.dim() != 4:
         got = f"{x.dim()}-D of shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x)
         raise ValueError(f"{_OP}: expected a 4-D (N, C, H, W) input, got {got}")
-    given = dict(x=x, weight=weight, bias=bias, running_mean=running_mean,
-                 running_var=running_var, residual=residual)
+    given = dict(
+        x=x,
+        weight=weight,
+        bias=bias,
+        running_mean=running_mean,
+        running_var=running_var,
+        residual=residual,
+    )
     device = x.device
-    if not all(t is None or (t.dtype in FLOAT_DTYPES and t.device == device)
-               for t in given.values()):  # the checks below say what is wrong
+    if not all(
+        t is None or (t.dtype in FLOAT_DTYPES and t.device == device) for t in given.values()
+    ):  # the checks below say what is wrong
         check_float(_OP, **given)
         check_same_device(_OP, **given)
     c = x.shape[1]
@@ -271,30 +343,45 @@ def _check(x, weight, bias, running_mean, running_var, residual, training, eps, 
     for name in ("weight", "bias", "running_mean", "running_var"):
         t = given[name]
         if t is not None and tuple(t.shape) != (c,):
-            raise ValueError(f"{_OP}: {name} must have shape ({c},) to match the input's "
-                             f"C = {c}, got {tuple(t.shape)}")
+            raise ValueError(
+                f"{_OP}: {name} must have shape ({c},) to match the input's "
+                f"C = {c}, got {tuple(t.shape)}"
+            )
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(f"{_OP}: residual must match the input's shape and dtype "
-                         f"{tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} "
-                         f"{residual.dtype}")
+        raise ValueError(
+            f"{_OP}: residual must match the input's shape and dtype "
+            f"{tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)} "
+            f"{residual.dtype}"
+        )
     if (running_mean is None) != (running_var is None):
         raise ValueError(f"{_OP}: give both running_mean and running_var, or neither")
     if not training and running_mean is None:
-        raise ValueError(f"{_OP}: eval (training=False) normalises with running_mean and "
-                         "running_var; pass them, or training=True for batch statistics")
+        raise ValueError(
+            f"{_OP}: eval (training=False) normalises with running_mean and "
+            "running_var; pass them, or training=True for batch statistics"
+        )
     if not (eps >= 0 and math.isfinite(eps)):
         raise ValueError(f"{_OP}: eps must be a finite number >= 0, got {eps}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"{_OP}: activation must be one of {ACTIVATIONS}, got {activation!r}")
     if training and x.shape[0] * x.shape[2] * x.shape[3] == 1:  # torch's error, word for word
-        raise ValueError("Expected more than 1 value per channel when training, "
-                         f"got input size {x.size()}")
+        raise ValueError(
+            f"Expected more than 1 value per channel when training, got input size {x.size()}"
+        )
 
 
-def batch_norm_act(x: Tensor, weight: Tensor | None, bias: Tensor | None,
-                   running_mean: Tensor | None, running_var: Tensor | None, training: bool,
-                   momentum: float = 0.1, eps: float = 1e-5, activation: str = "relu",
-                   residual: Tensor | None = None) -> Tensor:
+def batch_norm_act(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    training: bool,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    activation: str = "relu",
+    residual: Tensor | None = None,
+) -> Tensor:
     """act(batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     + residual) for a 4-D NCHW or channels_last x, as one fused op (see the module docstring).
     """
@@ -305,14 +392,23 @@ def batch_norm_act(x: Tensor, weight: Tensor | None, bias: Tensor | None,
         y = y if residual is None else y + residual
         return F.relu(y) if activation == "relu" else y
     if not torch.compiler.is_compiling():
-        return _BatchNormActFn.apply(x, weight, bias, running_mean, running_var, residual,
-                                     training, momentum, eps, activation)
+        return _BatchNormActFn.apply(
+            x,
+            weight,
+            bias,
+            running_mean,
+            running_var,
+            residual,
+            training,
+            momentum,
+            eps,
+            activation,
+        )
     if training:
         mean, stat = batch_norm_stats(x.detach(), running_mean, running_var, momentum, eps)
     else:
         mean, stat = running_mean.to(launch.stat_dtype(x)), running_var
-    return batch_norm_act_apply(x, mean, stat, weight, bias, residual, eps, training,
-                                activation)[0]
+    return batch_norm_act_apply(x, mean, stat, weight, bias, residual, eps, training, activation)[0]
 
 
 class BatchNormAct2d(nn.BatchNorm2d):
@@ -323,14 +419,24 @@ class BatchNormAct2d(nn.BatchNorm2d):
     cumulative average). forward(x, residual=None).
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
-                 affine: bool = True, track_running_stats: bool = True,
-                 activation: str = "relu", device=None, dtype=None):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        activation: str = "relu",
+        device=None,
+        dtype=None,
+    ):
         if activation not in ACTIVATIONS:
-            raise ValueError(f"BatchNormAct2d: activation must be one of {ACTIVATIONS}, "
-                             f"got {activation!r}")
-        super().__init__(num_features, eps, momentum, affine, track_running_stats,
-                         device=device, dtype=dtype)
+            raise ValueError(
+                f"BatchNormAct2d: activation must be one of {ACTIVATIONS}, got {activation!r}"
+            )
+        super().__init__(
+            num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype
+        )
         self.activation = activation
 
     @classmethod
@@ -339,8 +445,15 @@ class BatchNormAct2d(nn.BatchNorm2d):
         and checkpoints that hold bn's tensors keep pointing at the live ones)."""
         if not isinstance(bn, nn.BatchNorm2d):
             raise TypeError(f"from_batchnorm: expected nn.BatchNorm2d, got {type(bn).__name__}")
-        new = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
-                  activation, device="meta")
+        new = cls(
+            bn.num_features,
+            bn.eps,
+            bn.momentum,
+            bn.affine,
+            bn.track_running_stats,
+            activation,
+            device="meta",
+        )
         for name in ("weight", "bias"):
             setattr(new, name, getattr(bn, name))
         for name in ("running_mean", "running_var", "num_batches_tracked"):
@@ -357,9 +470,17 @@ class BatchNormAct2d(nn.BatchNorm2d):
         batch_stats = self.training or (self.running_mean is None and self.running_var is None)
         track = not self.training or self.track_running_stats
         return batch_norm_act(
-            x, self.weight, self.bias, self.running_mean if track else None,
-            self.running_var if track else None, batch_stats, factor, self.eps,
-            self.activation, residual)
+            x,
+            self.weight,
+            self.bias,
+            self.running_mean if track else None,
+            self.running_var if track else None,
+            batch_stats,
+            factor,
+            self.eps,
+            self.activation,
+            residual,
+        )
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, activation={self.activation!r}"

@@ -40,10 +40,19 @@ def _norm_fwd_tile_kernel(
     B,  # (N,) bias (HAS_B)
     MEAN,  # (M,) out, ACC (LayerNorm only)
     RSTD,  # (M,) out, ACC: 1 / sqrt(var + eps)
-    M, N, eps,
-    ACT: tl.constexpr, FAST: tl.constexpr, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+    M,
+    N,
+    eps,
+    ACT: tl.constexpr,
+    FAST: tl.constexpr,
+    IS_RMS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr,
 ):
     """BLOCK_M whole rows per program, each held in registers: read x once, write y once."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -77,10 +86,23 @@ def _norm_fwd_tile_kernel(
 
 @triton.jit
 def _norm_fwd_looped_kernel(
-    X, R, S, Y, W, B, MEAN, RSTD,  # as in _norm_fwd_tile_kernel
-    N, eps,
-    ACT: tl.constexpr, FAST: tl.constexpr, IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
+    X,
+    R,
+    S,
+    Y,
+    W,
+    B,
+    MEAN,
+    RSTD,  # as in _norm_fwd_tile_kernel
+    N,
+    eps,
+    ACT: tl.constexpr,
+    FAST: tl.constexpr,
+    IS_RMS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """One row per program, walked in BLOCK_N chunks: pass 1 sums, pass 2 normalises.
@@ -143,16 +165,31 @@ def _norm_bwd_kernel(
     DY,  # (M, N) grad of Y
     DS,  # (M, N) grad of the stored sum S, added to DX (HAS_DS)
     X,  # (M, N) the normalised input (S for add_layer_norm)
-    W, B,  # (N,) weight, bias (HAS_W / HAS_B)
-    MEAN, RSTD,  # (M,) saved by the forward (MEAN unused for RMS)
-    C1, C2,  # (M,) row means of g*xhat and g (STATS_GIVEN, looped path)
+    W,
+    B,  # (N,) weight, bias (HAS_W / HAS_B)
+    MEAN,
+    RSTD,  # (M,) saved by the forward (MEAN unused for RMS)
+    C1,
+    C2,  # (M,) row means of g*xhat and g (STATS_GIVEN, looped path)
     DX,  # (M, N) out
-    DW_PART, DB_PART,  # (P, N) out, ACC: this program's column sums of dh*xhat and dh
-    M, N, tiles_per_program,
-    ACT: tl.constexpr, FAST: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr, HAS_DS: tl.constexpr, STATS_GIVEN: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-    PREFETCH: tl.constexpr, RELOAD_WB: tl.constexpr,
+    DW_PART,
+    DB_PART,  # (P, N) out, ACC: this program's column sums of dh*xhat and dh
+    M,
+    N,
+    tiles_per_program,
+    ACT: tl.constexpr,
+    FAST: tl.constexpr,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    HAS_DS: tl.constexpr,
+    STATS_GIVEN: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    RELOAD_WB: tl.constexpr,
 ):
     """dx for BLOCK_M-row tiles pid, pid + P, pid + 2P, ... of column block program_id(1), and
     this program's partial dweight / dbias (summed over programs afterwards).
@@ -239,12 +276,22 @@ def _norm_bwd_kernel(
 
 @triton.jit
 def _norm_bwd_row_sums_kernel(
-    DY, X, W, B, MEAN, RSTD,  # as in _norm_bwd_kernel
-    C1, C2,  # (M,) out, ACC: row means of g*xhat and of g, g = dL/dxhat
+    DY,
+    X,
+    W,
+    B,
+    MEAN,
+    RSTD,  # as in _norm_bwd_kernel
+    C1,
+    C2,  # (M,) out, ACC: row means of g*xhat and of g, g = dL/dxhat
     N,
-    ACT: tl.constexpr, FAST: tl.constexpr, IS_RMS: tl.constexpr, HAS_W: tl.constexpr,
+    ACT: tl.constexpr,
+    FAST: tl.constexpr,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
-    ACC: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """Looped path, step 1: the two row reductions dx needs, one row per program."""
     row = tl.program_id(0)
@@ -271,11 +318,17 @@ def _norm_bwd_row_sums_kernel(
 
 @triton.jit
 def _sum_partials_kernel(
-    DW_PART, DB_PART,  # (P, N) per-program column sums, ACC
-    DW, DB,  # (N,) out, in the weight's / bias's dtype
-    P, N,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    DW_PART,
+    DB_PART,  # (P, N) per-program column sums, ACC
+    DW,
+    DB,  # (N,) out, in the weight's / bias's dtype
+    P,
+    N,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """dweight and dbias from the backward's partials, in one launch and a fixed order (so the
     result is deterministic), cast once to the parameters' dtype."""

@@ -84,8 +84,9 @@ def _affine(xhat, w, b, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
 
 
 @triton.jit
-def _affine_act(xhat, w, b, ACT: tl.constexpr, FAST: tl.constexpr, HAS_W: tl.constexpr,
-                HAS_B: tl.constexpr):
+def _affine_act(
+    xhat, w, b, ACT: tl.constexpr, FAST: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr
+):
     return _act(_affine(xhat, w, b, HAS_W, HAS_B), ACT, FAST)
 
 
@@ -99,8 +100,9 @@ def _rounded_mul(a, b):
 
 
 @triton.jit
-def _grads_at(xhat, dy, w, b, ACT: tl.constexpr, FAST: tl.constexpr, HAS_W: tl.constexpr,
-              HAS_B: tl.constexpr):
+def _grads_at(
+    xhat, dy, w, b, ACT: tl.constexpr, FAST: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr
+):
     """Recompute the activation input from xhat and return (dh, g): dh = dL/dh (feeds dweight,
     dbias), g = dL/dxhat = dh * w (feeds dx).
 

@@ -46,7 +46,7 @@ def _act_grad(h: torch.Tensor, act: int) -> torch.Tensor:
         cdf = 0.5 * (1.0 + torch.erf(h * math.sqrt(0.5)))
         return cdf + h * torch.exp(-0.5 * h * h) / math.sqrt(2.0 * math.pi)
     k0, k1 = math.sqrt(2.0 / math.pi), 0.044715
-    th = torch.tanh(k0 * (h + k1 * h ** 3))
+    th = torch.tanh(k0 * (h + k1 * h**3))
     return 0.5 * (1.0 + th) + 0.5 * h * (1.0 - th * th) * k0 * (1.0 + 3.0 * k1 * h * h)
 
 

@@ -52,17 +52,26 @@ class TableEntry:
 # LayerNorm+GELU, graph-timed; benchmarks/results/kernels-h200/tune_norms.json), largest min_m
 # first. One entry serves every norm op of that row width.
 TABLE: tuple[TableEntry, ...] = (
-    TableEntry(block_n=1024, fwd=FwdConfig(block_m=2, num_warps=2),
-               bwd=BwdConfig(block_m=1, num_warps=2, programs_per_sm=8, prefetch=1)),
-    TableEntry(block_n=4096, fwd=FwdConfig(block_m=1, num_warps=4),
-               bwd=BwdConfig(block_m=1, num_warps=8, programs_per_sm=2, prefetch=1,
-                             reload_wb=True)),
-    TableEntry(block_n=8192, fwd=FwdConfig(block_m=1, num_warps=8),
-               bwd=BwdConfig(block_m=1, num_warps=16, programs_per_sm=1, prefetch=1,
-                             reload_wb=True)),
-    TableEntry(block_n=16384, fwd=FwdConfig(block_m=1, num_warps=4, block_n=4096),
-               bwd=BwdConfig(block_m=1, num_warps=8, programs_per_sm=4, prefetch=1,
-                             block_n=2048)),
+    TableEntry(
+        block_n=1024,
+        fwd=FwdConfig(block_m=2, num_warps=2),
+        bwd=BwdConfig(block_m=1, num_warps=2, programs_per_sm=8, prefetch=1),
+    ),
+    TableEntry(
+        block_n=4096,
+        fwd=FwdConfig(block_m=1, num_warps=4),
+        bwd=BwdConfig(block_m=1, num_warps=8, programs_per_sm=2, prefetch=1, reload_wb=True),
+    ),
+    TableEntry(
+        block_n=8192,
+        fwd=FwdConfig(block_m=1, num_warps=8),
+        bwd=BwdConfig(block_m=1, num_warps=16, programs_per_sm=1, prefetch=1, reload_wb=True),
+    ),
+    TableEntry(
+        block_n=16384,
+        fwd=FwdConfig(block_m=1, num_warps=4, block_n=4096),
+        bwd=BwdConfig(block_m=1, num_warps=8, programs_per_sm=4, prefetch=1, block_n=2048),
+    ),
 )
 
 
@@ -143,8 +152,9 @@ def fwd_config(m: int, n: int, t: NormTuning) -> FwdConfig:
     if entry is not None and entry.fwd is not None:
         return entry.fwd
     block_m = _rows_per_tile(m, pow2(n), t.fwd_tile_elems)
-    return FwdConfig(block_m=block_m, num_warps=num_warps_for(
-        block_m * pow2(n), t.fwd_elems_per_thread, t))
+    return FwdConfig(
+        block_m=block_m, num_warps=num_warps_for(block_m * pow2(n), t.fwd_elems_per_thread, t)
+    )
 
 
 def bwd_config(m: int, n: int, t: NormTuning) -> BwdConfig:

@@ -30,25 +30,32 @@ from ._reference import ACT_NONE
 
 
 # ---- launchers ------------------------------------------------------------------------------
-def add_layer_norm_forward(x: Tensor, residual: Tensor, weight: Tensor | None,
-                           bias: Tensor | None, eps: float
-                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def add_layer_norm_forward(
+    x: Tensor, residual: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(y, s, mean, rstd); s = x + residual in x's dtype; mean, rstd: x.shape[:-1], float32."""
     out = norm_forward(x, residual, weight, bias, eps, act=ACT_NONE, rms=False)
     return out.y, out.s, out.mean, out.rstd
 
 
-def add_layer_norm_backward(dy: Tensor, ds: Tensor | None, s: Tensor, weight: Tensor | None,
-                            bias: Tensor | None, mean: Tensor, rstd: Tensor
-                            ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def add_layer_norm_backward(
+    dy: Tensor,
+    ds: Tensor | None,
+    s: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(d_sum, dweight, dbias): d_sum is the gradient of x and of residual alike."""
     return tuple(norm_backward(dy, ds, s, weight, bias, mean, rstd, act=ACT_NONE, rms=False))
 
 
 # ---- custom op: fake and autograd -----------------------------------------------------------
 @torch.library.custom_op("gpushape::add_layer_norm", mutates_args=())
-def _add_layer_norm_op(x: Tensor, residual: Tensor, weight: Tensor | None, bias: Tensor | None,
-                       eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _add_layer_norm_op(
+    x: Tensor, residual: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return add_layer_norm_forward(x, residual, weight, bias, eps)
 
 
@@ -58,9 +65,15 @@ def _(x, residual, weight, bias, eps):
 
 
 @torch.library.custom_op("gpushape::add_layer_norm_backward", mutates_args=())
-def _add_layer_norm_backward_op(dy: Tensor, ds: Tensor | None, s: Tensor, weight: Tensor | None,
-                                bias: Tensor | None, mean: Tensor, rstd: Tensor
-                                ) -> tuple[Tensor, Tensor, Tensor]:
+def _add_layer_norm_backward_op(
+    dy: Tensor,
+    ds: Tensor | None,
+    s: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
     dsum, dw, db = add_layer_norm_backward(dy, ds, s, weight, bias, mean, rstd)
     return op_grads(dsum, s, dw, db)
 
@@ -90,8 +103,13 @@ _add_layer_norm_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---- functional and module ------------------------------------------------------------------
-def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None,
-                   bias: Tensor | None = None, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+def add_layer_norm(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> tuple[Tensor, Tensor]:
     """(layer_norm(x + residual, (N,), weight, bias, eps), x + residual).
 
     x, residual: (..., N), same shape and float dtype; weight, bias: (N,) or None; statistics in
@@ -100,9 +118,13 @@ def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None,
     check_norm_inputs("add_layer_norm", x, weight, bias, eps, residual=residual)
     if eager_path(x):
         return run_eager(x, residual, weight, bias, float(eps), act=ACT_NONE, rms=False)
-    y, s, _, _ = _add_layer_norm_op(x.contiguous(), residual.contiguous(),
-                                    contiguous_or_none(weight), contiguous_or_none(bias),
-                                    float(eps))
+    y, s, _, _ = _add_layer_norm_op(
+        x.contiguous(),
+        residual.contiguous(),
+        contiguous_or_none(weight),
+        contiguous_or_none(bias),
+        float(eps),
+    )
     return y, s
 
 
@@ -112,11 +134,23 @@ class AddLayerNorm(AffineNorm):
     Parameters are named as in nn.LayerNorm: a LayerNorm's state_dict loads unchanged.
     """
 
-    def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-5,
-                 elementwise_affine: bool = True, bias: bool = True,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
-        super().__init__(normalized_shape, eps, elementwise_affine=elementwise_affine, bias=bias,
-                         device=device, dtype=dtype)
+    def __init__(
+        self,
+        normalized_shape: int | tuple[int, ...],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__(
+            normalized_shape,
+            eps,
+            elementwise_affine=elementwise_affine,
+            bias=bias,
+            device=device,
+            dtype=dtype,
+        )
 
     def forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
         return add_layer_norm(x, residual, self.weight, self.bias, self.eps)

@@ -31,25 +31,34 @@ _ACT = {"none": GELU_ERF, "tanh": GELU_TANH}
 
 
 # ---- launchers ------------------------------------------------------------------------------
-def layer_norm_gelu_forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
-                            approximate: str) -> tuple[Tensor, Tensor, Tensor]:
+def layer_norm_gelu_forward(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, approximate: str
+) -> tuple[Tensor, Tensor, Tensor]:
     """(y, mean, rstd); mean and rstd have shape x.shape[:-1] (float32, float64 for float64)."""
     out = norm_forward(x, None, weight, bias, eps, act=_ACT[approximate], rms=False)
     return out.y, out.mean, out.rstd
 
 
-def layer_norm_gelu_backward(dy: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor | None,
-                             mean: Tensor, rstd: Tensor, approximate: str
-                             ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def layer_norm_gelu_backward(
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+    approximate: str,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """(dx, dweight, dbias); dweight / dbias are None where weight / bias are."""
-    return tuple(norm_backward(dy, None, x, weight, bias, mean, rstd, act=_ACT[approximate],
-                               rms=False))
+    return tuple(
+        norm_backward(dy, None, x, weight, bias, mean, rstd, act=_ACT[approximate], rms=False)
+    )
 
 
 # ---- custom op: fake and autograd -----------------------------------------------------------
 @torch.library.custom_op("gpushape::layer_norm_gelu", mutates_args=())
-def _layer_norm_gelu_op(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
-                        approximate: str) -> tuple[Tensor, Tensor, Tensor]:
+def _layer_norm_gelu_op(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, approximate: str
+) -> tuple[Tensor, Tensor, Tensor]:
     return layer_norm_gelu_forward(x, weight, bias, eps, approximate)
 
 
@@ -59,9 +68,15 @@ def _(x, weight, bias, eps, approximate):
 
 
 @torch.library.custom_op("gpushape::layer_norm_gelu_backward", mutates_args=())
-def _layer_norm_gelu_backward_op(dy: Tensor, x: Tensor, weight: Tensor | None,
-                                 bias: Tensor | None, mean: Tensor, rstd: Tensor,
-                                 approximate: str) -> tuple[Tensor, Tensor, Tensor]:
+def _layer_norm_gelu_backward_op(
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+    approximate: str,
+) -> tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = layer_norm_gelu_backward(dy, x, weight, bias, mean, rstd, approximate)
     return op_grads(dx, x, dw, db)
 
@@ -91,8 +106,13 @@ _layer_norm_gelu_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---- functional and module ------------------------------------------------------------------
-def layer_norm_gelu(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
-                    eps: float = 1e-5, approximate: str = "none") -> Tensor:
+def layer_norm_gelu(
+    x: Tensor,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+    approximate: str = "none",
+) -> Tensor:
     """gelu(layer_norm(x, (N,), weight, bias, eps), approximate) over the last dimension N.
 
     x: (..., N) float32 / float16 / bfloat16 (float64 too); weight, bias: (N,) or None, any float
@@ -101,12 +121,18 @@ def layer_norm_gelu(x: Tensor, weight: Tensor | None = None, bias: Tensor | None
     check_norm_inputs("layer_norm_gelu", x, weight, bias, eps)
     act = _ACT.get(approximate)
     if act is None:
-        raise ValueError(f"layer_norm_gelu: approximate must be 'none' or 'tanh', "
-                         f"got {approximate!r}")
+        raise ValueError(
+            f"layer_norm_gelu: approximate must be 'none' or 'tanh', got {approximate!r}"
+        )
     if eager_path(x):
         return run_eager(x, None, weight, bias, float(eps), act=act, rms=False)
-    y, _, _ = _layer_norm_gelu_op(x.contiguous(), contiguous_or_none(weight),
-                                  contiguous_or_none(bias), float(eps), approximate)
+    y, _, _ = _layer_norm_gelu_op(
+        x.contiguous(),
+        contiguous_or_none(weight),
+        contiguous_or_none(bias),
+        float(eps),
+        approximate,
+    )
     return y
 
 
@@ -116,14 +142,28 @@ class LayerNormGELU(AffineNorm):
     Parameters are named as in nn.LayerNorm: a LayerNorm's state_dict loads unchanged.
     """
 
-    def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-5,
-                 approximate: str = "none", elementwise_affine: bool = True, bias: bool = True,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        normalized_shape: int | tuple[int, ...],
+        eps: float = 1e-5,
+        approximate: str = "none",
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         if approximate not in _ACT:
-            raise ValueError(f"LayerNormGELU: approximate must be 'none' or 'tanh', "
-                             f"got {approximate!r}")
-        super().__init__(normalized_shape, eps, elementwise_affine=elementwise_affine, bias=bias,
-                         device=device, dtype=dtype)
+            raise ValueError(
+                f"LayerNormGELU: approximate must be 'none' or 'tanh', got {approximate!r}"
+            )
+        super().__init__(
+            normalized_shape,
+            eps,
+            elementwise_affine=elementwise_affine,
+            bias=bias,
+            device=device,
+            dtype=dtype,
+        )
         self.approximate = approximate
 
     def forward(self, x: Tensor) -> Tensor:

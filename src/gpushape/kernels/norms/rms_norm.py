@@ -33,8 +33,9 @@ def rms_norm_forward(x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tens
     return out.y, out.rstd
 
 
-def rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor | None, rstd: Tensor
-                      ) -> tuple[Tensor, Tensor | None]:
+def rms_norm_backward(
+    dy: Tensor, x: Tensor, weight: Tensor | None, rstd: Tensor
+) -> tuple[Tensor, Tensor | None]:
     """(dx, dweight); dweight is None where weight is."""
     dx, dw, _ = norm_backward(dy, None, x, weight, None, None, rstd, act=ACT_NONE, rms=True)
     return dx, dw
@@ -52,8 +53,9 @@ def _(x, weight, eps):
 
 
 @torch.library.custom_op("gpushape::rms_norm_backward", mutates_args=())
-def _rms_norm_backward_op(dy: Tensor, x: Tensor, weight: Tensor | None, rstd: Tensor
-                          ) -> tuple[Tensor, Tensor]:
+def _rms_norm_backward_op(
+    dy: Tensor, x: Tensor, weight: Tensor | None, rstd: Tensor
+) -> tuple[Tensor, Tensor]:
     dx, dw = rms_norm_backward(dy, x, weight, rstd)
     return op_grads(dx, x, dw)
 
@@ -101,11 +103,22 @@ class RMSNorm(AffineNorm):
     The parameter is named `weight` as in nn.RMSNorm: its state_dict loads unchanged.
     """
 
-    def __init__(self, normalized_shape: int | tuple[int, ...], eps: float = 1e-6,
-                 elementwise_affine: bool = True, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None):
-        super().__init__(normalized_shape, eps, elementwise_affine=elementwise_affine,
-                         bias=False, device=device, dtype=dtype)
+    def __init__(
+        self,
+        normalized_shape: int | tuple[int, ...],
+        eps: float = 1e-6,
+        elementwise_affine: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__(
+            normalized_shape,
+            eps,
+            elementwise_affine=elementwise_affine,
+            bias=False,
+            device=device,
+            dtype=dtype,
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps)

@@ -46,9 +46,12 @@ def kernel_of(rec: OpRecord, backward: bool) -> AttentionKernel:
     name = rec.op.split("._scaled_dot_product_", 1)[-1]
     first = name.split("_", 1)[0]
     backend = first if first in _BACKENDS and "for_cpu" not in name else ""
-    return AttentionKernel(backend=backend, backward=backward,
-                           dropout=float(rec.params.get("dropout_p", 0.0) or 0.0) > 0,
-                           causal=bool(rec.params.get("is_causal", False)))
+    return AttentionKernel(
+        backend=backend,
+        backward=backward,
+        dropout=float(rec.params.get("dropout_p", 0.0) or 0.0) > 0,
+        causal=bool(rec.params.get("is_causal", False)),
+    )
 
 
 def _work(rec: OpRecord, backward: bool, kernels: int = 1) -> OpWork:
@@ -57,25 +60,36 @@ def _work(rec: OpRecord, backward: bool, kernels: int = 1) -> OpWork:
     flops = 2 * b * hq * pairs * per_pair
     # One CTA per (batch, head, block of 128 rows): queries forward, keys backward.
     rows = tk if backward else tq
-    gemm = Gemm(m=rows, n=tq if backward else tk, k=d, batch=b * hq, flops=flops,
-                family="attention", attention=kernel_of(rec, backward))
+    gemm = Gemm(
+        m=rows,
+        n=tq if backward else tk,
+        k=d,
+        batch=b * hq,
+        flops=flops,
+        family="attention",
+        attention=kernel_of(rec, backward),
+    )
     return OpWork(flops=flops, min_bytes=io_bytes(rec), gemms=(gemm,), kernels=kernels)
 
 
-@register_formula("aten._scaled_dot_product_flash_attention",
-                  "aten._scaled_dot_product_efficient_attention",
-                  "aten._scaled_dot_product_cudnn_attention",
-                  "aten._scaled_dot_product_flash_attention_for_cpu",
-                  "aten._scaled_dot_product_fused_attention_overrideable")
+@register_formula(
+    "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._scaled_dot_product_fused_attention_overrideable",
+)
 def attention_forward(rec: OpRecord) -> OpWork:
     return _work(rec, backward=False)
 
 
-@register_formula("aten._scaled_dot_product_flash_attention_backward",
-                  "aten._scaled_dot_product_efficient_attention_backward",
-                  "aten._scaled_dot_product_cudnn_attention_backward",
-                  "aten._scaled_dot_product_flash_attention_for_cpu_backward",
-                  "aten._scaled_dot_product_fused_attention_overrideable_backward")
+@register_formula(
+    "aten._scaled_dot_product_flash_attention_backward",
+    "aten._scaled_dot_product_efficient_attention_backward",
+    "aten._scaled_dot_product_cudnn_attention_backward",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten._scaled_dot_product_fused_attention_overrideable_backward",
+)
 def attention_backward(rec: OpRecord) -> OpWork:
     """Three kernels on CUDA: dO . O row sums, the main pass, the dQ conversion."""
     return _work(rec, backward=True, kernels=3)

@@ -43,8 +43,9 @@ def _channels(rec: OpRecord, x: str, w: str):
     return X[0], cin, cout, groups, math.prod(X[2:]), math.prod(W[2:]), transposed
 
 
-def conv_macs(n: int, cin: int, cout: int, groups: int, in_pos: int, out_pos: int, taps: int,
-              transposed: bool) -> int:
+def conv_macs(
+    n: int, cin: int, cout: int, groups: int, in_pos: int, out_pos: int, taps: int, transposed: bool
+) -> int:
     """Multiply-adds of one convolution (see the module docstring)."""
     if transposed:
         return n * cin * in_pos * (cout // groups) * taps
@@ -56,13 +57,27 @@ def _align(cin: int, cout: int, groups: int) -> tuple[tuple[str, int], ...]:
 
 
 def _gemm(m: int, n: int, k: int, flops: int, cin: int, cout: int, groups: int) -> Gemm:
-    return Gemm(m=m, n=n, k=k, flops=flops, family="conv", batch=groups,
-                align_dims=_align(cin, cout, groups), tensor_cores=cin // groups > 1)
+    return Gemm(
+        m=m,
+        n=n,
+        k=k,
+        flops=flops,
+        family="conv",
+        batch=groups,
+        align_dims=_align(cin, cout, groups),
+        tensor_cores=cin // groups > 1,
+    )
 
 
-@register_formula("aten.convolution", "aten._convolution", "aten.convolution_overrideable",
-                  "aten.cudnn_convolution", "aten.mkldnn_convolution",
-                  "aten._slow_conv2d_forward", "aten.thnn_conv2d")
+@register_formula(
+    "aten.convolution",
+    "aten._convolution",
+    "aten.convolution_overrideable",
+    "aten.cudnn_convolution",
+    "aten.mkldnn_convolution",
+    "aten._slow_conv2d_forward",
+    "aten.thnn_conv2d",
+)
 def convolution(rec: OpRecord) -> OpWork:
     names = rec.input_names
     n, cin, cout, groups, in_pos, taps, transposed = _channels(rec, names[0], names[1])
@@ -84,19 +99,22 @@ def convolution_backward(rec: OpRecord) -> OpWork:
     mask = tuple(rec.params.get("output_mask", (True, True, True)))
     gemms, flops, kernels, skip = [], 0, 0, []
     if mask[0]:  # grad_input: one GEMM row per input position
-        gemms.append(_gemm(n * in_pos, cin // groups, cout // groups * taps, 2 * macs,
-                           cin, cout, groups))
+        gemms.append(
+            _gemm(n * in_pos, cin // groups, cout // groups * taps, 2 * macs, cin, cout, groups)
+        )
         flops, kernels = flops + 2 * macs, kernels + 1
     else:
         skip.append("weight")  # only the input gradient reads the weight
     if mask[1]:  # grad_weight: one GEMM row per weight row, K runs over batch x positions
         rows, cols, depth = (cin, cout, n * in_pos) if transposed else (cout, cin, n * out_pos)
-        gemms.append(_gemm(rows // groups, cols // groups * taps, depth, 2 * macs,
-                           cin, cout, groups))
+        gemms.append(
+            _gemm(rows // groups, cols // groups * taps, depth, 2 * macs, cin, cout, groups)
+        )
         flops, kernels = flops + 2 * macs, kernels + 1
     else:
         skip.append("input")  # only the weight gradient reads the input
     if len(mask) > 2 and mask[2]:  # grad_bias: sum of grad_output over N and positions
         flops, kernels = flops + grad_out.numel, kernels + 1
-    return OpWork(flops=flops, min_bytes=io_bytes(rec, skip=skip), gemms=tuple(gemms),
-                  kernels=max(kernels, 1))
+    return OpWork(
+        flops=flops, min_bytes=io_bytes(rec, skip=skip), gemms=tuple(gemms), kernels=max(kernels, 1)
+    )

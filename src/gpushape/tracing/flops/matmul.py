@@ -92,8 +92,14 @@ def matmul(rec: OpRecord) -> OpWork:
     m = max(out.numel // max(n, 1), 1)
     flops = 2 * out.numel * k
     extra = out.numel if linear and rec.has_input("bias") else 0
-    gemm = Gemm(m=m, n=n, k=k, flops=flops, family="gemm",
-                align_dims=_align(leading_dim(A, "M", "K"), leading_dim(B, "K", "N")))
+    gemm = Gemm(
+        m=m,
+        n=n,
+        k=k,
+        flops=flops,
+        family="gemm",
+        align_dims=_align(leading_dim(A, "M", "K"), leading_dim(B, "K", "N")),
+    )
     return OpWork(flops=flops + extra, min_bytes=io_bytes(rec), gemms=(gemm,))
 
 

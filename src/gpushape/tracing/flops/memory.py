@@ -31,9 +31,16 @@ def _taps(rec: OpRecord) -> int:
     return math.prod(rec.params.get("kernel_size", (1,)))
 
 
-@register_formula("aten.max_pool1d", "aten.max_pool2d", "aten.max_pool3d",
-                  "aten.max_pool2d_with_indices", "aten.max_pool3d_with_indices",
-                  "aten.avg_pool1d", "aten.avg_pool2d", "aten.avg_pool3d")
+@register_formula(
+    "aten.max_pool1d",
+    "aten.max_pool2d",
+    "aten.max_pool3d",
+    "aten.max_pool2d_with_indices",
+    "aten.max_pool3d_with_indices",
+    "aten.avg_pool1d",
+    "aten.avg_pool2d",
+    "aten.avg_pool3d",
+)
 def pool(rec: OpRecord) -> OpWork:
     return OpWork(flops=out_numel(rec) * _taps(rec), min_bytes=io_bytes(rec))
 
@@ -49,14 +56,22 @@ def avg_pool_backward(rec: OpRecord) -> OpWork:
     return OpWork(flops=flops, min_bytes=io_bytes(rec, skip=("self",)))
 
 
-@register_formula("aten._adaptive_avg_pool2d", "aten._adaptive_avg_pool3d",
-                  "aten.adaptive_max_pool2d", "aten.adaptive_max_pool3d")
+@register_formula(
+    "aten._adaptive_avg_pool2d",
+    "aten._adaptive_avg_pool3d",
+    "aten.adaptive_max_pool2d",
+    "aten.adaptive_max_pool3d",
+)
 def adaptive_pool(rec: OpRecord) -> OpWork:
     return OpWork(flops=rec.inputs[0].numel + out_numel(rec), min_bytes=io_bytes(rec))
 
 
-@register_formula("aten._adaptive_avg_pool2d_backward", "aten._adaptive_avg_pool3d_backward",
-                  "aten.adaptive_max_pool2d_backward", "aten.adaptive_max_pool3d_backward")
+@register_formula(
+    "aten._adaptive_avg_pool2d_backward",
+    "aten._adaptive_avg_pool3d_backward",
+    "aten.adaptive_max_pool2d_backward",
+    "aten.adaptive_max_pool3d_backward",
+)
 def adaptive_pool_backward(rec: OpRecord) -> OpWork:
     return OpWork(flops=out_numel(rec), min_bytes=io_bytes(rec, skip=("self",)))
 
@@ -64,8 +79,9 @@ def adaptive_pool_backward(rec: OpRecord) -> OpWork:
 def _gather_bytes(rec: OpRecord, table: str) -> int:
     """Index tensors read, one selected element read per output element, output written."""
     out = rec.outputs[0]
-    indices = sum(t.nbytes for n, t in zip(rec.input_names, rec.inputs)
-                  if n != table and t.same_as is None)
+    indices = sum(
+        t.nbytes for n, t in zip(rec.input_names, rec.inputs) if n != table and t.same_as is None
+    )
     return indices + out.numel * rec.input(table).itemsize + out.nbytes
 
 
@@ -74,8 +90,9 @@ def embedding(rec: OpRecord) -> OpWork:
     return OpWork(flops=0, min_bytes=_gather_bytes(rec, "weight"))
 
 
-@register_formula("aten.index", "aten._unsafe_index", "aten.index_select", "aten.gather",
-                  "aten.take")
+@register_formula(
+    "aten.index", "aten._unsafe_index", "aten.index_select", "aten.gather", "aten.take"
+)
 def gather(rec: OpRecord) -> OpWork:
     return OpWork(flops=0, min_bytes=_gather_bytes(rec, "self"))
 
@@ -95,10 +112,21 @@ def _source(rec: OpRecord):
     return None
 
 
-@register_formula("aten.scatter", "aten.scatter_", "aten.scatter_add", "aten.scatter_add_",
-                  "aten.scatter_reduce", "aten.scatter_reduce_", "aten.index_add",
-                  "aten.index_add_", "aten.index_put", "aten.index_put_",
-                  "aten._index_put_impl_", "aten.index_copy", "aten.index_copy_")
+@register_formula(
+    "aten.scatter",
+    "aten.scatter_",
+    "aten.scatter_add",
+    "aten.scatter_add_",
+    "aten.scatter_reduce",
+    "aten.scatter_reduce_",
+    "aten.index_add",
+    "aten.index_add_",
+    "aten.index_put",
+    "aten.index_put_",
+    "aten._index_put_impl_",
+    "aten.index_copy",
+    "aten.index_copy_",
+)
 def scatter(rec: OpRecord) -> OpWork:
     src = _source(rec)
     accumulate = rec.name.rstrip("_") in _ACCUMULATING or bool(rec.params.get("accumulate"))
@@ -107,31 +135,67 @@ def scatter(rec: OpRecord) -> OpWork:
     if not rec.inplace:  # out of place: self is copied whole into the output first
         return OpWork(flops=flops, min_bytes=io_bytes(rec))
     itemsize = rec.input("self").itemsize
-    reads = sum(t.nbytes for n, t in zip(rec.input_names, rec.inputs)
-                if n != "self" and t.same_as is None)
+    reads = sum(
+        t.nbytes for n, t in zip(rec.input_names, rec.inputs) if n != "self" and t.same_as is None
+    )
     rmw = touched * itemsize * (2 if accumulate else 1)  # read-modify-write when accumulating
     return OpWork(flops=flops, min_bytes=reads + rmw)
 
 
-@register_formula("aten.copy_", "aten.fill_", "aten.zero_", "aten.normal_", "aten.uniform_",
-                  "aten.random_", "aten.bernoulli_", "aten.exponential_", "aten.cauchy_",
-                  "aten.log_normal_", "aten.geometric_")
+@register_formula(
+    "aten.copy_",
+    "aten.fill_",
+    "aten.zero_",
+    "aten.normal_",
+    "aten.uniform_",
+    "aten.random_",
+    "aten.bernoulli_",
+    "aten.exponential_",
+    "aten.cauchy_",
+    "aten.log_normal_",
+    "aten.geometric_",
+)
 def overwrite(rec: OpRecord) -> OpWork:
     """The target is written, not read; copy_ and bernoulli_(p: Tensor) read their source."""
     return OpWork(flops=0, min_bytes=io_bytes(rec, skip=("self",)))
 
 
-@register_formula("aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.rand_like",
-                  "aten.randn_like", "aten.randint_like", "aten.new_zeros", "aten.new_ones",
-                  "aten.new_full", "aten.zeros", "aten.ones", "aten.full", "aten.arange",
-                  "aten.scalar_tensor", "aten.rand", "aten.randn", "aten.randint",
-                  "aten.randperm", "aten.linspace", "aten.eye")
+@register_formula(
+    "aten.zeros_like",
+    "aten.ones_like",
+    "aten.full_like",
+    "aten.rand_like",
+    "aten.randn_like",
+    "aten.randint_like",
+    "aten.new_zeros",
+    "aten.new_ones",
+    "aten.new_full",
+    "aten.zeros",
+    "aten.ones",
+    "aten.full",
+    "aten.arange",
+    "aten.scalar_tensor",
+    "aten.rand",
+    "aten.randn",
+    "aten.randint",
+    "aten.randperm",
+    "aten.linspace",
+    "aten.eye",
+)
 def factory(rec: OpRecord) -> OpWork:
     return OpWork(flops=0, min_bytes=sum(t.nbytes for t in rec.outputs))
 
 
-@register_formula("aten.clone", "aten._to_copy", "aten.cat", "aten.stack",
-                  "aten.constant_pad_nd", "aten.lift_fresh_copy",
-                  "aten.repeat", "aten.roll", "aten.flip")
+@register_formula(
+    "aten.clone",
+    "aten._to_copy",
+    "aten.cat",
+    "aten.stack",
+    "aten.constant_pad_nd",
+    "aten.lift_fresh_copy",
+    "aten.repeat",
+    "aten.roll",
+    "aten.flip",
+)
 def copy(rec: OpRecord) -> OpWork:
     return OpWork(flops=0, min_bytes=io_bytes(rec))

@@ -36,18 +36,27 @@ def _affine(rec: OpRecord) -> bool:
     return rec.has_input("weight") or rec.has_input("bias")
 
 
-@register_formula("aten.native_batch_norm", "aten._native_batch_norm_legit",
-                  "aten._native_batch_norm_legit_no_training", "aten.cudnn_batch_norm",
-                  "aten.miopen_batch_norm", "aten._batch_norm_with_update",
-                  "aten._batch_norm_no_update")
+@register_formula(
+    "aten.native_batch_norm",
+    "aten._native_batch_norm_legit",
+    "aten._native_batch_norm_legit_no_training",
+    "aten.cudnn_batch_norm",
+    "aten.miopen_batch_norm",
+    "aten._batch_norm_with_update",
+    "aten._batch_norm_no_update",
+)
 def batch_norm(rec: OpRecord) -> OpWork:
     training = bool(rec.params.get("training", rec.op.startswith("aten._batch_norm_with_update")))
     per = (5 if training else 2) + (2 if _affine(rec) else 0)
     if not training:
         return OpWork(flops=per * _n(rec), min_bytes=io_bytes(rec))
     # Two passes: per-channel statistics over the whole batch, then normalise: x is read twice.
-    return OpWork(flops=per * _n(rec), min_bytes=io_bytes(rec), kernels=2,
-                  reread_bytes=rec.input("input").nbytes)
+    return OpWork(
+        flops=per * _n(rec),
+        min_bytes=io_bytes(rec),
+        kernels=2,
+        reread_bytes=rec.input("input").nbytes,
+    )
 
 
 @register_formula("aten.native_layer_norm", "aten.native_group_norm")
@@ -63,8 +72,12 @@ def _norm_backward(rec: OpRecord, input_name: str, per_dx: int, per_dw: int) -> 
     return OpWork(flops=per * n, min_bytes=io_bytes(rec), kernels=2 if any(mask[1:]) else 1)
 
 
-@register_formula("aten.native_batch_norm_backward", "aten.batch_norm_backward",
-                  "aten.cudnn_batch_norm_backward", "aten.miopen_batch_norm_backward")
+@register_formula(
+    "aten.native_batch_norm_backward",
+    "aten.batch_norm_backward",
+    "aten.cudnn_batch_norm_backward",
+    "aten.miopen_batch_norm_backward",
+)
 def batch_norm_backward(rec: OpRecord) -> OpWork:
     train = bool(rec.params.get("train", rec.params.get("update", True)))
     if not train:

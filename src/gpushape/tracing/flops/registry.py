@@ -112,8 +112,9 @@ def op_work(rec: OpRecord) -> OpWork:
 # ---- shared helpers -----------------------------------------------------------------------------
 def unique_inputs(rec: OpRecord, skip: Iterable[str] = ()) -> list[TensorMeta]:
     skip = set(skip)
-    return [t for name, t in zip(rec.input_names, rec.inputs)
-            if t.same_as is None and name not in skip]
+    return [
+        t for name, t in zip(rec.input_names, rec.inputs) if t.same_as is None and name not in skip
+    ]
 
 
 def io_bytes(rec: OpRecord, skip: Iterable[str] = ()) -> int:
