@@ -60,7 +60,7 @@ def factories(tmp_path):
     return str(path)
 
 
-# The keys and types of DESIGN.md's audit JSON, schema 1.
+# The keys and types of the audit JSON, schema 1 (docs/design.md, "The audit JSON").
 TOP = {
     "schema": int,
     "model": str,

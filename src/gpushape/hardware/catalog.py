@@ -418,8 +418,12 @@ CATALOG: tuple[GPUSpec, ...] = (
         # H200 datasheet: NVLink 900 GB/s; PCIe Gen5 128 GB/s.
         nvlink_bandwidth_bytes_per_s=900 * GB,
         pcie_bandwidth_bytes_per_s=128 * GB,
-        # Measured on a lent H200 (../shared/anchors/h200-2026-11-30.json): copy 4,221 GB/s,
-        # bf16 GEMM 795.8 and tf32 438.4 TFLOP/s at 8192^3, launch 6.93 us eager, 1.06 us graph.
+        # Measured on a lent H200 on 2026-11-30, before `gpushape probe` existed (that run's
+        # file is not in this repository): copy 4,221 GB/s, bf16 GEMM 795.8 and tf32 438.4
+        # TFLOP/s at 8192^3, launch 6.93 us eager, 1.06 us graph. `gpushape probe` measured the
+        # same chip that day (benchmarks/results/probe-h200/h200-sxm.json: copy 4,246 GB/s,
+        # bf16 767 TFLOP/s, launch 10.0 / 0.83 us); the profile shipped from that run
+        # (hardware/profiles/h200-sxm.json) replaces these numbers unless --no-profile.
         achievable=Achievable(
             gemm_fraction={
                 "bf16": 795.8 / 989.4,
@@ -430,7 +434,7 @@ CATALOG: tuple[GPUSpec, ...] = (
             memory_bandwidth_fraction=4221.3 / 4800,
             launch_overhead_s=6.93e-6,
             graph_launch_overhead_s=1.063e-6,
-            source="measured: shared/anchors/h200-2026-11-30.json",
+            source="measured: an H200, 2026-11-30 (catalog.py)",
             measured=(
                 "gemm_fraction",
                 "memory_bandwidth_fraction",

@@ -69,7 +69,7 @@ class Measured:
 @dataclass(frozen=True, kw_only=True)
 class Claim:
     id: str
-    where: str  # where the guide (or DESIGN.md) says it
+    where: str  # where the guide (or docs/design.md) says it
     says: str  # the claim, in English
     claimed: str  # the effect as the guide states it
     claimed_gain: float

@@ -1,7 +1,8 @@
 """The guide's quantitative rules of thumb, each measured on this GPU and given a verdict.
 
-The guide (`guide/gpu-design-guide.zh.txt`, A100 numbers) states them; DESIGN.md's table "What the
-guide claims" lists the main ones. Each function below runs one small measurement (both variants
+A GPU design guide written for the A100 states them (its section numbers are each claim's
+`where`); docs/design.md, "The design guide's claims", lists the main ones against what an H200
+measured. Each function below runs one small measurement (both variants
 checked to compute the same result first, then timed alternately) or reads the probe's sweeps,
 and returns the gain of the guide's advice. The verdict rule is in `claim_check`; a claim with its
 own rule says so. bf16, channels_last and cuDNN autotuning unless a claim says otherwise.
@@ -49,7 +50,7 @@ __all__ = [
     "selected",
 ]
 
-# Report order: shapes first (as DESIGN.md's table), then pooling, fusion and launches.
+# Report order: shapes first (as docs/design.md's table), then pooling, fusion and launches.
 ORDER = (
     "conv-channels-63-vs-64",
     "dims-multiple-of-32",
@@ -299,7 +300,7 @@ def spatial_multiple_of_32(ctx: ClaimContext) -> Measured:
 
 @claim(
     id="channels-last",
-    where="DESIGN.md (layout), guide §3.2 (memory access patterns)",
+    where="docs/design.md (layout), guide §3.2 (memory access patterns)",
     says="Memory layout matters: convolutions should run channels_last, not NCHW.",
     claimed="qualitative: channels_last faster",
 )

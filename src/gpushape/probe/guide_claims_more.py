@@ -179,7 +179,7 @@ def bn_relu(ctx: ClaimContext) -> Measured:
 
 @claim(
     id="launch-overhead",
-    where="§5.3, DESIGN.md",
+    where="§5.3, docs/design.md",
     says="Kernel launches cost real time: fewer, larger kernels (fusion, CUDA graphs) win.",
     claimed="qualitative: a launch from a CUDA graph costs much less than an eager one",
 )
