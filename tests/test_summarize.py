@@ -1,0 +1,87 @@
+"""docs/results-h200.md is what benchmarks/summarize.py renders from the committed result files.
+
+When a result file changes, regenerate the page:
+
+    python benchmarks/summarize.py docs > docs/results-h200.md
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "results-h200.md"
+
+
+@pytest.fixture(scope="module")
+def summarize():
+    spec = importlib.util.spec_from_file_location(
+        "_gpushape_summarize", ROOT / "benchmarks" / "summarize.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def page(summarize):
+    return summarize.docs_page()
+
+
+def test_committed_page_is_current(summarize, page):
+    assert PAGE.read_text() == page, (
+        f"docs/results-h200.md is stale: run `{summarize.DOCS_COMMAND}` and commit it"
+    )
+
+
+def test_page_has_the_key_sections(summarize, page):
+    assert page.startswith("# Measured on an H200\n")
+    assert summarize.DOCS_COMMAND in page.split("\n## ", 1)[0]  # said at the top
+    for heading in (
+        "## The probe: ceilings and cliffs",
+        "## Eager kernels against the copy rate",
+        "## Fused attention against the GEMM model",
+        "## The design guide's rules of thumb on this H200",
+        "## Cost model against the profiler",
+        "## The audit's savings against measurement",
+        "## Fused kernels",
+        "## Examples",
+        "## Test runs on the H200",
+    ):
+        assert f"\n{heading}\n" in page, heading
+    for table_head in (
+        "| family | workload | fraction of copy |",
+        "| kernel | fwd fraction | fwd TFLOP/s |",
+        "| claim | the guide says |",
+        "| case | predicted ms | measured ms (graph) |",
+        "| criterion | measured | target | verdict |",
+        "| op | shape | pass | eager ms |",
+    ):
+        assert table_head in page, table_head
+
+
+def test_page_links_only_files_that_exist(page):
+    for target in re.findall(r"\]\((\.\./[^)#]+)\)", page):
+        assert (PAGE.parent / target).resolve().exists(), target
+
+
+def test_every_audit_rule_validated_is_a_registered_rule(summarize):
+    from gpushape.auditing.registry import load_rules
+
+    validated = summarize._load("audit-validate-h200/validate_savings.json")["results"]
+    assert {r["rule"] for r in validated} <= set(load_rules())
+
+
+def test_readme_kernel_speedups_come_from_the_result_files(summarize):
+    """Each row of the README's kernel table quotes the speed-up summarize.py computes and
+    cites the file it comes from."""
+    readme = (ROOT / "README.md").read_text()
+    for kernel, (value, _, rel) in summarize.speedups().items():
+        rows = [ln for ln in readme.splitlines() if ln.startswith(f"| `{kernel}`")]
+        assert len(rows) == 1, f"README has no kernel-table row for {kernel}"
+        assert f"{value:.2f}x" in rows[0], (kernel, f"{value:.2f}x", rows[0])
+        assert rel in rows[0], (kernel, rel)
