@@ -15,15 +15,33 @@ the same way (the recorder applies it to every op it sees on meta).
 
 SDPA: PyTorch picks the backend from the device: on CUDA, flash attention or the
 memory-efficient kernel when their constraints hold; on the meta device it always falls back to
-the math path (Q K^T, softmax, @ V as separate ops, with the T x T score matrix in memory).
-The choice CUDA (sm80 and later) makes:
+the math path (Q K^T, softmax, @ V as separate ops, with the T x T score matrix in memory, in
+fp32 for half inputs). `sdpa_backend` holds the rules of torch's CUDA dispatcher
+(`select_sdp_backend` in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, torch 2.5 to
+2.13, sm80 to sm90), tried in its order, each only while `torch.backends.cuda` (or an
+`sdpa_kernel` block) leaves the backend enabled:
 
-- flash (`aten._scaled_dot_product_flash_attention`): fp16/bf16, 4-D (B, H, T, D) inputs, no
-  attention mask, equal head sizes for Q, K, V up to 256, as many K/V heads as Q heads;
-- memory-efficient (`aten._scaled_dot_product_efficient_attention`): fp16/bf16/fp32, an
-  additive or boolean mask allowed (a boolean mask becomes a -inf/0 bias first, as PyTorch does),
-  head sizes a multiple of 16 bytes (8 half, 4 float elements);
+- both fused kernels: 4-D (B, H, T, D) dense inputs of one batch size and dtype, nonzero
+  sequence lengths, head dimension of unit stride; an explicit mask together with is_causal is
+  an error on every path (left to the math path to raise);
+- flash (`aten._scaled_dot_product_flash_attention`): fp16/bf16, no attention mask, equal head
+  sizes for Q, K, V up to 256 (a size that is not a multiple of 8 is zero-padded to one around
+  the kernel, as CUDA's SDPA does), is_causal only with as many queries as keys, as many K/V
+  heads as Q heads or, with `enable_gqa=True`, a number of K (= V) heads dividing Q's
+  (grouped-query attention); dropout and an explicit scale allowed;
+- memory-efficient (`aten._scaled_dot_product_efficient_attention`): fp16/bf16/fp32, a boolean
+  or additive mask of unit stride in its last dimension allowed (as PyTorch does, a boolean
+  mask becomes a -inf/0 bias first, and a bias whose strides are not multiples of 8 is copied
+  into a padded one), equal Q and K head sizes, Q/K and V head sizes a multiple of 16 bytes
+  (8 half, 4 float elements), equal head counts (no grouped-query attention: with `enable_gqa`
+  and fewer K/V heads, CUDA takes the math path); causal with unequal lengths, dropout and
+  scale allowed;
 - otherwise the math path, traced op by op.
+
+Not modelled: cuDNN attention, which recent torch tries first on sm90/sm100 with a cuDNN newer
+than 9.15 (a fused kernel too, with no score matrix in memory: such calls are traced as the
+flash or memory-efficient kernel torch would run without it), the sm86/sm89 limits on flash's
+backward for head sizes above 192, and nested (jagged) tensors.
 """
 
 from __future__ import annotations
@@ -37,37 +55,113 @@ _SDPA = torch._C._nn.scaled_dot_product_attention
 _DROPOUT = torch.nn.functional.dropout
 _HALF = (torch.float16, torch.bfloat16)
 _FLASH_MAX_HEAD_DIM = 256  # FlashAttention-2's largest head size (sdp_utils.cpp)
+_FLASH_HEAD_ALIGN = 8  # CUDA's SDPA pads flash's head size to a multiple of 8
+_BIAS_ALIGN = 8  # the memory-efficient kernel's bias: strides and last dim in 8s, else padded
 
 
-def _same_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    return q.dim() == k.dim() == v.dim() == 4 and q.shape[1] == k.shape[1] == v.shape[1]
+def sdpa_backend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> str:
+    """ "flash", "efficient" or "math": the kernel CUDA's SDPA runs for these arguments (the
+    rules in the module docstring, in torch's order); `dropout_p` and `scale` never decide."""
+    q, k, v = query, key, value
+    if not _fused_possible(q, k, v, attn_mask, is_causal):
+        return "math"
+    cuda = torch.backends.cuda
+    if cuda.flash_sdp_enabled() and _flash_ok(q, k, v, attn_mask, is_causal, enable_gqa):
+        return "flash"
+    if cuda.mem_efficient_sdp_enabled() and _efficient_ok(q, k, v, attn_mask):
+        return "efficient"
+    return "math"
 
 
-def _flash_ok(q, k, v, mask) -> bool:
+def _fused_possible(q, k, v, mask, is_causal: bool) -> bool:
+    """What both fused kernels need: dense 4-D inputs of one batch size and dtype, nonzero
+    sequence lengths, and arguments the math path would not reject (mask with is_causal)."""
+    tensors = (q, k, v)
+    if not all(isinstance(t, torch.Tensor) and not t.is_nested for t in tensors):
+        return False
+    if not all(t.dim() == 4 for t in tensors) or (mask is not None and is_causal):
+        return False
+    same_batch = q.shape[0] == k.shape[0] == v.shape[0]
+    same_dtype = q.dtype == k.dtype == v.dtype
+    return same_batch and same_dtype and q.shape[-2] > 0 and k.shape[-2] > 0
+
+
+def _heads_ok(q, k, v, gqa: bool) -> bool:
+    """As many K/V heads as Q heads or, for grouped-query attention, K = V heads dividing Q's."""
+    hq, hk, hv = q.shape[1], k.shape[1], v.shape[1]
+    if hq == hk == hv:
+        return True
+    return gqa and hk == hv and hk > 0 and hq % hk == 0
+
+
+def _unit_stride(*tensors: torch.Tensor | None) -> bool:
+    return all(t is None or t.stride(-1) == 1 for t in tensors)
+
+
+def _flash_ok(q, k, v, mask, is_causal: bool, enable_gqa: bool) -> bool:
     d = q.shape[-1]
     return (
         mask is None
         and q.dtype in _HALF
         and k.shape[-1] == d == v.shape[-1]
         and d <= _FLASH_MAX_HEAD_DIM
+        and (not is_causal or q.shape[-2] == k.shape[-2])  # top-left causal, square only
+        and _heads_ok(q, k, v, enable_gqa)
+        and (d == 1 or _unit_stride(q, k, v))
     )
 
 
-def _efficient_ok(q, k, v) -> bool:
+def _efficient_ok(q, k, v, mask) -> bool:
     if q.dtype not in (*_HALF, torch.float32):
         return False
     align = 8 if q.dtype in _HALF else 4  # 16 bytes of elements
-    return q.shape[-1] % align == 0 and k.shape[-1] % align == 0 and v.shape[-1] % align == 0
+    d, dv = q.shape[-1], v.shape[-1]
+    return (
+        k.shape[-1] == d
+        and d % align == 0
+        and dv % align == 0
+        and _heads_ok(q, k, v, gqa=False)  # no grouped-query support
+        and _unit_stride(q, k, v, mask)
+    )
+
+
+def _flash(q, k, v, dropout_p: float, is_causal: bool, scale: float | None) -> torch.Tensor:
+    """CUDA's flash call: a head size off 8 zero-padded to one and the output sliced back, at
+    the scale of the unpadded size."""
+    d = q.shape[-1]
+    pad = -d % _FLASH_HEAD_ALIGN
+    if pad:
+        scale = d**-0.5 if scale is None else scale
+        q, k, v = (torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v))
+    out = torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, dropout_p, is_causal, False, scale=scale
+    )[0]  # (B, H, Tq, Dv)
+    return out[..., :d] if pad else out
 
 
 def _as_bias(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
-    """A boolean mask (True = attend) as an additive bias (0 / -inf), expanded to (B, H, Tq, Tk)."""
+    """The mask as CUDA hands it to the memory-efficient kernel: a boolean one (True = attend)
+    as an additive bias (0 / -inf), padded to 8 in its last dimension where its strides are
+    not multiples of 8, expanded to (B, H, Tq, Tk)."""
     if mask is None:
         return None
     if mask.dtype == torch.bool:
-        mask = torch.where(mask.logical_not(), float("-inf"), 0.0).to(q.dtype)
-    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    return mask.expand(shape)
+        zero = torch.scalar_tensor(0.0, dtype=q.dtype, device=mask.device)
+        mask = torch.where(mask.logical_not(), float("-inf"), zero)
+    strides = mask.stride()
+    if mask.dim() and (any(s % _BIAS_ALIGN for s in strides[:-1]) or strides[-1] != 1):
+        size = mask.shape[-1]
+        mask = torch.nn.functional.pad(mask, (0, _BIAS_ALIGN - size % _BIAS_ALIGN))[..., :size]
+    return mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
 
 
 def route_sdpa(
@@ -82,14 +176,10 @@ def route_sdpa(
 ) -> torch.Tensor | None:
     """The fused kernel's output, or None where CUDA too would take the math path."""
     q, k, v = query, key, value
-    if not _same_heads(q, k, v) or (attn_mask is not None and is_causal):
-        return None
-    if _flash_ok(q, k, v, attn_mask):
-        out = torch.ops.aten._scaled_dot_product_flash_attention(
-            q, k, v, dropout_p, is_causal, False, scale=scale
-        )
-        return out[0]  # (B, H, Tq, Dv)
-    if _efficient_ok(q, k, v):
+    backend = sdpa_backend(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if backend == "flash":
+        return _flash(q, k, v, dropout_p, is_causal, scale)
+    if backend == "efficient":
         need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         out = torch.ops.aten._scaled_dot_product_efficient_attention(
             q, k, v, _as_bias(attn_mask, q, k), need_lse, dropout_p, is_causal, scale=scale
