@@ -30,8 +30,9 @@ def eager_path(x: torch.Tensor) -> bool:
     """Plain tensors outside torch.compile skip the custom ops (or plain-PyTorch glue) for an
     eager autograd.Function: the custom ops' Python dispatch (schema, fake and autograd layers)
     costs more host time than these kernels take on the GPU. Subclasses (fake tensors,
-    DTensor, ...) and compilation keep the registered custom ops."""
-    return type(x) is torch.Tensor and not torch.compiler.is_compiling()
+    DTensor, ...), meta tensors (gpushape's trace: one recorded op a pass, priced as the
+    kernel) and compilation keep the registered custom ops."""
+    return type(x) is torch.Tensor and not x.is_meta and not torch.compiler.is_compiling()
 
 
 def functorch_active() -> bool:

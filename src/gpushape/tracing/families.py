@@ -94,6 +94,21 @@ TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
 # gpushape's own fused kernels, which the audit's fusion rules propose: what they reach prices
 # a fix's kernel (`AuditContext.fusion_saving_s`), not a traced op.
 FUSED = ("fused_norm_act", "fused_batch_norm_act", "fused_softmax_dropout")
+# ... and the same kernels where a model already runs them (an optimized model's trace records
+# their custom ops, one op a pass, as torch.compile and CUDA graphs see them).
+KERNEL_FAMILIES = {
+    "gpushape.layer_norm_gelu": "fused_norm_act",
+    "gpushape.layer_norm_gelu_backward": "fused_norm_act",
+    "gpushape.add_layer_norm": "fused_norm_act",
+    "gpushape.add_layer_norm_backward": "fused_norm_act",
+    "gpushape.rms_norm": "fused_norm_act",
+    "gpushape.rms_norm_backward": "fused_norm_act",
+    "gpushape.batch_norm_stats": "fused_batch_norm_act",
+    "gpushape.batch_norm_act_apply": "fused_batch_norm_act",
+    "gpushape.batch_norm_act_backward": "fused_batch_norm_act",
+    "gpushape.softmax_dropout_fwd": "fused_softmax_dropout",
+    "gpushape.softmax_dropout_bwd": "fused_softmax_dropout",
+}
 # What a convolution loses in NCHW against channels_last, as an efficiency of the bytes cuDNN's
 # layout conversions move (tracing/layout.py): the cost model's price of NCHW convolutions.
 LAYOUT = ("nchw_conversion",)
@@ -102,7 +117,7 @@ ALL_FAMILIES = (*FAMILIES, *NCHW_VARIANTS.values(), *TAGGED.values(), *FUSED, *L
 
 def memory_family(rec: OpRecord) -> str | None:
     """The family whose measured efficiency prices `rec`'s bytes; None: the copy rate."""
-    family = _BY_PACKET.get(packet(rec.op))
+    family = _BY_PACKET.get(packet(rec.op)) or KERNEL_FAMILIES.get(packet(rec.op))
     if family is not None:
         if family in NCHW_VARIANTS and runs_nchw(rec):
             return NCHW_VARIANTS[family]

@@ -29,6 +29,7 @@ from .._dispatch import (
     FLOAT_DTYPES,
     check_float,
     check_same_device,
+    eager_path,
     functorch_active,
     use_triton,
 )
@@ -391,7 +392,7 @@ def batch_norm_act(
         y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
         y = y if residual is None else y + residual
         return F.relu(y) if activation == "relu" else y
-    if not torch.compiler.is_compiling():
+    if eager_path(x):
         return _BatchNormActFn.apply(
             x,
             weight,

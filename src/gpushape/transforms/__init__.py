@@ -1,0 +1,44 @@
+"""What to change: each transform rewrites a user's model where the audit found a fix for it.
+
+    model, report = gpushape.optimize(model, example_inputs, gpu="h200")
+    gpushape.transforms.revert(model)          # undo everything
+
+One transform per file, registered under the fix id findings name (`auditing/fixes.py`):
+`channels_last.py` (channels-last), `fuse_norm_act.py` (fuse-norm-act). `_core.py` holds the
+registry, `Change`/`Refusal` and the undo log; `_verify.py` the numeric gate a rewritten model
+must pass; `_optimize.py` `optimize()` and its report.
+"""
+
+from ._core import (
+    TRANSFORMS,
+    Change,
+    Outcome,
+    Refusal,
+    TransformContext,
+    TransformError,
+    applied,
+    get_transform,
+    load_transforms,
+    register_transform,
+    revert,
+)
+from ._optimize import OptimizeReport, optimize
+from ._verify import Verification, verify
+
+__all__ = [
+    "TRANSFORMS",
+    "Change",
+    "OptimizeReport",
+    "Outcome",
+    "Refusal",
+    "TransformContext",
+    "TransformError",
+    "Verification",
+    "applied",
+    "get_transform",
+    "load_transforms",
+    "optimize",
+    "register_transform",
+    "revert",
+    "verify",
+]

@@ -1,0 +1,165 @@
+"""What a transform returns and how it is undone: `Change`, `Refusal`, `Outcome`, the registry.
+
+A transform is a function `apply(model, ctx) -> Outcome` registered under the fix id that
+findings name (`auditing.fixes.FIXES`). It rewrites `model` in place where it matched and
+`ctx.filter_fn(module, fqn)` allows, and reports every module it touched (`Change`, each with
+its own undo) and every place it would not touch with the reason (`Refusal`). It never rewrites
+part of a pattern: a site is changed whole or refused. Applying a transform twice equals once:
+the second run finds nothing left to change.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from ..auditing.fixes import FIXES
+from ..errors import GpushapeError
+
+FilterFn = Callable[[nn.Module, str], bool]
+
+
+class TransformError(GpushapeError):
+    """A transform asked for that does not exist, or cannot run on this model at all."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """One rewrite at one place."""
+
+    transform: str
+    module: str
+    """Fully qualified name of the module changed ("" for the root)."""
+    detail: str
+    """What was done, in one line."""
+    undo: Callable[[], Any] = field(repr=False, compare=False)
+    """Restores the module as it was; returns the new root when the root itself was replaced."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refusal:
+    """A place a transform matched but would not rewrite, and why."""
+
+    transform: str
+    module: str
+    reason: str
+
+
+@dataclass(kw_only=True)
+class Outcome:
+    changes: list[Change] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+    root: nn.Module | None = None
+    """The new root when a transform had to replace it (an FX rewrite of the root module)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformContext:
+    """What a transform may read besides the model."""
+
+    example_inputs: tuple
+    train: bool = True
+    mode: str = "eager"
+    gpu: Any = None
+    """The target GPUSpec (alignment, for padding)."""
+    filter_fn: FilterFn | None = None
+
+    def allows(self, module: nn.Module, fqn: str) -> bool:
+        return self.filter_fn is None or bool(self.filter_fn(module, fqn))
+
+
+@dataclass(frozen=True)
+class TransformInfo:
+    id: str
+    apply: Callable[[nn.Module, TransformContext], Outcome]
+    pays_under_compile: bool
+    """Whether the rewrite still saves time when the model runs under torch.compile (Inductor
+    pads GEMMs and fuses pointwise ops into norms by itself; it does not change layouts or
+    attention implementations)."""
+
+
+TRANSFORMS: dict[str, TransformInfo] = {}
+
+
+def register_transform(fix_id: str, *, pays_under_compile: bool):
+    """Register `apply(model, ctx) -> Outcome` as the transform for findings' `fix_id`."""
+    if fix_id not in FIXES:
+        raise ValueError(f"unknown fix id {fix_id!r}; add it to auditing/fixes.py first")
+
+    def register(fn):
+        TRANSFORMS[fix_id] = TransformInfo(fix_id, fn, pays_under_compile)
+        return fn
+
+    return register
+
+
+def get_transform(fix_id: str) -> TransformInfo:
+    load_transforms()
+    if fix_id not in TRANSFORMS:
+        known = ", ".join(sorted(TRANSFORMS))
+        raise TransformError(f"unknown transform {fix_id!r}; known: {known}")
+    return TRANSFORMS[fix_id]
+
+
+def load_transforms() -> dict[str, TransformInfo]:
+    """Import every transform module once (each registers itself)."""
+    from . import channels_last, fuse_norm_act  # noqa: F401
+
+    return TRANSFORMS
+
+
+# ---- the undo log: what optimize() changed on which model, for revert() -------------------
+_APPLIED: weakref.WeakKeyDictionary[nn.Module, list[Change]] = weakref.WeakKeyDictionary()
+
+
+def remember(model: nn.Module, changes: list[Change]) -> None:
+    _APPLIED.setdefault(model, []).extend(changes)
+
+
+def applied(model: nn.Module) -> list[Change]:
+    """The changes gpushape made to `model` that are still in place."""
+    return list(_APPLIED.get(model, ()))
+
+
+def undo(changes: list[Change]) -> nn.Module | None:
+    """Undo `changes`, last first; the restored root if one of them had replaced it."""
+    root = None
+    for change in reversed(changes):
+        new_root = change.undo()
+        if isinstance(new_root, nn.Module):
+            root = new_root
+    return root
+
+
+def revert(model: nn.Module) -> nn.Module:
+    """Undo everything gpushape's transforms changed on `model`; returns the original model
+    (the same object, or the original root where a transform had replaced it)."""
+    changes = _APPLIED.pop(model, [])
+    return undo(changes) or model
+
+
+def forget(model: nn.Module, old: nn.Module | None = None) -> None:
+    """Move the log from `old` to `model` (a transform replaced the root) or drop it."""
+    if old is not None and old in _APPLIED:
+        _APPLIED[model] = _APPLIED.pop(old)
+
+
+def parent_of(model: nn.Module, fqn: str) -> tuple[nn.Module, str]:
+    """The module holding `fqn` and the attribute name under which it holds it."""
+    parent_name, _, name = fqn.rpartition(".")
+    return (model.get_submodule(parent_name) if parent_name else model), name
+
+
+def has_hooks(module: nn.Module) -> bool:
+    """Whether forward or backward hooks are registered on the module (a rewrite would skip
+    or change what they see)."""
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or getattr(module, "_backward_pre_hooks", None)
+    )

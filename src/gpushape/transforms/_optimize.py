@@ -1,0 +1,201 @@
+"""`gpushape.optimize(model, example_inputs, ...) -> (model, OptimizeReport)`.
+
+Audit the model for the target chip, pick the transforms its findings name (or the ones asked
+for), apply each, check that the model still computes the same function (`_verify.py`: outputs
+and every original parameter's gradient, within the kernels' numeric gate), roll back any
+transform that fails, and audit the result. The model is rewritten in place, as torchao's
+`quantize_` does, and returned (a new object only where a transform had to replace the root);
+`gpushape.transforms.revert(model)` undoes everything. In compile mode only transforms that
+still pay under torch.compile are picked. A model on the meta device is rewritten and audited
+but cannot be checked numerically: the report says so.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import GpushapeError
+from ._core import (
+    Change,
+    FilterFn,
+    Refusal,
+    TransformContext,
+    forget,
+    get_transform,
+    load_transforms,
+    remember,
+    undo,
+)
+from ._verify import Verification, reference, verify
+
+MODES = ("eager", "compile", "graph")
+# Structural rewrites first (they change which modules exist), layouts last.
+ORDER = ("pad-channels", "fuse-qkv", "sdpa", "fuse-norm-act", "channels-last")
+
+
+@dataclass(kw_only=True)
+class OptimizeReport:
+    """What `optimize` did: each change with its place, what it refused and rolled back."""
+
+    model: str
+    gpu: str
+    mode: str
+    applied: list[Change] = field(default_factory=list)
+    refused: list[Refusal] = field(default_factory=list)
+    rolled_back: list[Refusal] = field(default_factory=list)
+    skipped: list[Refusal] = field(default_factory=list)
+    """Fixes the findings name that no transform applies here (none exists yet, or it does not
+    pay in this mode)."""
+    verified: dict[str, Verification] = field(default_factory=dict)
+    predicted_saving_s: dict[str, float] = field(default_factory=dict)
+    """Per transform: what the audit's findings for its fix predicted (overlaps not added)."""
+    before: Any = None
+    """The audit of the model as given (`gpushape.auditing.report.Report`)."""
+    after: Any = None
+    """The audit of the optimized model."""
+
+    @property
+    def step_before_s(self) -> float:
+        return self.before.totals.roofline_time_s if self.before else float("nan")
+
+    @property
+    def step_after_s(self) -> float:
+        return self.after.totals.roofline_time_s if self.after else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "gpu": self.gpu,
+            "mode": self.mode,
+            "predicted_step_before_s": self.step_before_s,
+            "predicted_step_after_s": self.step_after_s,
+            "applied": [
+                {"transform": c.transform, "module": c.module, "detail": c.detail}
+                for c in self.applied
+            ],
+            "refused": [r.__dict__ for r in self.refused],
+            "rolled_back": [r.__dict__ for r in self.rolled_back],
+            "skipped": [r.__dict__ for r in self.skipped],
+            "verified": {
+                k: {"passed": v.passed, "checked": v.checked, "worst": v.worst}
+                for k, v in self.verified.items()
+            },
+            "predicted_saving_s": self.predicted_saving_s,
+        }
+
+
+def _pick(report: Any, asked: list[str] | None, mode: str, out: OptimizeReport) -> list[str]:
+    """Transform ids to apply, in ORDER: the ones asked for, or the fixes the findings name."""
+    known = load_transforms()
+    if asked is not None:
+        for tid in asked:
+            get_transform(tid)  # unknown ids fail loudly, with the list
+        return [t for t in ORDER if t in asked] + [t for t in asked if t not in ORDER]
+    doable = {f.label: f for f in report.findings if _worth(f) and f.fix in known}
+    wanted = []
+    for f in report.findings:
+        if not _worth(f):
+            continue
+        by = doable.get(f.subsumed_by or "")
+        if by is not None and by.fix in _compatible(mode, known, doable):
+            continue  # a fix that will be applied rewrites the same ops
+        out.predicted_saving_s[f.fix] = out.predicted_saving_s.get(f.fix, 0.0) + f.est_saving_s
+        if f.fix not in known:
+            out.skipped.append(
+                Refusal(transform=f.fix, module=f.module, reason="no transform for this fix yet")
+            )
+        elif mode == "compile" and not known[f.fix].pays_under_compile:
+            out.skipped.append(
+                Refusal(transform=f.fix, module=f.module, reason="torch.compile already does this")
+            )
+        elif f.fix not in wanted:
+            wanted.append(f.fix)
+    return sorted(wanted, key=lambda t: ORDER.index(t) if t in ORDER else len(ORDER))
+
+
+def _worth(f: Any) -> bool:
+    return bool(f.fix and f.est_saving_s and f.est_saving_s > 0)
+
+
+def _compatible(mode: str, known: dict, doable: dict) -> set[str]:
+    """Fix ids that will be applied in `mode`."""
+    return {f.fix for f in doable.values() if mode != "compile" or known[f.fix].pays_under_compile}
+
+
+def _real_inputs(inputs: tuple) -> bool:
+    leaves = [t for t in torch.utils._pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    return bool(leaves) and all(t.device.type != "meta" for t in leaves)
+
+
+def optimize(
+    model: nn.Module,
+    example_inputs: Any,
+    gpu: Any = None,
+    train: bool = True,
+    dtype: torch.dtype = torch.bfloat16,
+    mode: str = "eager",
+    memory_budget: int | None = None,
+    transforms: list[str] | None = None,
+    filter_fn: FilterFn | None = None,
+) -> tuple[nn.Module, OptimizeReport]:
+    """Apply the audit's fixes to `model` (in place); see the module docstring."""
+    from ..auditing.api import audit
+
+    if mode not in MODES:
+        raise GpushapeError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if memory_budget is not None:
+        raise GpushapeError(
+            "memory_budget needs the selective-checkpoint transform, "
+            "which gpushape does not have yet"
+        )
+    if not isinstance(model, nn.Module):
+        raise GpushapeError(f"optimize() needs an nn.Module, got {type(model).__name__}")
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    before = audit(model, inputs, gpu, dtype=dtype, train=train)
+    out = OptimizeReport(model=before.model, gpu=before.gpu, mode=mode, before=before)
+    ctx = TransformContext(
+        example_inputs=inputs, train=train, mode=mode, gpu=before.gpu_spec, filter_fn=filter_fn
+    )
+    checked = _real_inputs(inputs) and not any(p.is_meta for p in model.parameters())
+    ref = _Reference(model, inputs) if checked else None
+    for tid in _pick(before, transforms, mode, out):
+        model = _apply_one(model, tid, ctx, ref, out)
+    out.after = audit(model, inputs, gpu, dtype=dtype, train=train)
+    return model, out
+
+
+class _Reference:
+    """The original model's results, computed before the first change and only if one comes."""
+
+    def __init__(self, model: nn.Module, inputs: tuple):
+        self.model, self.inputs, self.value = copy.deepcopy(model), inputs, None
+
+    def results(self):
+        if self.value is None:
+            self.value = reference(self.model, self.inputs)
+            self.model = None
+        return self.value
+
+
+def _apply_one(model: nn.Module, tid: str, ctx: TransformContext, ref, out) -> nn.Module:
+    outcome = get_transform(tid).apply(model, ctx)
+    out.refused += outcome.refusals
+    if not outcome.changes:
+        return model
+    new_root = outcome.root or model
+    if ref is not None:
+        check = verify(new_root, ctx.example_inputs, ref.results())
+        out.verified[tid] = check
+        if not check.passed:
+            restored = undo(outcome.changes) or model
+            out.rolled_back.append(Refusal(transform=tid, module="", reason=check.worst))
+            return restored
+    forget(new_root, model)
+    remember(new_root, outcome.changes)
+    out.applied += outcome.changes
+    return new_root

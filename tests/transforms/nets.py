@@ -1,0 +1,82 @@
+"""Small networks written the way users write them, for the transform tests."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Bottleneck(nn.Module):
+    """torchvision's pattern: one ReLU module called three times, `out += identity`."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+        self.conv3 = nn.Conv2d(c, c, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        out += identity
+        return self.relu(out)
+
+
+class ConvNet(nn.Module):
+    """A stem (BN -> F.relu) and two bottlenecks: five BN+ReLU sites, two with a residual."""
+
+    def __init__(self, c: int = 16, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+        self.blocks = nn.Sequential(Bottleneck(c), Bottleneck(c))
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.stem(x)))
+        return self.head(self.blocks(x).mean((2, 3)))
+
+
+class TwoUsers(nn.Module):
+    """BatchNorm's output feeds the ReLU and the sum: fusing would lose what the sum reads."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        return torch.relu(y) + y
+
+
+class DataDependent(nn.Module):
+    """Control flow on values: torch.fx cannot trace it."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = self.bn(x)
+        return y.relu() if y.sum() > 0 else y
+
+
+class MLPBlock(nn.Module):
+    """A transformer MLP: LayerNorm -> GELU (tanh) -> Linear."""
+
+    def __init__(self, d: int = 32):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.fc(self.act(self.norm(x)))
