@@ -68,9 +68,12 @@ def report(title: str, model: nn.Module, x: torch.Tensor, gpu: str) -> float:
     print(f"\n{title}: predicted {step_ms:.2f} ms a training step on {rep.gpu}")
     for f in rep.findings:
         saving = "" if f.est_saving_s is None else f" (saves {f.est_saving_s * 1e3:.2f} ms)"
-        print(f"  [{f.severity.name.lower()}] {f.rule}{saving}: {f.message}")
+        overlap = f" [overlaps {f.subsumed_by}: not added]" if f.subsumed_by else ""
+        print(f"  [{f.severity.name.lower()}] {f.rule}{saving}{overlap}: {f.message}")
     if not rep.findings:
         print("  no findings")
+    elif rep.combined is not None:
+        print(f"  together, without overlaps: {rep.combined.saving_s * 1e3:.2f} ms")
     return step_ms
 
 
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     after = report("fixed", FixedBlock().to(torch.bfloat16), x, args.gpu)
     print(
         f"\npredicted: {before:.2f} -> {after:.2f} ms ({before / after:.2f}x); the audit's "
-        "numbers are the cost model's, measured against the H200 in README.md"
+        "numbers are the cost model's, measured against the H200 in docs/results-h200.md"
     )
     return 0
 

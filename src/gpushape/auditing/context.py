@@ -181,9 +181,12 @@ class AuditContext:
         fix: str | None,
         severity: Severity | None = None,
         basis_s: float | None = None,
+        replaces: Iterable[OpRecord] | None = None,
     ) -> Finding:
         """A finding whose severity follows `saving_s` as a share of the step (or of
-        `basis_s`); pass `severity` to state it outright (rules with no time estimate)."""
+        `basis_s`); pass `severity` to state it outright (rules with no time estimate).
+        `replaces`: the traced ops the fix rewrites (their backward ops count too), so that
+        overlapping fixes are not added up (`combine.py`)."""
         if fix is not None and fix not in FIXES:
             raise ValueError(f"rule {rule}: unknown fix {fix!r}; add it to audit/fixes.py")
         basis = self.step_time_s if basis_s is None else basis_s
@@ -203,7 +206,17 @@ class AuditContext:
             evidence=evidence,
             est_saving_s=saving_s,
             fix=fix,
+            replaces=None if replaces is None else self.footprint(replaces),
         )
+
+    def footprint(self, recs: Iterable[OpRecord]) -> frozenset[int]:
+        """Trace positions of `recs` and of the backward ops autograd ran for them."""
+        return frozenset(o.index for r in recs for o in self.with_backward(r))
+
+    def records_of(self, modules: Iterable[str]) -> list[OpRecord]:
+        """The forward ops that `modules` ran themselves (not their children's)."""
+        wanted = set(modules)
+        return [r for r in self.forward_compute() if r.module in wanted]
 
     def memory_finding(
         self,

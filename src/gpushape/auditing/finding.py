@@ -75,14 +75,29 @@ class Finding:
     evidence: Mapping[str, Any] = field(default_factory=dict)
     est_saving_s: float | None = None
     fix: str | None = None
+    # The trace positions (forward and backward) of the ops the fix rewrites; None when the fix
+    # acts on nothing traced. Two fixes overlap when they rewrite an op in common (`combine.py`).
+    replaces: frozenset[int] | None = field(default=None, compare=False, repr=False)
+    # "rule @ module" of a larger fix that rewrites some of the same ops, counted instead of
+    # this one; `inside`: that fix rewrites every op this one does (it subsumes it).
+    subsumed_by: str | None = None
+    inside: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.rule} @ {self.module or '(model)'}"
 
     def to_dict(self) -> dict[str, Any]:
+        evidence = dict(self.evidence)
+        if self.subsumed_by:
+            evidence["subsumed_by"] = self.subsumed_by
+            evidence["subsumed_whole"] = self.inside
         return {
             "rule": self.rule,
             "severity": self.severity.label,
             "module": self.module,
             "message": self.message,
-            "evidence": _plain(self.evidence),
+            "evidence": _plain(evidence),
             "est_saving_s": self.est_saving_s,
             "fix": self.fix,
         }

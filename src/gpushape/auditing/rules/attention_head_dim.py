@@ -88,5 +88,6 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         message,
         evidence,
         saving_s=max(math_s - fused_s, 0.0),
+        replaces=ctx.records_of(s[0].module for s in sites),
         fix="pad-head-dim",
     )

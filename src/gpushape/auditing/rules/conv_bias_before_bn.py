@@ -64,4 +64,5 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         evidence,
         saving_s=ctx.bytes_time_s(nbytes),
         fix="fold-conv-bias",
+        replaces=sites,
     )

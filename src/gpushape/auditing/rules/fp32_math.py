@@ -70,5 +70,6 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         message,
         evidence,
         saving_s=saving_s,
+        replaces=sites,
         fix="autocast-bf16",
     )

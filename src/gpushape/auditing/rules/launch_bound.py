@@ -51,4 +51,12 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         f"{gpu_s * 1e3:,.2f} ms of GPU work ({short} are shorter than their launch): "
         f"the CPU sets the pace; a CUDA graph launches them in {graph_s * 1e3:,.2f} ms"
     )
-    yield ctx.finding(RULE, "", message, evidence, saving_s=saving_s, fix="cuda-graphs")
+    yield ctx.finding(
+        RULE,
+        "",
+        message,
+        evidence,
+        saving_s=saving_s,
+        fix="cuda-graphs",
+        replaces=ctx.trace.ops,  # a CUDA graph relaunches every kernel of the step
+    )

@@ -178,4 +178,5 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         saving_s=saving_s,
         fix="sdpa",
         severity=severity,
+        replaces=[r for site in sites for r in site["ops"]],
     )

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 from ...tracing.families import NCHW_BASE, memory_family
 from ...tracing.layout import conversion_bytes_of, runs_nhwc
+from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding
 from ..patterns import CONV_OPS, first_modules, module_pattern
@@ -34,18 +35,18 @@ from ..registry import register_rule
 RULE = "nchw-conv"
 
 
-def layout_bound(ctx: AuditContext) -> tuple[float, int]:
+def layout_bound(ctx: AuditContext) -> tuple[float, list[OpRecord]]:
     """(seconds, ops): what the ops priced at a measured NCHW family (forward and backward)
     take beyond the same bytes at their channels_last family's efficiency."""
     measured = ctx.gpu.achievable.memory_efficiency
-    total, ops = 0.0, 0
+    total, ops = 0.0, []
     for rec in ctx.trace.ops:
         family = memory_family(rec)
         if family not in NCHW_BASE or family not in measured:
             continue
         memory_s = ctx.op_cost(rec).memory_s
         total += memory_s * (1 - measured[family] / ctx.gpu.achievable.memory(NCHW_BASE[family]))
-        ops += 1
+        ops.append(rec)
     return total, ops
 
 
@@ -76,13 +77,13 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         "bandwidth_bytes_per_s": ctx.bandwidth_bytes_per_s(),
         "conversion_efficiency": efficiency,
         "conversions_s": conversions_s,
-        "nchw_norm_pool_ops": others,
+        "nchw_norm_pool_ops": len(others),
         "nchw_norm_pool_s": others_s,
         "modules": first_modules(r.module for r in convs),
         "first_input_shape": list(convs[0].inputs[0].shape),
     }
     also = (
-        f", and {others} BatchNorm/pooling ops run NCHW kernels that are slower on this chip"
+        f", and {len(others)} BatchNorm/pooling ops run NCHW kernels that are slower on this chip"
         if others_s > 0
         else ""
     )
@@ -98,4 +99,5 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         evidence,
         saving_s=saving_s,
         fix="channels-last",
+        replaces=[*convs, *others],
     )

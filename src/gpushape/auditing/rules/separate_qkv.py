@@ -82,6 +82,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         priced = _price(ctx, calls)
         if priced is not None:
             kind = (tuple(priced["projections"]), priced["in_features"])
+            priced["calls"] = [c.module for c in calls]
             by_kind.setdefault(kind, []).append((calls[0].module.rpartition(".")[0], priced))
     for (names, k), sites in by_kind.items():
         separate_s = sum(p["separate_s"] for _, p in sites)
@@ -109,4 +110,5 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
             evidence,
             saving_s=max(separate_s - fused_s, 0.0),
             fix="fuse-qkv",
+            replaces=ctx.records_of(m for _, p in sites for m in p["calls"]),
         )

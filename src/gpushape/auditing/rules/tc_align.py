@@ -153,4 +153,5 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
             saving_s=saving_s,
             fix="pad-channels" if feature and worth else None,
             severity=None if worth else Severity.INFO,
+            replaces=ctx.records_of([s["module"]]),
         )

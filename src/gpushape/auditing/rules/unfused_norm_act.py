@@ -117,4 +117,5 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
             evidence,
             saving_s=saving,
             fix="fuse-norm-act",
+            replaces=[r for c in chains for r in (c.norm, *c.ops)],
         )

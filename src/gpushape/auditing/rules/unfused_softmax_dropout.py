@@ -74,4 +74,5 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
             [r for site in sites for r in site], nbytes, "fused_softmax_dropout"
         ),
         fix="fuse-softmax-dropout",
+        replaces=[r for site in sites for r in site],
     )
