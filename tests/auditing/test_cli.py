@@ -80,7 +80,7 @@ def test_unreadable_profile(capsys, tmp_path):
     ("argv", "says"),
     [
         (["audit", "resnet51"], "unknown model"),
-        ([*RESNET, "--input", "8xZx224"], "bad --input"),
+        (["audit", "resnet50", "--input", "8xZx224"], "bad --input"),  # no --batch with it
         ([*RESNET, "--gpu", "h300"], "unknown GPU"),
     ],
 )

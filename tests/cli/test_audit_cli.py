@@ -96,7 +96,8 @@ def _check_schema(doc: dict) -> None:
 
 
 def test_json_follows_schema_1(capsys):
-    assert main(["audit", "resnet50", "--batch", "2", "--format", "json", "--train"]) == 0
+    argv = ["audit", "resnet50", "--batch", "2", "--gpu", "h100", "--format", "json", "--train"]
+    assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     _check_schema(doc)
     assert (doc["model"], doc["gpu"], doc["dtype"], doc["train"]) == (
@@ -171,6 +172,12 @@ def test_meta_failure_names_op_and_module_and_cpu_works(capsys, factories):
     assert main(["audit", f"{factories}:needs_values", "--device", "cpu"]) == 0
 
 
-def test_debug_lets_the_exception_through(factories):
-    with pytest.raises(TraceError, match="module 'gate'"):  # so Python prints its traceback
-        main(["--debug", "audit", f"{factories}:needs_values"])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_prints_the_traceback_and_still_exits_2(capsys, factories, where):
+    """--debug goes before or after the subcommand; the exit code stays 2 (1 means findings)."""
+    argv = ["audit", f"{factories}:needs_values"]
+    argv = ["--debug", *argv] if where == "before" else [*argv, "--debug"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and f"{TraceError.__module__}.TraceError" in err
+    assert err.strip().splitlines()[-1].startswith("gpushape: error: aten.")

@@ -335,3 +335,39 @@ def test_malformed_input_string(tmp_path):
 )
 def test_bad_arguments(spec, kwargs, expected):
     assert error_of(spec, **kwargs).startswith(expected)
+
+
+# --- exits, interrupts and devices -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "shown"),
+    [("sys.exit(3)", "sys.exit(3)"), ("sys.exit()", "sys.exit()"), ("exit('bye')", "'bye'")],
+)
+def test_factory_calling_sys_exit_is_an_error_not_an_exit(tmp_path, call, shown):
+    """A SystemExit would end gpushape with the user's code (3, or 1: '--fail-on failed')."""
+    path = write(tmp_path, "quits.py", f"import sys\n\ndef make():\n    {call}\n")
+    message = error_of(f"{path}:make")
+    assert message.startswith(f"model factory '{path}:make' called sys.exit(") and shown in message
+
+
+def test_file_and_module_calling_sys_exit_on_import(tmp_path, monkeypatch):
+    name = f"quits_{uuid.uuid4().hex[:8]}"
+    path = write(tmp_path, f"{name}.py", "import sys\nsys.exit(4)\n")
+    assert error_of(f"{path}:make") == f"importing {path} called sys.exit(4)"
+    monkeypatch.chdir(tmp_path)
+    assert error_of(f"{name}:make") == f"importing '{name}' called sys.exit(4)"
+
+
+def test_keyboard_interrupt_passes_through(tmp_path):
+    path = write(tmp_path, "stops.py", "def make():\n    raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        resolve_model(f"{path}:make")
+
+
+def test_a_device_this_machine_lacks(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert error_of("resnet50", device="cuda:0") == (
+        "device 'cuda:0' is not available: torch sees no CUDA GPU on this machine; trace on "
+        "meta (the default) or cpu"
+    )

@@ -2,18 +2,28 @@
 on a GPU's roofline, run the audit rules, and print the findings (largest saving first) and the
 top layers, as a table, schema-1 JSON, Markdown or a self-contained HTML page.
 
-Exit codes: 0 done; 1 a finding reached --fail-on (for CI gates); 2 bad usage or bad input."""
+Options that contradict each other are errors, never silently dropped: --batch with --input,
+--profile with --no-profile, --top with JSON (which lists every layer), a --format that the
+-o file's extension contradicts. Without --format, -o FILE picks it from the extension.
+
+Exit codes: 0 done; 1 a finding reached --fail-on (for CI gates; each named on stderr); 2 bad
+usage, bad input or a missing environment."""
 
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from pathlib import Path
 
 from ..errors import GpushapeError
+from .output import check_file, to_stdout, write_text
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
 FORMATS = ("table", "json", "md", "html")
+EXTENSIONS = {".html": "html", ".htm": "html", ".json": "json", ".md": "md", ".markdown": "md"}
+DEFAULT_TOP = {"table": 15, "md": 20, "html": 40}
+FAIL_LISTED = 8  # findings named on the --fail-on line; the rest counted
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--gpu",
-        help="target GPU, a catalog name (default: h100, or the chip a --profile was measured on)",
+        help="target GPU, a catalog name (default: the GPU present when the catalog has it, else "
+        "h100; with --profile, the chip it was measured on)",
     )
     p.add_argument(
         "--profile",
@@ -51,7 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="bf16",
         help="model dtype and math: tf32 = fp32 tensors with TF32 matmuls (default: bf16)",
     )
-    p.add_argument("--batch", type=int, help="batch size (default: the zoo model's)")
+    p.add_argument(
+        "--batch", type=int, help="batch size (default: the zoo model's; not with --input)"
+    )
     p.add_argument(
         "--train", action="store_true", help="cost a training step: forward and backward"
     )
@@ -65,14 +78,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--device",
         default="meta",
-        help="where to trace: meta (default: shapes only) or cpu (real tensors, "
-        "for models that read values)",
+        help="where to trace: meta (default: shapes only), cpu (real tensors, for models that "
+        "read values) or cuda",
     )
     p.add_argument(
         "--format",
         choices=FORMATS,
-        default="table",
-        help="output format (default: table); html is one self-contained page with a roofline plot",
+        help="output format (default: from the -o extension: .html/.htm, .json, .md, else "
+        "table); html is one self-contained page with a roofline plot",
     )
     p.add_argument(
         "--fail-on",
@@ -80,7 +93,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="exit 1 when a finding reaches this severity: high, medium or low",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE")
-    p.add_argument("--top", type=int, default=15, help="modules shown in the table (default 15)")
+    p.add_argument(
+        "--top",
+        type=int,
+        help="modules in the table, layers in Markdown and HTML (default 15, 20, 40); "
+        "JSON lists every layer",
+    )
     p.set_defaults(func=run)
 
 
@@ -122,17 +140,46 @@ def _fail_on(text: str | None):
     return severity
 
 
+def output_format(fmt: str | None, output: str | None) -> str:
+    """--format, or the one -o's extension names, or table; an error when the two disagree."""
+    implied = EXTENSIONS.get(Path(output).suffix.lower()) if output else None
+    if fmt and implied and fmt != implied:
+        raise GpushapeError(
+            f"--format {fmt} contradicts -o {output!r}, whose extension means {implied}; "
+            f"drop --format or rename the file"
+        )
+    return fmt or implied or "table"
+
+
+def check_options(args: argparse.Namespace) -> str:
+    """Fail on contradicting or bad options before any work; the output format."""
+    if args.profile and args.no_profile:
+        raise GpushapeError("--profile and --no-profile contradict each other; keep one")
+    if args.batch is not None and args.input:
+        raise GpushapeError(
+            "--batch does not apply with --input: the inputs' leading dimension is the batch"
+        )
+    fmt = output_format(args.format, args.output)
+    if args.top is not None and fmt == "json":
+        raise GpushapeError("--top does not apply to JSON, which lists every layer; drop --top")
+    if args.top is not None and args.top < 1:
+        raise GpushapeError(f"--top must be at least 1, got {args.top}")
+    _fail_on(args.fail_on)
+    if args.output:
+        check_file(args.output)
+    return fmt
+
+
 def build_report(args: argparse.Namespace):
     """Resolve, trace, cost and audit the model the arguments name: an `audit.report.Report`."""
     from ..auditing.api import audit
     from ..auditing.target import AUTO, resolve_target
     from ..models.resolve import resolve_model
 
-    # Bad GPU, profile or severity fails before any work.
-    target = resolve_target(args.gpu, None if args.no_profile else (args.profile or AUTO))
-    _fail_on(args.fail_on)
-    if args.top < 1:
-        raise GpushapeError(f"--top must be at least 1, got {args.top}")
+    # Bad GPU or profile fails before any work.
+    target = resolve_target(
+        args.gpu, None if args.no_profile else (args.profile or AUTO), flag="--gpu"
+    )
     resolved = resolve_model(
         args.model,
         batch=args.batch,
@@ -153,38 +200,68 @@ def build_report(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    fmt = check_options(args)
     fail_on = _fail_on(args.fail_on)
     report = build_report(args)
-    if args.format == "json":
-        _emit(report.to_json() + "\n", args.output)
-    elif args.format == "md":
-        _emit(report.to_markdown(top=args.top) + "\n", args.output)
-    elif args.format == "html":
-        _emit(report.to_html(top=max(args.top, 40)), args.output)
+    top = args.top or DEFAULT_TOP.get(fmt, 0)
+    if fmt == "json":
+        text = report.to_json() + "\n"
+    elif fmt == "md":
+        text = report.to_markdown(top=top) + "\n"
+    elif fmt == "html":
+        text = report.to_html(top=top)
     elif args.output:
-        from rich.console import Console
-
-        with _open(args.output) as fh:
-            report.render(Console(file=fh, width=140, force_terminal=False), top=args.top)
-        print(f"gpushape: wrote {args.output}", file=sys.stderr)
+        text = _table_text(report, top)
     else:
-        report.render(top=args.top)
-    if fail_on is not None and any(f.severity >= fail_on for f in report.findings):
+        with to_stdout():
+            report.render(top=top)
+        text = None
+    if text is not None:
+        _emit(text, args.output)
+    failing = [] if fail_on is None else [f for f in report.findings if f.severity >= fail_on]
+    if failing:
+        print(fail_summary(failing, fail_on, report.totals.roofline_time_s), file=sys.stderr)
         return 1
     return 0
 
 
-def _open(path: str):
-    try:
-        return Path(path).open("w")
-    except OSError as exc:
-        raise GpushapeError(f"cannot write {path!r}: {exc.strerror or exc}") from exc
+def _table_text(report, top: int) -> str:
+    """The terminal report as plain text (no colour codes), for a file."""
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=140, force_terminal=False, color_system=None, emoji=False)
+    report.render(console, top=top)
+    return buffer.getvalue()
+
+
+def fail_summary(failing: list, fail_on, step_s: float) -> str:
+    """One stderr line naming the findings that failed the run, largest saving first."""
+    from ..auditing.report.render import module_text, ordered
+
+    shown = ordered(failing)
+    names = ", ".join(
+        f"{f.rule}@{module_text(f)} ({f.severity.label}, {_saving(f, step_s)})"
+        for f in shown[:FAIL_LISTED]
+    )
+    more = f", and {len(shown) - FAIL_LISTED} more" if len(shown) > FAIL_LISTED else ""
+    count = f"{len(shown)} finding{'s' if len(shown) != 1 else ''}"
+    return f"gpushape: {count} at or above {fail_on.label} (--fail-on): {names}{more}"
+
+
+def _saving(finding, step_s: float) -> str:
+    """'0.021 ms', or what a finding without a time saving frees ('1.2 GB')."""
+    from ..auditing.report.render import saving_text
+
+    if finding.est_saving_s is None:
+        return saving_text(finding, step_s)
+    return f"{finding.est_saving_s * 1e3:,.3f} ms"
 
 
 def _emit(text: str, path: str | None) -> None:
     if path is None:
-        sys.stdout.write(text)
+        with to_stdout():
+            sys.stdout.write(text)
         return
-    with _open(path) as fh:
-        fh.write(text)
+    write_text(path, text)
     print(f"gpushape: wrote {path}", file=sys.stderr)

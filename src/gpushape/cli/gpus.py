@@ -1,4 +1,7 @@
-"""`gpushape gpus [NAME] [--json]`: the chip catalog, or one chip's whole spec."""
+"""`gpushape gpus [NAME] [--json]`: the chip catalog, or one chip's whole spec.
+
+Names and sources come from the catalog and the driver: printed as `rich.text.Text`, never as
+markup or emoji codes. An unknown NAME is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -7,9 +10,11 @@ import json
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import UnknownGPUError
 from ..hardware import CATALOG, DTYPES, GPUSpec, current_gpu, get_gpu
+from .output import to_stdout
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +43,12 @@ def _tflops(value: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    with to_stdout():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    console = Console(emoji=False)
     current, note = _current()
     if args.name:
         spec = get_gpu(args.name)
@@ -63,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _show_catalog(console, rows, current)
     if note:
-        console.print(f"[dim]{note}[/dim]")
+        console.print(Text(note, style="dim"))
     return 0
 
 
@@ -90,7 +100,7 @@ def _show_catalog(console: Console, rows: list[GPUSpec], current: GPUSpec | None
         half = "bf16" if s.has_tensor_cores("bf16") else "fp16"
         table.add_row(
             mark,
-            s.name,
+            Text(s.name),
             str(s.sm_count),
             f"{s.memory_bytes / 1e9:,.0f}",
             f"{s.memory_bandwidth_bytes_per_s / 1e12:.2f}",
@@ -105,34 +115,35 @@ def _show_catalog(console: Console, rows: list[GPUSpec], current: GPUSpec | None
 
 def _show_one(console: Console, s: GPUSpec, is_current: bool) -> None:
     title = f"{s.full_name} ({s.name})" + ("  * this machine's device" if is_current else "")
-    table = Table(title=title, show_header=False)
+    table = Table(title=Text(title, style="table.title"), show_header=False)
     table.add_column("field")
     table.add_column("value")
 
     def src(field: str) -> str:
-        return f"  [dim]({s.overridden[field]})[/dim]" if field in s.overridden else ""
+        return f"  ({s.overridden[field]})" if field in s.overridden else ""
 
-    table.add_row("aliases", ", ".join(s.aliases))
+    def row(field: str, value: str) -> None:  # the user's and the driver's text: never markup
+        table.add_row(Text(field), Text(value))
+
+    row("aliases", ", ".join(s.aliases))
     major, minor = s.compute_capability
-    table.add_row("architecture", f"{s.arch}, compute capability {major}.{minor}")
-    table.add_row("SMs", f"{s.sm_count}{src('sm_count')}")
-    table.add_row("boost clock", f"{s.boost_clock_hz / 1e6:,.0f} MHz")
-    table.add_row("memory", f"{s.memory_bytes / 1e9:,.1f} GB{src('memory_bytes')}")
-    table.add_row("memory bandwidth", f"{s.memory_bandwidth_bytes_per_s / 1e12:.2f} TB/s")
-    table.add_row("L2", f"{s.l2_bytes / 2**20:.0f} MiB{src('l2_bytes')}")
+    row("architecture", f"{s.arch}, compute capability {major}.{minor}")
+    row("SMs", f"{s.sm_count}{src('sm_count')}")
+    row("boost clock", f"{s.boost_clock_hz / 1e6:,.0f} MHz")
+    row("memory", f"{s.memory_bytes / 1e9:,.1f} GB{src('memory_bytes')}")
+    row("memory bandwidth", f"{s.memory_bandwidth_bytes_per_s / 1e12:.2f} TB/s")
+    row("L2", f"{s.l2_bytes / 2**20:.0f} MiB{src('l2_bytes')}")
     for d in DTYPES:
         tc, cc = s.tensor_core_flops.get(d), s.cuda_core_flops.get(d)
         if tc or cc:
             unit = "TOP/s" if d == "int8" else "TFLOP/s"
-            table.add_row(
-                f"{d} peak", f"tensor cores {_tflops(tc)}, CUDA cores {_tflops(cc)} {unit}"
-            )
-    table.add_row(
+            row(f"{d} peak", f"tensor cores {_tflops(tc)}, CUDA cores {_tflops(cc)} {unit}")
+    row(
         "tensor-core alignment",
         ", ".join(f"{d}: {n}" for d, n in s.tc_align_elems.items()) + " elements",
     )
     lim = s.sm_limits
-    table.add_row(
+    row(
         "per SM",
         f"{lim.max_threads} threads, {lim.max_warps} warps, "
         f"{lim.max_blocks} blocks, {lim.registers} registers, "
@@ -141,17 +152,17 @@ def _show_one(console: Console, s: GPUSpec, is_current: bool) -> None:
     )
     nvlink = s.nvlink_bandwidth_bytes_per_s
     links = f"NVLink {nvlink / 1e9:,.0f} GB/s" if nvlink else "no NVLink"
-    table.add_row(
+    row(
         "interconnect",
         f"{links}, PCIe {s.pcie_bandwidth_bytes_per_s / 1e9:,.0f} GB/s (totals, both directions)",
     )
     a = s.achievable
-    table.add_row(
+    row(
         "achievable (" + a.source + ")",
         f"copy {a.memory_bandwidth_fraction:.0%} of bandwidth, GEMM "
         + ", ".join(f"{k} {v:.0%}" for k, v in a.gemm_fraction.items())
         + f" of peak; launch {a.launch_overhead_s * 1e6:.1f} us eager, "
         f"{a.graph_launch_overhead_s * 1e6:.1f} us in a CUDA graph",
     )
-    table.add_row("sources", "; ".join(s.sources))
+    row("sources", "; ".join(s.sources))
     console.print(table)

@@ -4,6 +4,10 @@ Measures the ceilings (copy bandwidth, GEMM peak per dtype, launch overhead eage
 graph), sweeps GEMM and convolution shapes for alignment cliffs, batch sizes and wave
 quantization, checks the design guide's rules of thumb, and writes a calibrated profile that
 `gpushape audit --profile` reads, plus a Markdown report with PNG plots.
+
+The output paths are checked before anything is measured (a missing or unwritable folder is one
+line and exit 2, not minutes of measuring lost), and so is the GPU: without CUDA, one line and
+exit 2. The profile is written whole or not at all (`output.write_text`).
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import NoCudaError
 from ..hardware import current_gpu
+from .output import check_file, check_folder, to_stdout, write_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output is not None:
+        check_file(args.output)
+    if args.report_dir is not None:
+        check_folder(args.report_dir)
     import torch  # here, not at the top: `gpushape gpus` and `--help` need no torch
 
     if not torch.cuda.is_available():
@@ -57,29 +68,37 @@ def run(args: argparse.Namespace) -> int:
         )
     # imported here: the measuring code pulls in matplotlib and the claims' modules
     from ..probe.plan import full_plan, quick_plan
-    from ..probe.profile import write_profile
+    from ..probe.profile import dumps_profile
     from ..probe.report import write_report
     from ..probe.runner import run_probe
 
     spec = current_gpu()
     assert spec is not None  # CUDA is available
-    profile = run_probe(
-        quick_plan() if args.quick else full_plan(), spec=spec, console=Console(stderr=True)
-    )
     out = args.output or Path(f"gpushape-profile-{spec.name}.json")
-    write_profile(profile, out)
-    report = write_report(profile, args.report_dir or out.parent)
-    console = Console()
-    console.print(_summary(profile, spec))
-    console.print(f"profile: {out}\nreport:  {report} (plots in {report.parent / 'plots'})")
+    check_file(out)
+    profile = run_probe(
+        quick_plan() if args.quick else full_plan(),
+        spec=spec,
+        console=Console(stderr=True, emoji=False),
+    )
+    write_text(out, dumps_profile(profile))
+    report = write_report(profile, args.report_dir or out.parent)  # OSError: one line, exit 2
+    console = Console(emoji=False)
+    with to_stdout():
+        console.print(_summary(profile, spec))
+        console.print(
+            Text(f"profile: {out}\nreport:  {report} (plots in {report.parent / 'plots'})")
+        )
     return 0
 
 
 def _summary(profile: dict[str, Any], spec: Any) -> Table:
     c = profile["ceilings"]
     table = Table(
-        title=f"gpushape probe: {profile['device_name']} ({profile['probe']['mode']}, "
-        f"{profile['probe']['timing']['total_s']:.0f} s); medians by CUDA events"
+        title=escape(
+            f"gpushape probe: {profile['device_name']} ({profile['probe']['mode']}, "
+            f"{profile['probe']['timing']['total_s']:.0f} s); medians by CUDA events"
+        )
     )
     table.add_column("measured")
     table.add_column("value", justify="right")

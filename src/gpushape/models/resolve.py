@@ -21,6 +21,11 @@ device cannot be moved to a real one: that is an error.
 
 Inputs. `inputs=["8x3x224x224", "8x512:int64"]` (the CLI's repeated `--input`) build the example
 inputs and take precedence over the factory's own; with neither, resolution fails.
+
+Errors. Everything that goes wrong is a `GpushapeError` (one line, exit 2 in the CLI): a device
+this machine lacks (`cuda` without CUDA), a user file or factory that raises, and one that calls
+`sys.exit()` (which would otherwise end gpushape with the user's exit code, silently).
+KeyboardInterrupt passes through.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import GpushapeError
+from ..errors import GpushapeError, NoCudaError
 from .input_spec import INPUT_FORM, inputs_from_specs
+from .library import build_library_model, is_library_spec
 from .registry import UnknownModelError, check_batch, check_dtype, create_model
 
 PLACED_ARGS = ("batch", "dtype", "device")
@@ -69,6 +75,9 @@ def resolve_model(
     dtype = check_dtype(dtype)
     batch = None if batch is None else check_batch(batch)
     device = _to_device(device)
+    if is_library_spec(spec):  # hf:NAME, timm:NAME (models/library.py)
+        built = build_library_model(spec, batch=batch, dtype=dtype, device=device, inputs=inputs)
+        return ResolvedModel(str(spec).strip(), *built)
     target, sep, attr = str(spec).strip().rpartition(":")
     if not sep:
         return _from_zoo(attr, batch=batch, dtype=dtype, device=device, inputs=inputs)
@@ -96,10 +105,40 @@ def resolve_model(
 
 
 def _to_device(device: str | torch.device) -> torch.device:
+    """A torch device this machine has; meta and cpu always are."""
     try:
-        return torch.device(device)
+        device = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise GpushapeError(f"bad device {device!r}: {_one_line(exc)}") from exc
+        raise GpushapeError(
+            f"bad device {device!r}: not a torch device; use meta (the default), cpu, cuda "
+            f"or cuda:N"
+        ) from exc
+    if device.type in ("meta", "cpu"):
+        return device
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise NoCudaError(
+            f"device {str(device)!r} is not available: torch sees no CUDA GPU on this machine; "
+            f"trace on meta (the default) or cpu"
+        )
+    try:
+        torch.empty(0, device=device)
+    except Exception as exc:
+        raise GpushapeError(
+            f"device {str(device)!r} is not available here ({_first_sentence(exc)}); "
+            f"trace on meta (the default) or cpu"
+        ) from exc
+    return device
+
+
+def _first_sentence(exc: BaseException, limit: int = 160) -> str:
+    """The start of a long message (torch's dispatcher errors run to pages)."""
+    text = _one_line(exc).split(". ")[0]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _exit_call(exc: SystemExit) -> str:
+    """'sys.exit(3)', 'sys.exit()', "sys.exit('no GPU')": what a SystemExit came from."""
+    return "sys.exit()" if exc.code is None else f"sys.exit({exc.code!r})"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -159,6 +198,9 @@ def _import_file(target: str) -> ModuleType:
     sys.modules[name] = module  # dataclasses, pickling and typing look the module up by name
     try:
         module_spec.loader.exec_module(module)
+    except SystemExit as exc:
+        del sys.modules[name]
+        raise GpushapeError(f"importing {target} called {_exit_call(exc)}") from None
     except Exception as exc:
         del sys.modules[name]
         raise GpushapeError(
@@ -180,6 +222,8 @@ def _import_module(target: str) -> ModuleType:
         raise GpushapeError(
             f"importing {target!r} failed: ModuleNotFoundError: {_one_line(exc)}"
         ) from exc
+    except SystemExit as exc:
+        raise GpushapeError(f"importing {target!r} called {_exit_call(exc)}") from None
     except Exception as exc:
         raise GpushapeError(
             f"importing {target!r} failed: {type(exc).__name__}: {_one_line(exc)}"
@@ -225,6 +269,8 @@ def _build(factory: Any, label: str, *, batch, dtype, device):
             result = factory(**kwargs)
     except GpushapeError:
         raise
+    except SystemExit as exc:
+        raise GpushapeError(f"model factory {label!r} called {_exit_call(exc)}") from None
     except Exception as exc:
         raise GpushapeError(
             f"factory {label} raised {type(exc).__name__}: {_one_line(exc)}"
