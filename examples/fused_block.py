@@ -16,8 +16,8 @@ its GEMMs the saving is a few percent of the step. On an H200 (bf16, width 4096,
 2026-11-30, benchmarks/results/examples-h200/fused_block.log) one step took 21.0 ms with
 PyTorch's modules and 20.7 ms with AddLayerNorm, and 21.4 / 21.7 ms replayed from CUDA graphs:
 differences within the run-to-run spread. The kernels' own speed-ups are measured in
-benchmarks/kernels/ (README); graphs matter where steps are small and the host's per-op cost in
-eager mode decides.
+benchmarks/kernels/ (docs/results-h200.md); graphs matter where steps are small and the
+host's per-op cost in eager mode decides.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@
    (262144, 1024) and scores (16, 16, T, T), T 1024, 2048 (+ scaled causal at T 1024). Forward
    under no_grad; forward+backward = `fn(x).backward(gy)` with x.grad accumulating, and memory
    held for backward = peak allocated during the forward minus before (input excluded), both
-   exactly as /work/shared/anchors/measure_baselines.py. GB/s from minimum bytes: forward 2 S
-   (read x, write y), forward+backward 5 S (+ read x, dy, write dx), S = bytes of x.
+   exactly as the baselines in benchmarks/results/baselines-h200/. GB/s from minimum bytes:
+   forward 2 S (read x, write y), forward+backward 5 S (+ read x, dy, write dx), S = bytes of x.
 4. FusedQKV against three Linear + view/transpose at BERT-base (E 768, 12 heads, T 512, B 32,
    bias) and LLaMA-7B (E 4096, 32 heads, T 2048, B 1, causal): forward (no_grad),
    forward+backward (autograd.grad w.r.t. x and all parameters; random grads of q, k, v laid

@@ -16,7 +16,8 @@
      fwd+bwd  forward, then torch.autograd.grad w.r.t. x, r, weight, bias (no .grad
               accumulation; this is what a training step pays)
      fwd+bwd accum  forward, then .backward() into .grad that already exists: what the anchors
-              (anchors/measure_resnet_split.py) timed; it adds x.grad += dx, r.grad += dr
+              (benchmarks/results/baselines-h200/h200-2026-11-30-resnet-split.json) timed;
+              it adds x.grad += dx, r.grad += dr
      fwd+bwd graph  fwd+bwd replayed from a CUDA graph: GPU time alone, without the host's
               launch and autograd cost (which decides the eager rows at the small stages)
    --tuning FILE: gpushape with the launch configurations of a tune_batch_norm_act.py run

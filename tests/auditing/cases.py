@@ -1,6 +1,6 @@
 """For every rule: a model where it must fire (and where) and a twin where it must not.
 
-`CASES[rule_id]` is a `Case`; tests/audit/test_rules.py runs both sides for every rule in the
+`CASES[rule_id]` is a `Case`; tests/auditing/test_rules.py runs both sides for every rule in the
 registry, so a rule added without a case here fails the suite.
 """
 

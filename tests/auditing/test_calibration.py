@@ -82,7 +82,7 @@ def test_profile_for_another_chip_is_refused(shipped, capsys):
 
 
 def test_a_probe_that_found_no_wave_quantization_keeps_the_rule_at_info(tmp_path):
-    """The model predicts wave quantization for this GEMM (tests/audit/cases.py); a profile
+    """The model predicts wave quantization for this GEMM (tests/auditing/cases.py); a profile
     whose probe measured no such pattern on the chip outranks it."""
     from gpushape.auditing.finding import Severity
 

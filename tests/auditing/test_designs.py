@@ -57,7 +57,8 @@ def test_resnet50_bf16_channels_last(resnet_channels_last, gpu):
 
 def test_resnet50_stem_is_not_worth_padding_and_the_audit_says_why(resnet_channels_last):
     """On an H200 the 7x7 stem ran 2.35 ms with 3 channels and 2.30 ms padded to 32
-    (anchors/h200-2026-11-30.json): the audit explains instead of advising. The shipped
+    (benchmarks/results/baselines-h200/h200-2026-11-30.json): the audit explains instead of
+    advising. The shipped
     profile's measured stem rate (`conv_small_cin`, ~7 % of the GEMM model's) makes it a
     compute-bound conv far below the GEMM rate, which is what the message says."""
     stem = [

@@ -49,9 +49,10 @@ def test_byte_savings_follow_the_chips_bandwidth():
 
 
 def test_nchw_conv_against_the_h200_channels_last_anchor():
-    """H200, torch 2.11, ResNet-50 training in bf16 at batch 256 (anchors/h200-2026-11-30.json,
-    resnet50_train_bf16): NCHW 2403.5 img/s, channels_last 4654.0 img/s, i.e. 106.5 and
-    55.0 ms a step: channels_last saved 48 % of the NCHW step.
+    """H200, torch 2.11, ResNet-50 training in bf16 at batch 256
+    (benchmarks/results/baselines-h200/h200-2026-11-30.json, resnet50_train_bf16): NCHW
+    2403.5 img/s, channels_last 4654.0 img/s, i.e. 106.5 and 55.0 ms a step: channels_last
+    saved 48 % of the NCHW step.
 
     With the shipped profile the cost model prices the NCHW step's layout conversions and its
     BatchNorm and pooling at their NCHW rates; the rule's saving is both. Compared: the NCHW

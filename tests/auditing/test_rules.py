@@ -43,7 +43,7 @@ def test_rule_ids_are_designs_table():
 
 @pytest.mark.parametrize("rule", RULES)
 def test_every_rule_has_a_case(rule):
-    assert rule in CASES, f"rule {rule} has no firing model and twin in tests/audit/cases.py"
+    assert rule in CASES, f"rule {rule} has no firing model and twin in tests/auditing/cases.py"
 
 
 @pytest.mark.parametrize("rule", RULES)

@@ -89,7 +89,7 @@ def test_attention_tiles_only_the_row_dimension():
     assert e.ctas == 12 * 8 and e.tile_eff == 1.0 and e.alignment == 1.0
 
 
-# H200 bf16 TFLOP/s measured 2026-11-30 (/work/shared/anchors/h200-2026-11-30.json,
+# H200 bf16 TFLOP/s measured 2026-11-30 (benchmarks/results/baselines-h200/h200-2026-11-30.json,
 # torch 2.11, CUDA 13): square N^3 GEMMs and M = N = 8192 with K varying. The model must
 # predict each rate relative to the aligned neighbour within 15%.
 SQUARE = {4095: 147.9, 4096: 736.7, 4097: 131.8, 4100: 210.9, 4104: 680.9, 4112: 689.2}

@@ -33,8 +33,8 @@ shape at hand. It has four parts.
    channels per group) to be a multiple of `gpu.tc_alignment(dtype)` elements (16 bytes). A
    dimension that misses it runs a slower kernel. Its penalty depends on how far it misses:
    the dimension's largest power-of-two byte alignment as a fraction of the 16 required.
-   Calibrated on the H200 anchors (/work/shared/anchors/h200-2026-11-30.json, bf16 TFLOP/s,
-   torch 2.11 / cuBLAS of CUDA 13), dividing out this model's own quantization change:
+   Calibrated on the H200 baselines (benchmarks/results/baselines-h200/h200-2026-11-30.json,
+   bf16 TFLOP/s, torch 2.11 / cuBLAS of CUDA 13), dividing out this model's own quantization change:
        half aligned (8 of 16 bytes): K=1028 236.0 vs K=1024 663.3 -> 0.356;
          square 4100 210.9 vs 4096 736.7, model quantization 0.943 -> 0.304;     mean 0.33
        odd (2 of 16 bytes): K=1023 135.2, K=1025 136.8 -> 0.204, 0.206;

@@ -14,10 +14,10 @@ converting the model moves them to the channels_last families, and the differenc
 the saving. Depthwise convolutions and convolutions off tensor cores are left out (no
 conversion there).
 
-Checked against the H200 (anchors/h200-2026-11-30.json): ResNet-50 training, bf16, batch 256
-ran 2404 img/s in NCHW and 4654 img/s in channels_last, 106.5 against 55.0 ms a step, a
-saving of 48 % of the NCHW step (tests/audit/test_grounding.py); and the audit's own textbook
-case in benchmarks/audit/validate_savings.py.
+Checked against the H200 (benchmarks/results/baselines-h200/h200-2026-11-30.json): ResNet-50
+training, bf16, batch 256 ran 2404 img/s in NCHW and 4654 img/s in channels_last, 106.5
+against 55.0 ms a step, a saving of 48 % of the NCHW step (tests/auditing/test_grounding.py);
+and the audit's own textbook case in benchmarks/audit/validate_savings.py.
 """
 
 from __future__ import annotations
