@@ -76,9 +76,7 @@ def combine(findings: Sequence[Finding], ctx: AuditContext) -> tuple[list[Findin
     step_s = sum(ctx.op_time_s(c) for c in costs)
     untouched_s = sum(ctx.op_time_s(c) for i, c in enumerate(costs) if i not in owner)
     instead_s = sum(max(ctx.time_s(_records(ctx, f)) - f.est_saving_s, 0.0) for f in counted)
-    marked = [
-        _mark(f, marks[id(f)]) if id(f) in marks else f for f in findings
-    ]
+    marked = [_mark(f, marks[id(f)]) if id(f) in marks else f for f in findings]
     combined = Combined(
         step_s=step_s,
         fixed_step_s=untouched_s + instead_s,
