@@ -37,7 +37,7 @@ def cost(trace, gpu, *, math=None):
 def audit(
     model,
     example_inputs,
-    gpu="h100",
+    gpu=None,
     dtype="bf16",
     train=True,
     optimizer=None,
@@ -45,8 +45,9 @@ def audit(
     **options,
 ):
     """Audit `model` for `gpu`: `gpushape.auditing.report.Report` (.findings, .layers, .totals,
-    .to_json(), .to_markdown(), .to_html(path)). `dtype` is a torch dtype or "bf16"/"fp16"/
-    "fp32" (default bf16); see `gpushape.auditing.api.audit` for the rest.
+    .to_json(), .to_markdown(), .to_html(path)). `gpu` is a catalog name; None (default) is the
+    CUDA GPU present when the catalog has it, else h100. `dtype` is a torch dtype or "bf16"/
+    "fp16"/"fp32" (default bf16); see `gpushape.auditing.api.audit` for the rest.
     """
     import torch
 

@@ -1,4 +1,4 @@
-"""`gpushape.audit(model, example_inputs, gpu="h100", ...) -> Report`: the whole audit.
+"""`gpushape.audit(model, example_inputs, gpu=None, ...) -> Report`: the whole audit.
 
     report = gpushape.audit(model, (x,), gpu="h200", dtype=torch.bfloat16, train=True,
                             optimizer=opt, dataloader=loader)
@@ -25,6 +25,7 @@ from .context import AuditContext, BackendFlags
 from .observe import observe
 from .registry import run_rules
 from .report.core import Report
+from .report.header import describe_inputs
 from .target import AUTO, Target, resolve_target
 
 
@@ -50,7 +51,7 @@ def dtype_label(dtype: torch.dtype, flags: BackendFlags) -> str:
 def audit(
     model: nn.Module,
     example_inputs: Any,
-    gpu: GPUSpec | Target | str = "h100",
+    gpu: GPUSpec | Target | str | None = None,
     dtype: torch.dtype | None = torch.bfloat16,
     train: bool = True,
     optimizer: Any = None,
@@ -70,7 +71,9 @@ def audit(
     optimizer, dataloader: optional; rules about them (optimizer-not-fused, dataloader) read
         their settings only.
     gpu: a catalog name, a GPUSpec, or a `target.Target` (a chip already resolved with its
-        profile, as the CLI passes it).
+        profile, as the CLI passes it). None: the chip a `profile` file was measured on, else
+        the CUDA GPU present when the catalog has it, else h100 (`target.default_gpu`); the
+        report's header says which and why.
     profile: "auto" applies the profile shipped for the chip (the H200's), a path that
         profile, None the datasheet.
     flags: TF32 and autocast settings; default: this process's torch.backends settings.
@@ -103,4 +106,6 @@ def audit(
     report = Report.from_cost(costed, dtype=dtype_label(dtype or model_dtype(model), flags))
     report.findings = run_rules(ctx, rules)
     report.calibration = target.calibration
+    report.gpu_reason = target.reason
+    report.inputs = describe_inputs(example_inputs)
     return report

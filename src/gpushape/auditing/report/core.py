@@ -116,6 +116,8 @@ class Report:
     layers: list[Layer]
     findings: list[Any] = field(default_factory=list)
     calibration: str | None = None  # where measured chip numbers came from; None: datasheet
+    gpu_reason: str | None = None  # why this chip: "from --gpu", "the GPU present", ...
+    inputs: str | None = None  # the example inputs in words: "batch 64, 3x224x224 images"
     gpu_spec: Any = field(default=None, repr=False)  # the GPUSpec costed on (roofs of the plot)
 
     @classmethod

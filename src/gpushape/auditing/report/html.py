@@ -102,10 +102,11 @@ def _layers_html(report: Any, top: int) -> str:
 def to_html(report: Any, path: str | Path | None = None, *, top: int = 40) -> str:
     png = base64.b64encode(roofline_png(report)).decode("ascii")
     t = report.totals
+    head = "<br>".join(escape(line) for line in headline(report).splitlines())
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>gpushape audit: {escape(report.model)}</title><style>{STYLE}</style></head>"
-        f"<body><h1>gpushape audit: {escape(report.model)}</h1><p>{escape(headline(report))}</p>"
+        f"<body><h1>gpushape audit: {escape(report.model)}</h1><p>{head}</p>"
         f"<p>FLOPs {t.flops / 1e9:,.2f} G (a multiply-add counts 2), minimum bytes "
         f"{t.min_bytes / 1e9:,.3f} GB, {t.ops} ops, {t.kernels} kernels: GPU "
         f"{t.kernel_time_s * 1e3:,.3f} ms + launches {t.launch_s * 1e3:,.3f} ms.</p>"

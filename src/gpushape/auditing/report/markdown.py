@@ -78,7 +78,7 @@ def to_markdown(report: Any, *, top: int = 20) -> str:
     lines = [
         f"# gpushape audit: {report.model}",
         "",
-        headline(report),
+        headline(report).replace("\n", "  \n"),  # a Markdown line break between its lines
         "",
         f"- FLOPs: {t.flops / 1e9:,.2f} G (a multiply-add counts 2); minimum bytes: "
         f"{t.min_bytes / 1e9:,.3f} GB; ops: {t.ops}",

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..finding import Finding, Severity
 from ..fixes import describe
+from .header import header_text
 
 SEVERITY_STYLE = {
     Severity.HIGH: "bold red",
@@ -37,16 +38,9 @@ def module_text(f: Finding) -> str:
 
 
 def headline(report: Any) -> str:
-    step = "training step" if report.train else "forward"
-    numbers = (
-        f"calibrated by measurement: {report.calibration}"
-        if report.calibration
-        else "datasheet numbers"
-    )
-    return (
-        f"{report.model} on {report.gpu_full_name} ({report.gpu}), {report.dtype}, {step}: "
-        f"{report.totals.roofline_time_s * 1e3:,.3f} ms predicted; {numbers}"
-    )
+    """The report's header, plain text (escape it for rich): model, inputs, dtype, step, the
+    chip and why it was chosen, predicted time; then where the chip's numbers came from."""
+    return header_text(report)
 
 
 def render_findings(

@@ -1,4 +1,8 @@
-"""The audit report as a terminal table: layers grouped by module, top modules by time."""
+"""The audit report as a terminal table: layers grouped by module, top modules by time.
+
+Model names and module paths are the user's text: they go into the table as `rich.text.Text`,
+never parsed as markup (`[red]`) or emoji codes (`hf.py:llama:`), and the consoles made here
+have emoji off for the lines that other modules print as strings."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from .core import Layer, Report
@@ -77,16 +82,19 @@ def _cells(flops: int, nbytes: int, time_s: float, total_s: float) -> list[str]:
 
 def _console() -> Console:
     """The terminal's width, or 120 columns when the output is not a terminal (a pipe, a file)."""
-    probe = Console()
-    return probe if probe.is_terminal else Console(width=120)
+    probe = Console(emoji=False)
+    return probe if probe.is_terminal else Console(width=120, emoji=False)
 
 
 def render_table(report: Report, console: Any = None, *, top: int = 15) -> None:
     console = console or _console()
     step = "training step (forward + backward)" if report.train else "forward"
     table = Table(
-        title=f"{report.model}: {step} on {report.gpu_full_name} ({report.gpu}), "
-        f"{report.dtype}; top {top} modules by predicted time"
+        title=Text(
+            f"{report.model}: {step} on {report.gpu_full_name} ({report.gpu}), "
+            f"{report.dtype}; top {top} modules by predicted time",
+            style="table.title",
+        )
     )
     table.add_column("module", overflow="fold")
     table.add_column("op(s)", overflow="fold")
@@ -102,7 +110,9 @@ def render_table(report: Report, console: Any = None, *, top: int = 15) -> None:
         flops, nbytes, inten, ms, share = _cells(
             row.flops, row.min_bytes, row.roofline_time_s, total_s
         )
-        table.add_row(name, _ops_text(row.ops), flops, nbytes, inten, row.bound, ms, share)
+        table.add_row(
+            Text(name), Text(_ops_text(row.ops)), flops, nbytes, inten, row.bound, ms, share
+        )
     rest = rows[top:]
     if rest:
         cells = _cells(
