@@ -1,0 +1,86 @@
+"""Advice that holds on library models: transformers' and timm's attention, audited in bf16 as
+they run on CUDA. With SDPA ("sdpa", timm's fused_attn) the trace holds the fused kernels and
+neither fp32-math nor manual-attention fires; hand-written attention ("eager") is what
+manual-attention is for. Small configurations keep each audit quick."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import gpushape
+from gpushape.cli.main import main
+from gpushape.models import resolve_model
+
+pytest.importorskip("transformers")
+
+SMALL = {
+    "llama": "hf:llama?num_hidden_layers=2&hidden_size=256&num_attention_heads=4"
+    "&num_key_value_heads=2&vocab_size=1000&intermediate_size=512&seq=256",
+    "gpt2": "hf:gpt2?n_layer=2&n_embd=256&n_head=4&vocab_size=1000&seq=256",
+    "bert": "hf:bert?num_hidden_layers=2&hidden_size=256&num_attention_heads=4"
+    "&intermediate_size=512&vocab_size=1000&seq=256",
+}
+FALSE_ALARMS = {"fp32-math", "manual-attention"}
+FUSED = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
+
+
+def _audit_rules(spec: str) -> set[str]:
+    r = resolve_model(spec, batch=2)
+    report = gpushape.audit(r.model, r.example_inputs, gpu="h200", dtype="bf16", train=True)
+    return {f.rule for f in report.findings}
+
+
+def _attention_ops(spec: str) -> list:
+    r = resolve_model(spec, batch=2)
+    t = gpushape.trace(r.model, r.example_inputs, train=True)
+    return [op for op in t.ops if "attention" in op.name or op.name in ("bmm", "_softmax")]
+
+
+@pytest.mark.parametrize("model", SMALL)
+def test_sdpa_attention_raises_no_false_alarm(model):
+    assert not _audit_rules(SMALL[model]) & FALSE_ALARMS
+
+
+@pytest.mark.parametrize("model", SMALL)
+def test_sdpa_attention_traces_as_the_fused_kernel(model):
+    ops = _attention_ops(SMALL[model])
+    names = {op.name for op in ops}
+    assert names and names <= {*FUSED, *(f"{n}_backward" for n in FUSED)}
+
+
+def test_llama_grouped_query_attention_runs_flash_on_the_kv_heads():
+    """transformers passes enable_gqa=True: flash reads 2 K/V heads, no repeat_kv copies."""
+    (fwd, *_) = [op for op in _attention_ops(SMALL["llama"]) if op.name == FUSED[0]]
+    assert fwd.input("query").shape[1] == 4 and fwd.input("key").shape[1] == 2
+
+
+@pytest.mark.parametrize("model", SMALL)
+def test_eager_attention_is_manual_attention(model):
+    assert "manual-attention" in _audit_rules(SMALL[model] + "&attn=eager")
+
+
+@pytest.mark.parametrize("attn,fires", [("sdpa", False), ("eager", True)])
+def test_timm_fused_attention_switch(attn, fires):
+    try:
+        import timm  # noqa: F401
+    except Exception as exc:  # it needs a torchvision that imports with this torch
+        pytest.skip(f"timm does not import here: {type(exc).__name__}: {exc}")
+    spec = f"timm:vit_tiny_patch16_224?depth=2&attn={attn}"
+    assert ("manual-attention" in _audit_rules(spec)) is fires
+
+
+def test_cli_audits_gpt2_training(capsys):
+    spec = "hf:gpt2?n_layer=2&n_embd=128&n_head=2&vocab_size=1024&seq=128"
+    assert main(["audit", spec, "--train", "--batch", "2", "--format", "json"]) == 0
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert not {f["rule"] for f in findings} & FALSE_ALARMS
+
+
+def test_cli_without_transformers_is_one_line_exit_2(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    assert main(["audit", "hf:gpt2", "--train"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "gpushape: error: hf: models need transformers: pip install 'gpushape[hf]'"

@@ -1,0 +1,195 @@
+"""Library models as MODEL (`hf:`, `timm:`): spec parsing, configuration overrides, heads,
+default and --input inputs, attention switches, and every error as one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gpushape.errors import GpushapeError
+from gpushape.models import library, resolve_model
+from gpushape.models.library import (
+    MissingLibraryError,
+    is_library_spec,
+    parse_library_spec,
+)
+
+SMALL_LLAMA = (
+    "num_hidden_layers=2&hidden_size=256&num_attention_heads=4&num_key_value_heads=2"
+    "&vocab_size=1000&intermediate_size=512"
+)
+SMALL_BERT = (
+    "num_hidden_layers=1&hidden_size=128&num_attention_heads=2&intermediate_size=256"
+    "&vocab_size=1000"
+)
+
+
+def error_of(spec: str, **kwargs) -> str:
+    with pytest.raises(GpushapeError) as info:
+        resolve_model(spec, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message  # the CLI prints one line
+    return message
+
+
+def _timm():
+    """timm, or a skip: it needs a torchvision that imports with the installed torch."""
+    try:
+        import timm
+    except Exception as exc:  # ImportError, or a torchvision built for another torch
+        pytest.skip(f"timm does not import here: {type(exc).__name__}: {exc}")
+    return timm
+
+
+# --- parsing (no library needed) -------------------------------------------------------------
+
+
+def test_specs_are_recognised_by_prefix():
+    assert is_library_spec("hf:gpt2") and is_library_spec(" TIMM:resnet50 ")
+    assert not is_library_spec("resnet50") and not is_library_spec("my_models.py:make")
+
+
+def test_options_are_parsed_as_json_where_they_can_be():
+    spec = "hf:llama?num_hidden_layers=2&rope_theta=1e4&tie_word_embeddings=True&attn=eager"
+    library, name, options = parse_library_spec(spec + "&pad_token_id=null&act=silu")
+    assert (library, name) == ("hf", "llama")
+    assert options == {
+        "num_hidden_layers": 2,
+        "rope_theta": 1e4,
+        "tie_word_embeddings": True,
+        "attn": "eager",
+        "pad_token_id": None,
+        "act": "silu",
+    }
+
+
+@pytest.mark.parametrize("spec", ["hf:", "hf:?attn=eager", "hf:gpt2?n_layer", "hf:gpt2?2=3"])
+def test_malformed_specs_are_one_line_errors(spec):
+    assert "expected" in error_of(spec)
+
+
+@pytest.mark.parametrize("prefix,extra", [("hf", "transformers"), ("timm", "timm")])
+def test_a_missing_library_names_the_pip_extra(monkeypatch, prefix, extra):
+    monkeypatch.setitem(sys.modules, extra, None)  # import of it fails with ImportError
+    with pytest.raises(MissingLibraryError) as info:
+        resolve_model(f"{prefix}:anything")
+    assert str(info.value) == f"{prefix}: models need {extra}: pip install 'gpushape[{prefix}]'"
+
+
+# --- transformers ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+def test_decoder_gets_a_causal_lm_head_and_token_ids(transformers):
+    r = resolve_model(f"hf:llama?{SMALL_LLAMA}")
+    assert type(r.model).__name__ == "LlamaForCausalLM"
+    assert r.model.config._attn_implementation == "sdpa"  # what transformers picks on CUDA
+    (ids,) = r.example_inputs
+    assert ids.shape == (8, 1024) and ids.dtype == torch.int64 and ids.is_meta
+    assert all(p.is_meta for p in r.model.parameters())
+    assert r.model.model.embed_tokens.weight.dtype == torch.bfloat16
+
+
+def test_config_overrides_reach_the_constructor(transformers):
+    """LLaMA derives head_dim from hidden_size in its config's constructor."""
+    r = resolve_model(f"hf:llama?{SMALL_LLAMA}")
+    assert r.model.config.head_dim == 64 and len(r.model.model.layers) == 2
+    assert r.model.model.layers[0].self_attn.k_proj.out_features == 2 * 64
+
+
+def test_encoder_gets_a_masked_lm_head_and_512_tokens(transformers):
+    r = resolve_model(f"hf:bert?{SMALL_BERT}", batch=3)
+    assert type(r.model).__name__ == "BertForMaskedLM"
+    assert r.example_inputs[0].shape == (3, 512)
+
+
+def test_sequence_length_is_capped_by_the_position_limit(transformers):
+    r = resolve_model(f"hf:bert?{SMALL_BERT}&max_position_embeddings=128")
+    assert r.example_inputs[0].shape == (16, 128)
+    r = resolve_model(f"hf:bert?{SMALL_BERT}&seq=64")
+    assert r.example_inputs[0].shape == (16, 64)
+
+
+def test_input_option_without_a_dtype_is_token_ids(transformers):
+    r = resolve_model("hf:gpt2?n_layer=1&n_embd=64&n_head=2", inputs=["2x32"])
+    assert r.example_inputs[0].shape == (2, 32) and r.example_inputs[0].dtype == torch.int64
+
+
+def test_attention_implementation_and_head_can_be_chosen(transformers):
+    r = resolve_model(f"hf:bert?{SMALL_BERT}&attn=eager&head=base")
+    assert type(r.model).__name__ == "BertModel"
+    assert r.model.config._attn_implementation == "eager"
+
+
+def test_config_json_builds_its_architecture(transformers, tmp_path):
+    config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=500)
+    config.architectures = ["GPT2LMHeadModel"]
+    config.save_pretrained(tmp_path)
+    for spec in (f"hf:{tmp_path}", f"hf:{tmp_path / 'config.json'}"):
+        r = resolve_model(f"{spec}?n_layer=2")
+        assert type(r.model).__name__ == "GPT2LMHeadModel" and len(r.model.transformer.h) == 2
+
+
+def test_hf_errors_are_one_line(transformers, tmp_path):
+    assert "did you mean llama" in error_of("hf:lama")
+    assert "downloads nothing" in error_of("hf:meta-llama/Llama-2-7b-hf")
+    assert "did you mean num_hidden_layers" in error_of("hf:llama?num_hidden_layer=2")
+    assert "unknown head" in error_of("hf:gpt2?head=decoder")
+    assert "no masked-lm head" in error_of("hf:llama?head=masked-lm")
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    assert "no model_type" in error_of(f"hf:{tmp_path}")
+    assert "could not build" in error_of("hf:gpt2?n_layer=1&attn=no_such_attention")
+
+
+# --- timm --------------------------------------------------------------------------------
+
+
+def test_timm_model_and_its_image_batch():
+    _timm()
+    r = resolve_model("timm:resnet18")
+    assert r.example_inputs[0].shape == (64, 3, 224, 224)
+    assert r.example_inputs[0].dtype == torch.bfloat16 and r.example_inputs[0].is_meta
+    assert all(p.is_meta and p.dtype == torch.bfloat16 for p in r.model.parameters())
+
+
+def test_timm_options_reach_create_model_and_the_input_size():
+    _timm()
+    r = resolve_model("timm:vit_tiny_patch16_224?img_size=96&depth=1&attn=eager", batch=2)
+    assert r.example_inputs[0].shape == (2, 3, 96, 96) and len(r.model.blocks) == 1
+    assert r.model.blocks[0].attn.fused_attn is False
+
+
+def test_timm_errors_are_one_line():
+    _timm()
+    assert "did you mean resnet50" in error_of("timm:resnet5O")
+    assert "attn=" in error_of("timm:resnet18?attn=flash")
+
+
+@pytest.mark.parametrize(
+    "failure,expected",
+    [
+        (
+            ModuleNotFoundError("No module named 'torchvision'", name="torchvision"),
+            "timm: models need timm and torchvision: pip install 'gpushape[timm]'",
+        ),
+        (
+            RuntimeError("operator torchvision::nms does not exist"),
+            "timm: models need timm importable with this torch (RuntimeError: operator "
+            "torchvision::nms does not exist): pip install 'gpushape[timm]'",
+        ),
+    ],
+)
+def test_a_library_whose_dependency_fails_says_which(monkeypatch, failure, expected):
+    def import_module(name):
+        raise failure
+
+    monkeypatch.setattr(library, "importlib", SimpleNamespace(import_module=import_module))
+    assert error_of("timm:resnet18") == expected
