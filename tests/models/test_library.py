@@ -129,6 +129,21 @@ def test_attention_implementation_and_head_can_be_chosen(transformers):
     assert r.model.config._attn_implementation == "eager"
 
 
+def test_vision_type_gets_an_image_head_and_a_pixel_batch(transformers):
+    r = resolve_model("hf:vit?num_hidden_layers=1&hidden_size=64&num_attention_heads=2", batch=2)
+    assert type(r.model).__name__ == "ViTForImageClassification"
+    assert r.example_inputs[0].shape == (2, 3, 224, 224)
+    assert r.example_inputs[0].dtype == torch.bfloat16
+
+
+def test_an_input_gpushape_cannot_guess_needs_the_input_option(transformers):
+    spec = "hf:wav2vec2?num_hidden_layers=1&head=base"
+    assert "give it with --input" in error_of(spec)
+    r = resolve_model(spec, inputs=["2x16000"])
+    assert r.example_inputs[0].shape == (2, 16000)
+    assert r.example_inputs[0].dtype == torch.bfloat16  # audio samples, not token ids
+
+
 def test_config_json_builds_its_architecture(transformers, tmp_path):
     config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=500)
     config.architectures = ["GPT2LMHeadModel"]

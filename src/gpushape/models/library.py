@@ -1,7 +1,7 @@
 """Library models as MODEL: `hf:NAME` (Hugging Face transformers) and `timm:NAME`, built from
 their configuration alone, on the meta device by default: nothing is downloaded, no weights.
 
-    gpushape audit hf:llama?num_hidden_layers=2&hidden_size=256 --train
+    gpushape audit 'hf:llama?num_hidden_layers=2&hidden_size=256' --train   # quote the &
     gpushape audit hf:./config.json --batch 4
     gpushape audit timm:convnext_tiny
 
@@ -11,24 +11,28 @@ their configuration alone, on the meta device by default: nothing is downloaded,
 Spec: `PREFIX:NAME[?KEY=VALUE&KEY=VALUE...]`; values read as JSON where they parse (2, 0.1,
 true, null), else as text.
 - `hf:` NAME is a model type (`gpt2`, `bert`, `llama`: `AutoConfig.for_model`) or a local
-  config.json, or the folder holding one (`AutoConfig.from_pretrained`, local files only); a hub
-  id is refused (no download). The head is the config's `architectures[0]` when it names one,
-  else a masked-LM head where the type has one (BERT-likes), else a causal-LM head (decoders),
-  else image classification, else the bare model. KEYs: `attn` (the attention implementation,
-  default "sdpa", what transformers picks on CUDA; "eager" is the hand-written softmax(QK^T)V),
+  config.json, or the folder holding one (read as `AutoConfig.from_pretrained` would, with the
+  overrides given to the config's constructor); a hub id is refused (no download). The model
+  is the Auto class's `from_config` under `torch.device("meta")`; its head is the config's
+  `architectures[0]` when it names one, else a masked-LM head where the type has one
+  (BERT-likes), else a causal-LM head (decoders), else image classification, else the bare
+  model. KEYs: `attn` (the attention implementation, default "sdpa", what transformers picks
+  on CUDA; "eager" is the hand-written softmax(QK^T)V),
   `head` (causal-lm, masked-lm, image-classification, base), `seq` (sequence length); any other
   KEY overrides the config (`num_hidden_layers=2`), checked against the type's config.
   `use_cache` stays as the config has it (on for decoders: the KV cache a plain forward builds
   is part of the step; off, transformers reads position ids' values to find packed sequences,
   which a meta trace cannot: trace on cpu then).
 - `timm:` NAME is a `timm.create_model` name, built with `pretrained=False`; KEYs: `attn`
-  ("sdpa" sets every module's `fused_attn` on, "eager" off; default: as timm sets it, on unless
-  TIMM_FUSED_ATTN says otherwise), any other KEY a `create_model` keyword (`num_classes=10`).
+  ("sdpa" sets every module's `fused_attn` on, "eager" off; default: as timm sets it, on where
+  timm calls it tested, off where experimental, as in Swin, TIMM_FUSED_ATTN changing both), any
+  other KEY a `create_model` keyword (`num_classes=10`).
 
 Inputs: decoders batch 8 x 1024 token ids, other text models 16 x 512 (both capped at the
 config's position limit), images batch 64 x the model's input size (timm's pretrained_cfg, or
 `img_size`; transformers' `image_size`). `--batch` replaces the batch, `--input` the inputs (a
-text model's `--input 4x128` without a dtype is token ids, int64). Token ids are zeros, which
+text model's `--input 4x128` without a dtype is token ids, int64; a model whose main input
+is neither token ids nor pixels needs --input). Token ids are zeros, which
 every vocabulary has. Floats are in `dtype`; transformers builds in it (keeping the buffers it
 keeps in fp32), a timm model is cast.
 
@@ -117,11 +121,16 @@ def build_library_model(
     build = hf_model if library == "hf" else timm_model
     try:
         model, given = build(name, batch=batch, dtype=dtype, device=device, **options)
-    except TypeError as exc:  # an option the factory does not take (seq= on timm)
+    except TypeError as exc:  # an option named twice (batch=), a seq that is not a number
         raise GpushapeError(f"{spec}: {_one_line(exc)}") from exc
     if not inputs:
+        if given is None:
+            raise GpushapeError(
+                f"{spec}: {type(model).__name__} takes {model.main_input_name!r}, whose shape "
+                f"gpushape cannot guess; give it with --input SHAPE[:DTYPE]"
+            )
         return model, given
-    ids = given[0].dtype == torch.int64
+    ids = getattr(model, "main_input_name", None) == "input_ids"
     parsed = [parse_input_spec(s, torch.int64 if ids else dtype) for s in inputs]
     return model, tuple(make_input(shape, dt, torch.device(device)) for shape, dt in parsed)
 
@@ -140,7 +149,8 @@ def hf_model(
     head: str | None = None,
     **config: Any,
 ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """A transformers model from a model type or a local config.json, and example inputs."""
+    """A transformers model from a model type or a local config.json, and example inputs
+    (None for a main input other than token ids or pixels)."""
     transformers = _library("hf")
     device = torch.device(device)
     with _quiet(transformers):
@@ -155,7 +165,7 @@ def hf_model(
                 f"hf:{name}: transformers could not build {_class_name(cls)} with attention "
                 f"{attn!r}: {_one_line(exc)}"
             ) from exc
-    return model, _hf_inputs(transformers, name, model, cfg, batch, seq, dtype, device)
+    return model, _hf_inputs(transformers, model, cfg, batch, seq, dtype, device)
 
 
 def _hf_config(transformers: ModuleType, name: str, overrides: dict[str, Any]) -> Any:
@@ -258,7 +268,7 @@ def _dtype_keyword(transformers: ModuleType) -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
-def _hf_inputs(transformers, name, model, cfg, batch, seq, dtype, device):
+def _hf_inputs(transformers, model, cfg, batch, seq, dtype, device):
     kind = getattr(model, "main_input_name", "input_ids")
     if kind == "pixel_values":
         size = getattr(cfg, "image_size", 224)
@@ -266,10 +276,7 @@ def _hf_inputs(transformers, name, model, cfg, batch, seq, dtype, device):
         shape = (batch or IMAGE_BATCH, getattr(cfg, "num_channels", 3), *size)
         return (make_input(shape, dtype, device),)
     if kind != "input_ids":
-        raise GpushapeError(
-            f"hf:{name}: {type(model).__name__} takes {kind!r}, whose shape gpushape cannot "
-            f"guess; give it with --input SHAPE[:DTYPE]"
-        )
+        return None  # audio features, ...: the caller gives the inputs
     causal = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
     default_batch, default_seq = TEXT_DEFAULTS[
         "decoder" if type(model).__name__ in causal else "encoder"
