@@ -1,5 +1,6 @@
 """What the chip is: datasheet numbers, driver facts and calibrated measurements."""
 
+from .alignment import align
 from .catalog import CATALOG
 from .lookup import current_gpu, get_gpu, known_names, normalize_name
 from .profile import apply_profile, bundled_profile_path, calibrated, load_profile, read_profile
@@ -11,6 +12,7 @@ __all__ = [
     "Achievable",
     "GPUSpec",
     "SMLimits",
+    "align",
     "apply_profile",
     "bundled_profile_path",
     "calibrated",

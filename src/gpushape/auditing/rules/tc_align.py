@@ -3,8 +3,9 @@
 Which dimensions count is the cost model's business (tracing/gemm_model.py): the leading
 dimensions of GEMM operands (K and N of a Linear; M alone does not matter, as the H200 showed)
 and a convolution's channels per group. The granularity is `gpu.tc_alignment(dtype)` (measured
-when a profile is applied). The saving is the cost model's time for the op and its backward as
-traced minus the same ops with the dimension padded to the granularity.
+when a profile is applied); the padded size comes from `hardware.alignment`, the rule the
+pad-channels transform pads by. The saving is the cost model's time for the op and its
+backward as traced minus the same ops with the dimension padded to the granularity.
 
 Tiny channel counts (fewer than the granularity, as a 3-channel image stem) are not worth
 padding: cuDNN pads them itself, so the traced conv already runs on padded data, and such a
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ...hardware.alignment import granularity, round_up
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding, Severity
 from ..pricing.padding import is_conv, pad_records, parse_misaligned
-from ..pricing.synth import round_up
 from ..registry import register_rule
 
 RULE = "tc-align"
@@ -52,10 +53,10 @@ def _is_feature(ctx: AuditContext, module: str, value: int) -> bool:
 def _site(ctx: AuditContext, fwd: OpRecord, value: int, name: str) -> dict | None:
     recs = ctx.with_backward(fwd)
     cost = ctx.op_cost(fwd)
-    align = ctx.gpu.tc_alignment(cost.math)
-    if not align or value % align == 0:
-        return None
+    align = granularity("gemm", ctx.gpu, cost.math)  # cost.math: the dtype the op runs in
     padded = round_up(value, align)
+    if padded == value:
+        return None
     as_is_s = ctx.time_s(recs)
     padded_s = ctx.price(pad_records(recs, value, padded))
     library_pads = is_conv(fwd) and value < align
