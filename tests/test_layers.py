@@ -17,7 +17,7 @@ ALLOWED = {
     "bench": {"hardware", "errors"},
     "data": {"bench", "hardware", "errors"},
     "probe": {"bench", "tracing", "kernels", "hardware", "errors"},
-    "auditing": {"tracing", "models", "hardware", "errors"},
+    "auditing": {"tracing", "models", "data", "hardware", "errors"},
     "transforms": {"auditing", "tracing", "kernels", "models", "bench", "hardware", "errors"},
     "cli": {
         "auditing",
