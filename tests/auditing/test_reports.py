@@ -42,7 +42,7 @@ def test_json_is_schema_1_with_findings(bert_report):
 
 
 def test_markdown_lists_findings_and_layers(bert_report):
-    text = bert_report.to_markdown()
+    text = bert_report.to_markdown(show_all=True)
     assert text.startswith("# gpushape audit: ")
     assert "## Findings" in text and "## Top" in text
     rows = [line for line in text.splitlines() if line.startswith("| ")]
@@ -52,6 +52,9 @@ def test_markdown_lists_findings_and_layers(bert_report):
         (row.split("|")[1].strip(), row.split("|")[2].strip()) for row in finding_rows
     ] == expected
     assert "`sdpa`" in text  # the fixes are described
+    quiet = bert_report.to_markdown()  # info findings (saving nothing worth it) hidden
+    hidden = [f for f in bert_report.findings if f.severity == Severity.INFO]
+    assert ("--all shows them" in quiet) == bool(hidden)
 
 
 def test_terminal_table_sorts_by_saving(bert_report):
@@ -70,7 +73,7 @@ def test_terminal_table_sorts_by_saving(bert_report):
 
 def test_html_is_one_self_contained_file(bert_report, tmp_path):
     path = tmp_path / "report.html"
-    page = bert_report.to_html(path)
+    page = bert_report.to_html(path, show_all=True)
     assert path.read_text(encoding="utf-8") == page
     assert re.search(r"src='data:image/png;base64,[A-Za-z0-9+/=]{1000,}'", page)
     assert not re.search(r"(src|href)=['\"]https?:", page)

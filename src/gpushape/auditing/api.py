@@ -21,6 +21,7 @@ from ..hardware import GPUSpec, dtype_key
 from ..tracing.cost import cost
 from ..tracing.tracer import trace
 from .cast import inputs_as, model_as
+from .combine import combine
 from .context import AuditContext, BackendFlags
 from .observe import observe
 from .registry import run_rules
@@ -104,7 +105,7 @@ def audit(
         measured=target.measured,
     )
     report = Report.from_cost(costed, dtype=dtype_label(dtype or model_dtype(model), flags))
-    report.findings = run_rules(ctx, rules)
+    report.findings, report.combined = combine(run_rules(ctx, rules), ctx)
     report.calibration = target.calibration
     report.gpu_reason = target.reason
     report.inputs = describe_inputs(example_inputs)

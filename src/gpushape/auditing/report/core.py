@@ -1,14 +1,16 @@
 """The audit report: per-layer costs, totals and findings, as a rich table or schema-1 JSON.
 
 `Report.from_cost(cost_report, dtype=...)` groups a `CostReport`'s ops by (module, op, phase)
-into `layers`; `findings` starts empty and the audit rules fill it. JSON (DESIGN.md, schema 1):
+into `layers`; `findings` starts empty and the audit rules fill it. JSON (schema 1; see
+docs/design.md):
 
     {"schema": 1, "model", "gpu", "dtype", "train",
      "totals": {"flops", "min_bytes", "roofline_time_s", "ops", + "gemm_flops", "kernel_time_s",
                 "launch_s", "kernels"},
      "layers": [{"module", "op", "flops", "min_bytes", "intensity", "bound", "roofline_time_s",
                  "tensor_cores", + "module_type", "phase", "calls"}],
-     "findings": [finding.to_dict(), ...]}
+     "findings": [finding.to_dict(), ...],
+     + "combined": {"saving_s", "step_s", "fixed_step_s", "fixes", "subsumed"}}
 
 Keys after "+" are additions to the schema's (consumers may ignore them). FLOPs count a
 multiply-add as 2 (FLOPs = 2 x MACs); `gemm_flops` is the matmul/convolution/attention part.
@@ -118,6 +120,7 @@ class Report:
     calibration: str | None = None  # where measured chip numbers came from; None: datasheet
     gpu_reason: str | None = None  # why this chip: "from --gpu", "the GPU present", ...
     inputs: str | None = None  # the example inputs in words: "batch 64, 3x224x224 images"
+    combined: Any = None  # what the non-overlapping fixes save together (auditing.combine)
     gpu_spec: Any = field(default=None, repr=False)  # the GPUSpec costed on (roofs of the plot)
 
     @classmethod
@@ -143,34 +146,34 @@ class Report:
             "totals": self.totals.to_dict(),
             "layers": [layer.to_dict() for layer in self.layers],
             "findings": [f if isinstance(f, dict) else f.to_dict() for f in self.findings],
+            **({"combined": self.combined.to_dict()} if self.combined is not None else {}),
         }
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    def render(self, console: Any = None, *, top: int = 15) -> None:
-        """Print the findings (largest saving first), then the per-module table (top modules
-        by predicted time) and the totals."""
-        from .render import headline, ordered, render_findings
+    def render(self, console: Any = None, *, top: int = 15, show_all: bool = False) -> None:
+        """Print the findings (largest saving first; info findings only with `show_all`),
+        what the fixes save together, then the per-module table (top modules by predicted
+        time) and the totals."""
+        from .render import render_findings
         from .table import _console, render_table
 
         console = console or _console()
-        render_findings(
-            ordered(self.findings), self.totals.roofline_time_s, console, headline(self)
-        )
+        render_findings(self, console, show_all=show_all)
         render_table(self, console, top=top)
 
-    def to_markdown(self, *, top: int = 20) -> str:
+    def to_markdown(self, *, top: int = 20, show_all: bool = False) -> str:
         from .markdown import to_markdown
 
-        return to_markdown(self, top=top)
+        return to_markdown(self, top=top, show_all=show_all)
 
-    def to_html(self, path: Any = None, *, top: int = 40) -> str:
+    def to_html(self, path: Any = None, *, top: int = 40, show_all: bool = False) -> str:
         """One self-contained page (findings, layers, roofline plot); written to `path` if
         given. Returns the HTML."""
         from .html import to_html
 
-        return to_html(self, path, top=top)
+        return to_html(self, path, top=top, show_all=show_all)
 
 
 def group_layers(ops: Iterable[OpCost]) -> list[Layer]:

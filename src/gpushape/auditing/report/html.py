@@ -12,7 +12,15 @@ from typing import Any
 from ...errors import GpushapeError
 from ..finding import Severity
 from ..fixes import describe
-from .render import headline, module_text, ordered, saving_text
+from .render import (
+    combined_text,
+    headline,
+    hidden_text,
+    module_text,
+    saving_text,
+    subsumed_text,
+    visible,
+)
 from .roofline import roofline_png
 
 SEVERITY_COLORS = {
@@ -40,10 +48,14 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def _findings_html(report: Any) -> str:
-    findings = ordered(report.findings)
+def _findings_html(report: Any, show_all: bool) -> str:
+    findings, hidden = visible(report.findings, show_all)
+    notes = "".join(
+        f"<p>{escape(line)}</p>" for line in (combined_text(report), hidden_text(hidden)) if line
+    )
     if not findings:
-        return "<p>No findings: nothing in this design wastes the chip that the rules see.</p>"
+        none = "<p>No findings: nothing in this design wastes the chip that the rules see.</p>"
+        return none + notes
     rows = []
     for f in findings:
         evidence = ", ".join(
@@ -54,7 +66,8 @@ def _findings_html(report: Any) -> str:
             f"<tr><td><span class='sev' style='background:{SEVERITY_COLORS[f.severity]}'>"
             f"{f.severity.label}</span></td><td>{escape(f.rule)}</td>"
             f"<td><code>{escape(module_text(f))}</code></td>"
-            f"<td class='num'>{escape(saving_text(f, report.totals.roofline_time_s))}</td>"
+            f"<td class='num'>{escape(saving_text(f, report.totals.roofline_time_s))}"
+            f"<br><small>{escape(subsumed_text(f))}</small></td>"
             f"<td>{fix}</td><td>{escape(f.message)}<details><summary>evidence</summary>"
             f"<small>{evidence}</small></details></td></tr>"
         )
@@ -63,6 +76,7 @@ def _findings_html(report: Any) -> str:
         "</th><th>fix</th><th>what and why (evidence)</th></tr>"
         + "".join(rows)
         + "</table>"
+        + notes
         + _fixes_html(findings)
     )
 
@@ -99,7 +113,9 @@ def _layers_html(report: Any, top: int) -> str:
     )
 
 
-def to_html(report: Any, path: str | Path | None = None, *, top: int = 40) -> str:
+def to_html(
+    report: Any, path: str | Path | None = None, *, top: int = 40, show_all: bool = False
+) -> str:
     png = base64.b64encode(roofline_png(report)).decode("ascii")
     t = report.totals
     head = "<br>".join(escape(line) for line in headline(report).splitlines())
@@ -111,7 +127,7 @@ def to_html(report: Any, path: str | Path | None = None, *, top: int = 40) -> st
         f"{t.min_bytes / 1e9:,.3f} GB, {t.ops} ops, {t.kernels} kernels: GPU "
         f"{t.kernel_time_s * 1e3:,.3f} ms + launches {t.launch_s * 1e3:,.3f} ms.</p>"
         f"<h2>Roofline</h2><img alt='roofline plot' src='data:image/png;base64,{png}'>"
-        f"<h2>Findings</h2>{_findings_html(report)}"
+        f"<h2>Findings</h2>{_findings_html(report, show_all)}"
         f"<h2>Top {min(top, len(report.layers))} layers by predicted time</h2>"
         f"{_layers_html(report, top)}</body></html>"
     )

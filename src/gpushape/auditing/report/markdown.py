@@ -5,17 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 from ..fixes import describe
-from .render import headline, module_text, ordered, saving_text
+from .render import (
+    combined_text,
+    headline,
+    hidden_text,
+    module_text,
+    saving_text,
+    subsumed_text,
+    visible,
+)
 
 
 def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _findings(report: Any) -> list[str]:
-    findings = ordered(report.findings)
+def _findings(report: Any, show_all: bool) -> list[str]:
+    findings, hidden = visible(report.findings, show_all)
+    notes = [line for line in (combined_text(report), hidden_text(hidden)) if line]
     if not findings:
-        return ["No findings: nothing in this design wastes the chip that the rules can see."]
+        none = "No findings: nothing in this design wastes the chip that the rules can see."
+        return [none, *notes]
     step_s = report.totals.roofline_time_s
     lines = [
         "| severity | rule | module | est. saving / step | fix | what and why |",
@@ -30,13 +40,14 @@ def _findings(report: Any) -> list[str]:
                     f.severity.label,
                     f.rule,
                     f"`{module_text(f)}`",
-                    saving_text(f, step_s),
+                    " ".join(filter(None, (saving_text(f, step_s), subsumed_text(f)))),
                     f.fix or "-",
                     f.message,
                 )
             )
             + " |"
         )
+    lines += ["", *notes] if notes else []
     fixes = sorted({f.fix for f in findings if f.fix})
     if fixes:
         lines += ["", "Fixes (the transforms arrive with `gpushape optimize` in a later release):"]
@@ -73,7 +84,7 @@ def _layers(report: Any, top: int) -> list[str]:
     return lines
 
 
-def to_markdown(report: Any, *, top: int = 20) -> str:
+def to_markdown(report: Any, *, top: int = 20, show_all: bool = False) -> str:
     t = report.totals
     lines = [
         f"# gpushape audit: {report.model}",
@@ -87,7 +98,7 @@ def to_markdown(report: Any, *, top: int = 20) -> str:
         "",
         "## Findings",
         "",
-        *_findings(report),
+        *_findings(report, show_all),
         "",
         f"## Top {min(top, len(report.layers))} layers by predicted time",
         "",

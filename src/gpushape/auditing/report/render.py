@@ -6,7 +6,7 @@ severity; info findings come last: they explain what is not worth changing on th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -43,38 +43,85 @@ def headline(report: Any) -> str:
     return header_text(report)
 
 
-def render_findings(
-    findings: Sequence[Finding], step_s: float, console: Console, title: str
-) -> None:
+def visible(findings: Sequence[Finding], show_all: bool) -> tuple[list[Finding], int]:
+    """The findings to show, ordered, and how many info findings (savings below 0.1 % of the
+    step, or none on this chip) were left out; `show_all` keeps every one."""
+    shown = ordered(f for f in findings if show_all or f.severity != Severity.INFO)
+    return shown, len(findings) - len(shown)
+
+
+def subsumed_text(f: Finding) -> str:
+    """Why a finding's saving is not in the combined total."""
+    if not f.subsumed_by:
+        return ""
+    if f.inside:
+        return f"inside {f.subsumed_by}'s fix: not added"
+    return f"overlaps {f.subsumed_by}, counted instead"
+
+
+def combined_text(report: Any) -> str:
+    """One line: what the non-overlapping fixes save together, costed on the fixed step."""
+    c = report.combined
+    if c is None or not c.fixes:
+        return ""
+    step_s = report.totals.roofline_time_s
+    share = f" ({c.saving_s / step_s:.1%} of the step)" if step_s > 0 else ""
+    inside = f"; {len(c.subsumed)} marked finding(s) are inside them" if c.subsumed else ""
+    return (
+        f"Together: {len(c.fixes)} non-overlapping fix(es) save {c.saving_s * 1e3:,.3f} ms"
+        f"{share}, the fixed step costed once{inside}."
+    )
+
+
+def hidden_text(hidden: int) -> str:
+    if not hidden:
+        return ""
+    return f"{hidden} info finding(s) that save nothing worth a change hidden; --all shows them."
+
+
+def render_findings(report: Any, console: Console, *, show_all: bool = False) -> None:
+    findings, hidden = visible(report.findings, show_all)
+    title = headline(report)
+    step_s = report.totals.roofline_time_s
     if not findings:
+        console.print(escape(title), highlight=False)
         console.print(
-            f"{title}\nno findings: nothing in this design wastes the chip that the rules can see",
+            "no findings: nothing in this design wastes the chip that the rules can see",
             highlight=False,
         )
-        return
-    table = Table(title=title, title_justify="left", show_lines=True)
-    table.add_column("severity", no_wrap=True)
-    table.add_column("est. saving / step", justify="right", no_wrap=True)
-    table.add_column("finding (rule, module, fix) and why", overflow="fold", ratio=1)
-    for f in findings:
-        style = SEVERITY_STYLE[f.severity]
-        fix = f" [dim]fix:[/] {f.fix}" if f.fix else ""
-        table.add_row(
-            f"[{style}]{f.severity.label}[/]",
-            saving_text(f, step_s),
-            f"[bold]{f.rule}[/] [magenta]{escape(module_text(f))}[/]{fix}\n{escape(f.message)}",
-        )
-    console.print(table)
+    else:
+        table = Table(title=escape(title), title_justify="left", show_lines=True)
+        table.add_column("severity", no_wrap=True)
+        table.add_column("est. saving / step", justify="right", no_wrap=True)
+        table.add_column("finding (rule, module, fix) and why", overflow="fold", ratio=1)
+        for f in findings:
+            style = SEVERITY_STYLE[f.severity]
+            fix = f" [dim]fix:[/] {escape(f.fix)}" if f.fix else ""
+            saving = escape(saving_text(f, step_s))
+            if f.subsumed_by:
+                saving = f"[dim]{saving}\n{escape(subsumed_text(f))}[/]"
+            table.add_row(
+                f"[{style}]{f.severity.label}[/]",
+                saving,
+                f"[bold]{escape(f.rule)}[/] [magenta]{escape(module_text(f))}[/]{fix}\n"
+                f"{escape(f.message)}",
+            )
+        console.print(table)
+    for line in (combined_text(report), hidden_text(hidden)):
+        if line:
+            console.print(escape(line), highlight=False)
     fixes = sorted({f.fix for f in findings if f.fix})
     if fixes:
         console.print(
-            "fixes (transforms arrive with `gpushape optimize` in a later release): "
-            + "; ".join(f"{fix}: {describe(fix)}" for fix in fixes),
+            escape(
+                "fixes (transforms arrive with `gpushape optimize` in a later release): "
+                + "; ".join(f"{fix}: {describe(fix)}" for fix in fixes)
+            ),
             highlight=False,
             style="dim",
         )
 
 
-def ordered(findings: Sequence[Finding]) -> list[Finding]:
+def ordered(findings: Iterable[Finding]) -> list[Finding]:
     """Findings above info first, by saving; then info."""
     return sorted(findings, key=lambda f: (f.severity == Severity.INFO, *f.sort_key))
