@@ -5,10 +5,11 @@
     t = gpushape.trace(model, inputs, train=True)        # a gpushape.tracing.Trace
     costs = gpushape.cost(t, "h200")                     # a gpushape.tracing.CostReport
 
-The three functions are the front door; the packages behind them are `hardware` (what the chip
-is), `tracing` (what the model does), `auditing` (what is wrong), `kernels` (fused ops),
-`probe` (measuring the chip), `bench` (timing), `models` and `cli`. Importing `gpushape` loads
-no torch.
+These functions are the front door, with `gpushape.optimize(model, inputs)` (apply the fixes)
+and `gpushape.align(n)` (a size the tensor cores like). The packages behind them: `hardware`
+(what the chip is), `tracing` (what the model does), `auditing` (what is wrong), `transforms`
+(what to change), `kernels` (fused ops), `data` (input pipeline), `probe` (measuring the chip),
+`bench` (timing), `models` and `cli`. Importing `gpushape` loads no torch.
 """
 
 __version__ = "0.1.0"
@@ -49,23 +50,68 @@ def audit(
     CUDA GPU present when the catalog has it, else h100. `dtype` is a torch dtype or "bf16"/
     "fp16"/"fp32" (default bf16); see `gpushape.auditing.api.audit` for the rest.
     """
-    import torch
-
     from .auditing.api import audit as _audit
-    from .errors import GpushapeError
 
-    names = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-    if isinstance(dtype, str):
-        if dtype not in names:
-            raise GpushapeError(f"unknown dtype {dtype!r}; known: {', '.join(names)}")
-        dtype = names[dtype]
     return _audit(
         model,
         example_inputs,
         gpu,
-        dtype=dtype,
+        dtype=_dtype(dtype),
         train=train,
         optimizer=optimizer,
         dataloader=dataloader,
         **options,
     )
+
+
+def optimize(
+    model,
+    example_inputs,
+    gpu=None,
+    train=True,
+    dtype="bf16",
+    mode="eager",
+    memory_budget=None,
+    transforms=None,
+    **options,
+):
+    """Apply the audit's fixes to `model` in place and check them numerically:
+    `(model, gpushape.transforms.OptimizeReport)`. See `gpushape.transforms.optimize`;
+    `gpushape.transforms.revert(model)` undoes it.
+    """
+    from .transforms import optimize as _optimize
+
+    return _optimize(
+        model,
+        example_inputs,
+        gpu,
+        train=train,
+        dtype=_dtype(dtype),
+        mode=mode,
+        memory_budget=memory_budget,
+        transforms=transforms,
+        **options,
+    )
+
+
+def align(n, kind="gemm", gpu=None, dtype="bf16"):
+    """The smallest size >= n that the chip's tensor cores take at full speed (vocabularies,
+    hidden sizes, channels: "gemm", "vocab", "conv", "heads"). See
+    `gpushape.hardware.align`."""
+    from .hardware import align as _align
+
+    return _align(n, kind, gpu, dtype)
+
+
+def _dtype(dtype):
+    """A torch dtype, or one named "bf16", "fp16" or "fp32"."""
+    import torch
+
+    from .errors import GpushapeError
+
+    names = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if not isinstance(dtype, str):
+        return dtype
+    if dtype not in names:
+        raise GpushapeError(f"unknown dtype {dtype!r}; known: {', '.join(names)}")
+    return names[dtype]

@@ -34,11 +34,43 @@ def register(sub: argparse._SubParsersAction) -> None:
         "cost every aten op on the GPU's roofline, and show the layers that take "
         "the most predicted time. FLOPs count a multiply-add as 2.",
     )
+    add_model_options(p)
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="output format (default: from the -o extension: .html/.htm, .json, .md, else "
+        "table); html is one self-contained page with a roofline plot",
+    )
+    p.add_argument(
+        "--fail-on",
+        metavar="SEVERITY",
+        help="exit 1 when a finding reaches this severity: high, medium or low",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        dest="show_all",
+        help="also show info findings (savings below 0.1%% of the step, or none on this chip); "
+        "JSON always lists every finding",
+    )
+    p.add_argument(
+        "--top",
+        type=int,
+        help="modules in the table, layers in Markdown and HTML (default 15, 20, 40); "
+        "JSON lists every layer",
+    )
+    p.set_defaults(func=run)
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """MODEL and what to audit it as: shared by `audit` and `optimize`."""
     p.add_argument(
         "model",
         metavar="MODEL",
         help="a zoo name (resnet50, bert-base, gpt2, vit-b16, llama-7b), "
-        "path/to/file.py:factory or package.module:factory",
+        "path/to/file.py:factory, package.module:factory, hf:<model type or config.json> "
+        "or timm:<name>",
     )
     p.add_argument(
         "--gpu",
@@ -81,25 +113,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="where to trace: meta (default: shapes only), cpu (real tensors, for models that "
         "read values) or cuda",
     )
-    p.add_argument(
-        "--format",
-        choices=FORMATS,
-        help="output format (default: from the -o extension: .html/.htm, .json, .md, else "
-        "table); html is one self-contained page with a roofline plot",
-    )
-    p.add_argument(
-        "--fail-on",
-        metavar="SEVERITY",
-        help="exit 1 when a finding reaches this severity: high, medium or low",
-    )
-    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE")
-    p.add_argument(
-        "--top",
-        type=int,
-        help="modules in the table, layers in Markdown and HTML (default 15, 20, 40); "
-        "JSON lists every layer",
-    )
-    p.set_defaults(func=run)
 
 
 def _torch_dtype(name: str):
@@ -207,14 +220,14 @@ def run(args: argparse.Namespace) -> int:
     if fmt == "json":
         text = report.to_json() + "\n"
     elif fmt == "md":
-        text = report.to_markdown(top=top) + "\n"
+        text = report.to_markdown(top=top, show_all=args.show_all) + "\n"
     elif fmt == "html":
-        text = report.to_html(top=top)
+        text = report.to_html(top=top, show_all=args.show_all)
     elif args.output:
-        text = _table_text(report, top)
+        text = _table_text(report, top, args.show_all)
     else:
         with to_stdout():
-            report.render(top=top)
+            report.render(top=top, show_all=args.show_all)
         text = None
     if text is not None:
         _emit(text, args.output)
@@ -225,13 +238,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table_text(report, top: int) -> str:
+def _table_text(report, top: int, show_all: bool = False) -> str:
     """The terminal report as plain text (no colour codes), for a file."""
     from rich.console import Console
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=140, force_terminal=False, color_system=None, emoji=False)
-    report.render(console, top=top)
+    report.render(console, top=top, show_all=show_all)
     return buffer.getvalue()
 
 

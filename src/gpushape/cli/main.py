@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ..errors import GpushapeError
-from . import audit, gpus, probe
+from . import audit, gpus, optimize, probe
 from .output import flush_stdout
 
-COMMANDS = [gpus, probe, audit]
+COMMANDS = [gpus, probe, audit, optimize]
 DEBUG_HELP = "show tracebacks on errors"
 
 

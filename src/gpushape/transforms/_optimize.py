@@ -53,7 +53,8 @@ class OptimizeReport:
     pay in this mode)."""
     verified: dict[str, Verification] = field(default_factory=dict)
     predicted_saving_s: dict[str, float] = field(default_factory=dict)
-    """Per transform: what the audit's findings for its fix predicted (overlaps not added)."""
+    """Per transform: what the audit's findings for its fix predicted, each fix priced alone
+    (`before.combined` has what the fixes save together)."""
     before: Any = None
     """The audit of the model as given (`gpushape.auditing.report.Report`)."""
     after: Any = None
@@ -96,14 +97,14 @@ def _pick(report: Any, asked: list[str] | None, mode: str, out: OptimizeReport) 
         for tid in asked:
             get_transform(tid)  # unknown ids fail loudly, with the list
         return [t for t in ORDER if t in asked] + [t for t in asked if t not in ORDER]
-    doable = {f.label: f for f in report.findings if _worth(f) and f.fix in known}
+    # Every fix with a transform is applied, overlapping ones too: where one fix removes the
+    # ops another targets (SDPA replacing a softmax that fuse-softmax-dropout would fuse), the
+    # later transform finds nothing left to change; where they complement each other
+    # (channels_last and fused BatchNorm), both pay.
     wanted = []
     for f in report.findings:
         if not _worth(f):
             continue
-        by = doable.get(f.subsumed_by or "")
-        if by is not None and by.fix in _compatible(mode, known, doable):
-            continue  # a fix that will be applied rewrites the same ops
         out.predicted_saving_s[f.fix] = out.predicted_saving_s.get(f.fix, 0.0) + f.est_saving_s
         if f.fix not in known:
             out.skipped.append(
@@ -120,11 +121,6 @@ def _pick(report: Any, asked: list[str] | None, mode: str, out: OptimizeReport) 
 
 def _worth(f: Any) -> bool:
     return bool(f.fix and f.est_saving_s and f.est_saving_s > 0)
-
-
-def _compatible(mode: str, known: dict, doable: dict) -> set[str]:
-    """Fix ids that will be applied in `mode`."""
-    return {f.fix for f in doable.values() if mode != "compile" or known[f.fix].pays_under_compile}
 
 
 def _real_inputs(inputs: tuple) -> bool:

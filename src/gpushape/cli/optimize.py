@@ -1,0 +1,192 @@
+"""`gpushape optimize MODEL`: apply the audit's fixes and say what changed.
+
+Prints the plan that ran: each transform applied (where, and what the audit predicted it saves),
+what was refused and why, what was rolled back after failing the numeric check, which fixes
+have no transform yet, and the predicted step before and after. On the meta device (the
+default) the model is rewritten and audited but cannot be checked numerically; `--device cpu`
+or `cuda` checks every rewrite (outputs and every parameter's gradient). `--bench` (with
+`--device cuda`) then times the original and the optimized training step in one run.
+`-o FILE.json` writes the report as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import GpushapeError
+from .audit import _torch_dtype, add_model_options
+from .output import check_file, to_stdout, write_text
+
+MODES = ("eager", "compile", "graph")
+SHOWN_MODULES = 3
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "optimize",
+        help="apply the audit's fixes to a model, check them, report what changed",
+        description=__doc__.splitlines()[0],
+    )
+    add_model_options(p)
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="eager",
+        help="how the model will run: compile applies only what torch.compile does not do "
+        "itself (default: eager)",
+    )
+    p.add_argument(
+        "--transforms",
+        metavar="A,B",
+        help="apply these transforms (fix ids) instead of the ones the findings name",
+    )
+    p.add_argument("--memory-budget", metavar="SIZE", help="activation memory to fit, e.g. 40GB")
+    p.add_argument(
+        "--bench",
+        action="store_true",
+        help="time the original and the optimized training step (needs --device cuda)",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report as JSON to FILE")
+    p.set_defaults(func=run)
+
+
+def parse_size(text: str | None) -> int | None:
+    """'40GB', '512MiB', '1e9' -> bytes."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?i?B)?\s*", text)
+    if not match:
+        raise GpushapeError(f"--memory-budget: cannot read {text!r}; write e.g. 40GB or 512MiB")
+    value, unit = float(match.group(1)), (match.group(2) or "B").upper()
+    base = 1024 if "I" in unit else 1000
+    return int(value * base ** "BKMGT".index(unit[0]))
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.profile and args.no_profile:
+        raise GpushapeError("--profile and --no-profile contradict each other; keep one")
+    if args.batch is not None and args.input:
+        raise GpushapeError(
+            "--batch does not apply with --input: the inputs' leading dimension is the batch"
+        )
+    if args.bench and args.device != "cuda":
+        raise GpushapeError("--bench times steps on the GPU: add --device cuda")
+    if args.output:
+        if not args.output.endswith(".json"):
+            raise GpushapeError(f"-o writes JSON: name the file *.json, not {args.output!r}")
+        check_file(args.output)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..auditing.target import AUTO, resolve_target
+    from ..models.resolve import resolve_model
+    from ..transforms import optimize
+
+    _check(args)
+    budget = parse_size(args.memory_budget)
+    target = resolve_target(
+        args.gpu, None if args.no_profile else (args.profile or AUTO), flag="--gpu"
+    )
+    resolved = resolve_model(
+        args.model,
+        batch=args.batch,
+        dtype=_torch_dtype(args.dtype),
+        device=args.device,
+        inputs=args.input,
+    )
+    original = copy.deepcopy(resolved.model) if args.bench else None
+    transforms = args.transforms.split(",") if args.transforms else None
+    model, report = optimize(
+        resolved.model,
+        resolved.example_inputs,
+        target,
+        train=args.train,
+        dtype=_torch_dtype(args.dtype),
+        mode=args.mode,
+        memory_budget=budget,
+        transforms=transforms,
+    )
+    data = report.to_dict()
+    if args.bench:
+        data["bench"] = _bench(original, model, resolved.example_inputs, args.train)
+    with to_stdout():
+        render(report, data.get("bench"), resolved.name)
+    if args.output:
+        write_text(args.output, json.dumps(data, indent=1, default=str) + "\n")
+    return 0
+
+
+def _modules(names: list[str]) -> str:
+    shown = ", ".join(n or "(model)" for n in names[:SHOWN_MODULES])
+    more = f" and {len(names) - SHOWN_MODULES} more" if len(names) > SHOWN_MODULES else ""
+    return shown + more
+
+
+def render(report, bench: dict | None, name: str, console: Console | None = None) -> None:
+    """The plan that ran, as a table, then the predicted (and measured) step."""
+    console = console or Console(emoji=False, highlight=False)
+    head = f"{name} on {report.gpu}, {report.mode} mode: {report.before.inputs or ''}"
+    table = Table(title=escape(head), title_justify="left", show_lines=True)
+    for column in ("transform", "what happened", "where"):
+        table.add_column(column, overflow="fold")
+    by_transform: dict[str, list] = {}
+    for change in report.applied:
+        by_transform.setdefault(change.transform, []).append(change)
+    for tid, changes in by_transform.items():
+        check = report.verified.get(tid)
+        checked = "checked: outputs and gradients within the gate" if check else "not checked"
+        saving = report.predicted_saving_s.get(tid)
+        predicted = f"; predicted {saving * 1e3:,.3f} ms a step" if saving else ""
+        what = f"applied at {len(changes)} place(s); {checked}{predicted}\n{changes[0].detail}"
+        table.add_row(tid, escape(what), escape(_modules([c.module for c in changes])))
+    for label, items in (
+        ("rolled back", report.rolled_back),
+        ("refused", report.refused),
+        ("not applied", report.skipped),
+    ):
+        for r in items:
+            table.add_row(r.transform, escape(f"{label}: {r.reason}"), escape(r.module or "-"))
+    console.print(table)
+    if report.applied and not report.verified:
+        console.print(
+            "not checked numerically: the model has no real weights here (meta device); "
+            "--device cpu or cuda runs every rewrite against the original"
+        )
+    before, after = report.step_before_s * 1e3, report.step_after_s * 1e3
+    console.print(f"predicted step: {before:,.3f} -> {after:,.3f} ms ({before / after:.2f}x)")
+    if bench:
+        console.print(
+            f"measured step: {bench['original_ms']:,.3f} -> {bench['optimized_ms']:,.3f} ms "
+            f"({bench['speedup']:.2f}x; medians of {bench['samples']} CUDA-event timings, "
+            "alternated)"
+        )
+
+
+def _bench(original, optimized, inputs, train: bool) -> dict:
+    """Median step time of both models, alternated (forward, and backward when training)."""
+    from ..bench import compare
+
+    def step(model):
+        def run_once():
+            out = model(*inputs)
+            out = out[0] if isinstance(out, (tuple, list)) else getattr(out, "logits", out)
+            if train:
+                out.float().sum().backward()
+
+        return run_once
+
+    timings = compare({"original": step(original), "optimized": step(optimized)})
+    original_s, optimized_s = timings["original"].median_s, timings["optimized"].median_s
+    return {
+        "original_ms": original_s * 1e3,
+        "optimized_ms": optimized_s * 1e3,
+        "speedup": original_s / optimized_s,
+        "samples": len(timings["original"].times_s),
+    }

@@ -1,0 +1,62 @@
+"""`gpushape optimize`: the plan that ran, its JSON, and one-line errors for what it cannot do."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpushape.cli.main import main
+from gpushape.cli.optimize import parse_size
+
+from .helpers import errors
+
+RESNET = ["optimize", "resnet50", "--batch", "2", "--gpu", "h200", "--train"]
+
+
+def test_prints_the_plan_and_the_predicted_step(capsys):
+    assert main(RESNET) == 0
+    out = capsys.readouterr().out
+    assert "fuse-norm-act" in out and "channels-last" in out
+    assert "not checked numerically" in out  # the meta device: rewritten and audited, not run
+    before, after = out.split("predicted step: ")[1].split(" ms")[0].split(" -> ")
+    assert float(after.replace(",", "")) < float(before.replace(",", ""))
+
+
+def test_json_report(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert main([*RESNET, "--transforms", "channels-last", "-o", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert {c["transform"] for c in doc["applied"]} == {"channels-last"}
+    assert doc["predicted_step_after_s"] < doc["predicted_step_before_s"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--transforms", "no-such"], "unknown transform 'no-such'; known:"),
+        (["--bench"], "--bench times steps on the GPU: add --device cuda"),
+        (["--memory-budget", "40GB"], "selective-checkpoint"),
+        (["--memory-budget", "lots"], "--memory-budget: cannot read 'lots'"),
+        (["-o", "plan.txt"], "-o writes JSON"),
+        (["--mode", "compile", "--input", "2x3x64x64"], "--batch does not apply with --input"),
+    ],
+)
+def test_what_it_cannot_do_is_one_line(capsys, extra, says):
+    assert says in errors(capsys, [*RESNET, *extra])
+
+
+def test_parse_size():
+    assert parse_size("40GB") == 40 * 10**9
+    assert parse_size("512MiB") == 512 * 2**20
+    assert parse_size("1e9") == 10**9
+
+
+def test_audit_all_shows_info_findings(capsys):
+    argv = ["audit", "resnet50", "--batch", "2", "--gpu", "h200", "--train"]
+    assert main(argv) == 0
+    quiet = capsys.readouterr().out
+    assert main([*argv, "--all"]) == 0
+    loud = capsys.readouterr().out
+    assert "--all shows them" in quiet and "--all shows them" not in loud
+    assert loud.count("info") > quiet.count("info")
