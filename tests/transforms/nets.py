@@ -29,14 +29,31 @@ class Bottleneck(nn.Module):
         return self.relu(out)
 
 
+class DownsampleLast(Bottleneck):
+    """torchvision's order: the shortcut's projection runs after the main branch's last BN."""
+
+    def __init__(self, c: int = 16):
+        super().__init__(c)
+        self.downsample = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
 class ConvNet(nn.Module):
-    """A stem (BN -> F.relu) and two bottlenecks: five BN+ReLU sites, two with a residual."""
+    """A stem (BN -> F.relu) and two bottlenecks (the second with a projection shortcut computed
+    last, as torchvision does): seven BN+ReLU sites, two with a residual."""
 
     def __init__(self, c: int = 16, classes: int = 10):
         super().__init__()
         self.stem = nn.Conv2d(3, c, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(c)
-        self.blocks = nn.Sequential(Bottleneck(c), Bottleneck(c))
+        self.blocks = nn.Sequential(Bottleneck(c), DownsampleLast(c))
         self.head = nn.Linear(c, classes)
 
     def forward(self, x):

@@ -146,6 +146,9 @@ def _fused(site: dict, parent: nn.Module) -> nn.Module:
 def _rewrite(site: dict, parent: nn.Module, graph: fx.Graph) -> None:
     node, act = site["node"], site["act"]
     if "residual" in site:
+        # The residual may be computed after the norm (torchvision's Bottleneck runs its
+        # downsample last): the norm moves down to the add, after both of its inputs.
+        site["add"].prepend(node)
         node.args = (*node.args, site["residual"])
         act.replace_all_uses_with(node)
         graph.erase_node(act)
@@ -153,6 +156,15 @@ def _rewrite(site: dict, parent: nn.Module, graph: fx.Graph) -> None:
     else:
         act.replace_all_uses_with(node)
         graph.erase_node(act)
+
+
+def _keep_order(rewritten: nn.Module, parent: nn.Module) -> None:
+    """Children, parameters and buffers in the parent's order (GraphModule registers them in
+    the order the graph uses them), so the state_dict lists its keys as before."""
+    for attr in ("_modules", "_parameters", "_buffers"):
+        mine, theirs = getattr(rewritten, attr), getattr(parent, attr)
+        order = [k for k in theirs if k in mine] + [k for k in mine if k not in theirs]
+        setattr(rewritten, attr, {k: mine[k] for k in order})
 
 
 def _refusal(fqn: str, reason: str) -> Refusal:
@@ -187,6 +199,7 @@ def _fuse_in(parent: nn.Module, fqn: str, ctx: TransformContext, out: Outcome) -
     for site in fused:
         rewritten.set_submodule(site["node"].target, _fused(site, parent))
     rewritten.train(parent.training)
+    _keep_order(rewritten, parent)
     keys = set(parent.state_dict())
     if set(rewritten.state_dict()) != keys:
         out.refusals.append(_refusal(fqn, "the rewrite would change the state_dict's keys"))
