@@ -37,7 +37,7 @@ for spec in "$@"; do
     qkv-grads) run qkv-grads "$secs" python3 benchmarks/kernels/probe_qkv_grads.py --out "$OUT/probe_qkv_grads.json" ;;
     host) run host "$secs" python3 benchmarks/kernels/host_costs.py --out "$OUT/host_costs.json" ;;
     prof-norms) run prof-norms "$secs" python3 benchmarks/kernels/profile_norms_host.py ;;
-    gputests-all) run gputests-all "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -k "not 2_pow_31" tests ;;
+    gputests-all) run gputests-all "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 --durations=15 -k "not 2_pow_31" tests ;;
     data) run data "$secs" python3 benchmarks/data/bench_input_pipeline.py --out "$OUT/input_pipeline.json" ;;
     optimize) run optimize "$secs" python3 benchmarks/transforms/bench_optimize.py --out "$OUT/bench_optimize.json" ;;
     gputests-misc) run gputests-misc "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/bench tests/probe tests/hardware tests/tracing tests/auditing tests/cli ;;
