@@ -26,7 +26,6 @@ for spec in "$@"; do
     gputests-attn) run gputests-attn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_softmax_dropout.py tests/kernels/test_fused_qkv.py tests/kernels/test_kv_cache.py tests/bench tests/probe tests/cli tests/hardware ;;
     gputests-k) run gputests-k "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 3 -k "not 2_31 and not 2_pow_31" tests ;;
     gputests-big) run gputests-big "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "2_31 or 2_pow_31" tests ;;
-    gputests-all) run gputests-all "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests ;;
     norms) run norms "$secs" python3 benchmarks/kernels/bench_norms.py ;;
     bn) run bn "$secs" bash -c 't=""; [ -f "$OUT/tune_batch_norm_act.json" ] && t="--tuning $OUT/tune_batch_norm_act.json"; python3 benchmarks/kernels/bench_batch_norm_act.py $t' ;;
     attn) run attn "$secs" python3 benchmarks/kernels/bench_attention.py ;;
