@@ -117,6 +117,14 @@ def optimized(model: nn.Module, small_inputs: tuple, **options):
     return model, info
 
 
+def predicted(models: dict, inputs: tuple) -> dict[str, float]:
+    """The audit's predicted GPU step (kernels and launches) at the benchmark's batch."""
+    return {
+        name: gpushape.audit(m, inputs, train=True).totals.roofline_time_s
+        for name, m in models.items()
+    }
+
+
 def run_case(name: str, steps: dict, samples: int, args, extra: dict) -> dict:
     warmups = {k: warm(s) for k, s in steps.items()}
     times = timed(steps, args.rounds, args.block)
@@ -144,6 +152,12 @@ def resnet_case(args) -> dict:
         "as written": resnet_step(original, x, y),
         "gpushape.optimize": resnet_step(opt_model, x, y),
     }
+    if args.cl_input:  # what converting the inputs too adds (the transform converts weights)
+        x_cl = x.contiguous(memory_format=torch.channels_last)
+        steps["gpushape.optimize, channels_last input"] = resnet_step(opt_model, x_cl, y)
+    info["predicted_full_batch_s"] = predicted(
+        {"as written": original, "gpushape.optimize": opt_model}, (x,)
+    )
     if not args.no_compile:
         cl = copy.deepcopy(original).to(memory_format=torch.channels_last)
         steps["torch.compile, channels_last"] = resnet_step(
@@ -160,6 +174,9 @@ def gpt2_case(args) -> dict | None:
     original = copy.deepcopy(model)
     opt_model, info = optimized(model, (ids[:1, :128].clone(),), train=True)
     steps = {"as written": gpt2_step(original, ids), "gpushape.optimize": gpt2_step(opt_model, ids)}
+    info["predicted_full_batch_s"] = predicted(
+        {"as written": original, "gpushape.optimize": opt_model}, (ids,)
+    )
     tokens = args.gpt2_batch * args.seq
     return run_case("GPT-2 124M (Hugging Face)", steps, tokens, args, {"optimize": info})
 
@@ -174,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--block", type=int, default=10)
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--cl-input", action="store_true", help="also time channels_last inputs")
     p.add_argument("--cases", default="resnet50,gpt2")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
