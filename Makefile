@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 # The virtual environment sees the host interpreter's packages (a torch already installed is
 # reused, as on a GPU image); torch==2.13.0 (CPU build) is installed only when none imports.
+# transformers (the `hf` extra) comes with the tests: the Hugging Face model tests run in CI.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -41,7 +42,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
 	@$(PY) -c "import triton, numpy" 2>/dev/null || $(PY) -m pip install -q triton numpy
-	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	$(PY) -m pip install -q --no-build-isolation -e ".[test,hf]"
 	@touch $(STAMP)
 
 clean:

@@ -1,8 +1,8 @@
 """The transforms a finding can name as its fix, each with one line saying what it does.
 
-The transforms themselves (`gpushape.transforms`, `gpushape optimize`) arrive in a later issue;
-a finding's `fix` already names the one that will repair it, so reports and CI gates built on
-the JSON keep working when they land. A rule may only name an id listed here (a test checks).
+`gpushape.transforms` registers a transform under the same id (`gpushape optimize` applies
+them); ids without one yet are reported as such by optimize, so reports and CI gates built on
+the JSON keep working as transforms land. A rule may only name an id listed here (a test checks).
 """
 
 from __future__ import annotations

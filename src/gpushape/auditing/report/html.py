@@ -85,8 +85,8 @@ def _fixes_html(findings: list) -> str:
     fixes = sorted({f.fix for f in findings if f.fix})
     items = "".join(f"<li><code>{escape(x)}</code>: {escape(describe(x))}</li>" for x in fixes)
     return (
-        f"<p><small>Fixes name transforms that arrive with <code>gpushape optimize</code> "
-        f"in a later release:</small></p><ul><small>{items}</small></ul>"
+        f"<p><small>Fixes (<code>gpushape optimize</code> applies those it has a transform "
+        f"for):</small></p><ul><small>{items}</small></ul>"
         if fixes
         else ""
     )

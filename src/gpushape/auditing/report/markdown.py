@@ -50,7 +50,7 @@ def _findings(report: Any, show_all: bool) -> list[str]:
     lines += ["", *notes] if notes else []
     fixes = sorted({f.fix for f in findings if f.fix})
     if fixes:
-        lines += ["", "Fixes (the transforms arrive with `gpushape optimize` in a later release):"]
+        lines += ["", "Fixes (`gpushape optimize` applies those it has a transform for):"]
         lines += [f"- `{fix}`: {describe(fix)}" for fix in fixes]
     return lines
 

@@ -114,7 +114,7 @@ def render_findings(report: Any, console: Console, *, show_all: bool = False) ->
     if fixes:
         console.print(
             escape(
-                "fixes (transforms arrive with `gpushape optimize` in a later release): "
+                "fixes (`gpushape optimize` applies those it has a transform for): "
                 + "; ".join(f"{fix}: {describe(fix)}" for fix in fixes)
             ),
             highlight=False,
