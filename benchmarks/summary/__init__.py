@@ -7,6 +7,9 @@ benchmarks/results/ by `python benchmarks/summarize.py docs`; one module per gro
 - `audit`: the cost model against the profiler, the audit's savings against measurement;
 - `kernels` (with `qkv`): the fused kernels, their headline speed-ups (`speedups()`, which the
   README's kernel table quotes) and the host's share;
+- `optimize`: models as written against `gpushape.optimize`, with the audit's predicted step;
+- `pipeline`: the input pipeline, each way of feeding a step against synthetic data;
 - `examples`: the examples' logs, the test runs, tracing speed on a CPU;
-- `page`: the header, the sections in order and the index of uncited files (`docs_page()`).
+- `page`: the header, the sections in order and the index of the result files no section
+  cites (committed files only; the baselines measured outside the repository apart).
 """

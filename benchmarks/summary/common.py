@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -81,6 +82,26 @@ def summarize(path: Path) -> str:
     if data.get("criteria"):
         out += [*criteria_table(data["criteria"]), ""]
     return "\n".join(out)
+
+
+def result_files() -> list[Path]:
+    """The files under benchmarks/results/ that git tracks (staged ones too), sorted: a file
+    written there but not added yet changes nothing, so the page renders the same in every
+    checkout of a commit. Every file there when git cannot say (no checkout, no git)."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--", RESULTS.relative_to(ROOT).as_posix()],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        listed = ""
+    files = [ROOT / rel for rel in listed.split("\0") if rel]
+    if not files:
+        files = list(RESULTS.rglob("*"))
+    return sorted(path for path in files if path.is_file())
 
 
 def load(rel: str) -> dict:

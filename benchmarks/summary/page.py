@@ -7,12 +7,18 @@ import json
 import re
 
 from . import audit, examples, kernels, probe
-from .common import DOCS_COMMAND, RESULTS, link, md_table, src_link
+from .common import DOCS_COMMAND, RESULTS, link, md_table, result_files, src_link
+from .optimize import optimize_section
+from .pipeline import pipeline_section
+
+BASELINES = "baselines-h200"
+"""Baselines measured before gpushape's own benchmarks, by scripts outside this repository;
+its README.md says what each file is."""
 
 
 def header() -> list[str]:
     envs = []
-    for path in sorted(RESULTS.rglob("*.json")):
+    for path in (p for p in result_files() if p.suffix == ".json"):
         data = json.loads(path.read_text())
         env = data.get("environment") or data.get("env")
         if isinstance(env, dict) and env.get("gpu"):
@@ -41,7 +47,8 @@ def header() -> list[str]:
         "[the guide's claims](#the-design-guides-rules-of-thumb-on-this-h200), "
         "[cost model against the profiler](#cost-model-against-the-profiler), "
         "[audit savings against measurement](#the-audits-savings-against-measurement), "
-        "[fused kernels](#fused-kernels), [examples](#examples), "
+        "[fused kernels](#fused-kernels), [gpushape.optimize](#gpushapeoptimize), "
+        "[input pipeline](#input-pipeline), [examples](#examples), "
         "[test runs](#test-runs-on-the-h200), [tracing on a CPU](#tracing-speed-on-a-cpu).",
         "",
     ]
@@ -57,6 +64,8 @@ def docs_page() -> str:
         audit.correlate(),
         audit.validate(),
         kernels.kernels(),
+        optimize_section(),
+        pipeline_section(),
         examples.examples(),
         examples.gpu_test_runs(),
         examples.cpu_tracing(),
@@ -67,12 +76,16 @@ def docs_page() -> str:
 
 
 def other_files(text: str) -> list[str]:
-    """The result files the sections above do not cite, each with where it came from."""
+    """The result files the sections above do not cite, each with where it came from; the
+    baselines measured outside the repository in a table of their own."""
     cited = set(re.findall(r"\(\.\./benchmarks/results/([^)]+)\)", text))
-    rows = []
-    for path in sorted(RESULTS.rglob("*")):
+    rows, baselines = [], []
+    for path in result_files():
         rel = path.relative_to(RESULTS).as_posix()
-        if not path.is_file() or path.suffix == ".png" or rel in cited:
+        if path.suffix == ".png" or rel in cited:
+            continue
+        if rel.startswith(f"{BASELINES}/"):
+            baselines.append(rel)
             continue
         if path.suffix == ".json":
             data = json.loads(path.read_text())
@@ -87,13 +100,49 @@ def other_files(text: str) -> list[str]:
             else:
                 what = "console output"
         rows.append((link(rel), what))
-    if not rows:
+    if not rows and not baselines:
         return []
+    out = ["## Other result files", ""]
+    if rows:
+        out += [
+            "Kept for the record (tuning sweeps whose winners are the kernels' launch tables, "
+            "re-runs):",
+            "",
+            *md_table(("file", "what"), rows),
+            "",
+        ]
+    return out + baseline_files(baselines)
+
+
+def readme_table(folder: str) -> tuple[str, dict[str, str]]:
+    """A results folder's README.md: its title, and what its table says each file is (the
+    files named in backticks in a row's first cell)."""
+    lines = (RESULTS / folder / "README.md").read_text().splitlines()
+    what = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 2:
+            what.update(dict.fromkeys(re.findall(r"`([^`]+)`", cells[0]), cells[1]))
+    return lines[0].lstrip("# "), what
+
+
+def baseline_files(rels: list[str]) -> list[str]:
+    readme = f"{BASELINES}/README.md"
+    files = [rel for rel in rels if rel != readme]
+    if not files:
+        return []
+    title, what = readme_table(BASELINES)
+    rows = [
+        (link(rel), what.get(rel.removeprefix(f"{BASELINES}/"), "not in the README's table"))
+        for rel in files
+    ]
     return [
-        "## Other result files",
+        "### Baselines measured outside the repository",
         "",
-        "Kept for the record (tuning sweeps whose winners are the kernels' launch tables, "
-        "re-runs):",
+        f"{link(readme, title)}: what a user would run instead of gpushape, measured before "
+        "gpushape's own benchmarks existed by scripts that are not part of this repository; "
+        "the code's comments cite them. They are leads, not verdicts: every benchmark above "
+        "measures its baseline again in its own run.",
         "",
         *md_table(("file", "what"), rows),
         "",
