@@ -54,7 +54,9 @@ def test_input_strings_replace_a_zoo_models_inputs():
 def test_unknown_zoo_name_lists_the_zoo_and_the_other_forms():
     message = error_of("gtp2")
     assert message.startswith("unknown model 'gtp2' (did you mean gpt2?); known: bert-base, gpt2")
-    assert message.endswith("or give path/to/file.py:factory or package.module:factory")
+    assert message.endswith(
+        "or give path/to/file.py:factory, package.module:factory, hf:<model type> or timm:<name>"
+    )
 
 
 # --- path/to/file.py:factory -----------------------------------------------------------------
@@ -323,8 +325,8 @@ def test_malformed_input_string(tmp_path):
         (
             "net.py:",
             {},
-            "bad model 'net.py:': expected a zoo name, path/to/file.py:factory or "
-            "package.module:factory",
+            "bad model 'net.py:': expected a zoo name, path/to/file.py:factory, "
+            "package.module:factory, hf:<model type> or timm:<name>",
         ),
         (":make", {}, "bad model ':make': expected a zoo name"),
         ("net.py", {}, "'net.py' names a file but no factory; write net.py:FACTORY"),

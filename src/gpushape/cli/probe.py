@@ -55,9 +55,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _check_output(path: str | Path) -> None:
+    """The profile's folder may not exist yet (the probe makes it), but must be makeable."""
+    check_folder(Path(path).parent)
+    if Path(path).parent.exists():
+        check_file(path)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.output is not None:
-        check_file(args.output)
+        _check_output(args.output)
     if args.report_dir is not None:
         check_folder(args.report_dir)
     import torch  # here, not at the top: `gpushape gpus` and `--help` need no torch
@@ -74,13 +81,14 @@ def run(args: argparse.Namespace) -> int:
 
     spec = current_gpu()
     assert spec is not None  # CUDA is available
-    out = args.output or Path(f"gpushape-profile-{spec.name}.json")
-    check_file(out)
+    out = Path(args.output or f"gpushape-profile-{spec.name}.json")
+    _check_output(out)
     profile = run_probe(
         quick_plan() if args.quick else full_plan(),
         spec=spec,
         console=Console(stderr=True, emoji=False),
     )
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_text(out, dumps_profile(profile))
     report = write_report(profile, args.report_dir or out.parent)  # OSError: one line, exit 2
     console = Console(emoji=False)

@@ -53,7 +53,9 @@ from .library import build_library_model, is_library_spec
 from .registry import UnknownModelError, check_batch, check_dtype, create_model
 
 PLACED_ARGS = ("batch", "dtype", "device")
-SPEC_FORMS = "a zoo name, path/to/file.py:factory or package.module:factory"
+SPEC_FORMS = (
+    "a zoo name, path/to/file.py:factory, package.module:factory, hf:<model type> or timm:<name>"
+)
 
 
 @dataclass
@@ -152,7 +154,8 @@ def _from_zoo(name, *, batch, dtype, device, inputs) -> ResolvedModel:
         model, example_inputs = create_model(name, batch=batch, dtype=dtype, device=device)
     except UnknownModelError as exc:
         raise UnknownModelError(
-            f"{exc}; or give path/to/file.py:factory or package.module:factory"
+            f"{exc}; or give path/to/file.py:factory, package.module:factory, "
+            "hf:<model type> or timm:<name>"
         ) from None
     if inputs:
         example_inputs = inputs_from_specs(inputs, dtype, device)
