@@ -164,14 +164,19 @@ def output_format(fmt: str | None, output: str | None) -> str:
     return fmt or implied or "table"
 
 
-def check_options(args: argparse.Namespace) -> str:
-    """Fail on contradicting or bad options before any work; the output format."""
+def check_model_options(args: argparse.Namespace) -> None:
+    """The model options that contradict each other (`add_model_options`)."""
     if args.profile and args.no_profile:
         raise GpushapeError("--profile and --no-profile contradict each other; keep one")
     if args.batch is not None and args.input:
         raise GpushapeError(
             "--batch does not apply with --input: the inputs' leading dimension is the batch"
         )
+
+
+def check_options(args: argparse.Namespace) -> str:
+    """Fail on contradicting or bad options before any work; the output format."""
+    check_model_options(args)
     fmt = output_format(args.format, args.output)
     if args.top is not None and fmt == "json":
         raise GpushapeError("--top does not apply to JSON, which lists every layer; drop --top")
@@ -183,13 +188,12 @@ def check_options(args: argparse.Namespace) -> str:
     return fmt
 
 
-def build_report(args: argparse.Namespace):
-    """Resolve, trace, cost and audit the model the arguments name: an `audit.report.Report`."""
-    from ..auditing.api import audit
+def resolve(args: argparse.Namespace):
+    """(the target chip, the resolved model) the model options name; a bad GPU or profile
+    fails before the model is built."""
     from ..auditing.target import AUTO, resolve_target
     from ..models.resolve import resolve_model
 
-    # Bad GPU or profile fails before any work.
     target = resolve_target(
         args.gpu, None if args.no_profile else (args.profile or AUTO), flag="--gpu"
     )
@@ -200,6 +204,14 @@ def build_report(args: argparse.Namespace):
         device=args.device,
         inputs=args.input,
     )
+    return target, resolved
+
+
+def build_report(args: argparse.Namespace):
+    """Resolve, trace, cost and audit the model the arguments name: an `audit.report.Report`."""
+    from ..auditing.api import audit
+
+    target, resolved = resolve(args)
     return audit(
         resolved.model,
         resolved.example_inputs,

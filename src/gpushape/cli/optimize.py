@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import GpushapeError
-from .audit import _torch_dtype, add_model_options
+from .audit import _torch_dtype, add_model_options, check_model_options, resolve
 from .output import check_file, to_stdout, write_text
 
 MODES = ("eager", "compile", "graph")
@@ -70,12 +70,7 @@ def parse_size(text: str | None) -> int | None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.profile and args.no_profile:
-        raise GpushapeError("--profile and --no-profile contradict each other; keep one")
-    if args.batch is not None and args.input:
-        raise GpushapeError(
-            "--batch does not apply with --input: the inputs' leading dimension is the batch"
-        )
+    check_model_options(args)
     if args.bench and args.device != "cuda":
         raise GpushapeError("--bench times steps on the GPU: add --device cuda")
     if args.output:
@@ -85,22 +80,11 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..auditing.target import AUTO, resolve_target
-    from ..models.resolve import resolve_model
     from ..transforms import optimize
 
     _check(args)
     budget = parse_size(args.memory_budget)
-    target = resolve_target(
-        args.gpu, None if args.no_profile else (args.profile or AUTO), flag="--gpu"
-    )
-    resolved = resolve_model(
-        args.model,
-        batch=args.batch,
-        dtype=_torch_dtype(args.dtype),
-        device=args.device,
-        inputs=args.input,
-    )
+    target, resolved = resolve(args)
     original = copy.deepcopy(resolved.model) if args.bench else None
     transforms = args.transforms.split(",") if args.transforms else None
     model, report = optimize(
