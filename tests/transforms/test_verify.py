@@ -51,3 +51,31 @@ def test_a_missing_gradient_fails():
     frozen = copy.deepcopy(block)
     frozen.fc.weight.requires_grad_(False)
     assert not verify(frozen, (x,), ref).passed
+
+
+def test_a_rewrite_that_breaks_the_forward_is_rolled_back(monkeypatch):
+    """A transform whose result no longer runs is undone and reported, not raised."""
+    from gpushape.transforms import _optimize, optimize
+    from gpushape.transforms._core import Change, Outcome, TransformInfo
+
+    def broken(model, ctx):
+        old = model.fc
+        model.fc = nn.Linear(3, 3)  # the wrong width: the forward raises
+        return Outcome(
+            changes=[
+                Change(
+                    transform="channels-last",
+                    module="fc",
+                    detail="x",
+                    undo=lambda: setattr(model, "fc", old),
+                )
+            ]
+        )
+
+    monkeypatch.setattr(_optimize, "get_transform", lambda tid: TransformInfo(tid, broken, True))
+    torch.manual_seed(0)
+    block = MLPBlock()
+    x = torch.randn(2, 4, 32)
+    model, report = optimize(block, (x,), dtype=torch.float32, transforms=["channels-last"])
+    assert model.fc.in_features == 32 and not report.applied
+    assert "failed to run" in report.rolled_back[0].reason

@@ -178,6 +178,16 @@ class _Reference:
         return self.value
 
 
+def _check(model: nn.Module, inputs: tuple, ref: _Reference) -> Verification:
+    """The gate; a rewritten model that no longer runs fails it, with the error as the reason."""
+    results = ref.results()
+    try:
+        return verify(model, inputs, results)
+    except Exception as exc:  # a broken rewrite is rolled back and reported, never raised
+        reason = f"the rewritten model failed to run: {type(exc).__name__}: {exc}"
+        return Verification(passed=False, checked=0, worst=reason.splitlines()[0][:300])
+
+
 def _apply_one(model: nn.Module, tid: str, ctx: TransformContext, ref, out) -> nn.Module:
     outcome = get_transform(tid).apply(model, ctx)
     out.refused += outcome.refusals
@@ -185,7 +195,7 @@ def _apply_one(model: nn.Module, tid: str, ctx: TransformContext, ref, out) -> n
         return model
     new_root = outcome.root or model
     if ref is not None:
-        check = verify(new_root, ctx.example_inputs, ref.results())
+        check = _check(new_root, ctx.example_inputs, ref)
         out.verified[tid] = check
         if not check.passed:
             restored = undo(outcome.changes) or model
