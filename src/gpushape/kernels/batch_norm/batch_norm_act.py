@@ -13,8 +13,8 @@ launch plan: `_launch.py`); under torch.compile these custom ops carry them
                                    backward (gpushape::batch_norm_act_backward) differentiates
                                    through the batch statistics when `training` is set
 The backward derives the ReLU mask from 1 bit an element saved in the forward, so it never reads y.
-CPU tensors take the plain-PyTorch reference below, unless TRITON_INTERPRET=1 (then the Triton
-kernels run in the interpreter). Traffic per pass: see `_launch.py`.
+CPU tensors take the plain-PyTorch reference (`_reference.py`), unless TRITON_INTERPRET=1 (then
+the Triton kernels run in the interpreter). Traffic per pass: see `_launch.py`.
 """
 
 from __future__ import annotations
@@ -34,87 +34,12 @@ from .._dispatch import (
     use_triton,
 )
 from . import _launch as launch
+from ._reference import apply_ref as _apply_ref
+from ._reference import backward_ref as _backward_ref
+from ._reference import stats_ref as _stats_ref
 
 ACTIVATIONS = ("relu", "none")
 _OP = "batch_norm_act"
-_CHANNEL = (1, -1, 1, 1)
-
-
-# ---- plain-PyTorch reference (CPU path; also defines the exact op semantics) ----
-
-
-def _pack_bits_ref(pos: Tensor) -> Tensor:
-    """(N, C, H, W) bool -> (N*H*W, ceil(C/8)) uint8, bit k of byte j = channel 8j + k."""
-    n, c, h, w = pos.shape
-    nb = (c + 7) // 8
-    rows = F.pad(pos.permute(0, 2, 3, 1).reshape(n * h * w, c).to(torch.int32), (0, 8 * nb - c))
-    weights = torch.tensor([1 << k for k in range(8)], dtype=torch.int32, device=pos.device)
-    return (rows.view(-1, nb, 8) * weights).sum(-1).to(torch.uint8)
-
-
-def _unpack_bits_ref(bits: Tensor, shape: torch.Size) -> Tensor:
-    n, c, h, w = shape
-    shifts = torch.arange(8, dtype=torch.int32, device=bits.device)
-    rows = ((bits.to(torch.int32)[:, :, None] >> shifts) & 1).reshape(bits.shape[0], -1)[:, :c]
-    return rows.reshape(n, h, w, c).permute(0, 3, 1, 2) != 0
-
-
-def _stats_ref(x, running_mean, running_var, momentum, eps):
-    var, mean = torch.var_mean(x.to(launch.stat_dtype(x)), dim=(0, 2, 3), correction=0)
-    if running_mean is not None:
-        n = x.numel() // x.shape[1]
-        with torch.no_grad():
-            acc = mean.dtype
-            running_mean.copy_((1 - momentum) * running_mean.to(acc) + momentum * mean)
-            running_var.copy_((1 - momentum) * running_var.to(acc) + momentum * var * n / (n - 1))
-    return mean, torch.rsqrt(var + eps)
-
-
-def _rstd_ref(stat: Tensor, acc: torch.dtype, eps: float, stat_is_var: bool) -> Tensor:
-    return torch.rsqrt(stat.to(acc) + eps) if stat_is_var else stat.to(acc)
-
-
-def _like(x: Tensor, value: Tensor) -> Tensor:
-    """value in x's dtype and strides (what the fake implementation promises)."""
-    out = torch.empty_like(x)
-    out.copy_(value)
-    return out
-
-
-def _apply_ref(x, mean, stat, weight, bias, residual, eps, stat_is_var, relu):
-    acc = mean.dtype
-    scale = _rstd_ref(stat, acc, eps, stat_is_var)
-    if weight is not None:
-        scale = scale * weight.to(acc)
-    y = (x.to(acc) - mean.view(_CHANNEL)) * scale.view(_CHANNEL)
-    if bias is not None:
-        y = y + bias.to(acc).view(_CHANNEL)
-    if residual is not None:
-        y = y + residual.to(acc)
-    bits = x.new_empty((0,), dtype=torch.uint8)
-    if relu:
-        y = torch.where(y < 0, 0.0, y)  # keeps NaN, as torch.relu
-        bits = _pack_bits_ref(y > 0)
-    return _like(x, y), bits
-
-
-def _backward_ref(dy, x, weight, mean, stat, bits, eps, training, relu, res_grad):
-    acc = mean.dtype
-    rstd = _rstd_ref(stat, acc, eps, not training)
-    dz = dy.to(acc)
-    if relu:
-        dz = torch.where(_unpack_bits_ref(bits, x.shape), dz, 0.0)
-    xmu = x.to(acc) - mean.view(_CHANNEL)
-    db = dz.sum((0, 2, 3))
-    dw = (dz * xmu).sum((0, 2, 3)) * rstd
-    a = rstd if weight is None else rstd * weight.to(acc)
-    if training:
-        n = x.numel() // x.shape[1]
-        dz_x = dz - (db / n).view(_CHANNEL) - xmu * (rstd * dw / n).view(_CHANNEL)
-    else:
-        dz_x = dz
-    dres = _like(x, dz) if res_grad else x.new_empty((0,))
-    return _like(x, a.view(_CHANNEL) * dz_x), dw, db, dres
 
 
 # ---- implementations (Triton or reference), registered as custom ops below ----
