@@ -47,11 +47,20 @@ def test_probe_end_to_end_on_cpu_at_toy_sizes(monkeypatch, capsys, tmp_path):
     assert not errors  # every claim's measurement ran (and its two variants agreed)
     assert 0.01 <= profile["conv_small_cin"]["efficiency"] <= 1
     memory = profile["memory_efficiency"]
-    failed = {f: r for f, r in memory.items() if not 0.01 <= (r.get("efficiency") or 0) <= 1}
+    # nchw_conversion has no efficiency when NCHW ran no slower than channels_last, which CPU
+    # timings at toy sizes can show (probe/layout.py); every other family has one
+    failed = {
+        f: r
+        for f, r in memory.items()
+        if not 0.01 <= (r.get("efficiency") or 0) <= 1
+        and not (f == "nchw_conversion" and r.get("efficiency") is None and "error" not in r)
+    }
     assert memory and not failed, failed
     spec = load_profile(out)  # the written profile reads back through the hardware layer
     assert spec.name == "h200-sxm" and "memory_bandwidth_fraction" in spec.achievable.measured
-    assert set(spec.achievable.memory_efficiency) == set(memory)
+    assert set(spec.achievable.memory_efficiency) == {
+        f for f, r in memory.items() if r.get("efficiency") is not None
+    }
     assert spec.achievable.source.startswith("measured")
 
     md = (reports / "probe-report.md").read_text()
