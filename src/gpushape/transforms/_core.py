@@ -107,7 +107,7 @@ def get_transform(fix_id: str) -> TransformInfo:
 
 def load_transforms() -> dict[str, TransformInfo]:
     """Import every transform module once (each registers itself)."""
-    from . import channels_last, fuse_norm_act, pad_channels  # noqa: F401
+    from . import channels_last, fuse_norm_act, pad_channels, sdpa  # noqa: F401
 
     return TRANSFORMS
 
