@@ -23,6 +23,7 @@ from ..tracing.tracer import trace
 from .cast import inputs_as, model_as
 from .combine import combine
 from .context import AuditContext, BackendFlags
+from .modes import check_mode, in_mode, step_time
 from .observe import observe
 from .registry import run_rules
 from .report.core import Report
@@ -63,6 +64,7 @@ def audit(
     rules: list[str] | None = None,
     name: str | None = None,
     device: str | None = None,
+    mode: str = "eager",
 ) -> Report:
     """Audit `model` on `example_inputs` for `gpu`.
 
@@ -79,7 +81,10 @@ def audit(
         profile, None the datasheet.
     flags: TF32 and autocast settings; default: this process's torch.backends settings.
     rules: rule ids to run (default: all).
+    mode: how the model will run, "eager", "compile" or "graph" (`modes.py`): findings whose
+        fix that mode already makes save nothing there; savings get their wall-clock share.
     """
+    check_mode(mode)
     if not isinstance(model, nn.Module):
         raise GpushapeError(f"audit() needs an nn.Module, got {type(model).__name__}")
     target = resolve_target(gpu, profile)
@@ -105,7 +110,8 @@ def audit(
         measured=target.measured,
     )
     report = Report.from_cost(costed, dtype=dtype_label(dtype or model_dtype(model), flags))
-    report.findings, report.combined = combine(run_rules(ctx, rules), ctx)
+    report.findings, report.combined = combine(in_mode(run_rules(ctx, rules), ctx, mode), ctx)
+    report.step = step_time(ctx, mode)
     report.calibration = target.calibration
     report.gpu_reason = target.reason
     report.inputs = describe_inputs(example_inputs)

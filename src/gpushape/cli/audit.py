@@ -108,6 +108,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "several); replaces the model's own",
     )
     p.add_argument(
+        "--mode",
+        choices=("eager", "compile", "graph"),
+        default="eager",
+        help="how the model will run: eager (default), compile (torch.compile: what Inductor "
+        "does itself saves nothing) or graph (replayed from a CUDA graph)",
+    )
+    p.add_argument(
         "--device",
         default="meta",
         help="where to trace: meta (default: shapes only), cpu (real tensors, for models that "
@@ -221,6 +228,7 @@ def build_report(args: argparse.Namespace):
         flags=_flags(args.dtype),
         name=resolved.name,
         device=args.device,
+        mode=args.mode,
     )
 
 

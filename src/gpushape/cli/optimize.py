@@ -24,7 +24,6 @@ from ..errors import GpushapeError
 from .audit import _torch_dtype, add_model_options, check_model_options, resolve
 from .output import check_file, to_stdout, write_text
 
-MODES = ("eager", "compile", "graph")
 SHOWN_MODULES = 3
 
 
@@ -35,13 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0],
     )
     add_model_options(p)
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default="eager",
-        help="how the model will run: compile applies only what torch.compile does not do "
-        "itself (default: eager)",
-    )
     p.add_argument(
         "--transforms",
         metavar="A,B",

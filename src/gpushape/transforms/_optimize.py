@@ -152,7 +152,7 @@ def optimize(
     if not isinstance(model, nn.Module):
         raise GpushapeError(f"optimize() needs an nn.Module, got {type(model).__name__}")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    before = audit(model, inputs, gpu, dtype=dtype, train=train)
+    before = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode)
     out = OptimizeReport(model=before.model, gpu=before.gpu, mode=mode, before=before)
     ctx = TransformContext(
         example_inputs=inputs, train=train, mode=mode, gpu=before.gpu_spec, filter_fn=filter_fn
@@ -161,7 +161,7 @@ def optimize(
     ref = _Reference(model, inputs) if checked else None
     for tid in _pick(before, transforms, mode, out):
         model = _apply_one(model, tid, ctx, ref, out)
-    out.after = audit(model, inputs, gpu, dtype=dtype, train=train)
+    out.after = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode)
     return model, out
 
 

@@ -10,7 +10,8 @@ docs/design.md):
      "layers": [{"module", "op", "flops", "min_bytes", "intensity", "bound", "roofline_time_s",
                  "tensor_cores", + "module_type", "phase", "calls"}],
      "findings": [finding.to_dict(), ...],
-     + "combined": {"saving_s", "step_s", "fixed_step_s", "fixes", "subsumed"}}
+     + "combined": {"saving_s", "step_s", "fixed_step_s", "fixes", "subsumed"},
+     + "mode": "eager" | "compile" | "graph", + "bound": "host" | "GPU"}
 
 Keys after "+" are additions to the schema's (consumers may ignore them). FLOPs count a
 multiply-add as 2 (FLOPs = 2 x MACs); `gemm_flops` is the matmul/convolution/attention part.
@@ -121,6 +122,7 @@ class Report:
     gpu_reason: str | None = None  # why this chip: "from --gpu", "the GPU present", ...
     inputs: str | None = None  # the example inputs in words: "batch 64, 3x224x224 images"
     combined: Any = None  # what the non-overlapping fixes save together (auditing.combine)
+    step: Any = None  # the step in the audited mode: GPU, launches, bound (auditing.modes)
     gpu_spec: Any = field(default=None, repr=False)  # the GPUSpec costed on (roofs of the plot)
 
     @classmethod
@@ -147,6 +149,7 @@ class Report:
             "layers": [layer.to_dict() for layer in self.layers],
             "findings": [f if isinstance(f, dict) else f.to_dict() for f in self.findings],
             **({"combined": self.combined.to_dict()} if self.combined is not None else {}),
+            **({"mode": self.step.mode, "bound": self.step.bound} if self.step else {}),
         }
 
     def to_json(self, indent: int | None = 1) -> str:

@@ -47,8 +47,23 @@ def header_lines(report: Any) -> list[str]:
     )
     return [
         f"{', '.join(w for w in what if w)}, on {report.gpu_full_name} ({chip})",
-        f"{report.totals.roofline_time_s * 1e3:,.3f} ms predicted; {numbers}",
+        f"{_predicted_s(report) * 1e3:,.3f} ms predicted{_step(report)}; {numbers}",
     ]
+
+
+def _predicted_s(report: Any) -> float:
+    """Eager: kernels and launches in series (the cost model's step); other modes: the wall
+    clock of the mode, the GPU's work or the launches, whichever is longer."""
+    step = getattr(report, "step", None)
+    if step is None or step.mode == "eager":
+        return report.totals.roofline_time_s
+    return step.wall_s
+
+
+def _step(report: Any) -> str:
+    """' (eager: host-bound, ...)' where the audit knows its mode."""
+    step = getattr(report, "step", None)
+    return f" ({step.text()})" if step is not None else ""
 
 
 def header_text(report: Any) -> str:

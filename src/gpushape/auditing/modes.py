@@ -1,0 +1,125 @@
+"""How the model will run: eager, torch.compile, or replayed from a CUDA graph.
+
+The same fix is worth different things in each mode, and advice must hold in the mode the user
+runs:
+- eager: every kernel is launched from Python. When the launches take longer than the GPU's
+  work (`StepTime.bound == "host"`), a fix that shortens the GPU's work does not shorten the
+  step: each finding says the wall-clock time it saves beside the GPU time.
+- compile: Inductor pads misaligned matmuls and fuses normalizations, softmax and dropout with
+  their elementwise neighbours by itself. Findings whose fix it already makes are kept as info
+  with a saving of zero and say so (measured on the H200: GPT-2's vocabulary padding saved
+  11.7 ms a step eager but 0.5 ms compiled, `benchmarks/results/baselines-h200/
+  compile_vocab_pad.json`; gpushape's fused BatchNorm gained 0.99x under torch.compile,
+  `e2e_rn50_kernels.json` there).
+- graph: the step is replayed from a CUDA graph (or torch.compile's reduce-overhead mode):
+  launches cost the graph's overhead, and launch-bound's fix is already made.
+The host side is the cost model's launch count times the measured launch overhead: a floor on
+eager dispatch, which also runs autograd and the optimizer on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import GpushapeError
+from .context import AuditContext
+from .finding import Finding, Severity
+
+MODES = ("eager", "compile", "graph")
+COMPILE_DOES = {
+    "pad-channels": "Inductor pads misaligned matmuls itself",
+    "fuse-norm-act": "Inductor fuses the normalization with the elementwise ops around it",
+    "fuse-softmax-dropout": "Inductor fuses softmax and dropout into one kernel",
+}
+GRAPH_DOES = {"cuda-graphs": "the step already runs from a CUDA graph"}
+SLOWER_WALL = 0.5  # say so when a fix saves less than this share of its GPU time in wall time
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise GpushapeError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    return mode
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTime:
+    """The step's predicted time in a mode: GPU work, host launches, and the wall clock."""
+
+    mode: str
+    gpu_s: float
+    host_s: float
+    """Kernels x the launch overhead of the mode (eager's, or a CUDA graph's)."""
+
+    @property
+    def wall_s(self) -> float:
+        return max(self.gpu_s, self.host_s)
+
+    @property
+    def bound(self) -> str:
+        return "host" if self.host_s > self.gpu_s else "GPU"
+
+    def text(self) -> str:
+        return (
+            f"{self.mode}: {self.bound}-bound, {self.gpu_s * 1e3:,.3f} ms on the GPU, "
+            f"{self.host_s * 1e3:,.3f} ms of launches"
+        )
+
+
+def step_time(ctx: AuditContext, mode: str) -> StepTime:
+    totals, achievable = ctx.cost.totals, ctx.gpu.achievable
+    per_launch = (
+        achievable.graph_launch_overhead_s if mode == "graph" else achievable.launch_overhead_s
+    )
+    return StepTime(mode=mode, gpu_s=totals.kernel_time_s, host_s=totals.kernels * per_launch)
+
+
+def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:
+    """What a fix saves of the wall-clock step: its GPU saving where the GPU sets the pace,
+    less (or nothing) where the host does; a CUDA graph removes the launches instead."""
+    if f.fix == "cuda-graphs":
+        graph = step_time(ctx, "graph")
+        return max(step.wall_s - graph.wall_s, 0.0)
+    after = StepTime(
+        mode=step.mode, gpu_s=max(step.gpu_s - f.est_saving_s, 0.0), host_s=step.host_s
+    )
+    return max(step.wall_s - after.wall_s, 0.0)
+
+
+def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[Finding]:
+    """The findings as they hold in `mode`: fixes the mode already makes are info with no
+    saving; every time saving gets its wall-clock share (`evidence["wall_saving_s"]`)."""
+    step = step_time(ctx, mode)
+    done = COMPILE_DOES if mode == "compile" else GRAPH_DOES if mode == "graph" else {}
+    out = []
+    for f in findings:
+        if f.fix in done and f.est_saving_s is not None:
+            out.append(_already_done(f, mode, done[f.fix]))
+            continue
+        if f.est_saving_s is None or f.est_saving_s <= 0:
+            out.append(f)
+            continue
+        wall = wall_saving_s(f, step, ctx)
+        message = f.message
+        if step.bound == "host" and wall < SLOWER_WALL * f.est_saving_s:
+            message += (
+                f"; but the {mode} step is host-bound ({step.host_s * 1e3:,.2f} ms of launches "
+                f"against {step.gpu_s * 1e3:,.2f} ms on the GPU): this saves GPU time, "
+                f"{wall * 1e3:,.3f} ms of the wall-clock step"
+            )
+        evidence = {**f.evidence, "wall_saving_s": wall, "mode": mode}
+        out.append(dataclasses.replace(f, message=message, evidence=evidence))
+    return out
+
+
+def _already_done(f: Finding, mode: str, why: str) -> Finding:
+    evidence = {**f.evidence, "saving_outside_mode_s": f.est_saving_s, "mode": mode}
+    where = "under torch.compile" if mode == "compile" else "in a CUDA graph"
+    return dataclasses.replace(
+        f,
+        severity=Severity.INFO,
+        est_saving_s=0.0,
+        message=f"{f.message}; {where} this saves nothing: {why}",
+        evidence=evidence,
+    )

@@ -1,0 +1,70 @@
+"""--mode: advice that holds in the mode the model runs (eager, torch.compile, a CUDA graph)."""
+
+from __future__ import annotations
+
+import pytest
+
+import gpushape
+from gpushape.auditing.finding import Severity
+from gpushape.errors import GpushapeError
+from gpushape.models import create_model
+
+
+def _audit(name: str, mode: str, **options):
+    model, inputs = create_model(name, **options)
+    return gpushape.audit(model, inputs, gpu="h200", train=True, mode=mode)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return {mode: _audit("gpt2", mode, batch=8) for mode in ("eager", "compile", "graph")}
+
+
+def _finding(report, rule):
+    return next(f for f in report.findings if f.rule == rule)
+
+
+def test_compile_mode_drops_what_inductor_already_does(gpt2):
+    eager, compiled = _finding(gpt2["eager"], "tc-align"), _finding(gpt2["compile"], "tc-align")
+    assert eager.severity == Severity.HIGH and eager.est_saving_s > 0
+    assert compiled.severity == Severity.INFO and compiled.est_saving_s == 0
+    assert "under torch.compile this saves nothing" in compiled.message
+    assert compiled.evidence["saving_outside_mode_s"] == pytest.approx(eager.est_saving_s)
+    assert not any(compiled.label in f for f in (gpt2["compile"].combined.fixes or ()))
+
+
+def test_each_saving_has_its_wall_clock_share(gpt2):
+    f = _finding(gpt2["eager"], "tc-align")
+    assert gpt2["eager"].step.bound == "GPU"
+    assert f.evidence["wall_saving_s"] == pytest.approx(f.est_saving_s)
+
+
+def test_graph_mode_has_cheap_launches(gpt2):
+    eager, graph = gpt2["eager"].step, gpt2["graph"].step
+    assert graph.gpu_s == pytest.approx(eager.gpu_s) and graph.host_s < eager.host_s / 5
+    assert gpt2["graph"].to_dict()["mode"] == "graph"
+
+
+def test_a_host_bound_step_says_a_gpu_saving_is_not_a_wall_saving():
+    report = _audit("resnet50", "eager", batch=2)
+    assert report.step.bound == "host"
+    fused = [f for f in report.findings if f.rule == "unfused-norm-act"]
+    assert fused and all(f.evidence["wall_saving_s"] == 0 for f in fused)
+    assert all("host-bound" in f.message for f in fused)
+    graphs = _finding(report, "launch-bound")
+    assert graphs.evidence["wall_saving_s"] > 0  # a CUDA graph removes what binds the step
+    graph_mode = _audit("resnet50", "graph", batch=2)
+    assert not any(f.rule == "launch-bound" and f.est_saving_s for f in graph_mode.findings)
+
+
+def test_unknown_mode_is_an_error():
+    model, inputs = create_model("resnet50", batch=1)
+    with pytest.raises(GpushapeError, match="unknown mode 'jit'"):
+        gpushape.audit(model, inputs, mode="jit")
+
+
+def test_cli_mode(capsys):
+    from gpushape.cli.main import main
+
+    assert main(["audit", "gpt2", "--gpu", "h200", "--batch", "2", "--mode", "compile"]) == 0
+    assert "compile:" in capsys.readouterr().out
