@@ -36,7 +36,6 @@ def test_json_report(tmp_path, capsys):
     [
         (["--transforms", "no-such"], "unknown transform 'no-such'; known:"),
         (["--bench"], "--bench times steps on the GPU: add --device cuda"),
-        (["--memory-budget", "40GB"], "selective-checkpoint"),
         (["--memory-budget", "lots"], "--memory-budget: cannot read 'lots'"),
         (["-o", "plan.txt"], "-o writes JSON"),
         (["--mode", "compile", "--input", "2x3x64x64"], "--batch does not apply with --input"),
@@ -44,6 +43,12 @@ def test_json_report(tmp_path, capsys):
 )
 def test_what_it_cannot_do_is_one_line(capsys, extra, says):
     assert says in errors(capsys, [*RESNET, *extra])
+
+
+def test_memory_budget_plans_recomputation(capsys):
+    argv = [*RESNET, "--transforms", "channels-last", "--memory-budget", "40MB"]
+    assert main(argv) == 0
+    assert "activation-" in capsys.readouterr().out  # (the table may wrap the id)
 
 
 def test_parse_size():

@@ -67,6 +67,8 @@ class TransformContext:
     gpu: Any = None
     """The target GPUSpec (alignment, for padding)."""
     filter_fn: FilterFn | None = None
+    memory_budget: int | None = None
+    """Bytes of activations kept for backward that the step must fit (activation-checkpoint)."""
 
     def allows(self, module: nn.Module, fqn: str) -> bool:
         return self.filter_fn is None or bool(self.filter_fn(module, fqn))
@@ -107,7 +109,13 @@ def get_transform(fix_id: str) -> TransformInfo:
 
 def load_transforms() -> dict[str, TransformInfo]:
     """Import every transform module once (each registers itself)."""
-    from . import channels_last, fuse_norm_act, pad_channels, sdpa  # noqa: F401
+    from . import (  # noqa: F401
+        activation_checkpoint,
+        channels_last,
+        fuse_norm_act,
+        pad_channels,
+        sdpa,
+    )
 
     return TRANSFORMS
 

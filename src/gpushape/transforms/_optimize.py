@@ -36,6 +36,7 @@ from ._verify import Verification, reference, verify
 MODES = ("eager", "compile", "graph")
 # Structural rewrites first (they change which modules exist), layouts last.
 ORDER = ("pad-channels", "fuse-qkv", "sdpa", "fuse-norm-act", "channels-last")
+CHECKPOINT = "activation-checkpoint"  # last: it plans on the model the others left
 
 
 @dataclass(kw_only=True)
@@ -144,10 +145,10 @@ def optimize(
 
     if mode not in MODES:
         raise GpushapeError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
-    if memory_budget is not None:
+    if memory_budget is not None and (not train or memory_budget < 0):
         raise GpushapeError(
-            "memory_budget needs the selective-checkpoint transform, "
-            "which gpushape does not have yet"
+            "memory_budget bounds the activations kept for a training step's backward: "
+            "pass train=True and a budget of zero bytes or more"
         )
     if not isinstance(model, nn.Module):
         raise GpushapeError(f"optimize() needs an nn.Module, got {type(model).__name__}")
@@ -155,11 +156,19 @@ def optimize(
     before = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode)
     out = OptimizeReport(model=before.model, gpu=before.gpu, mode=mode, before=before)
     ctx = TransformContext(
-        example_inputs=inputs, train=train, mode=mode, gpu=before.gpu_spec, filter_fn=filter_fn
+        example_inputs=inputs,
+        train=train,
+        mode=mode,
+        gpu=before.gpu_spec,
+        filter_fn=filter_fn,
+        memory_budget=memory_budget,
     )
     checked = _real_inputs(inputs) and not any(p.is_meta for p in model.parameters())
     ref = _Reference(model, inputs) if checked else None
-    for tid in _pick(before, transforms, mode, out):
+    picked = _pick(before, transforms, mode, out)
+    if memory_budget is not None and CHECKPOINT not in picked:
+        picked.append(CHECKPOINT)  # a budget asks for it, with or without a finding
+    for tid in picked:
         model = _apply_one(model, tid, ctx, ref, out)
     out.after = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode)
     return model, out
