@@ -128,3 +128,23 @@ def test_the_plan_recomputes_less_than_every_block(stack):
     chosen = plan(actx, sum(kept.values()) // 2)
     every = sum(_candidate(actx, kept, f"blocks.{i}").recompute_s for i in range(4))
     assert chosen.freed_bytes >= chosen.need_bytes and chosen.recompute_s < every
+
+
+def test_hugging_face_gpt2_fits_half_its_activations():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=4,
+        n_embd=64,
+        n_head=2,
+        vocab_size=128,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = (torch.randint(0, 128, (2, 64)),)
+    budget = saved_bytes(model, ids) // 2
+    model, report = optimize(model, ids, gpu="h200", dtype=torch.float32, memory_budget=budget)
+    assert report.verified["activation-checkpoint"].passed
+    assert saved_bytes(model, ids) <= budget
