@@ -36,6 +36,7 @@ from .._dispatch import (
     functorch_active,
     use_triton,
 )
+from . import _softmax_bwd_kernels as KB
 from . import _softmax_kernels as K
 from ._philox import drop_threshold, keep_mask_reference
 from ._softmax_reference import backward_reference, compute_dtype, forward_reference
@@ -193,8 +194,8 @@ def backward_triton(dy, x, stats, seed, p, scale, mask, is_causal, grad_scale):
     if rows > 0:
         dyt, dy_strides, dy_flat = _strided_view(dy, x.shape)
         _launch(
-            K.softmax_dropout_bwd_kernel,
-            K.softmax_dropout_bwd_looped_kernel,
+            KB.softmax_dropout_bwd_kernel,
+            KB.softmax_dropout_bwd_looped_kernel,
             (dyt, *dy_strides),
             (dx, stats, seed_arg),
             ptrs,
