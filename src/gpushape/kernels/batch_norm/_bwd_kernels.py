@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._kernels import (
+from ._tile_math import (
     _bits_offsets,
     _block_at,
     _channel_params,
