@@ -97,3 +97,22 @@ class MLPBlock(nn.Module):
 
     def forward(self, x):
         return x + self.fc(self.act(self.norm(x)))
+
+
+def tiny_gpt2(layers: int = 2, attn: str = "sdpa"):
+    """A Hugging Face GPT-2 small enough for the CPU (vocabulary 128, width 64, 64 positions);
+    the caller skips when transformers is missing."""
+    import transformers
+
+    config = transformers.GPT2Config(
+        n_layer=layers,
+        n_embd=64,
+        n_head=2,
+        vocab_size=128,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    config._attn_implementation = attn
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)

@@ -11,6 +11,8 @@ from gpushape.errors import GpushapeError
 from gpushape.transforms import optimize, revert
 from gpushape.transforms.activation_checkpoint import saved_bytes
 
+from .nets import tiny_gpt2
+
 
 class MLP(nn.Module):
     def __init__(self, d: int):
@@ -131,18 +133,8 @@ def test_the_plan_recomputes_less_than_every_block(stack):
 
 
 def test_hugging_face_gpt2_fits_half_its_activations():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        n_layer=4,
-        n_embd=64,
-        n_head=2,
-        vocab_size=128,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config)
+    pytest.importorskip("transformers")
+    model = tiny_gpt2(layers=4)
     ids = (torch.randint(0, 128, (2, 64)),)
     budget = saved_bytes(model, ids) // 2
     model, report = optimize(model, ids, gpu="h200", dtype=torch.float32, memory_budget=budget)

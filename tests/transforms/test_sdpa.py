@@ -8,22 +8,13 @@ import torch
 
 from gpushape.transforms import optimize, revert
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
+
+from .nets import tiny_gpt2
 
 
 def _eager_gpt2():
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=64,
-        n_head=2,
-        vocab_size=128,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(config)
+    return tiny_gpt2(attn="eager")
 
 
 def test_eager_attention_switched_checked_and_reverted():
