@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import gpushape
 from gpushape.auditing.finding import Severity
@@ -68,3 +69,14 @@ def test_cli_mode(capsys):
 
     assert main(["audit", "gpt2", "--gpu", "h200", "--batch", "2", "--mode", "compile"]) == 0
     assert "compile:" in capsys.readouterr().out
+
+
+def test_a_misaligned_convolution_still_pays_under_compile():
+    import torch.nn as nn
+
+    model = nn.Sequential(nn.Conv2d(64, 63, 3, padding=1), nn.ReLU(), nn.Conv2d(63, 64, 3))
+    x = torch.empty(32, 64, 56, 56, device="meta").contiguous(memory_format=torch.channels_last)
+    model = model.to(memory_format=torch.channels_last)
+    report = gpushape.audit(model, (x,), gpu="h200", train=True, mode="compile")
+    convs = [f for f in report.findings if f.rule == "tc-align"]
+    assert convs and not any("under torch.compile" in f.message for f in convs)
