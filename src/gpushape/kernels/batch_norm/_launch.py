@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 from . import _tuning as tuning_table
-from ._plans import BackwardPlan, ForwardPlan, View, in_layout, stat_dtype
+from ._bwd_plans import BackwardPlan
+from ._plans import ForwardPlan, View, in_layout, stat_dtype
 
 __all__ = [
     "BackwardPlan",

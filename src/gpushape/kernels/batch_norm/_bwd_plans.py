@@ -1,0 +1,172 @@
+"""The backward's launch plan of batch_norm_act (the forward's and the shared pieces:
+`_plans.py`): the reduction of dz and dz * x-hat per channel, then dx (and the residual's
+gradient) elementwise."""
+
+from __future__ import annotations
+
+import torch
+
+from .._launch import aligned
+from ._bwd_kernels import _bwd_apply_kernel, _bwd_finalize_kernel, _bwd_reduce_kernel
+from ._plans import (
+    View,
+    _elementwise,
+    _finalize_launch,
+    _Layout,
+    _Reduction,
+    tiles,
+)
+from ._runtime import counters
+from ._tuning import BatchNormTuning
+
+
+class BackwardPlan(_Layout):
+    """The backward of one signature: a reduction (sums; in eval also dx) and, when training,
+    the elementwise dx pass."""
+
+    def __init__(
+        self,
+        x,
+        view: View,
+        tuning: BatchNormTuning,
+        weight,
+        stat,
+        training: bool,
+        relu: bool,
+        res_grad: bool,
+    ):
+        super().__init__(x, view)
+        self.training, self.res_grad, self.has_w = training, res_grad, weight is not None
+        xk = self.kin(x)
+        self.reduce_tiles = t = tiles(
+            view, x.element_size(), tuning.bwd_reduce.tile_bytes, tuning.bwd_reduce.block_c
+        )
+        flags = dict(
+            HAS_W=weight is not None, HAS_RES=res_grad, RELU=relu, CHANNELS_LAST=view.channels_last
+        )
+        acc = self.example()
+        w = weight if weight is not None else acc
+        bits = self.example(torch.uint8, view.NB * 16)
+        example = [
+            xk,
+            xk,
+            bits,
+            acc,
+            self.example(stat.dtype),
+            w,
+            acc,
+            counters(xk, t.n_cb),
+            acc,
+            acc,
+            xk,
+            xk,
+            view.C,
+            view.L,
+            view.NB,
+            t.n_rb,
+            1,
+            1e-5,
+        ]
+        self.reduction = r = _Reduction(
+            _bwd_reduce_kernel, example, dict(flags, EVAL=not training), t, tuning.bwd_reduce
+        )
+        self.finalize = (
+            None
+            if r.fused
+            else _finalize_launch(_bwd_finalize_kernel, view.C, STAT_IS_VAR=not training)
+        )
+        self.apply_tiles = a = tiles(
+            view, x.element_size(), tuning.bwd_apply.tile_bytes, tuning.bwd_apply.block_c
+        )
+        example = [
+            xk,
+            xk,
+            bits,
+            acc,
+            acc,
+            w,
+            acc,
+            acc,
+            xk,
+            xk,
+            view.C,
+            view.L,
+            view.NB,
+            a.n_rb,
+            1,
+            view.M,
+        ]
+        self.apply_launch, self.apply_g = _elementwise(
+            _bwd_apply_kernel, example, flags, a, tuning.bwd_apply, 14
+        )
+
+    def sums(self, ok: bool, dyk, xk, weight, mean, stat, bits, eps: float, dxk, dresk):
+        """(dweight, dbias) in the statistics dtype; in eval also writes dx, d_residual.
+        `ok`: the caller's tensors are 16-byte aligned (runtime.aligned)."""
+        v, t, r = self.view, self.reduce_tiles, self.reduction
+        part = torch.empty((2 * r.P, v.C), dtype=self.acc, device=self.device)
+        dw, db = torch.empty_like(mean), torch.empty_like(mean)
+        w = weight if weight is not None else mean
+        r.launch(
+            ok,
+            dyk,
+            xk,
+            bits,
+            mean,
+            stat,
+            w,
+            part,
+            counters(xk, t.n_cb),
+            dw,
+            db,
+            dxk,
+            dresk,
+            v.C,
+            v.L,
+            v.NB,
+            t.n_rb,
+            r.P,
+            eps,
+        )
+        if self.finalize is not None:
+            self.finalize(ok, part, mean, stat, dw, db, v.C, r.P, eps)
+        return dw, db
+
+    def grads(self, ok: bool, dyk, xk, weight, mean, rstd, bits, dw, db, dxk, dresk) -> None:
+        """dx (and d_residual) of training, from the sums."""
+        v, a = self.view, self.apply_tiles
+        w = weight if weight is not None else mean
+        self.apply_launch(
+            ok,
+            dyk,
+            xk,
+            bits,
+            mean,
+            rstd,
+            w,
+            dw,
+            db,
+            dxk,
+            dresk,
+            v.C,
+            v.L,
+            v.NB,
+            a.n_rb,
+            self.apply_g,
+            v.M,
+        )
+
+    def run(self, dy, x, weight, mean, stat, bits, eps: float):
+        """(dx, dweight, dbias, d_residual)."""
+        ok = aligned(dy, x, weight, mean, stat, bits)
+        xk, dyk = self.kin(x), self.kin(dy)
+        dx, dxk = self.out(x)
+        dres, dresk = self.out(x) if self.res_grad else (x.new_empty((0,)),) * 2
+        dresk_or_dx = dresk if self.res_grad else dxk
+        dw, db = self.sums(ok, dyk, xk, weight, mean, stat, bits, eps, dxk, dresk_or_dx)
+        if self.training:
+            self.grads(ok, dyk, xk, weight, mean, stat, bits, dw, db, dxk, dresk_or_dx)
+        for out, buf in ((dx, dxk), (dres, dresk)):
+            if buf is not out:
+                out.copy_(buf)
+        return dx, dw, db, dres
