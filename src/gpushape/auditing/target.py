@@ -22,10 +22,10 @@ from typing import Any
 
 from ..errors import GpushapeError, UnknownGPUError
 from ..hardware import GPUSpec, apply_profile, current_gpu, get_gpu, read_profile
+from ..hardware.alignment import DEFAULT_GPU  # the chip audited when none is named or found
 from ..hardware.profile import bundled_profile_path
 
 AUTO = "auto"
-DEFAULT_GPU = "h100"  # the chip audited when none is named and none is here to be found
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ run instead. Rules cost them with the trace's own cost model (`AuditContext.pric
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -79,7 +78,3 @@ def record(
         outputs=tuple(outputs),
         params=dict(params or {}),
     )
-
-
-def round_up(value: int, multiple: int) -> int:
-    return int(math.ceil(value / multiple) * multiple)

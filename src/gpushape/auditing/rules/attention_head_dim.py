@@ -15,12 +15,12 @@ import dataclasses
 import math
 from collections.abc import Iterable
 
+from ...hardware.alignment import round_up
 from ..context import AuditContext
 from ..finding import Finding
 from ..observe import AttentionCall
 from ..patterns import module_pattern
 from ..pricing.attention import AttentionShape, fused_backend, fused_records, math_records
-from ..pricing.synth import round_up
 from ..registry import register_rule
 
 RULE = "attention-head-dim"
