@@ -19,7 +19,9 @@ ALLOWED = {
     "probe": {"bench", "tracing", "kernels", "hardware", "errors"},
     "auditing": {"tracing", "models", "data", "hardware", "errors"},
     "transforms": {"auditing", "tracing", "kernels", "models", "bench", "hardware", "errors"},
+    "steps": {"transforms", "auditing", "tracing", "models", "bench", "hardware", "errors"},
     "cli": {
+        "steps",
         "auditing",
         "transforms",
         "probe",

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ..errors import GpushapeError
-from . import audit, gpus, optimize, probe
+from . import audit, bench, gpus, optimize, probe
 from .output import flush_stdout
 
-COMMANDS = [gpus, probe, audit, optimize]
+COMMANDS = [gpus, probe, audit, optimize, bench]
 DEBUG_HELP = "show tracebacks on errors"
 
 

@@ -1,0 +1,278 @@
+"""The loop: audit, optimize, measure; each fix's predicted saving beside its measured one.
+
+    result = loop(model, example_inputs, mode="eager")
+    for row in result.rows: print(row.fix, row.predicted_wall_s, row.measured_wall_s)
+
+1. The model is audited at the benchmark's batch, in the mode it will run, with the step's
+   optimizer (so optimizer-not-fused can fire): the findings name the fixes.
+2. `gpushape.optimize` runs on a copy to learn which of those fixes apply here (each checked
+   numerically, failures rolled back).
+3. Stages are built cumulatively, in the order optimize applies them: the model as given, then
+   + the first applied transform, + the second, ..., then the step-level fixes the findings
+   name (fused-optimizer; cuda-graphs in eager mode). In compile mode every stage runs under
+   torch.compile. All stages are timed in one process, alternating (`run.bench`'s machinery).
+4. A fix's measured saving is the step time of the stage before it minus its own; its GPU
+   saving the same difference of GPU busy time (torch.profiler). Fixes interact, so a fix is
+   measured on top of the ones before it, as a user applies them, and predicted the same way:
+   the audit of each stage's model predicts its step (GPU time and wall clock in the mode),
+   and a fix's predicted saving is the difference from the stage before (the optimizer's fix
+   is priced by its finding; a CUDA graph by the audit's graph mode).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from ..errors import GpushapeError
+from .batch import synthetic_batch
+from .measure import StepStats, kernel_profile, peak_memory, time_blocks, warm
+from .run import dense_peak, model_flops
+from .step import build_step
+from .variants import Spec, Variant, build_variant
+
+STEP_FIXES = ("fused-optimizer", "cuda-graphs")
+GIVEN = "as given"
+
+
+@dataclass
+class FixRow:
+    fix: str
+    stage: str
+    places: int
+    predicted_gpu_s: float
+    predicted_wall_s: float
+    measured_wall_s: float | None = None
+    measured_gpu_s: float | None = None
+    findings: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        """Predicted / measured wall saving (None when the measured saving is not positive)."""
+        if self.measured_wall_s is None or self.measured_wall_s <= 0:
+            return None
+        return self.predicted_wall_s / self.measured_wall_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "ratio": self.ratio}
+
+
+@dataclass
+class LoopResult:
+    model: str
+    mode: str
+    stages: dict[str, StepStats]
+    rows: list[FixRow]
+    predicted_step_s: float
+    audit: Any = field(repr=False, default=None)
+    optimize_report: Any = field(repr=False, default=None)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float:
+        last = list(self.stages.values())[-1]
+        return self.stages[GIVEN].median_s / last.median_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "mode": self.mode,
+            "predicted_step_s": self.predicted_step_s,
+            "stages": {k: s.to_dict() for k, s in self.stages.items()},
+            "fixes": [r.to_dict() for r in self.rows],
+            "speedup": self.speedup,
+            "failed": self.failed,
+            "optimize": self.optimize_report.to_dict() if self.optimize_report else None,
+        }
+
+
+def predictions(report: Any) -> dict[str, tuple[float, float, list[str]]]:
+    """fix -> (GPU saving, wall saving, findings), each finding priced alone."""
+    out: dict[str, tuple[float, float, list[str]]] = {}
+    for f in report.findings:
+        if not f.fix or not f.est_saving_s:
+            continue
+        gpu, wall, names = out.get(f.fix, (0.0, 0.0, []))
+        wall_f = f.evidence.get("wall_saving_s", f.est_saving_s)
+        out[f.fix] = (gpu + f.est_saving_s, wall + wall_f, [*names, f.label])
+    return out
+
+
+def _dtype(model: nn.Module):
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+
+
+def loop(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    mode: str = "eager",
+    gpu: Any = None,
+    name: str | None = None,
+    optimizer: str = "auto",
+    rounds: int = 5,
+    block: int = 10,
+    warmup: int = 3,
+    progress: Any = None,
+) -> LoopResult:
+    """Audit, optimize and measure `model`'s training step, fix by fix (module docstring)."""
+    from ..auditing.api import audit
+
+    if mode not in ("eager", "compile"):
+        raise GpushapeError(f"the loop runs eager or compile mode, not {mode!r}")
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    say = progress or (lambda _: None)
+    cuda = any(p.is_cuda for p in model.parameters())
+    batch = synthetic_batch(model, inputs)
+    say("auditing at the benchmark's batch")
+    probe_step = build_step(copy.deepcopy(model), batch, optimizer)
+    report = audit(
+        model,
+        inputs,
+        gpu,
+        dtype=_dtype(model),
+        train=True,
+        optimizer=probe_step.optimizer,
+        mode=mode,
+    )
+    del probe_step
+    predicted = predictions(report)
+    say("optimizing a copy to see which fixes apply")
+    plan = build_variant(
+        "plan", model, batch, optimizer=optimizer, gpu=gpu, spec=Spec(optimize_mode=mode)
+    )
+    applied = _applied_order(plan.optimize_report)
+    places = {t: sum(c.transform == t for c in plan.optimize_report.applied) for t in applied}
+    runner = "compile" if mode == "compile" else "eager"
+    specs = {GIVEN: Spec(runner=runner)}
+    for i, tid in enumerate(applied):
+        specs[f"+ {tid}"] = Spec(
+            optimize_mode=mode, transforms=tuple(applied[: i + 1]), runner=runner
+        )
+    last = specs[list(specs)[-1]]
+    if "fused-optimizer" in predicted:
+        last = specs["+ fused-optimizer"] = Spec(**{**last.__dict__, "fused_optimizer": True})
+    if "cuda-graphs" in predicted and mode == "eager":
+        specs["+ cuda-graphs"] = Spec(**{**last.__dict__, "runner": "graph"})
+    del plan
+    built: dict[str, Variant] = {}
+    warmups: dict[str, float] = {}
+    memory: dict[str, int | None] = {}
+    failed: dict[str, str] = {}
+    for stage, spec in specs.items():
+        say(f"building {stage}")
+        try:
+            with peak_memory(cuda) as peaks:
+                built[stage] = build_variant(
+                    stage, model, batch, optimizer=optimizer, gpu=gpu, spec=spec
+                )
+                warmups[stage] = warm(built[stage].run, warmup, cuda=cuda)
+            memory[stage] = peaks.get("bytes")
+        except Exception as exc:
+            if stage == GIVEN:
+                raise
+            failed[stage] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    say(f"timing {len(built)} stages: {rounds} rounds of {block} steps")
+    times = time_blocks({k: v.run for k, v in built.items()}, rounds=rounds, block=block, cuda=cuda)
+    flops, peak = model_flops(model, inputs), dense_peak(model, gpu)
+    stages = {}
+    for stage, variant in built.items():
+        kernels, busy = kernel_profile(variant.run, cuda=cuda)
+        stages[stage] = StepStats(
+            variant=stage,
+            step_times_s=tuple(times[stage]),
+            warmup_s=warmups[stage],
+            samples=batch.samples,
+            tokens=batch.tokens,
+            peak_memory_bytes=memory[stage],
+            kernels=kernels,
+            gpu_busy_s=busy,
+            flops=flops,
+            peak_flops=peak,
+        )
+    say("predicting each stage's step")
+    expected = _expected(specs, built, report, predicted, gpu, mode)
+    rows = _rows(stages, expected, predicted, places)
+    return LoopResult(
+        model=name or type(model).__name__,
+        mode=mode,
+        stages=stages,
+        rows=rows,
+        predicted_step_s=report.step.wall_s if report.step else report.totals.roofline_time_s,
+        audit=report,
+        optimize_report=_last_report(built),
+        failed=failed,
+    )
+
+
+def _applied_order(report: Any) -> list[str]:
+    seen: list[str] = []
+    for change in report.applied if report else []:
+        if change.transform not in seen:
+            seen.append(change.transform)
+    return seen
+
+
+def _last_report(built: dict[str, Variant]) -> Any:
+    reports = [v.optimize_report for v in built.values() if v.optimize_report is not None]
+    return reports[-1] if reports else None
+
+
+def _step_of(report: Any) -> tuple[float, float]:
+    step = report.step
+    return (step.gpu_s, step.wall_s) if step else (report.totals.roofline_time_s,) * 2
+
+
+def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[float, float]]:
+    """Each built stage's predicted (GPU, wall) step: the audit of its model in `mode`; the
+    optimizer's fix from its findings; a CUDA graph as the audit's graph mode of the stage
+    before."""
+    from ..auditing.api import audit
+
+    out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
+    previous = GIVEN
+    for stage, spec in specs.items():
+        if stage == GIVEN or stage not in built:
+            continue
+        step = built[stage].step
+        if stage == "+ fused-optimizer":
+            gpu_s, wall_s, _ = predicted.get("fused-optimizer", (0.0, 0.0, []))
+            out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
+        else:
+            run_mode = "graph" if spec.runner == "graph" else mode
+            stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
+                                 train=True, mode=run_mode)  # fmt: skip
+            out[stage] = _step_of(stage_report)
+            if spec.runner == "graph" and "+ fused-optimizer" in out:
+                fused = predicted.get("fused-optimizer", (0.0, 0.0, []))
+                out[stage] = (out[stage][0] - fused[0], out[stage][1] - fused[1])
+        previous = stage
+    return out
+
+
+def _rows(stages, expected, predicted, places) -> list[FixRow]:
+    rows = []
+    names = list(stages)
+    for before, stage in itertools.pairwise(names):
+        fix = stage.removeprefix("+ ")
+        a, b = stages[before], stages[stage]
+        busy = None
+        if a.gpu_busy_s is not None and b.gpu_busy_s is not None:
+            busy = a.gpu_busy_s - b.gpu_busy_s
+        rows.append(
+            FixRow(
+                fix=fix,
+                stage=stage,
+                places=places.get(fix, 1),
+                predicted_gpu_s=expected[before][0] - expected[stage][0],
+                predicted_wall_s=expected[before][1] - expected[stage][1],
+                measured_wall_s=a.median_s - b.median_s,
+                measured_gpu_s=busy,
+                findings=predicted.get(fix, (0.0, 0.0, []))[2],
+            )
+        )
+    return rows

@@ -1,0 +1,184 @@
+"""Measuring training steps: warm-up, alternated timing, kernels, GPU busy time, peak memory.
+
+Variants are timed in rounds, every variant in turn within a round, each over a block of
+steps queued back to back (as a training loop queues them: the host runs ahead of the GPU)
+between two CUDA events, so a drift of clock or temperature touches all of them alike. A
+variant's figures are the median and quantiles of its blocks' per-step times.
+
+A step is GPU-bound when the GPU is busy for most of it. torch.profiler gives the kernels one
+step launches and their summed device time (busy time); the step's time from CUDA events
+includes the gaps where the GPU waited for the host. Busy / step under BOUND_BUSY_FRACTION is
+called host-bound: a fix that only shortens kernels saves little wall time there.
+
+On a machine without CUDA every time is `perf_counter` around a block and there is no kernel
+count, busy time or peak memory: enough to check the plumbing, not a measurement of a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+
+import torch
+
+BOUND_BUSY_FRACTION = 0.85
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepStats:
+    variant: str
+    step_times_s: tuple[float, ...]
+    warmup_s: float
+    """Time of the first calls: compilation, autotuning, capture, cuDNN's benchmark."""
+    samples: int
+    tokens: int
+    peak_memory_bytes: int | None = None
+    kernels: int | None = None
+    """Kernels one step launches (None: no CUDA profiler here, or one CUDA graph)."""
+    gpu_busy_s: float | None = None
+    flops: float | None = None
+    """FLOPs of one step (forward and backward, from gpushape's trace)."""
+    peak_flops: float | None = None
+    """The chip's dense peak for the step's dtype (datasheet), for MFU."""
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.step_times_s)
+
+    def quantile(self, q: float) -> float:
+        ordered = sorted(self.step_times_s)
+        pos = q * (len(ordered) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.median_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.median_s if self.tokens else None
+
+    @property
+    def mfu(self) -> float | None:
+        if not self.flops or not self.peak_flops:
+            return None
+        return self.flops / self.median_s / self.peak_flops
+
+    @property
+    def busy_fraction(self) -> float | None:
+        return None if self.gpu_busy_s is None else min(self.gpu_busy_s / self.median_s, 1.0)
+
+    @property
+    def bound(self) -> str:
+        if self.busy_fraction is None:
+            return "unknown"
+        return "GPU" if self.busy_fraction >= BOUND_BUSY_FRACTION else "host"
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update(
+            median_s=self.median_s,
+            p10_s=self.quantile(0.1),
+            p90_s=self.quantile(0.9),
+            samples_per_s=self.samples_per_s,
+            tokens_per_s=self.tokens_per_s,
+            mfu=self.mfu,
+            busy_fraction=self.busy_fraction,
+            bound=self.bound,
+        )
+        return data
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def warm(step: Callable[[], object], calls: int = 3, *, cuda: bool | None = None) -> float:
+    """Seconds the first `calls` steps take, to the end of their GPU work."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        step()
+    if _cuda() if cuda is None else cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def time_blocks(
+    steps: Mapping[str, Callable[[], object]],
+    *,
+    rounds: int = 5,
+    block: int = 10,
+    cuda: bool | None = None,
+) -> dict[str, list[float]]:
+    """Seconds per step for each variant: `rounds` rounds, each variant in turn, `block`
+    steps a block; one value per block."""
+    if rounds < 1 or block < 1:
+        raise ValueError(f"need rounds >= 1 and block >= 1, got {rounds}, {block}")
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    cuda = _cuda() if cuda is None else cuda
+    for _ in range(rounds):
+        for name, step in steps.items():
+            if cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(block):
+                    step()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end) / 1e3 / block)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(block):
+                    step()
+                times[name].append((time.perf_counter() - t0) / block)
+    return times
+
+
+@contextlib.contextmanager
+def peak_memory(cuda: bool | None = None) -> Iterator[dict[str, int]]:
+    """The most CUDA memory allocated inside the block beyond what was allocated before it,
+    as `{"bytes": n}` once the block ends (empty without CUDA). Around a variant's build and
+    warm-up this is all it needs: its copy of the weights, optimizer state, gradients,
+    activations and workspaces, a CUDA graph's pool, but not the other variants' memory."""
+    result: dict[str, int] = {}
+    if not (_cuda() if cuda is None else cuda):
+        yield result
+        return
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    yield result
+    torch.cuda.synchronize()
+    result["bytes"] = int(torch.cuda.max_memory_allocated() - before)
+
+
+def kernel_profile(
+    step: Callable[[], object], calls: int = 3, *, cuda: bool | None = None
+) -> tuple[int | None, float | None]:
+    """(kernels per step, GPU busy seconds per step) from torch.profiler over `calls` steps;
+    (None, None) without CUDA. A CUDA graph's replay shows as the kernels it ran (CUPTI sees
+    them) when the driver reports them, else as none: then busy time is unknown too."""
+    if not (_cuda() if cuda is None else cuda):
+        return None, None
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    kernels = [
+        e
+        for e in prof.events()
+        if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))
+    ]
+    if not kernels:
+        return None, None
+    busy = sum(e.device_time for e in kernels) * 1e-6  # device_time is in microseconds
+    return len(kernels) // calls, busy / calls

@@ -1,0 +1,200 @@
+"""What `gpushape bench` prints and keeps: tables, CSV rows (appended, one per variant or
+fix, each with GPU, versions, date and command), and a plot per case."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .fix_by_fix import LoopResult
+from .run import BenchResult
+
+BENCH_COLUMNS = (
+    "date_utc", "gpu", "torch", "triton", "cuda", "model", "batch", "task", "baseline",
+    "variant", "median_ms", "p10_ms", "p90_ms", "samples_per_s", "tokens_per_s",
+    "speedup_vs_baseline", "warmup_s", "peak_memory_gb", "kernels_per_step", "gpu_busy_pct",
+    "mfu_pct", "bound", "notes", "command",
+)  # fmt: skip
+LOOP_COLUMNS = (
+    "date_utc", "gpu", "torch", "triton", "model", "mode", "fix", "places",
+    "predicted_gpu_ms", "predicted_wall_ms", "measured_wall_ms", "measured_gpu_ms",
+    "predicted_over_measured", "step_ms_after", "command",
+)  # fmt: skip
+
+
+def _num(value: float | None, scale: float = 1.0, digits: int = 3) -> str:
+    return "" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _env(env: dict[str, Any]) -> dict[str, Any]:
+    keys = ("date_utc", "gpu", "torch", "triton", "cuda", "command")
+    return {k: env.get(k) or "" for k in keys}
+
+
+def bench_rows(result: BenchResult) -> list[dict[str, Any]]:
+    rows = []
+    for name, s in result.stats.items():
+        rows.append(
+            {
+                **_env(result.env),
+                "model": result.model,
+                "batch": " ".join(result.batch_shapes),
+                "task": result.task,
+                "baseline": result.baseline,
+                "variant": name,
+                "median_ms": _num(s.median_s, 1e3),
+                "p10_ms": _num(s.quantile(0.1), 1e3),
+                "p90_ms": _num(s.quantile(0.9), 1e3),
+                "samples_per_s": _num(s.samples_per_s, 1, 1),
+                "tokens_per_s": _num(s.tokens_per_s, 1, 0),
+                "speedup_vs_baseline": _num(result.ratio(name)),
+                "warmup_s": _num(s.warmup_s, 1, 2),
+                "peak_memory_gb": _num(s.peak_memory_bytes, 1e-9, 2),
+                "kernels_per_step": "" if s.kernels is None else s.kernels,
+                "gpu_busy_pct": _num(s.busy_fraction, 100, 1),
+                "mfu_pct": _num(s.mfu, 100, 1),
+                "bound": s.bound,
+                "notes": "; ".join(result.notes.get(name, [])),
+            }
+        )
+    return rows
+
+
+def loop_rows(result: LoopResult, env: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            **_env(env),
+            "model": result.model,
+            "mode": result.mode,
+            "fix": r.fix,
+            "places": r.places,
+            "predicted_gpu_ms": _num(r.predicted_gpu_s, 1e3),
+            "predicted_wall_ms": _num(r.predicted_wall_s, 1e3),
+            "measured_wall_ms": _num(r.measured_wall_s, 1e3),
+            "measured_gpu_ms": _num(r.measured_gpu_s, 1e3),
+            "predicted_over_measured": _num(r.ratio, 1, 2),
+            "step_ms_after": _num(result.stages[r.stage].median_s, 1e3),
+        }
+        for r in result.rows
+    ]
+
+
+def append_csv(path: str | Path, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> Path:
+    """Append rows (a header first when the file is new)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def bench_table(result: BenchResult, console: Console) -> None:
+    title = f"{result.model}: training step, {' '.join(result.batch_shapes)} ({result.task})"
+    table = Table(title=escape(title), title_justify="left")
+    for col in ("variant", "step ms", "p10-p90", "samples/s", "tokens/s", "x base",
+                "warm-up s", "peak GB", "kernels", "GPU busy", "MFU", "bound"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for name, s in result.stats.items():
+        table.add_row(
+            escape(name),
+            f"{s.median_s * 1e3:,.2f}",
+            f"{s.quantile(0.1) * 1e3:,.2f}-{s.quantile(0.9) * 1e3:,.2f}",
+            f"{s.samples_per_s:,.1f}",
+            f"{s.tokens_per_s:,.0f}" if s.tokens_per_s else "-",
+            f"{result.ratio(name):.2f}",
+            f"{s.warmup_s:,.1f}",
+            _num(s.peak_memory_bytes, 1e-9, 2) or "-",
+            "-" if s.kernels is None else str(s.kernels),
+            _num(s.busy_fraction, 100, 0) + "%" if s.busy_fraction is not None else "-",
+            _num(s.mfu, 100, 1) + "%" if s.mfu is not None else "-",
+            s.bound,
+        )
+    console.print(table)
+    for name, notes in result.notes.items():
+        console.print(escape(f"{name}: {'; '.join(notes)}"))
+    for name, why in result.failed.items():
+        console.print(escape(f"{name}: failed: {why}"))
+
+
+def loop_table(result: LoopResult, console: Console) -> None:
+    title = f"{result.model}, {result.mode} mode: each fix, predicted beside measured"
+    table = Table(title=escape(title), title_justify="left")
+    for col in ("stage", "places", "step ms", "predicted ms", "measured ms",
+                "GPU: predicted", "GPU: measured", "pred/meas"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    given = result.stages["as given"]
+    table.add_row("as given", "", f"{given.median_s * 1e3:,.2f}", "", "", "", "", "")
+    for r in result.rows:
+        table.add_row(
+            escape(r.stage),
+            str(r.places),
+            f"{result.stages[r.stage].median_s * 1e3:,.2f}",
+            _num(r.predicted_wall_s, 1e3),
+            _num(r.measured_wall_s, 1e3),
+            _num(r.predicted_gpu_s, 1e3),
+            _num(r.measured_gpu_s, 1e3) or "-",
+            _num(r.ratio, 1, 2) or "-",
+        )
+    console.print(table)
+    console.print(
+        f"all fixes: {result.speedup:.2f}x the step as given (measured; ms are per step, "
+        "savings of each fix on top of the ones above it)"
+    )
+    for stage, why in result.failed.items():
+        console.print(escape(f"{stage}: failed: {why}"))
+
+
+def plot_bench(result: BenchResult, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    names = list(result.stats)
+    rates = [result.stats[n].samples_per_s for n in names]
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))
+    bars = ax.barh(names, rates, color="#4c72b0")
+    for bar, name in zip(bars, names, strict=True):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
+                f" {result.ratio(name):.2f}x", va="center")  # fmt: skip
+    ax.invert_yaxis()
+    ax.set_xlabel("samples / s (median)")
+    ax.set_title(f"{result.model}: {result.env.get('gpu') or 'CPU'}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_loop(result: LoopResult, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fixes = [r.fix for r in result.rows]
+    y = range(len(fixes))
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(fixes) + 1.5))
+    ax.barh([i - 0.2 for i in y], [r.predicted_wall_s * 1e3 for r in result.rows], 0.4,
+            label="predicted", color="#dd8452")  # fmt: skip
+    ax.barh([i + 0.2 for i in y], [(r.measured_wall_s or 0) * 1e3 for r in result.rows], 0.4,
+            label="measured", color="#4c72b0")  # fmt: skip
+    ax.set_yticks(list(y), fixes)
+    ax.invert_yaxis()
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("wall-clock saving per step (ms)")
+    ax.set_title(f"{result.model}, {result.mode}: {result.speedup:.2f}x measured", fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

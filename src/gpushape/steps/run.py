@@ -1,0 +1,167 @@
+"""`bench()`: a model's training step, as given and as variants, measured in one process.
+
+    result = bench(model, example_inputs, variants=["compile", "optimize+graph"])
+    result.table()          # median step, samples/s, ratio to the baseline, MFU, bound
+
+Each variant is built (its warm-up timed: compile, capture, autotuning), then all are timed
+together in alternating rounds (`measure.time_blocks`), then each is profiled once for its
+kernels, GPU busy time and peak memory. FLOPs come from gpushape's trace of the model as given
+(forward and backward; the optimizer's few FLOPs not counted), so MFU is model FLOPs per second
+over the chip's dense datasheet peak for the model's dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..bench import environment
+from ..errors import GpushapeError
+from .batch import Batch, synthetic_batch
+from .measure import StepStats, kernel_profile, peak_memory, time_blocks, warm
+from .variants import Variant, build_variant, parse_variant
+
+
+@dataclass
+class BenchResult:
+    model: str
+    baseline: str
+    task: str
+    batch_shapes: list[str]
+    stats: dict[str, StepStats]
+    notes: dict[str, list[str]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    """Variants that could not be built or run, with the reason (the others still ran)."""
+    env: dict[str, Any] = field(default_factory=environment)
+    optimize_reports: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def ratio(self, variant: str) -> float:
+        """How many times faster than the baseline (step time ratio)."""
+        return self.stats[self.baseline].median_s / self.stats[variant].median_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "environment": self.env,
+            "model": self.model,
+            "baseline": self.baseline,
+            "task": self.task,
+            "batch": self.batch_shapes,
+            "variants": {
+                name: {**s.to_dict(), "speedup_vs_baseline": self.ratio(name)}
+                for name, s in self.stats.items()
+            },
+            "notes": self.notes,
+            "failed": self.failed,
+            "optimize": {k: r.to_dict() for k, r in self.optimize_reports.items()},
+        }
+
+
+def _shapes(batch: Batch) -> list[str]:
+    out = []
+    for t in batch.inputs:
+        if isinstance(t, torch.Tensor):
+            out.append("x".join(map(str, t.shape)) + f":{str(t.dtype).removeprefix('torch.')}")
+    return out
+
+
+def model_flops(model: nn.Module, inputs: tuple) -> float | None:
+    """FLOPs of a training step's forward and backward, from gpushape's meta trace."""
+    from ..tracing.cost import cost
+    from ..tracing.tracer import trace
+
+    try:
+        return float(cost(trace(model, inputs, train=True), "h100").totals.flops)
+    except Exception:  # a model the tracer cannot follow still benchmarks; MFU is left out
+        return None
+
+
+def dense_peak(model: nn.Module, gpu: Any) -> float | None:
+    from ..hardware import current_gpu, get_gpu
+
+    if not any(p.is_cuda for p in model.parameters()):
+        return None  # MFU of a GPU's peak means nothing for a step run elsewhere
+    gpu = getattr(gpu, "spec", gpu)  # a resolved target (the CLI's) or a chip
+    spec = get_gpu(gpu) if gpu is not None else current_gpu()
+    if spec is None:
+        return None
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return spec.peak_flops(dtype)
+
+
+def bench(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    variants: Sequence[str] = (),
+    baseline: str = "eager",
+    name: str | None = None,
+    optimizer: str = "auto",
+    rounds: int = 5,
+    block: int = 10,
+    warmup: int = 3,
+    gpu: Any = None,
+    profile: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> BenchResult:
+    """Time `baseline` and every variant of `model`'s training step in one process."""
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    names = [baseline, *[v for v in variants if v != baseline]]
+    for v in names:
+        parse_variant(v)
+    if any(p.is_meta for p in model.parameters()):
+        raise GpushapeError("bench runs the model: build it on cpu or cuda, not meta")
+    say = progress or (lambda _: None)
+    cuda = any(p.is_cuda for p in model.parameters())
+    batch = synthetic_batch(model, inputs)
+    flops, peak = model_flops(model, inputs), dense_peak(model, gpu)
+    built: dict[str, Variant] = {}
+    warmups: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    memory: dict[str, int | None] = {}
+    for v in names:
+        say(f"building and warming up {v}")
+        try:
+            with peak_memory(cuda) as peaks:
+                built[v] = build_variant(v, model, batch, optimizer=optimizer, gpu=gpu)
+                warmups[v] = warm(built[v].run, warmup, cuda=cuda)
+            memory[v] = peaks.get("bytes")
+        except GpushapeError as exc:
+            if v == baseline:
+                raise
+            failed[v] = str(exc)
+        except Exception as exc:  # a variant that breaks is reported, the rest still run
+            if v == baseline:
+                msg = f"the baseline {v!r} failed: {type(exc).__name__}: {exc}"
+                raise GpushapeError(msg) from exc
+            failed[v] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    say(f"timing {len(built)} variant(s): {rounds} rounds of {block} steps")
+    times = time_blocks({v: b.run for v, b in built.items()}, rounds=rounds, block=block, cuda=cuda)
+    stats = {}
+    for v, b in built.items():
+        kernels, busy = kernel_profile(b.run, cuda=cuda) if profile else (None, None)
+        stats[v] = StepStats(
+            variant=v,
+            step_times_s=tuple(times[v]),
+            warmup_s=warmups[v],
+            samples=batch.samples,
+            tokens=batch.tokens,
+            peak_memory_bytes=memory[v],
+            kernels=kernels,
+            gpu_busy_s=busy,
+            flops=flops,
+            peak_flops=peak,
+        )
+    return BenchResult(
+        model=name or type(model).__name__,
+        baseline=baseline,
+        task=batch.task,
+        batch_shapes=_shapes(batch),
+        stats=stats,
+        notes={v: b.notes for v, b in built.items() if b.notes},
+        failed=failed,
+        optimize_reports={v: b.optimize_report for v, b in built.items() if b.optimize_report},
+    )

@@ -1,0 +1,168 @@
+"""The ways one model's training step can run, as `gpushape bench --vs` names them.
+
+A variant is one of the names below or several joined by "+" ("optimize+graph"); whatever the
+order written, model rewrites apply first, then the optimizer's, then how the step runs:
+- model: `eager` (as given: nothing), `channels-last` (weights and 4-D inputs NHWC),
+  `optimize` (`gpushape.optimize` for eager mode: the audit's fixes, each checked
+  numerically), `optimize-compile` (the fixes that still pay under torch.compile);
+- optimizer: `fused-optimizer` (the same optimizer with fused=True);
+- runner: `compile` (torch.compile of the model, optimizer eager), `compile-max-autotune`,
+  `graph` (the whole step, forward, backward and optimizer, replayed from one CUDA graph).
+Every variant starts from its own deep copy of the model as given, the same batch values, and
+a fresh optimizer of the same kind.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import GpushapeError
+from .batch import Batch
+from .step import TrainingStep, build_step
+
+MODEL_PARTS = ("eager", "channels-last", "optimize", "optimize-compile")
+OPTIMIZER_PARTS = ("fused-optimizer",)
+RUNNER_PARTS = ("compile", "compile-max-autotune", "graph")
+PARTS = MODEL_PARTS + OPTIMIZER_PARTS + RUNNER_PARTS
+CHECK_SAMPLES = 2  # optimize() checks each rewrite on this many samples of the batch
+
+
+@dataclass
+class Variant:
+    """A variant ready to time: `run()` is one step."""
+
+    name: str
+    step: TrainingStep
+    run: Any
+    notes: list[str] = field(default_factory=list)
+    optimize_report: Any = None
+
+
+def parse_variant(name: str) -> list[str]:
+    parts = [p.strip() for p in name.split("+") if p.strip()]
+    unknown = [p for p in parts if p not in PARTS]
+    if not parts or unknown:
+        raise GpushapeError(
+            f"unknown variant {name!r}: parts are {', '.join(PARTS)}, joined by '+'"
+        )
+    runners = [p for p in parts if p in RUNNER_PARTS]
+    if len(runners) > 1:
+        raise GpushapeError(f"variant {name!r} names {len(runners)} runners; pick one of them")
+    models = [p for p in parts if p in MODEL_PARTS and p != "eager"]
+    if len(models) > 1 and set(models) >= {"optimize", "optimize-compile"}:
+        raise GpushapeError(f"variant {name!r}: optimize and optimize-compile exclude each other")
+    return parts
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a variant does, part by part (`parse_variant` reads one from its name)."""
+
+    channels_last: bool = False
+    optimize_mode: str | None = None
+    """"eager" or "compile": run gpushape.optimize for that mode; None: no rewrite."""
+    transforms: tuple[str, ...] | None = None
+    """The transforms optimize may apply (None: the ones the findings name)."""
+    fused_optimizer: bool = False
+    runner: str = "eager"
+    """eager, compile, compile-max-autotune or graph."""
+
+    @classmethod
+    def of(cls, name: str) -> Spec:
+        parts = parse_variant(name)
+        mode = (
+            "compile" if "optimize-compile" in parts else "eager" if "optimize" in parts else None
+        )
+        runner = next((p for p in parts if p in RUNNER_PARTS), "eager")
+        return cls(
+            channels_last="channels-last" in parts,
+            optimize_mode=mode,
+            fused_optimizer="fused-optimizer" in parts,
+            runner=runner,
+        )
+
+
+def build_variant(
+    name: str,
+    model: nn.Module,
+    batch: Batch,
+    *,
+    optimizer: str = "auto",
+    gpu: Any = None,
+    spec: Spec | None = None,
+) -> Variant:
+    """A deep copy of `model` made into variant `name` (or `spec`, when given), with its step."""
+    spec = spec or Spec.of(name)
+    model = copy.deepcopy(model)
+    batch = copy.copy(batch)
+    notes: list[str] = []
+    report = None
+    if spec.channels_last:
+        model, batch = _channels_last(model, batch)
+    if spec.optimize_mode:
+        model, report = _optimized(model, batch, gpu, spec.optimize_mode, spec.transforms)
+        notes.append(_applied(report))
+    step = build_step(model, batch, optimizer)
+    if spec.fused_optimizer:
+        notes.append(_fuse(step))
+    run: Any = step
+    if spec.runner in ("compile", "compile-max-autotune"):
+        mode = "max-autotune" if spec.runner == "compile-max-autotune" else None
+        step.forward = torch.compile(model, mode=mode)
+    if spec.runner == "graph":
+        run = _graphed(step)
+        notes.append("whole step in one CUDA graph")
+    return Variant(name, step, run, notes, report)
+
+
+def _channels_last(model: nn.Module, batch: Batch) -> tuple[nn.Module, Batch]:
+    model = model.to(memory_format=torch.channels_last)
+    batch.inputs = tuple(
+        x.contiguous(memory_format=torch.channels_last)
+        if isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point()
+        else x
+        for x in batch.inputs
+    )
+    return model, batch
+
+
+def _optimized(model: nn.Module, batch: Batch, gpu: Any, mode: str, transforms=None):
+    from ..transforms import optimize
+
+    small = tuple(
+        x[:CHECK_SAMPLES].clone() if isinstance(x, torch.Tensor) and x.dim() else x
+        for x in batch.inputs
+    )
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    transforms = list(transforms) if transforms is not None else None
+    return optimize(model, small, gpu, train=True, dtype=dtype, mode=mode, transforms=transforms)
+
+
+def _applied(report: Any) -> str:
+    names = sorted({c.transform for c in report.applied})
+    rolled = [r.transform for r in report.rolled_back]
+    text = f"optimize ({report.mode}): applied {', '.join(names) or 'nothing'}"
+    return text + (f"; rolled back {', '.join(rolled)}" if rolled else "")
+
+
+def _fuse(step: TrainingStep) -> str:
+    from ..transforms.fused_optimizer import fuse_optimizer
+
+    step.optimizer, what = fuse_optimizer(step.optimizer)
+    return what
+
+
+def _graphed(step: TrainingStep):
+    from ..transforms.cuda_graph import capture_reasons, capture_step, make_capturable
+
+    step.optimizer = make_capturable(step.optimizer)
+    reasons = capture_reasons(step.model, step.optimizer, step.batch.tensors())
+    if reasons:
+        raise GpushapeError(f"graph: cannot capture this step: {reasons[0]}")
+    graphed = capture_step(step.backward_and_update, before_capture=step.optimizer.zero_grad)
+    return graphed

@@ -1,0 +1,92 @@
+"""`bench()` and `loop()` on the CPU: variants built and timed alternately, failures reported
+per variant, fixes measured one by one (CPU times check the plumbing, not a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpushape.errors import GpushapeError
+from gpushape.steps import bench, loop, parse_variant
+from gpushape.steps.measure import StepStats, time_blocks
+from transforms.nets import ConvNet
+
+FAST = dict(rounds=2, block=1, warmup=1)
+
+
+def test_variants_are_timed_and_a_failing_one_is_reported():
+    result = bench(ConvNet(), (torch.zeros(2, 3, 16, 16),), variants=["channels-last", "graph"],
+                   gpu="h200", **FAST)  # fmt: skip
+    assert set(result.stats) == {"eager", "channels-last"}
+    assert "graph" in result.failed and "CUDA" in result.failed["graph"]
+    s = result.stats["eager"]
+    assert len(s.step_times_s) == 2 and s.samples == 2
+    assert s.mfu is None and s.bound == "unknown"  # no GPU here: no MFU, no busy time
+    assert result.ratio("eager") == 1.0
+    doc = result.to_dict()
+    assert doc["variants"]["channels-last"]["speedup_vs_baseline"] > 0
+
+
+def test_optimize_variant_applies_checked_fixes():
+    result = bench(ConvNet(), (torch.zeros(2, 3, 16, 16),), variants=["optimize"], gpu="h200",
+                   **FAST)  # fmt: skip
+    report = result.optimize_reports["optimize"]
+    assert "fuse-norm-act" in {c.transform for c in report.applied}
+    assert all(v.passed for v in report.verified.values())
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("fast", "unknown variant 'fast'"),
+        ("compile+graph", "names 2 runners"),
+        ("optimize+optimize-compile", "exclude each other"),
+    ],
+)
+def test_bad_variant_names(name, says):
+    with pytest.raises(GpushapeError, match=says):
+        parse_variant(name)
+
+
+def test_meta_models_are_refused():
+    with torch.device("meta"):
+        model = ConvNet()
+    with pytest.raises(GpushapeError, match="not meta"):
+        bench(model, (torch.zeros(2, 3, 8, 8, device="meta"),), **FAST)
+
+
+def test_time_blocks_alternates_variants():
+    order = []
+    steps = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    times = time_blocks(steps, rounds=3, block=2, cuda=False)
+    assert order == ["a", "a", "b", "b"] * 3
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+
+
+def test_stats_quantiles_and_rates():
+    s = StepStats(variant="x", step_times_s=(0.1, 0.2, 0.3, 0.4), warmup_s=1.0, samples=8,
+                  tokens=0, gpu_busy_s=0.2, flops=1e12, peak_flops=1e15)  # fmt: skip
+    assert s.median_s == pytest.approx(0.25) and s.samples_per_s == pytest.approx(32)
+    assert s.quantile(0.0) == 0.1 and s.quantile(1.0) == 0.4
+    assert s.mfu == pytest.approx(1e12 / 0.25 / 1e15)
+    assert s.bound == "host"  # busy 0.2 of a 0.25 s step: 80%, under the 85% line
+
+
+def test_loop_measures_each_applied_fix():
+    pytest.importorskip("transformers")
+    from transforms.nets import tiny_gpt2
+
+    model = tiny_gpt2(attn="eager")
+    result = loop(model, (torch.zeros(2, 32, dtype=torch.long),), gpu="h200", **FAST)
+    stages = list(result.stages)
+    assert stages[0] == "as given" and "+ sdpa" in stages
+    row = next(r for r in result.rows if r.fix == "sdpa")
+    assert row.measured_wall_s is not None and row.places == 1
+    assert any("manual-attention" in f for f in row.findings)
+    assert "+ cuda-graphs" in result.failed  # no CUDA here
+    assert result.to_dict()["fixes"][0]["fix"] == result.rows[0].fix
+
+
+def test_loop_refuses_graph_mode():
+    with pytest.raises(GpushapeError, match="eager or compile"):
+        loop(ConvNet(), (torch.zeros(2, 3, 8, 8),), mode="graph")
