@@ -61,6 +61,14 @@ for spec in "$@"; do
     # make test on a clean export of HEAD (uncommitted work in the tree does not count)
     # (.carry/head.tar: `git archive -o .carry/head.tar HEAD`, carried to the machine)
     maketest) run maketest "$secs" bash -c 'rm -rf /tmp/clean && mkdir -p /tmp/clean && tar -xf .carry/head.tar -C /tmp/clean && cd /tmp/clean && make test PYTEST_WORKERS=8' ;;
+    # gpushape bench: variants side by side and the fix-by-fix loop (results under $OUT/bench-h200)
+    gputests-steps) run gputests-steps "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/transforms tests/steps ;;
+    bench-resnet) run bench-resnet "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench torchvision.models:resnet50 --input 256x3x224x224 --vs "${VS:-channels-last,optimize,optimize+graph,channels-last+compile}" --csv "$OUT/bench-h200/bench.csv" --plot "$OUT/bench-h200/resnet50.png" -o "$OUT/bench-h200/resnet50.json"' ;;
+    loop-resnet) run loop-resnet "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench torchvision.models:resnet50 --input 256x3x224x224 --optimize --csv "$OUT/bench-h200/loop.csv" --plot "$OUT/bench-h200/loop-resnet50.png" -o "$OUT/bench-h200/loop-resnet50.json"' ;;
+    loop-gpt2) run loop-gpt2 "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:gpt2 --optimize --csv "$OUT/bench-h200/loop.csv" --plot "$OUT/bench-h200/loop-gpt2.png" -o "$OUT/bench-h200/loop-gpt2.json"' ;;
+    loop-bert) run loop-bert "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:bert --batch 32 --optimizer adamw-fused --optimize --csv "$OUT/bench-h200/loop.csv" --plot "$OUT/bench-h200/loop-bert.png" -o "$OUT/bench-h200/loop-bert.json"' ;;
+    bench-gpt2) run bench-gpt2 "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:gpt2 --vs "${VS:-optimize,compile,optimize-compile+compile,optimize+graph}" --csv "$OUT/bench-h200/bench.csv" --plot "$OUT/bench-h200/gpt2.png" -o "$OUT/bench-h200/gpt2.json"' ;;
+    bench-bert) run bench-bert "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:bert --batch 32 --optimizer adamw-fused --vs "${VS:-optimize,compile,optimize-compile+compile,optimize+graph}" --csv "$OUT/bench-h200/bench.csv" --plot "$OUT/bench-h200/bert.png" -o "$OUT/bench-h200/bert.json"' ;;
     *) echo "unknown step $name" ;;
   esac
 done

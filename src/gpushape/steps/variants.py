@@ -164,5 +164,4 @@ def _graphed(step: TrainingStep):
     reasons = capture_reasons(step.model, step.optimizer, step.batch.tensors())
     if reasons:
         raise GpushapeError(f"graph: cannot capture this step: {reasons[0]}")
-    graphed = capture_step(step.backward_and_update, before_capture=step.optimizer.zero_grad)
-    return graphed
+    return capture_step(step.backward_and_update, optimizer=step.optimizer)

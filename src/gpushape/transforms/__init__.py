@@ -9,6 +9,10 @@ One transform per file, registered under the fix id findings name (`auditing/fix
 `activation_checkpoint.py` (recompute what a memory budget asks, at the least time). `_core.py`
 holds the registry, `Change`/`Refusal` and the undo log; `_verify.py` the numeric gate a
 rewritten model must pass; `_optimize.py` `optimize()` and its report.
+
+Step-level tools act on the training step or the optimizer, not on modules, so they are plain
+functions: `cuda_graph.py` (`capture_step`, `capture_reasons`, `make_capturable`),
+`fused_optimizer.py` (`fuse_optimizer`), `compile.py` (`compile_model` with `PRESETS`).
 """
 
 from ._core import (
@@ -26,10 +30,24 @@ from ._core import (
 )
 from ._optimize import OptimizeReport, optimize
 from ._verify import Verification, verify
+from .compile import PRESETS, CompileReport, compile_model
+from .cuda_graph import (
+    GraphCaptureError,
+    GraphedStep,
+    capture_reasons,
+    capture_step,
+    capture_warnings,
+    make_capturable,
+)
+from .fused_optimizer import fuse_optimizer
 
 __all__ = [
+    "PRESETS",
     "TRANSFORMS",
     "Change",
+    "CompileReport",
+    "GraphCaptureError",
+    "GraphedStep",
     "OptimizeReport",
     "Outcome",
     "Refusal",
@@ -37,8 +55,14 @@ __all__ = [
     "TransformError",
     "Verification",
     "applied",
+    "capture_reasons",
+    "capture_step",
+    "capture_warnings",
+    "compile_model",
+    "fuse_optimizer",
     "get_transform",
     "load_transforms",
+    "make_capturable",
     "optimize",
     "register_transform",
     "revert",
