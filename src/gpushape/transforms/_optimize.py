@@ -139,8 +139,12 @@ def optimize(
     memory_budget: int | None = None,
     transforms: list[str] | None = None,
     filter_fn: FilterFn | None = None,
+    verify_inputs: Any = None,
 ) -> tuple[nn.Module, OptimizeReport]:
-    """Apply the audit's fixes to `model` (in place); see the module docstring."""
+    """Apply the audit's fixes to `model` (in place); see the module docstring.
+
+    `verify_inputs`: smaller inputs for the numeric check (it runs the model in float64);
+    default the example inputs, which the audits and the transforms see."""
     from ..auditing.api import audit
 
     if mode not in MODES:
@@ -152,7 +156,7 @@ def optimize(
         )
     if not isinstance(model, nn.Module):
         raise GpushapeError(f"optimize() needs an nn.Module, got {type(model).__name__}")
-    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    inputs = _as_tuple(example_inputs)
     before = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode)
     out = OptimizeReport(model=before.model, gpu=before.gpu, mode=mode, before=before)
     ctx = TransformContext(
@@ -163,15 +167,59 @@ def optimize(
         filter_fn=filter_fn,
         memory_budget=memory_budget,
     )
-    checked = _real_inputs(inputs) and not any(p.is_meta for p in model.parameters())
-    ref = _Reference(model, inputs) if checked else None
+    check_inputs = inputs if verify_inputs is None else _as_tuple(verify_inputs)
+    checked = _real_inputs(check_inputs) and not any(p.is_meta for p in model.parameters())
+    ref = _Reference(model, check_inputs) if checked else None
+    guard = _Guard(before, inputs, gpu, dtype, train, mode)
     picked = _pick(before, transforms, mode, out)
     if memory_budget is not None and CHECKPOINT not in picked:
         picked.append(CHECKPOINT)  # a budget asks for it, with or without a finding
     for tid in picked:
-        model = _apply_one(model, tid, ctx, ref, out)
+        model = _apply_one(model, tid, ctx, ref, out, guard if transforms is None else None)
     out.after = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode)
     return model, out
+
+
+def _as_tuple(inputs: Any) -> tuple:
+    return inputs if isinstance(inputs, tuple) else (inputs,)
+
+
+class _Guard:
+    """Rolls back a transform the audit of the rewritten model predicts to be slower on the
+    chip (GPU time and wall clock both longer): a finding prices its own ops, the audit of the
+    whole rewritten step also prices what the rewrite adds around them (copies, slices'
+    gradients). Only for transforms picked from the findings; ones asked for by name are kept
+    (the report still shows the predicted step before and after), and activation-checkpoint,
+    which trades time for memory on purpose, is exempt."""
+
+    def __init__(self, before: Any, inputs: tuple, gpu: Any, dtype, train: bool, mode: str):
+        self.inputs, self.gpu, self.dtype, self.train, self.mode = inputs, gpu, dtype, train, mode
+        self.step = _predicted(before)
+
+    def slower(self, model: nn.Module) -> str | None:
+        """Why the rewritten model is predicted slower, or None (and it becomes the baseline)."""
+        from ..auditing.api import audit
+
+        after = audit(model, self.inputs, self.gpu, dtype=self.dtype, train=self.train,
+                      mode=self.mode)  # fmt: skip
+        (gpu0, wall0), (gpu1, wall1) = self.step, _predicted(after)
+        if gpu1 > gpu0 * (1 + SLOWER) and wall1 > wall0 * (1 + SLOWER):
+            return (
+                f"predicted slower on this chip: step {wall0 * 1e3:,.3f} -> {wall1 * 1e3:,.3f} ms "
+                f"(GPU {gpu0 * 1e3:,.3f} -> {gpu1 * 1e3:,.3f} ms)"
+            )
+        self.step = (gpu1, wall1)
+        return None
+
+
+SLOWER = 1e-3  # a relative change below this is no change
+
+
+def _predicted(report: Any) -> tuple[float, float]:
+    step = report.step
+    if step is None:
+        return (report.totals.kernel_time_s, report.totals.roofline_time_s)
+    return (step.gpu_s, step.wall_s)
 
 
 class _Reference:
@@ -197,19 +245,26 @@ def _check(model: nn.Module, inputs: tuple, ref: _Reference) -> Verification:
         return Verification(passed=False, checked=0, worst=reason.splitlines()[0][:300])
 
 
-def _apply_one(model: nn.Module, tid: str, ctx: TransformContext, ref, out) -> nn.Module:
+def _apply_one(
+    model: nn.Module, tid: str, ctx: TransformContext, ref, out, guard: _Guard | None
+) -> nn.Module:
     outcome = get_transform(tid).apply(model, ctx)
     out.refused += outcome.refusals
     if not outcome.changes:
         return model
     new_root = outcome.root or model
     if ref is not None:
-        check = _check(new_root, ctx.example_inputs, ref)
+        check = _check(new_root, ref.inputs, ref)
         out.verified[tid] = check
         if not check.passed:
             restored = undo(outcome.changes) or model
             out.rolled_back.append(Refusal(transform=tid, module="", reason=check.worst))
             return restored
+    slower = guard.slower(new_root) if guard is not None and tid != CHECKPOINT else None
+    if slower is not None:
+        restored = undo(outcome.changes) or model
+        out.rolled_back.append(Refusal(transform=tid, module="", reason=slower))
+        return restored
     forget(new_root, model)
     remember(new_root, outcome.changes)
     out.applied += outcome.changes

@@ -234,11 +234,25 @@ def _layer_refusal(fqn: str, module: nn.Module, step: int, holders: Holders) -> 
     return None
 
 
+def _bias_holders(fqn: str, module: nn.Module, owners: Owners, ctx: TransformContext):
+    """(modules that hold the layer's bias as a plain attribute, or the reason it cannot be
+    padded). Hugging Face's masked-LM heads keep the decoder's bias as their own `bias` too
+    (tied, so that resizing the vocabulary resizes both): such a holder, which computes
+    nothing with it itself, gets the padded Parameter and saves its leading rows."""
+    bias = getattr(module, "bias", None)
+    if bias is None:
+        return [], None
+    others = [o for key, o in owners[id(bias)].items() if key != id(module)]
+    for name, other, _attr in others:
+        if isinstance(other, (nn.Linear, nn.Conv2d, nn.Embedding)) or has_hooks(other):
+            return [], f"its bias is shared with {name or 'the root'} ({type(other).__name__})"
+        if not ctx.allows(other, name):
+            return [], f"its bias is shared with {name}, which filter_fn excludes"
+    return others, None
+
+
 def _tied(fqn: str, module: nn.Module, owners: Owners, ctx: TransformContext):
     """(embeddings sharing the Linear's weight, or the reason it cannot be padded)."""
-    bias = getattr(module, "bias", None)
-    if bias is not None and len(owners[id(bias)]) > 1:
-        return [], "its bias is shared with another module"
     tied = [o for key, o in owners[id(module.weight)].items() if key != id(module)]
     for name, other, attr in tied:
         what = f"its weight is shared with {name or 'the root'} ({type(other).__name__})"
@@ -321,6 +335,8 @@ def _pad_site(site: dict, holders: Holders, out: Outcome) -> None:
             undo=_swap(module, new, holders, out),
         )
     )
+    for name, holder, attr in site.get("bias_holders", ()):
+        out.changes.append(_share_bias(name, holder, attr, new.bias, rows, fqn))
     for name, embedding, _ in site["tied"]:
         new_embedding = _clone_as(embedding, PaddedEmbedding)
         new_embedding.weight = new.weight  # the one padded Parameter: still tied
@@ -335,6 +351,42 @@ def _pad_site(site: dict, holders: Holders, out: Outcome) -> None:
         )
 
 
+def _share_bias(
+    name: str, holder: nn.Module, attr: str, padded: nn.Parameter, rows: int, layer: str
+) -> Change:
+    """`holder.attr` becomes the layer's padded bias (still tied); its state_dict entry keeps
+    the logical rows and a logical one loads into it."""
+    original = holder._parameters[attr]
+    holder._parameters[attr] = padded
+
+    def save(module, state_dict, prefix, local_metadata):
+        t = state_dict.get(prefix + attr)
+        if t is not None and t.shape[0] > rows:
+            state_dict[prefix + attr] = t.narrow(0, 0, rows)
+
+    def load(module, state_dict, prefix, *args):
+        t = state_dict.get(prefix + attr)
+        if _is_logical(t, module._parameters[attr], rows):
+            state_dict[prefix + attr] = pad_rows(t, module._parameters[attr].shape[0])
+
+    handles = [
+        holder._register_state_dict_hook(save),
+        holder.register_load_state_dict_pre_hook(load),
+    ]
+
+    def undo() -> None:
+        for h in handles:
+            h.remove()
+        holder._parameters[attr] = original  # the layer's undo copies the values back into it
+
+    return Change(
+        transform=ID,
+        module=name,
+        detail=f"{attr}: the padded bias of {layer} (tied to it); state_dict keeps {rows} rows",
+        undo=undo,
+    )
+
+
 def _site(fqn: str, module: nn.Module, gpu: GPUSpec, maps: tuple, ctx: TransformContext):
     """The rewrite planned for one module, a Refusal, or None (nothing to do)."""
     if isinstance(module, _Padded) or not isinstance(module, (nn.Linear, nn.Conv2d)):
@@ -346,6 +398,9 @@ def _site(fqn: str, module: nn.Module, gpu: GPUSpec, maps: tuple, ctx: Transform
     rows, padded, step = target
     reason = _layer_refusal(fqn, module, step, holders)
     tied: list = []
+    bias_holders: list = []
+    if reason is None:
+        bias_holders, reason = _bias_holders(fqn, module, owners, ctx)
     if reason is None:
         tied, reason = _tied(fqn, module, owners, ctx)
     if reason is not None:
@@ -357,6 +412,7 @@ def _site(fqn: str, module: nn.Module, gpu: GPUSpec, maps: tuple, ctx: Transform
         "padded": padded,
         "step": step,
         "tied": tied,
+        "bias_holders": bias_holders,
     }
 
 
