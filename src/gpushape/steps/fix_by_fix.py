@@ -170,7 +170,7 @@ def loop(
                 built[stage] = build_variant(
                     stage, model, batch, optimizer=optimizer, gpu=gpu, spec=spec
                 )
-                warmups[stage] = warm(built[stage].run, warmup, cuda=cuda)
+                warmups[stage] = built[stage].build_s + warm(built[stage].run, warmup, cuda=cuda)
             memory[stage] = peaks.get("bytes")
         except Exception as exc:
             if stage == GIVEN:

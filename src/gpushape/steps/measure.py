@@ -32,7 +32,8 @@ class StepStats:
     variant: str
     step_times_s: tuple[float, ...]
     warmup_s: float
-    """Time of the first calls: compilation, autotuning, capture, cuDNN's benchmark."""
+    """Seconds from building the variant to the end of its first `warmup` steps: the rewrites
+    and their numeric checks, compilation, autotuning, a CUDA graph's capture."""
     samples: int
     tokens: int
     peak_memory_bytes: int | None = None

@@ -127,7 +127,7 @@ def bench(
         try:
             with peak_memory(cuda) as peaks:
                 built[v] = build_variant(v, model, batch, optimizer=optimizer, gpu=gpu)
-                warmups[v] = warm(built[v].run, warmup, cuda=cuda)
+                warmups[v] = built[v].build_s + warm(built[v].run, warmup, cuda=cuda)
             memory[v] = peaks.get("bytes")
         except GpushapeError as exc:
             if v == baseline:

@@ -15,6 +15,7 @@ a fresh optimizer of the same kind.
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,8 @@ class Variant:
     run: Any
     notes: list[str] = field(default_factory=list)
     optimize_report: Any = None
+    build_s: float = 0.0
+    """Seconds to build it: the copy, the rewrites and their checks, a CUDA graph's capture."""
 
 
 def parse_variant(name: str) -> list[str]:
@@ -98,6 +101,7 @@ def build_variant(
 ) -> Variant:
     """A deep copy of `model` made into variant `name` (or `spec`, when given), with its step."""
     spec = spec or Spec.of(name)
+    t0 = time.perf_counter()
     model = copy.deepcopy(model)
     batch = copy.copy(batch)
     notes: list[str] = []
@@ -117,7 +121,7 @@ def build_variant(
     if spec.runner == "graph":
         run = _graphed(step)
         notes.append("whole step in one CUDA graph")
-    return Variant(name, step, run, notes, report)
+    return Variant(name, step, run, notes, report, time.perf_counter() - t0)
 
 
 def _channels_last(model: nn.Module, batch: Batch) -> tuple[nn.Module, Batch]:
