@@ -113,6 +113,7 @@ def load_transforms() -> dict[str, TransformInfo]:
         activation_checkpoint,
         channels_last,
         fuse_norm_act,
+        fuse_qkv,
         pad_channels,
         sdpa,
     )

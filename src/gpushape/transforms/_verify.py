@@ -20,7 +20,8 @@ row leaking) moves whole tensors by tens of percent. Models run on deep copies w
 random seed and with dropout off (two implementations of one layer, eager attention and SDPA
 say, draw different masks; the kernels' tests check dropout itself), so running statistics and
 the user's parameters are left as they were. A padded parameter's gradient is compared on the
-original shape (the leading slice).
+original shape (the leading slice); a fused one's (fuse-qkv) per original parameter, on its rows
+(`original_gradients`).
 """
 
 from __future__ import annotations
@@ -85,10 +86,24 @@ def _run(
     if isinstance(loss, torch.Tensor) and loss.requires_grad:
         loss.backward()
     result = {f"output[{i}]": o.detach() for i, o in enumerate(outs)}
-    for name, p in model.named_parameters():
-        if p.grad is not None:
-            result[f"grad {name}"] = p.grad.detach()
+    result.update({f"grad {name}": g for name, g in original_gradients(model).items()})
     return result
+
+
+def original_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient, under the original model's names: a module that holds several
+    original parameters as rows of one (fuse-qkv's FusedLinear) names them with
+    `original_rows(fqn) -> {original name: (its attribute, first row, rows)}`."""
+    grads = {name: p.grad.detach() for name, p in model.named_parameters() if p.grad is not None}
+    for fqn, module in model.named_modules():
+        rows = getattr(module, "original_rows", None)
+        if not callable(rows):
+            continue
+        for name, (attr, start, n) in rows(fqn).items():
+            grad = getattr(module, attr).grad
+            if grad is not None:
+                grads[name] = grad.detach().narrow(0, start, n)
+    return grads
 
 
 def _err(a: torch.Tensor, ref: torch.Tensor) -> float:
