@@ -18,6 +18,7 @@ from gpushape.auditing.context import BackendFlags
 from .models import (
     Attention,
     ConvBN,
+    GeluMLP,
     ManyTiny,
     MLPStack,
     NormThen,
@@ -149,6 +150,11 @@ CASES: dict[str, Case] = {
         fires=Side(lambda: SoftmaxThen(0.1), lambda: (scores(),)),
         twin=Side(lambda: SoftmaxThen(0.0), lambda: (scores(),)),
         module="",
+    ),
+    "unfused-activation": Case(
+        fires=Side(lambda: build(GeluMLP), lambda: (meta(8192, 1024),)),
+        twin=Side(lambda: build(GeluMLP, written=False), lambda: (meta(8192, 1024),)),
+        module="act",
     ),
     "launch-bound": Case(
         fires=Side(lambda: build(ManyTiny), lambda: (meta(16, 64),)),

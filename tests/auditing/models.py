@@ -182,3 +182,21 @@ class MLPStack(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(x)
+
+
+class GeluMLP(nn.Module):
+    """Linear -> GELU -> Linear; `written=True` writes the tanh GELU out as its formula, as
+    Hugging Face's NewGELUActivation does (eight elementwise kernels)."""
+
+    def __init__(self, d: int = 1024, written: bool = True):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.act = TanhGELUFormula() if written else nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+class TanhGELUFormula(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))

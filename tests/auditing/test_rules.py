@@ -32,6 +32,7 @@ def test_rule_ids_are_designs_table():
         "manual-attention",
         "attention-head-dim",
         "unfused-softmax-dropout",
+        "unfused-activation",
         "launch-bound",
         "wave-quantization",
         "checkpoint-candidate",

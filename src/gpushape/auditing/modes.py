@@ -32,6 +32,7 @@ COMPILE_DOES = {
     "pad-channels": "Inductor pads misaligned matmuls itself",  # (not convolutions)
     "fuse-norm-act": "Inductor fuses the normalization with the elementwise ops around it",
     "fuse-softmax-dropout": "Inductor fuses softmax and dropout into one kernel",
+    "fuse-activation": "Inductor fuses a chain of elementwise ops into one kernel",
 }
 GRAPH_DOES = {"cuda-graphs": "the step already runs from a CUDA graph"}
 SLOWER_WALL = 0.5  # say so when a fix saves less than this share of its GPU time in wall time

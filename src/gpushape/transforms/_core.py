@@ -112,6 +112,7 @@ def load_transforms() -> dict[str, TransformInfo]:
     from . import (  # noqa: F401
         activation_checkpoint,
         channels_last,
+        fuse_activation,
         fuse_norm_act,
         fuse_qkv,
         pad_channels,

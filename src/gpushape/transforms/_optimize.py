@@ -35,7 +35,14 @@ from ._verify import Verification, reference, verify
 
 MODES = ("eager", "compile", "graph")
 # Structural rewrites first (they change which modules exist), layouts last.
-ORDER = ("pad-channels", "fuse-qkv", "sdpa", "fuse-norm-act", "channels-last")
+ORDER = (
+    "pad-channels",
+    "fuse-qkv",
+    "sdpa",
+    "fuse-activation",
+    "fuse-norm-act",
+    "channels-last",
+)
 CHECKPOINT = "activation-checkpoint"  # last: it plans on the model the others left
 
 
