@@ -4,13 +4,15 @@ fix by fix with the audit's predictions beside the measurements.
     gpushape bench resnet50 --vs channels-last,compile,optimize+graph
     gpushape bench hf:gpt2 --optimize --csv results/loop.csv --plot gpt2.png
     gpushape bench hf:bert --optimize --mode compile
+    gpushape bench resnet50 --nproc 2 --csv results/ddp.csv     # DDP on two GPUs
 
 Synthetic data on the device (token ids over the vocabulary, labels for the model's task); the
 optimizer as PyTorch builds it by default (`--optimizer`). Variants run in one process,
 alternating; the table gives medians and quantiles, samples and tokens per second, the ratio
 to the baseline, warm-up (compile) time, peak memory, kernels per step, GPU busy time, MFU
 and whether the step is host- or GPU-bound. `--device cpu` runs the plumbing on the CPU: its
-times say nothing about a GPU.
+times say nothing about a GPU. `--nproc N` runs the step under DistributedDataParallel on N
+GPUs through torchrun, against one GPU alone in the same run (`steps/distributed.py`).
 """
 
 from __future__ import annotations
@@ -62,7 +64,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--csv", metavar="FILE", help="append a row per variant (or fix) to FILE")
     p.add_argument("--plot", metavar="FILE.png", help="write a plot of the result")
     p.add_argument("-o", "--output", metavar="FILE.json", help="write the full result as JSON")
-    p.set_defaults(func=run)
+    _add_ddp_options(p)
+    p.set_defaults(func=run, bench_parser=p)
+
+
+def _add_ddp_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="time the step under DistributedDataParallel on N GPUs of this host (torchrun), "
+        "against one GPU alone; several hosts: docs/bench.md",
+    )
+    p.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=25,
+        metavar="MB",
+        help="DDP's gradient bucket size (default 25): larger buckets, fewer all-reduce calls; "
+        "smaller, an earlier start during the backward",
+    )
+    p.add_argument(
+        "--ddp-compress",
+        choices=("none", "bf16"),
+        default="none",
+        help="all-reduce the gradients as bf16: half the bytes, which pays only where the "
+        "links are slow (PCIe, Ethernet between hosts), not over NVLink",
+    )
+    p.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -87,11 +117,48 @@ def _check(args: argparse.Namespace) -> None:
     for path in (args.output, args.csv, args.plot):
         if path:
             check_file(path)
+    _check_ddp(args)
     if args.vs:
         from ..steps import parse_variant
 
         for v in [args.baseline, *args.vs.split(",")]:
             parse_variant(v)
+
+
+def _check_ddp(args: argparse.Namespace) -> None:
+    ddp = args.nproc > 1 or args.ddp_worker
+    if args.nproc < 1:
+        raise GpushapeError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.ddp_worker and args.nproc > 1:
+        raise GpushapeError(
+            "--ddp-worker is one rank; torchrun's --nproc-per-node sets how many: drop --nproc"
+        )
+    if args.bucket_mb <= 0:
+        raise GpushapeError(f"--bucket-mb must be above 0, got {args.bucket_mb:g}")
+    if not ddp and (args.ddp_compress != "none" or args.bucket_mb != 25):
+        raise GpushapeError("--bucket-mb and --ddp-compress apply to DDP: add --nproc N (N > 1)")
+    if not ddp:
+        return
+    for flag, given in (
+        ("--optimize", args.optimize),
+        ("--vs", args.vs),
+        ("--plot", args.plot),
+        ("--baseline", args.baseline != "eager"),
+    ):
+        if given:
+            raise GpushapeError(
+                f"--nproc times the step as given, alone and under DDP; drop "
+                f"{flag}, or run it without --nproc"
+            )
+    if args.nproc > 1 and args.device.startswith("cuda"):
+        import torch
+
+        visible = torch.cuda.device_count()
+        if args.nproc > visible:
+            raise GpushapeError(
+                f"--nproc {args.nproc} needs {args.nproc} GPUs; this host has "
+                f"{visible} visible: lower --nproc (several hosts: docs/bench.md)"
+            )
 
 
 def _progress(text: str) -> None:
@@ -103,6 +170,12 @@ def run(args: argparse.Namespace) -> int:
     from ..steps import results as res
 
     _check(args)
+    if args.ddp_worker:
+        return _ddp_worker(args)
+    if args.nproc > 1:
+        from ..steps.distributed import launch
+
+        return launch(_argv(args), args.nproc)
     target, resolved = resolve(args)
     if args.device == "cpu":
         _progress("on the CPU: these times check the plumbing, they say nothing about a GPU")
@@ -115,9 +188,7 @@ def run(args: argparse.Namespace) -> int:
         gpu=target,
         progress=_progress,
     )
-    console = Console(emoji=False, highlight=False)
-    if not console.is_terminal:  # a file or a pipe: the whole table, not an 80-column squeeze
-        console = Console(emoji=False, highlight=False, width=160)
+    console = _console()
     if args.optimize:
         result = loop(resolved.model, resolved.example_inputs, mode=args.mode, **common)
         env = _environment()
@@ -147,6 +218,61 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         write_text(args.output, json.dumps(data, indent=1, default=str) + "\n")
     return 0
+
+
+def _console() -> Console:
+    console = Console(emoji=False, highlight=False)
+    if not console.is_terminal:  # a file or a pipe: the whole table, not an 80-column squeeze
+        console = Console(emoji=False, highlight=False, width=160)
+    return console
+
+
+def _ddp_worker(args: argparse.Namespace) -> int:
+    """One torchrun rank: the step alone and under DDP; rank 0 prints and writes."""
+    from ..steps import distributed
+    from ..steps import results as res
+
+    args.device = distributed.worker_device(args.device)
+    _, resolved = resolve(args)
+    result = distributed.ddp_bench(
+        resolved.model,
+        resolved.example_inputs,
+        bucket_mb=args.bucket_mb,
+        compress=None if args.ddp_compress == "none" else args.ddp_compress,
+        rounds=args.rounds,
+        block=args.steps,
+        warmup=args.warmup,
+        optimizer=args.optimizer,
+        name=resolved.name,
+        progress=_progress,
+    )
+    if result.rank != 0:
+        return 0
+    with to_stdout():
+        distributed.ddp_table(result, _console())
+    if args.csv:
+        res.append_csv(args.csv, res.bench_rows(result.as_bench()), res.BENCH_COLUMNS)
+    if args.output:
+        write_text(args.output, json.dumps(result.to_dict(), indent=1, default=str) + "\n")
+    return 0
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The bench command these arguments mean, option by option: what the workers rerun."""
+    parser: argparse.ArgumentParser = args.bench_parser
+    argv = ["bench"]
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings:
+            argv.append(str(value))  # MODEL
+        elif value is None or value is False or value == parser.get_default(action.dest):
+            continue  # not given (help's value is None)
+        elif action.nargs == 0:  # a flag
+            argv.append(max(action.option_strings, key=len))
+        else:
+            for item in value if isinstance(value, list) else [value]:
+                argv.append(f"{max(action.option_strings, key=len)}={item}")
+    return argv
 
 
 def _environment() -> dict:

@@ -9,7 +9,7 @@ loop.
 (forward, loss, backward, optimizer); `variants.py` the ways a step can run (channels-last,
 optimize, fused optimizer, torch.compile, one CUDA graph); `measure.py` the alternated timing,
 kernels, GPU busy time and peak memory; `run.py` `bench()`; `fix_by_fix.py` `loop()`; `results.py`
-the CSV rows, tables and plots.
+the CSV rows, tables and plots; `distributed.py` `--nproc N`: DDP under torchrun.
 """
 
 from .batch import Batch, synthetic_batch
