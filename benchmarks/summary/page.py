@@ -7,6 +7,7 @@ import json
 import re
 
 from . import audit, examples, kernels, probe
+from .bench import bench_section
 from .common import DOCS_COMMAND, RESULTS, link, md_table, result_files, src_link
 from .optimize import optimize_section
 from .pipeline import pipeline_section
@@ -48,6 +49,7 @@ def header() -> list[str]:
         "[cost model against the profiler](#cost-model-against-the-profiler), "
         "[audit savings against measurement](#the-audits-savings-against-measurement), "
         "[fused kernels](#fused-kernels), [gpushape.optimize](#gpushapeoptimize), "
+        "[gpushape bench](#gpushape-bench), "
         "[input pipeline](#input-pipeline), [examples](#examples), "
         "[test runs](#test-runs-on-the-h200), [tracing on a CPU](#tracing-speed-on-a-cpu).",
         "",
@@ -65,6 +67,7 @@ def docs_page() -> str:
         audit.validate(),
         kernels.kernels(),
         optimize_section(),
+        bench_section(),
         pipeline_section(),
         examples.examples(),
         examples.gpu_test_runs(),

@@ -129,3 +129,14 @@ def test_kernel_times_lists_one_calls_kernels_in_order():
     assert len(listing) == 2 and all(us > 0 for _, us in listing)
     (gemm, _), (relu, _) = listing  # launch order: the matmul, then relu's elementwise kernel
     assert "elementwise" not in gemm and "elementwise" in relu
+
+
+def test_the_command_line_names_python_m_gpushape(monkeypatch):
+    import sys
+
+    from gpushape.bench.record import command_line
+
+    monkeypatch.setattr(sys, "argv", ["/x/site-packages/gpushape/__main__.py", "bench", "a b"])
+    assert command_line() == "python -m gpushape bench 'a b'"
+    monkeypatch.setattr(sys, "argv", ["bench_x.py", "--out", "o.json"])
+    assert command_line() == "bench_x.py --out o.json"

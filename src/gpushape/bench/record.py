@@ -23,7 +23,7 @@ def environment() -> dict[str, Any]:
         triton_version = None
     env: dict[str, Any] = {
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "command": command_line(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton_version,
@@ -40,6 +40,15 @@ def environment() -> dict[str, Any]:
     else:
         env.update(gpu=None)
     return env
+
+
+def command_line() -> str:
+    """This process's command line; `python -m gpushape` where Python ran gpushape's
+    `__main__.py` (sys.argv[0] is then a path inside the installed package)."""
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name == "__main__.py" and Path(argv[0]).parent.name == "gpushape":
+        argv[0:1] = ["python", "-m", "gpushape"]
+    return " ".join(shlex.quote(a) for a in argv)
 
 
 def write_results(path: str | Path, results: Any, **meta: Any) -> Path:
