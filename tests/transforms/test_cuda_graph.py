@@ -200,3 +200,12 @@ def test_a_host_read_inside_the_step_is_a_capture_error():
     model.insert(1, nn.Dropout(0.1))
     graphed = capture_step(_train_step(model, opt), *_batches(1, "cuda")[0], optimizer=opt)
     assert torch.isfinite(graphed()).all()
+
+
+def test_a_hugging_face_model_is_warned_about_its_masks_under_capture():
+    pytest.importorskip("transformers")
+    from .nets import tiny_gpt2
+
+    (warning,) = capture_warnings(tiny_gpt2())
+    assert "explicit attention mask" in warning
+    assert capture_warnings(nn.Linear(2, 2)) == []

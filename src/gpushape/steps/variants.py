@@ -121,6 +121,7 @@ def build_variant(
     if spec.runner == "graph":
         run = _graphed(step)
         notes.append("whole step in one CUDA graph")
+        notes += _graph_warnings(step.model)
     return Variant(name, step, run, notes, report, time.perf_counter() - t0)
 
 
@@ -162,6 +163,12 @@ def _fuse(step: TrainingStep) -> str:
 
     step.optimizer, what = fuse_optimizer(step.optimizer)
     return what
+
+
+def _graph_warnings(model: nn.Module) -> list[str]:
+    from ..transforms.cuda_graph import capture_warnings
+
+    return capture_warnings(model)
 
 
 def _graphed(step: TrainingStep):
