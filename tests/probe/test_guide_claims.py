@@ -38,6 +38,32 @@ def test_verdict_rule(claimed, gain, expected):
     assert verdict(claimed, gain) == expected
 
 
+@pytest.mark.parametrize(
+    ("gain", "spread", "expected"),
+    [
+        (0.13, (0.10, 0.16), HOLDS),  # every round above half the claim (0.1)
+        (0.13, (0.02, 0.20), "within noise"),  # the quick probe's einsum-vs-bmm case
+        (0.05, (0.04, 0.09), PARTLY),
+        (0.05, (0.08, 0.12), "within noise"),  # straddles half the claim
+        (0.01, (-0.02, 0.02), FAILS),
+        (0.02, (0.01, 0.04), "within noise"),  # straddles the noise floor
+    ],
+)
+def test_verdict_says_within_noise_when_the_rounds_straddle_a_line(gain, spread, expected):
+    assert verdict(0.2, gain, spread) == expected
+
+
+def test_ab_gain_reports_the_spread_of_single_rounds():
+    from gpushape.probe.claim_check import ClaimContext, ab_gain
+
+    ctx = ClaimContext(cfg=MeasureConfig(device="cpu"), mode="tiny", spec=get_gpu("h200"))
+    x = torch.randn(64, 64)
+    gain, seconds, numbers = ab_gain({"slow": lambda: x @ x @ x, "fast": lambda: x @ x}, ctx)
+    lo, hi = numbers["gain_spread"]
+    assert lo <= hi and set(seconds) == {"slow", "fast"} and "slow_ms" in numbers
+    assert gain == pytest.approx(seconds["slow"] / seconds["fast"] - 1)
+
+
 def test_gain_of():
     assert gain_of(0.689, 0.4886) == pytest.approx(0.41, abs=0.01)  # the H200's 63 vs 64
 

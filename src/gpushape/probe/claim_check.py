@@ -8,12 +8,17 @@ one; where it gives none ("matters", "is faster"), a material 20% is assumed.
 - holds: the measured gain is at least half the claimed gain;
 - holds only partly: the gain is in the claimed direction and above the 3% noise floor, but
   less than half the claim;
-- does not hold: the gain is 3% or less, or goes the other way.
+- does not hold: the gain is 3% or less, or goes the other way;
+- within noise: the gain measured round by round spreads across one of those lines (the
+  lowest and highest round lie on two sides of it), so the verdict could flip between runs.
+  Every A/B claim reports that spread (`gain_spread` in its numbers): the gain of each
+  round's medians, the advice against the guide's slow variant in the same round.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,13 +31,14 @@ from ..hardware import GPUSpec
 from .measure import MeasureConfig
 
 HOLDS, PARTLY, FAILS, NOT_MEASURED = "holds", "holds only partly", "does not hold", "not measured"
+NOISE = "within noise"
 NOISE_FLOOR = 0.03
 MATERIAL_GAIN = 0.2
 RULE = (
     f"holds if the measured gain is at least half the claimed one; holds only partly if it "
     f"is smaller but above {NOISE_FLOOR:.0%} in the claimed direction; does not hold at "
-    f"{NOISE_FLOOR:.0%} or less. A claim without a number is taken as a "
-    f"{MATERIAL_GAIN:.0%} gain."
+    f"{NOISE_FLOOR:.0%} or less; within noise when the gain of single rounds spreads across "
+    f"one of those lines. A claim without a number is taken as a {MATERIAL_GAIN:.0%} gain."
 )
 
 
@@ -100,10 +106,17 @@ def claim(
     return register
 
 
-def verdict(claimed_gain: float, gain: float | None) -> str:
-    """The rule in the module docstring."""
+def verdict(
+    claimed_gain: float, gain: float | None, spread: tuple[float, float] | None = None
+) -> str:
+    """The rule in the module docstring; `spread`: the lowest and highest gain of one round."""
     if gain is None or math.isnan(gain):
         return NOT_MEASURED
+    if spread is not None:
+        lo, hi = min(spread), max(spread)
+        half = 0.5 * claimed_gain  # holds from it on; partly only above the floor
+        if lo < half <= hi or lo <= NOISE_FLOOR < hi:
+            return NOISE
     if gain >= 0.5 * claimed_gain:
         return HOLDS
     return PARTLY if gain > NOISE_FLOOR else FAILS
@@ -114,8 +127,11 @@ def gain_of(slow_s: float, fast_s: float) -> float:
     return slow_s / fast_s - 1.0
 
 
-def ab_times(variants: Mapping[str, Callable[[], Any]], ctx: ClaimContext) -> dict[str, float]:
-    """Seconds per call of each variant, timed alternately in rounds (`bench.compare`).
+def ab_rounds(
+    variants: Mapping[str, Callable[[], Any]], ctx: ClaimContext
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Seconds per call of each variant, timed alternately in rounds (`bench.compare`), and
+    each round's median per call.
 
     Each timed sample repeats a variant enough times to last about `target_s`, so a short
     kernel's launch latency does not decide the comparison."""
@@ -127,14 +143,24 @@ def ab_times(variants: Mapping[str, Callable[[], Any]], ctx: ClaimContext) -> di
         loops[name] = lambda fn=fn, inner=inner: [fn() for _ in range(inner)]
         inners[name] = inner
     rounds = ctx.pick(quick=3, full=5, tiny=2)
-    timings = compare(
-        loops,
-        rounds=rounds,
-        repeats_per_round=max(2, cfg.repeats // 2),
-        warmup=1,
-        device=cfg.device,
-    )
-    return {name: timings[name].median_s / inners[name] for name in variants}
+    per_round = max(2, cfg.repeats // 2)
+    timings = compare(loops, rounds=rounds, repeats_per_round=per_round, warmup=1,
+                      device=cfg.device)  # fmt: skip
+    seconds = {name: timings[name].median_s / inners[name] for name in variants}
+    by_round = {
+        name: [
+            statistics.median(timings[name].times_s[r * per_round : (r + 1) * per_round])
+            / inners[name]
+            for r in range(rounds)
+        ]
+        for name in variants
+    }
+    return seconds, by_round
+
+
+def ab_times(variants: Mapping[str, Callable[[], Any]], ctx: ClaimContext) -> dict[str, float]:
+    """Seconds per call of each variant (`ab_rounds`)."""
+    return ab_rounds(variants, ctx)[0]
 
 
 def ms(seconds: float) -> float:
@@ -145,16 +171,15 @@ def ms(seconds: float) -> float:
 def ab_gain(
     variants: Mapping[str, Callable[[], Any]], ctx: ClaimContext
 ) -> tuple[float, dict[str, float], dict[str, float]]:
-    """Time two variants, the guide's slow one first and its advice second (`ab_times`).
+    """Time two variants, the guide's slow one first and its advice second (`ab_rounds`).
 
-    Returns the advice's gain, each variant's seconds per call, and the `<name>_ms` numbers a
-    claim reports."""
-    (slow, fast), seconds = variants, ab_times(variants, ctx)
-    return (
-        gain_of(seconds[slow], seconds[fast]),
-        seconds,
-        {f"{name}_ms": ms(seconds[name]) for name in variants},
-    )
+    Returns the advice's gain, each variant's seconds per call, and the numbers a claim
+    reports: `<name>_ms` and `gain_spread`, the lowest and highest gain of a single round."""
+    (slow, fast), (seconds, by_round) = variants, ab_rounds(variants, ctx)
+    gains = [gain_of(a, b) for a, b in zip(by_round[slow], by_round[fast], strict=True)]
+    numbers: dict[str, Any] = {f"{name}_ms": ms(seconds[name]) for name in variants}
+    numbers["gain_spread"] = [round(min(gains), 4), round(max(gains), 4)]
+    return gain_of(seconds[slow], seconds[fast]), seconds, numbers
 
 
 def check_same(name: str, a: torch.Tensor, b: torch.Tensor, tol: float = 2e-2) -> None:
@@ -162,6 +187,11 @@ def check_same(name: str, a: torch.Tensor, b: torch.Tensor, tol: float = 2e-2) -
     err = float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
     if not err <= tol:
         raise AssertionError(f"{name}: the two variants disagree (relative error {err:.3g})")
+
+
+def _spread(numbers: Mapping[str, Any]) -> tuple[float, float] | None:
+    spread = numbers.get("gain_spread")
+    return (float(spread[0]), float(spread[1])) if spread else None
 
 
 def _result(c: Claim, m: Measured) -> dict[str, Any]:
@@ -173,7 +203,7 @@ def _result(c: Claim, m: Measured) -> dict[str, Any]:
         "claimed": c.claimed,
         "claimed_gain": round(claimed_gain, 4),
         "gain": None if m.gain is None else round(m.gain, 4),
-        "verdict": m.verdict or verdict(claimed_gain, m.gain),
+        "verdict": m.verdict or verdict(claimed_gain, m.gain, _spread(m.numbers)),
         "rule": m.rule or RULE,
         "how": m.how,
         "numbers": m.numbers,

@@ -213,13 +213,13 @@ def plot_claims(profile: Mapping[str, Any], out_dir: Path) -> Path | None:
         color="0.7",
         label="the guide claims",
     )
-    colors = {"holds": "tab:green", "holds only partly": "tab:orange"}
+    colors = {"holds": "tab:green", "holds only partly": "tab:orange", "within noise": "0.45"}
     ax.barh(
         [y - 0.2 for y in ys],
         [c["gain"] for c in claims],
         height=0.4,
         color=[colors.get(c["verdict"], "tab:red") for c in claims],
-        label="measured here (green holds, orange partly, red does not)",
+        label="measured here (green holds, orange partly, red does not, grey within noise)",
     )
     ax.set_yticks(list(ys), [c["id"] for c in claims], fontsize=8)
     ax.invert_yaxis()
