@@ -14,10 +14,12 @@ from _trace_helpers import meta, only, ops_named, trace_fn, work
 from torch import nn
 
 import gpushape
+from gpushape.tracing.flops.conv import is_direct
 
 # (N, Cin, Cout, H, W, kernel, stride, padding, dilation, groups)
 CONV_CASES = [
     (2, 8, 16, 9, 11, 3, 1, 1, 1, 1),
+    (2, 32, 64, 9, 11, 3, 2, 0, 1, 4),  # groups of 8 channels: implicit GEMMs
     (2, 8, 16, 9, 11, 3, 2, 0, 1, 4),  # groups, stride
     (1, 6, 6, 10, 10, 3, 1, 2, 2, 6),  # depthwise, dilation, padding
     (3, 4, 8, 7, 5, (1, 3), (2, 1), (0, 1), 1, 2),  # rectangular everything
@@ -45,7 +47,8 @@ def test_conv_forward_flops_are_twice_the_hand_counted_macs(case, bias):
     rec = only(t, "convolution")
     macs = hand_conv_macs(*case)
     out_numel = rec.outputs[0].numel
-    assert work(rec).gemm_flops == 2 * macs
+    # narrow groups run as direct kernels: the same FLOPs, none of them as a GEMM
+    assert work(rec).gemm_flops == (0 if is_direct(cin, groups) else 2 * macs)
     assert work(rec).flops == 2 * macs + (out_numel if bias else 0)  # one add per output
     assert rec.params["groups"] == groups and rec.params["stride"] == _pair(stride)
 
@@ -63,9 +66,13 @@ def test_conv_backward_dgrad_and_wgrad_each_equal_the_forward_macs(case):
         conv = nn.Conv2d(cin, cout, k, stride, padding, dilation, groups, bias=False)
     t = gpushape.trace(conv, (meta(n, cin, h, w, requires_grad=True),), train=True)
     bwd = only(t, "convolution_backward")
-    dgrad, wgrad = work(bwd).gemms
-    assert (dgrad.flops, wgrad.flops) == (2 * dgrad_macs, 2 * wgrad_macs)
-    assert work(bwd).gemm_flops == 2 * work(only(t, "convolution")).gemm_flops
+    assert work(bwd).flops == 2 * (dgrad_macs + wgrad_macs)
+    if is_direct(cin, groups):
+        assert work(bwd).gemms == ()
+    else:
+        dgrad, wgrad = work(bwd).gemms
+        assert (dgrad.flops, wgrad.flops) == (2 * dgrad_macs, 2 * wgrad_macs)
+        assert work(bwd).gemm_flops == 2 * work(only(t, "convolution")).gemm_flops
     assert bwd.module == "" and bwd.fwd_index == only(t, "convolution").index
 
 

@@ -169,6 +169,17 @@ WORKLOADS = (
         lambda s: _Workload(lambda m, x: F.max_pool2d(x, 3, 2, 1), (_rows(s, 64), 64, 112, 112)),
     ),
     FamilyWorkload("gather", "Embedding(30522, 768) over 32x512 token ids", _embedding),
+    # a ConvNeXt stage's depthwise 7x7 (MobileNet's and EfficientNet's 3x3 and 5x5 run alike)
+    FamilyWorkload(
+        "grouped_conv",
+        "depthwise Conv2d(384, 7x7, groups=384) on 64x384x28x28 channels_last",
+        lambda s: _Workload(
+            lambda m, x: m.layers["dw"](x),
+            (_rows(s, 64), 384, 28, 28),
+            channels_last=True,
+            modules={"dw": nn.Conv2d(384, 384, 7, padding=3, groups=384, bias=False)},
+        ),
+    ),
     FamilyWorkload(
         "dropout",
         "dropout(p=0.1), training, 8192x8192",

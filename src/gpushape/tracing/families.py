@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from .flops.conv import direct_conv
 from .flops.registry import packet
 from .layout import runs_nchw
 from .records import OpRecord
@@ -89,6 +90,19 @@ _BY_PACKET = {op: family for family, ops in FAMILIES.items() for op in ops}
 # the NCHW figure, the family's own prices them (`priced_family`).
 NCHW_VARIANTS = {"batch_norm": "batch_norm_nchw", "pool": "pool_nchw"}
 NCHW_BASE = {nchw: base for base, nchw in NCHW_VARIANTS.items()}  # NCHW family -> its own
+# Depthwise and narrow grouped convolutions run as direct kernels bound by their bytes
+# (tracing/flops/conv.py), unlike every other convolution (GEMMs): a family of their own.
+CONV_OPS = frozenset(
+    {
+        "aten.convolution",
+        "aten._convolution",
+        "aten.convolution_overrideable",
+        "aten.cudnn_convolution",
+        "aten.convolution_backward",
+        "aten.convolution_backward_overrideable",
+    }
+)
+GROUPED_CONV = "grouped_conv"
 # Families from the op's tags, for ops no table above names.
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
 # gpushape's own fused kernels, which the audit's fusion rules propose: what they reach prices
@@ -112,11 +126,20 @@ KERNEL_FAMILIES = {
 # What a convolution loses in NCHW against channels_last, as an efficiency of the bytes cuDNN's
 # layout conversions move (tracing/layout.py): the cost model's price of NCHW convolutions.
 LAYOUT = ("nchw_conversion",)
-ALL_FAMILIES = (*FAMILIES, *NCHW_VARIANTS.values(), *TAGGED.values(), *FUSED, *LAYOUT)
+ALL_FAMILIES = (
+    *FAMILIES,
+    *NCHW_VARIANTS.values(),
+    GROUPED_CONV,
+    *TAGGED.values(),
+    *FUSED,
+    *LAYOUT,
+)
 
 
 def memory_family(rec: OpRecord) -> str | None:
     """The family whose measured efficiency prices `rec`'s bytes; None: the copy rate."""
+    if packet(rec.op) in CONV_OPS:
+        return GROUPED_CONV if direct_conv(rec) else None
     family = _BY_PACKET.get(packet(rec.op)) or KERNEL_FAMILIES.get(packet(rec.op))
     if family is not None:
         if family in NCHW_VARIANTS and runs_nchw(rec):

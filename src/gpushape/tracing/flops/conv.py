@@ -21,8 +21,14 @@ Backward (`aten.convolution_backward`, one op computing what `output_mask` asks)
 
 As implicit GEMMs (NHWC, per group): forward M = N x out positions, N = Cout/g,
 K = Cin/g x taps; dgrad M = N x in positions, N = Cin/g, K = Cout/g x taps; wgrad M = Cout/g,
-N = Cin/g x taps, K = N x out positions. Channels per group must meet the tensor-core alignment;
-depthwise convolutions (one input channel per group) run on CUDA cores.
+N = Cin/g x taps, K = N x out positions. Channels per group must meet the tensor-core alignment.
+
+Depthwise and narrow grouped convolutions (fewer than DIRECT_BELOW input channels per group, as
+in MobileNet, EfficientNet and ConvNeXt) are no GEMM: cuDNN runs them as direct kernels on CUDA
+cores, each output a short dot product over taps, bound by moving the activations. They carry
+no `Gemm` (no tile or wave model, no tensor cores): their FLOPs run at the CUDA-core rate and
+their bytes at the measured rate of the `grouped_conv` memory family (tracing/families.py).
+Priced as GEMMs they came out 4.9-6.7x slower than the H200 measured them.
 """
 
 from __future__ import annotations
@@ -50,6 +56,24 @@ def conv_macs(
     if transposed:
         return n * cin * in_pos * (cout // groups) * taps
     return n * cout * out_pos * (cin // groups) * taps
+
+
+DIRECT_BELOW = 8  # input channels per group under which a grouped convolution is direct
+
+
+def is_direct(cin: int, groups: int) -> bool:
+    """A grouped convolution cuDNN runs as a direct kernel, not an implicit GEMM."""
+    return groups > 1 and cin // groups < DIRECT_BELOW
+
+
+def direct_conv(rec: OpRecord) -> bool:
+    """Whether the (forward or backward) convolution `rec` is a direct grouped one."""
+    names = ("input", "weight") if "weight" in rec.input_names else rec.input_names[:2]
+    try:
+        _, cin, _, groups, *_ = _channels(rec, *names)
+    except (KeyError, IndexError, ValueError):
+        return False
+    return is_direct(cin, groups)
 
 
 def _align(cin: int, cout: int, groups: int) -> tuple[tuple[str, int], ...]:
@@ -84,9 +108,11 @@ def convolution(rec: OpRecord) -> OpWork:
     out = rec.outputs[0]
     out_pos = math.prod(out.shape[2:])
     macs = conv_macs(n, cin, cout, groups, in_pos, out_pos, taps, transposed)
+    bias = out.numel if rec.has_input("bias") else 0
+    if is_direct(cin, groups):
+        return OpWork(flops=2 * macs + bias, min_bytes=io_bytes(rec))
     # one GEMM row per output position (a transposed conv runs as a dgrad kernel, the same way)
     gemm = _gemm(n * out_pos, cout // groups, cin // groups * taps, 2 * macs, cin, cout, groups)
-    bias = out.numel if rec.has_input("bias") else 0
     return OpWork(flops=2 * macs + bias, min_bytes=io_bytes(rec), gemms=(gemm,))
 
 
@@ -115,6 +141,8 @@ def convolution_backward(rec: OpRecord) -> OpWork:
         skip.append("input")  # only the weight gradient reads the input
     if len(mask) > 2 and mask[2]:  # grad_bias: sum of grad_output over N and positions
         flops, kernels = flops + grad_out.numel, kernels + 1
+    if is_direct(cin, groups):  # direct kernels: the same FLOPs, no GEMM tiles
+        gemms = []
     return OpWork(
         flops=flops, min_bytes=io_bytes(rec, skip=skip), gemms=tuple(gemms), kernels=max(kernels, 1)
     )
