@@ -21,7 +21,7 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,9 +30,9 @@ from torch import nn
 
 from ..errors import GpushapeError
 from .batch import synthetic_batch
-from .measure import StepStats, kernel_profile, peak_memory, time_blocks, warm
-from .run import dense_peak, model_flops
-from .step import build_step
+from .measure import StepStats
+from .run import measure_variants
+from .step import make_optimizer
 from .variants import Spec, Variant, build_variant
 
 STEP_FIXES = ("fused-optimizer", "cuda-graphs")
@@ -126,20 +126,17 @@ def loop(
         raise GpushapeError(f"the loop runs eager or compile mode, not {mode!r}")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     say = progress or (lambda _: None)
-    cuda = any(p.is_cuda for p in model.parameters())
     batch = synthetic_batch(model, inputs)
     say("auditing at the benchmark's batch")
-    probe_step = build_step(copy.deepcopy(model), batch, optimizer)
     report = audit(
         model,
         inputs,
         gpu,
         dtype=_dtype(model),
         train=True,
-        optimizer=probe_step.optimizer,
+        optimizer=make_optimizer(model, batch, optimizer),  # read, never stepped
         mode=mode,
     )
-    del probe_step
     predicted = predictions(report)
     say("optimizing a copy to see which fixes apply")
     plan = build_variant(
@@ -155,45 +152,21 @@ def loop(
         )
     last = specs[list(specs)[-1]]
     if "fused-optimizer" in predicted:
-        last = specs["+ fused-optimizer"] = Spec(**{**last.__dict__, "fused_optimizer": True})
+        last = specs["+ fused-optimizer"] = dataclasses.replace(last, fused_optimizer=True)
     if "cuda-graphs" in predicted and mode == "eager":
-        specs["+ cuda-graphs"] = Spec(**{**last.__dict__, "runner": "graph"})
+        specs["+ cuda-graphs"] = dataclasses.replace(last, runner="graph")
     del plan
-    built: dict[str, Variant] = {}
-    warmups: dict[str, float] = {}
-    memory: dict[str, int | None] = {}
-    failed: dict[str, str] = {}
-    for stage, spec in specs.items():
-        say(f"building {stage}")
-        try:
-            with peak_memory(cuda) as peaks:
-                built[stage] = build_variant(
-                    stage, model, batch, optimizer=optimizer, gpu=gpu, spec=spec
-                )
-                warmups[stage] = built[stage].build_s + warm(built[stage].run, warmup, cuda=cuda)
-            memory[stage] = peaks.get("bytes")
-        except Exception as exc:
-            if stage == GIVEN:
-                raise
-            failed[stage] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    say(f"timing {len(built)} stages: {rounds} rounds of {block} steps")
-    times = time_blocks({k: v.run for k, v in built.items()}, rounds=rounds, block=block, cuda=cuda)
-    flops, peak = model_flops(model, inputs), dense_peak(model, gpu)
-    stages = {}
-    for stage, variant in built.items():
-        kernels, busy = kernel_profile(variant.run, cuda=cuda)
-        stages[stage] = StepStats(
-            variant=stage,
-            step_times_s=tuple(times[stage]),
-            warmup_s=warmups[stage],
-            samples=batch.samples,
-            tokens=batch.tokens,
-            peak_memory_bytes=memory[stage],
-            kernels=kernels,
-            gpu_busy_s=busy,
-            flops=flops,
-            peak_flops=peak,
-        )
+    built, stages, failed = measure_variants(
+        specs,
+        model,
+        batch,
+        optimizer=optimizer,
+        gpu=gpu,
+        rounds=rounds,
+        block=block,
+        warmup=warmup,
+        progress=say,
+    )
     say("predicting each stage's step")
     expected = _expected(specs, built, report, predicted, gpu, mode)
     rows = _rows(stages, expected, predicted, places)

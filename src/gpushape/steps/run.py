@@ -12,7 +12,7 @@ over the chip's dense datasheet peak for the model's dtype.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from ..bench import environment
 from ..errors import GpushapeError
 from .batch import Batch, synthetic_batch
 from .measure import StepStats, kernel_profile, peak_memory, time_blocks, warm
-from .variants import Variant, build_variant, parse_variant
+from .variants import Spec, Variant, build_variant, parse_variant
 
 
 @dataclass
@@ -92,6 +92,66 @@ def dense_peak(model: nn.Module, gpu: Any) -> float | None:
     return spec.peak_flops(dtype)
 
 
+def measure_variants(
+    specs: Mapping[str, Spec],
+    model: nn.Module,
+    batch: Batch,
+    *,
+    optimizer: str,
+    gpu: Any,
+    rounds: int,
+    block: int,
+    warmup: int,
+    profile: bool = True,
+    progress: Callable[[str], None] = lambda _: None,
+) -> tuple[dict[str, Variant], dict[str, StepStats], dict[str, str]]:
+    """Build each variant (the first one must build: it is the baseline), warm it up, time them
+    all together and profile each: (the variants, their figures, why the others failed)."""
+    cuda = any(p.is_cuda for p in model.parameters())
+    flops, peak = model_flops(model, batch.inputs), dense_peak(model, gpu)
+    built: dict[str, Variant] = {}
+    warmups: dict[str, float] = {}
+    memory: dict[str, int | None] = {}
+    failed: dict[str, str] = {}
+    for i, (name, spec) in enumerate(specs.items()):
+        progress(f"building and warming up {name}")
+        try:
+            with peak_memory(cuda) as peaks:
+                variant = build_variant(name, model, batch, optimizer=optimizer, gpu=gpu, spec=spec)
+                warmups[name] = variant.build_s + warm(variant.run, warmup, cuda=cuda)
+            built[name], memory[name] = variant, peaks.get("bytes")
+        except Exception as exc:  # a variant that breaks is reported, the rest still run
+            if i == 0:
+                if isinstance(exc, GpushapeError):
+                    raise
+                msg = f"the baseline {name!r} failed: {type(exc).__name__}: {exc}"
+                raise GpushapeError(msg) from exc
+            failed[name] = (
+                str(exc)
+                if isinstance(exc, GpushapeError)
+                else f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            )
+    progress(f"timing {len(built)} variant(s): {rounds} rounds of {block} steps")
+    runs = {name: v.run for name, v in built.items()}
+    times = time_blocks(runs, rounds=rounds, block=block, cuda=cuda)
+    stats = {}
+    for name, variant in built.items():
+        kernels, busy = kernel_profile(variant.run, cuda=cuda) if profile else (None, None)
+        stats[name] = StepStats(
+            variant=name,
+            step_times_s=tuple(times[name]),
+            warmup_s=warmups[name],
+            samples=batch.samples,
+            tokens=batch.tokens,
+            peak_memory_bytes=memory[name],
+            kernels=kernels,
+            gpu_busy_s=busy,
+            flops=flops,
+            peak_flops=peak,
+        )
+    return built, stats, failed
+
+
 def bench(
     model: nn.Module,
     example_inputs: Any,
@@ -115,46 +175,19 @@ def bench(
     if any(p.is_meta for p in model.parameters()):
         raise GpushapeError("bench runs the model: build it on cpu or cuda, not meta")
     say = progress or (lambda _: None)
-    cuda = any(p.is_cuda for p in model.parameters())
     batch = synthetic_batch(model, inputs)
-    flops, peak = model_flops(model, inputs), dense_peak(model, gpu)
-    built: dict[str, Variant] = {}
-    warmups: dict[str, float] = {}
-    failed: dict[str, str] = {}
-    memory: dict[str, int | None] = {}
-    for v in names:
-        say(f"building and warming up {v}")
-        try:
-            with peak_memory(cuda) as peaks:
-                built[v] = build_variant(v, model, batch, optimizer=optimizer, gpu=gpu)
-                warmups[v] = built[v].build_s + warm(built[v].run, warmup, cuda=cuda)
-            memory[v] = peaks.get("bytes")
-        except GpushapeError as exc:
-            if v == baseline:
-                raise
-            failed[v] = str(exc)
-        except Exception as exc:  # a variant that breaks is reported, the rest still run
-            if v == baseline:
-                msg = f"the baseline {v!r} failed: {type(exc).__name__}: {exc}"
-                raise GpushapeError(msg) from exc
-            failed[v] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    say(f"timing {len(built)} variant(s): {rounds} rounds of {block} steps")
-    times = time_blocks({v: b.run for v, b in built.items()}, rounds=rounds, block=block, cuda=cuda)
-    stats = {}
-    for v, b in built.items():
-        kernels, busy = kernel_profile(b.run, cuda=cuda) if profile else (None, None)
-        stats[v] = StepStats(
-            variant=v,
-            step_times_s=tuple(times[v]),
-            warmup_s=warmups[v],
-            samples=batch.samples,
-            tokens=batch.tokens,
-            peak_memory_bytes=memory[v],
-            kernels=kernels,
-            gpu_busy_s=busy,
-            flops=flops,
-            peak_flops=peak,
-        )
+    built, stats, failed = measure_variants(
+        {v: Spec.of(v) for v in names},
+        model,
+        batch,
+        optimizer=optimizer,
+        gpu=gpu,
+        rounds=rounds,
+        block=block,
+        warmup=warmup,
+        profile=profile,
+        progress=say,
+    )
     return BenchResult(
         model=name or type(model).__name__,
         baseline=baseline,
