@@ -8,10 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpushape.kernels import AddLayerNorm
+
 
 class GoodBlock(nn.Module):
     """Pre-norm transformer block as a performance engineer would write it: one fused QKV
-    projection, scaled_dot_product_attention, widths multiples of 64."""
+    projection, scaled_dot_product_attention, widths multiples of 64, the residual add fused
+    into the second norm (gpushape's AddLayerNorm returns the normalized sum and the sum)."""
 
     def __init__(self, width: int, heads: int, mlp: int) -> None:
         super().__init__()
@@ -19,7 +22,7 @@ class GoodBlock(nn.Module):
         self.norm1 = nn.LayerNorm(width)
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
-        self.norm2 = nn.LayerNorm(width)
+        self.norm2 = AddLayerNorm(width)
         self.fc1 = nn.Linear(width, mlp)
         self.act = nn.GELU(approximate="tanh")
         self.fc2 = nn.Linear(mlp, width)
@@ -29,8 +32,8 @@ class GoodBlock(nn.Module):
         qkv = self.qkv(self.norm1(x)).view(B, T, 3, self.heads, C // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, D)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(B, T, C))
-        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+        normed, x = self.norm2(self.proj(att.transpose(1, 2).reshape(B, T, C)), x)
+        return x + self.fc2(self.act(self.fc1(normed)))
 
 
 class GoodTransformer(nn.Module):

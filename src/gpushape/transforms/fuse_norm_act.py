@@ -5,6 +5,8 @@ Patterns, in the forward of the module that calls the norm (its parent):
 - BatchNorm2d -> ReLU                    -> BatchNormAct2d(activation="relu")
 - BatchNorm2d -> add(., residual) -> ReLU -> BatchNormAct2d(activation="relu"), residual passed in
 - LayerNorm   -> GELU                    -> LayerNormGELU (same approximation)
+- add(a, b)   -> LayerNorm                -> AddLayerNorm(a, b), which also returns the sum for
+  its other users (BERT's `LayerNorm(hidden + input)`, a pre-norm block's residual stream)
 The ReLU or GELU may be a module, `F.relu`/`torch.relu`/`F.gelu` or the tensor method; the add
 may be `+`, `+=` or `torch.add`. The data flow comes from torch.fx: the parent is traced with
 its children as leaves, so the graph shows which call's output feeds which. A site is fused
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from ..kernels import BatchNormAct2d, LayerNormGELU
+from ..kernels import AddLayerNorm, BatchNormAct2d, LayerNormGELU
 from ._core import (
     Change,
     Outcome,
@@ -94,6 +96,21 @@ def _residual_add(node: fx.Node, module: nn.Module) -> tuple[fx.Node, fx.Node] |
     return (add, other) if isinstance(other, fx.Node) and other is not node else None
 
 
+def _summed(node: fx.Node, module: nn.Module) -> fx.Node | None:
+    """The add node when the norm's only input is the sum of two tensors a + b."""
+    if len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], fx.Node):
+        return None
+    add = node.args[0]
+    if _callee(add, module) not in ADD or add.kwargs or len(add.args) != 2:
+        return None
+    a, b = add.args
+    if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)) or a is b:
+        return None
+    if _callee(add, module) in (operator.iadd, "add_"):
+        return None  # in place: `a` itself changes, and other nodes may read it as the sum
+    return add
+
+
 def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
     """Norm call sites in `graph` and the nodes a fused kernel replaces."""
     calls: dict[str, int] = {}
@@ -119,6 +136,8 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
                 continue
         if user is not None and _is_act(user, parent, kind):
             sites.append({**site, "act": user})
+        elif kind == "gelu" and _summed(node, parent) is not None:
+            sites.append({**site, "kind": "add_ln", "add": _summed(node, parent)})
         elif any(_is_act(u, parent, kind) for u in node.users):
             sites.append(
                 {
@@ -134,17 +153,32 @@ def _fused(site: dict, parent: nn.Module) -> nn.Module:
     norm = site["norm"]
     if site["kind"] == "relu":
         return BatchNormAct2d.from_batchnorm(norm, "relu")
-    fused = LayerNormGELU.__new__(LayerNormGELU)
+    cls = AddLayerNorm if site["kind"] == "add_ln" else LayerNormGELU
+    fused = cls.__new__(cls)
     nn.Module.__init__(fused)
     fused.normalized_shape, fused.eps = tuple(norm.normalized_shape), norm.eps
     fused.elementwise_affine = norm.elementwise_affine
-    fused.approximate = _gelu_approximate(site["act"], parent)
+    if cls is LayerNormGELU:
+        fused.approximate = _gelu_approximate(site["act"], parent)
     fused.weight, fused.bias = norm.weight, norm.bias  # the same Parameters
     return fused
 
 
 def _rewrite(site: dict, parent: nn.Module, graph: fx.Graph) -> None:
-    node, act = site["node"], site["act"]
+    node = site["node"]
+    if site["kind"] == "add_ln":  # one call computes both: y for the norm's users, s for the sum's
+        add = site["add"]
+        with graph.inserting_before(add):
+            # the add's operands as they are now (an earlier rewrite may have replaced one)
+            both = graph.call_module(node.target, args=tuple(add.args))
+            y = graph.call_function(operator.getitem, (both, 0))
+            total = graph.call_function(operator.getitem, (both, 1))
+        node.replace_all_uses_with(y)
+        graph.erase_node(node)
+        add.replace_all_uses_with(total)
+        graph.erase_node(add)
+        return
+    act = site["act"]
     if "residual" in site:
         # The residual may be computed after the norm (torchvision's Bottleneck runs its
         # downsample last): the norm moves down to the add, after both of its inputs.
@@ -206,11 +240,10 @@ def _fuse_in(parent: nn.Module, fqn: str, ctx: TransformContext, out: Outcome) -
         return None
     for site in fused:
         name = f"{fqn}.{site['node'].target}" if fqn else site["node"].target
-        what = (
-            "BatchNorm2d + residual add + ReLU"
-            if "residual" in site
-            else ("BatchNorm2d + ReLU" if site["kind"] == "relu" else "LayerNorm + GELU")
+        what = {"relu": "BatchNorm2d + ReLU", "gelu": "LayerNorm + GELU"}.get(
+            site["kind"], "add + LayerNorm"
         )
+        what = "BatchNorm2d + residual add + ReLU" if "residual" in site else what
         out.changes.append(
             Change(transform=ID, module=name, detail=f"{what} fused", undo=lambda: None)
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
 from torch import nn
 
 from ..context import AuditContext
@@ -26,6 +27,14 @@ RULE = "checkpoint-candidate"
 MEMORY_PRESSURE = 0.8  # of the chip's memory: the rest goes to workspace and fragmentation
 
 
+def _kind(module: nn.Module) -> object:
+    """A block's type; for a torch.fx rewrite (gpushape's fuse-norm-act makes one per block,
+    each a class of its own) the class name it was given, the same for every such block."""
+    if isinstance(module, torch.fx.GraphModule):
+        return type(module).__name__
+    return type(module)
+
+
 def repeated_blocks(model: nn.Module) -> dict[str, list[str]]:
     """Container path -> paths of its children, where a container holds >= 2 of one type."""
     out = {}
@@ -33,7 +42,7 @@ def repeated_blocks(model: nn.Module) -> dict[str, list[str]]:
         if not isinstance(module, (nn.ModuleList, nn.Sequential)):
             continue
         children = list(module.named_children())
-        types = {type(c) for _, c in children}
+        types = {_kind(c) for _, c in children}
         if (
             len(children) >= 2
             and len(types) == 1
