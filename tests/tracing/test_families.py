@@ -116,3 +116,29 @@ def test_an_unmeasured_nchw_family_is_priced_as_its_channels_last_one():
     assert op_cost(rec, with_eff(batch_norm=0.5, batch_norm_nchw=0.25)).memory_s == pytest.approx(
         4 * base
     )
+
+
+def test_norms_are_priced_at_the_measured_row_length_nearest_theirs():
+    measured = {"norm": 0.4, "norm@768": 0.2, "norm@384": 0.1}
+    assert priced_family("norm", measured, 768) == "norm@768"
+    assert priced_family("norm", measured, 1024) == "norm@768"  # 1024/768 < 4096/1024
+    assert priced_family("norm", measured, 2560) == "norm"
+    assert priced_family("norm", measured, 256) == "norm@384"
+    assert priced_family("norm", {"norm": 0.4}, 768) == "norm"  # only the base measured
+    assert priced_family("norm", {}, 768) == "norm"  # nothing measured: the copy rate
+    assert priced_family("softmax", measured, 512) == "softmax"
+
+
+def test_a_short_rows_measurement_prices_bert_width_layer_norms():
+    from torch import nn
+
+    import gpushape
+
+    x = torch.empty(16384, 768, device="meta", dtype=torch.bfloat16)
+    trace = gpushape.trace(nn.LayerNorm(768).to("meta", torch.bfloat16), (x,), train=True)
+    spec = get_gpu("h200")
+    base = dataclasses.replace(spec.achievable, memory_efficiency={"norm": 0.4})
+    rows = dataclasses.replace(base, memory_efficiency={"norm": 0.4, "norm@768": 0.2})
+    at_4096 = gpushape.cost(trace, spec.replace(achievable=base)).totals.kernel_time_s
+    at_768 = gpushape.cost(trace, spec.replace(achievable=rows)).totals.kernel_time_s
+    assert at_768 == pytest.approx(2 * at_4096, rel=0.05)

@@ -38,7 +38,7 @@ from typing import Literal
 
 from ..errors import GpushapeError
 from ..hardware import GPUSpec, dtype_key, get_gpu
-from .families import memory_family, priced_family
+from .families import memory_family, priced_family, row_length
 from .flops.registry import OpWork, op_work
 from .gemm_model import GemmEfficiency, gemm_efficiency
 from .layout import conversion_bytes_of, conversion_passes
@@ -261,9 +261,9 @@ def op_cost(
         math_key, used_tc = key, used_tc or tc
     rest = max(work.flops - gemm_flops, 0)
     compute_s += rest / gpu.attainable_flops(dtype, tensor_cores=False)
+    family = priced_family(memory_family(rec), gpu.achievable.memory_efficiency, row_length(rec))
     memory_s = (work.min_bytes + work.reread_bytes) / (
-        gpu.attainable_bandwidth_bytes_per_s()
-        * gpu.achievable.memory(priced_family(memory_family(rec), gpu.achievable.memory_efficiency))
+        gpu.attainable_bandwidth_bytes_per_s() * gpu.achievable.memory(family)
     )
     kernel_s = max(compute_s, memory_s)
     kernels = work.kernels

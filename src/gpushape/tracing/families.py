@@ -10,6 +10,7 @@ or a family the profile has not measured, keeps the copy rate.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from .flops.conv import direct_conv
@@ -103,6 +104,13 @@ CONV_OPS = frozenset(
     }
 )
 GROUPED_CONV = "grouped_conv"
+# Families whose eager kernels' rate depends on the row they normalize: LayerNorm over 768
+# values keeps fewer bytes in flight per row than over 4096, and the H200 ran BERT's and ViT's
+# norms well below the rate measured at 4096. The probe measures them at several row lengths,
+# kept as "<family>@<row length>" beside the family's own figure (taken at ROW_BASE's length),
+# and an op is priced at the measured row length nearest its own (`priced_family`).
+ROW_BASE = {"norm": 4096, "softmax": 1024}
+ROW_VARIANTS = ("norm@384", "norm@768")
 # Families from the op's tags, for ops no table above names.
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
 # gpushape's own fused kernels, which the audit's fusion rules propose: what they reach prices
@@ -129,6 +137,7 @@ LAYOUT = ("nchw_conversion",)
 ALL_FAMILIES = (
     *FAMILIES,
     *NCHW_VARIANTS.values(),
+    *ROW_VARIANTS,
     GROUPED_CONV,
     *TAGGED.values(),
     *FUSED,
@@ -151,9 +160,27 @@ def memory_family(rec: OpRecord) -> str | None:
     return None
 
 
-def priced_family(family: str | None, measured: Mapping[str, float]) -> str | None:
-    """The family whose figure prices `family`: itself when measured, else the family an NCHW
-    variant belongs to (`NCHW_VARIANTS`)."""
+def priced_family(
+    family: str | None, measured: Mapping[str, float], row: int | None = None
+) -> str | None:
+    """The family whose figure prices `family`: for a family measured at several row lengths
+    (`ROW_BASE`), the measurement nearest `row` (by ratio); itself when measured; else the
+    family an NCHW variant belongs to (`NCHW_VARIANTS`)."""
+    if family in ROW_BASE and row:
+        return _nearest_row(family, measured, row)
     if family is None or family in measured:
         return family
     return NCHW_BASE.get(family, family)
+
+
+def _nearest_row(family: str, measured: Mapping[str, float], row: int) -> str:
+    lengths = {key: int(key.partition("@")[2]) for key in measured if key.startswith(family + "@")}
+    if family in measured or not lengths:
+        lengths[family] = ROW_BASE[family]
+    return min(lengths, key=lambda key: abs(math.log(lengths[key] / row)))
+
+
+def row_length(rec: OpRecord) -> int | None:
+    """The length of the rows a norm or softmax works on: its input's last dimension."""
+    first = rec.inputs[0] if rec.inputs else None
+    return int(first.shape[-1]) if first is not None and first.shape else None
