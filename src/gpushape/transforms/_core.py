@@ -11,6 +11,7 @@ the second run finds nothing left to change.
 from __future__ import annotations
 
 import weakref
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,6 +157,30 @@ def forget(model: nn.Module, old: nn.Module | None = None) -> None:
     """Move the log from `old` to `model` (a transform replaced the root) or drop it."""
     if old is not None and old in _APPLIED:
         _APPLIED[model] = _APPLIED.pop(old)
+
+
+Owners = dict[int, dict[int, tuple[str, nn.Module, str]]]
+Holders = dict[int, list[tuple[nn.Module, str]]]
+
+
+def param_owners(model: nn.Module) -> Owners:
+    """id(Parameter) -> {id(module): (name, module, attribute)} for every module holding it."""
+    owners: Owners = defaultdict(dict)
+    for fqn, module in model.named_modules(remove_duplicate=False):
+        for attr, p in module._parameters.items():
+            if p is not None:
+                owners[id(p)].setdefault(id(module), (fqn, module, attr))
+    return owners
+
+
+def module_holders(model: nn.Module) -> Holders:
+    """id(module) -> every (parent, attribute) holding it (a shared module has several)."""
+    holders: Holders = defaultdict(list)
+    for _, parent in model.named_modules(remove_duplicate=False):
+        for name, child in parent._modules.items():
+            if child is not None and (parent, name) not in holders[id(child)]:
+                holders[id(child)].append((parent, name))
+    return holders
 
 
 def parent_of(model: nn.Module, fqn: str) -> tuple[nn.Module, str]:

@@ -19,7 +19,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
+from ._core import (
+    Change,
+    Outcome,
+    Refusal,
+    TransformContext,
+    has_hooks,
+    module_holders,
+    register_transform,
+)
 
 ID = "fuse-activation"
 PROBE_TOL = 1e-5
@@ -58,27 +66,15 @@ def match(module: nn.Module) -> tuple[str, nn.Module] | None:
     return None
 
 
-def _places(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, str]]]:
-    """id(module) -> every (parent, attribute, fqn) holding it."""
-    places: dict[int, list[tuple[nn.Module, str, str]]] = {}
-    for fqn, parent in model.named_modules(remove_duplicate=False):
-        for name, child in parent._modules.items():
-            if child is not None:
-                path = f"{fqn}.{name}" if fqn else name
-                places.setdefault(id(child), []).append((parent, name, path))
-    return places
-
-
-def _swap(module: nn.Module, new: nn.Module, where: list, name: str) -> Change:
-    for parent, attr, _ in where:
+def _swap(module: nn.Module, new: nn.Module, where: list, name: str, fqn: str) -> Change:
+    for parent, attr in where:
         setattr(parent, attr, new)
     new.train(module.training)
 
     def undo() -> None:
-        for parent, attr, _ in where:
+        for parent, attr in where:
             setattr(parent, attr, module)
 
-    fqn = where[0][2]
     more = f" (and {len(where) - 1} other place(s) holding it)" if len(where) > 1 else ""
     return Change(
         transform=ID,
@@ -91,7 +87,7 @@ def _swap(module: nn.Module, new: nn.Module, where: list, name: str) -> Change:
 @register_transform(ID, pays_under_compile=False)
 def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
-    places = _places(model)
+    places = module_holders(model)
     seen: set[int] = set()
     for fqn, module in list(model.named_modules()):
         if id(module) in seen or id(module) not in places or not ctx.allows(module, fqn):
@@ -104,5 +100,5 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
             reason = f"{type(module).__name__} has hooks, which the new module would not run"
             out.refusals.append(Refusal(transform=ID, module=fqn, reason=reason))
             continue
-        out.changes.append(_swap(module, found[1], places[id(module)], found[0]))
+        out.changes.append(_swap(module, found[1], places[id(module)], found[0], fqn))
     return out

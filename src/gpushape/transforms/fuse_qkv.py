@@ -50,9 +50,19 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..tracing.inputs import TensorSpec, model_device_types, split_inputs
 from ..tracing.tracer import trace
-from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
+from ._core import (
+    Change,
+    Holders,
+    Outcome,
+    Owners,
+    Refusal,
+    TransformContext,
+    has_hooks,
+    module_holders,
+    param_owners,
+    register_transform,
+)
 from ._fused_linear import PARTS, FusedLinear, FusedSlice, alias_rows, copy_back, fused_from
-from .pad_channels import Holders, Owners, _holders, _owners
 
 ID = "fuse-qkv"
 NEW_PARAMETERS = "new Parameter objects: create the optimizer after optimize()"
@@ -308,7 +318,7 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
     if sum(map(_linear_like, model.modules())) < 2:
         return out
-    maps = (_owners(model), _holders(model))
+    maps = (param_owners(model), module_holders(model))
     try:
         flow = _observe(model, ctx, maps[1])
     except Exception as exc:  # a model the trace cannot run: refused loudly, nothing changed

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections import defaultdict
 from collections.abc import Callable
 
 import torch
@@ -56,7 +55,18 @@ from torch import nn
 
 from ..hardware import GPUSpec, dtype_key
 from ..hardware.alignment import granularity, round_up, target_gpu
-from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
+from ._core import (
+    Change,
+    Holders,
+    Outcome,
+    Owners,
+    Refusal,
+    TransformContext,
+    has_hooks,
+    module_holders,
+    param_owners,
+    register_transform,
+)
 from ._padded import PADDED, PaddedEmbedding, _is_logical, _Padded, pad_rows
 from ._padded import PaddedConv2d as PaddedConv2d  # re-exported from their home, _padded.py
 from ._padded import PaddedLinear as PaddedLinear
@@ -66,30 +76,6 @@ NEW_PARAMETERS = "new Parameter objects: create the optimizer after optimize()"
 
 
 # ---- where parameters and modules live ---------------------------------------------------------
-Owners = dict[int, dict[int, tuple[str, nn.Module, str]]]
-Holders = dict[int, list[tuple[nn.Module, str]]]
-
-
-def _owners(model: nn.Module) -> Owners:
-    """id(Parameter) -> {id(module): (name, module, attribute)} for every module holding it."""
-    owners: Owners = defaultdict(dict)
-    for fqn, module in model.named_modules(remove_duplicate=False):
-        for attr, p in module._parameters.items():
-            if p is not None:
-                owners[id(p)].setdefault(id(module), (fqn, module, attr))
-    return owners
-
-
-def _holders(model: nn.Module) -> Holders:
-    """id(module) -> every (parent, attribute) holding it (a shared module has several)."""
-    holders: Holders = defaultdict(list)
-    for _, parent in model.named_modules(remove_duplicate=False):
-        for name, child in parent._modules.items():
-            if child is not None and (parent, name) not in holders[id(child)]:
-                holders[id(child)].append((parent, name))
-    return holders
-
-
 # ---- which layers, to what size ----------------------------------------------------------------
 def _granularity(gpu: GPUSpec, kind: str, dtype: torch.dtype) -> int:
     """The dtype's granularity; fp32 parameters also take autocast's (see the docstring)."""
@@ -333,7 +319,7 @@ def _site(fqn: str, module: nn.Module, gpu: GPUSpec, maps: tuple, ctx: Transform
 def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
     gpu = target_gpu(ctx.gpu)
-    maps = (_owners(model), _holders(model))
+    maps = (param_owners(model), module_holders(model))
     for fqn, module in list(model.named_modules()):
         site = _site(fqn, module, gpu, maps, ctx)
         if isinstance(site, Refusal):
