@@ -110,6 +110,15 @@ def _embedding(scale: float) -> _Workload:
     return w
 
 
+def _layer_norm(scale: float, width: int) -> _Workload:
+    """LayerNorm(width) over as many rows as make 32768 x 4096 elements."""
+    return _Workload(
+        lambda m, x: m.layers["ln"](x),
+        (_rows(scale, 32768 * 4096 // width), width),
+        modules={"ln": nn.LayerNorm(width)},
+    )
+
+
 WORKLOADS = (
     FamilyWorkload(
         "elementwise",
@@ -123,34 +132,10 @@ WORKLOADS = (
         "gelu(x), x 8192x8192",
         lambda s: _Workload(lambda m, x: F.gelu(x), (_rows(s, 8192), 8192)),
     ),
-    FamilyWorkload(
-        "norm",
-        "LayerNorm(4096) on 32768x4096",
-        lambda s: _Workload(
-            lambda m, x: m.layers["ln"](x),
-            (_rows(s, 32768), 4096),
-            modules={"ln": nn.LayerNorm(4096)},
-        ),
-    ),
+    FamilyWorkload("norm", "LayerNorm(4096) on 32768x4096", lambda s: _layer_norm(s, 4096)),
     # the same bytes over shorter rows: BERT's and GPT-2's 768, ViT-S's 384 (families.ROW_BASE)
-    FamilyWorkload(
-        "norm@768",
-        "LayerNorm(768) on 174762x768",
-        lambda s: _Workload(
-            lambda m, x: m.layers["ln"](x),
-            (_rows(s, 174762), 768),
-            modules={"ln": nn.LayerNorm(768)},
-        ),
-    ),
-    FamilyWorkload(
-        "norm@384",
-        "LayerNorm(384) on 349525x384",
-        lambda s: _Workload(
-            lambda m, x: m.layers["ln"](x),
-            (_rows(s, 349525), 384),
-            modules={"ln": nn.LayerNorm(384)},
-        ),
-    ),
+    FamilyWorkload("norm@768", "LayerNorm(768) on 174762x768", lambda s: _layer_norm(s, 768)),
+    FamilyWorkload("norm@384", "LayerNorm(384) on 349525x384", lambda s: _layer_norm(s, 384)),
     FamilyWorkload(
         "batch_norm",
         "BatchNorm2d(256), training, 64x256x56x56 channels_last",
