@@ -2,6 +2,7 @@
 fixed, timed side by side against the saving the audit predicts for it.
 
     python benchmarks/audit/validate_savings.py [--quick] [--cases tc-align,nchw-conv]
+    python benchmarks/audit/validate_savings.py --model hf:bert [--mode compile]
 
 For each case:
 1. correctness first: the fixed variant computes what the original does (outputs compared, in
@@ -380,6 +381,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def validate_model(args: argparse.Namespace) -> None:
+    """The saving of every fix the audit names for `args.model`, predicted and measured, fix by
+    fix in one run (gpushape.steps.loop); the rows as validate_savings.json."""
+    from gpushape.models import resolve_model
+    from gpushape.steps import loop
+
+    resolved = resolve_model(args.model, dtype=torch.bfloat16, device=args.device)
+
+    def say(text: str) -> None:
+        print(f"... {text}", file=sys.stderr, flush=True)
+
+    result = loop(
+        resolved.model, resolved.example_inputs, mode=args.mode, name=args.model, progress=say
+    )
+    rows = [r.to_dict() for r in result.rows]
+    out = Path(os.environ.get("OUT", "./out")) / "validate_savings.json"
+    write_results(out, rows, model=args.model, mode=args.mode, speedup=result.speedup)
+    print(f"{'fix':22} {'predicted ms':>13} {'measured ms':>12} {'pred/meas':>10}")
+    for r in result.rows:
+        measured = r.measured_wall_s or 0.0
+        ratio = f"{r.ratio:.2f}" if r.ratio else "-"
+        print(f"{r.fix:22} {r.predicted_wall_s * 1e3:13.3f} {measured * 1e3:12.3f} {ratio:>10}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
@@ -389,7 +414,15 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cuda", help="cpu smoke-tests the script")
     parser.add_argument("--scale", type=int, default=1, help="divide batch sizes by this")
+    parser.add_argument(
+        "--model",
+        help="any MODEL (zoo, file.py:factory, hf:, timm:): every fix the audit names for it, "
+        "applied one by one and measured (gpushape bench MODEL --optimize) instead of the cases",
+    )
+    parser.add_argument("--mode", default="eager", choices=("eager", "compile"))
     args = parser.parse_args()
+    if args.model:
+        return validate_model(args)
     args.rounds, args.repeats = (3, 5) if args.quick else (5, 10)
     cuda = args.device.startswith("cuda")
     spec = current_gpu() if cuda else None
