@@ -65,3 +65,20 @@ def test_audit_all_shows_info_findings(capsys):
     loud = capsys.readouterr().out
     assert "--all shows them" in quiet and "--all shows them" not in loud
     assert loud.count("info") > quiet.count("info")
+
+
+def test_bench_times_the_original_against_a_copy_it_optimizes():
+    """--bench's measurement itself (the CLI asks for CUDA; the plumbing runs on the CPU)."""
+    import argparse
+
+    import torch
+
+    from gpushape.cli.optimize import _bench
+    from transforms.nets import ConvNet
+
+    model, inputs = ConvNet(), (torch.randn(2, 3, 16, 16),)
+    args = argparse.Namespace(mode="eager")
+    report, bench = _bench(model, inputs, args, None, "h200", rounds=2, block=1)
+    assert {c.transform for c in report.applied} >= {"fuse-norm-act"}
+    assert bench["original_ms"] > 0 and bench["optimized_ms"] > 0 and bench["samples"] == 2
+    assert not any(type(m).__name__ == "BatchNormAct2d" for m in model.modules())  # a copy

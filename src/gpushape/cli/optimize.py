@@ -5,14 +5,15 @@ what was refused and why, what was rolled back after failing the numeric check, 
 have no transform yet, and the predicted step before and after. On the meta device (the
 default) the model is rewritten and audited but cannot be checked numerically; `--device cpu`
 or `cuda` checks every rewrite (outputs and every parameter's gradient). `--bench` (with
-`--device cuda`) then times the original and the optimized training step in one run.
+`--device cuda`) optimizes a copy inside a training-step benchmark instead (`gpushape.steps`:
+synthetic batch, the default optimizer, each rewrite checked on 2 samples) and times it against
+the original in one run.
 `-o FILE.json` writes the report as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import re
 
@@ -65,6 +66,11 @@ def _check(args: argparse.Namespace) -> None:
     check_model_options(args)
     if args.bench and args.device != "cuda":
         raise GpushapeError("--bench times steps on the GPU: add --device cuda")
+    if args.bench and args.memory_budget:
+        raise GpushapeError(
+            "--bench times the fixes that save time; --memory-budget trades time for memory: "
+            "run them apart"
+        )
     if args.output:
         if not args.output.endswith(".json"):
             raise GpushapeError(f"-o writes JSON: name the file *.json, not {args.output!r}")
@@ -77,21 +83,22 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     budget = parse_size(args.memory_budget)
     target, resolved = resolve(args)
-    original = copy.deepcopy(resolved.model) if args.bench else None
     transforms = args.transforms.split(",") if args.transforms else None
-    model, report = optimize(
-        resolved.model,
-        resolved.example_inputs,
-        target,
-        train=args.train,
-        dtype=_torch_dtype(args.dtype),
-        mode=args.mode,
-        memory_budget=budget,
-        transforms=transforms,
-    )
-    data = report.to_dict()
-    if args.bench:
-        data["bench"] = _bench(original, model, resolved.example_inputs, args.train)
+    if args.bench:  # optimized inside the benchmark, on a copy, and timed against the original
+        report, bench = _bench(resolved.model, resolved.example_inputs, args, transforms, target)
+        data = {**report.to_dict(), "bench": bench}
+    else:
+        _, report = optimize(
+            resolved.model,
+            resolved.example_inputs,
+            target,
+            train=args.train,
+            dtype=_torch_dtype(args.dtype),
+            mode=args.mode,
+            memory_budget=budget,
+            transforms=transforms,
+        )
+        data = report.to_dict()
     with to_stdout():
         render(report, data.get("bench"), resolved.name)
     if args.output:
@@ -140,29 +147,47 @@ def render(report, bench: dict | None, name: str, console: Console | None = None
     if bench:
         console.print(
             f"measured step: {bench['original_ms']:,.3f} -> {bench['optimized_ms']:,.3f} ms "
-            f"({bench['speedup']:.2f}x; medians of {bench['samples']} CUDA-event timings, "
-            "alternated)"
+            f"({bench['speedup']:.2f}x; training steps, medians of {bench['samples']} "
+            "10-step blocks, alternated)"
         )
 
 
-def _bench(original, optimized, inputs, train: bool) -> dict:
-    """Median step time of both models, alternated (forward, and backward when training)."""
-    from ..bench import compare
+def _bench(original, inputs, args, transforms, target, rounds: int = 5, block: int = 10):
+    """(the optimize report, the timings): the original's training step against a copy
+    optimized in the benchmark (`gpushape.steps`: synthetic batch and loss, the default
+    optimizer, each rewrite checked on 2 samples, variants alternated in rounds, CUDA-event
+    medians), as `gpushape bench MODEL --vs optimize` times it."""
+    from ..steps.batch import synthetic_batch
+    from ..steps.run import measure_variants
+    from ..steps.variants import Spec
 
-    def step(model):
-        def run_once():
-            out = model(*inputs)
-            out = out[0] if isinstance(out, (tuple, list)) else getattr(out, "logits", out)
-            if train:
-                out.float().sum().backward()
-
-        return run_once
-
-    timings = compare({"original": step(original), "optimized": step(optimized)})
-    original_s, optimized_s = timings["original"].median_s, timings["optimized"].median_s
-    return {
+    specs = {
+        "original": Spec(),
+        "optimized": Spec(
+            optimize_mode="compile" if args.mode == "compile" else "eager",
+            transforms=tuple(transforms) if transforms else None,
+            runner="compile" if args.mode == "compile" else "eager",
+        ),
+    }
+    if args.mode == "compile":
+        specs["original"] = Spec(runner="compile")
+    built, stats, failed = measure_variants(
+        specs,
+        original,
+        synthetic_batch(original, inputs),
+        optimizer="auto",
+        gpu=target,
+        rounds=rounds,
+        block=block,
+        warmup=min(3, block),
+        profile=False,
+    )
+    if "optimized" in failed:
+        raise GpushapeError(f"--bench: the optimized model failed to run: {failed['optimized']}")
+    original_s, optimized_s = stats["original"].median_s, stats["optimized"].median_s
+    return built["optimized"].optimize_report, {
         "original_ms": original_s * 1e3,
         "optimized_ms": optimized_s * 1e3,
         "speedup": original_s / optimized_s,
-        "samples": len(timings["original"].times_s),
+        "samples": len(stats["original"].step_times_s),
     }
