@@ -124,8 +124,9 @@ def capture_warnings(model: nn.Module) -> list[str]:
     forward or backward hooks (a hook's Python runs once, while capturing; replays run only the
     kernels it launched then); a Hugging Face model, whose attention takes another path while a
     stream captures (transformers' `is_tracing()` is true then, so its masking code builds an
-    explicit attention mask and SDPA leaves its flash kernel: measured on the H200, GPT-2's
-    captured step ran 966 kernels and 32.1 ms of GPU time against 611 and 26.7 eager)."""
+    explicit attention mask, which keeps SDPA off its flash kernel; measured on the H200,
+    GPT-2's captured step ran 966 kernels and 32.1 ms of GPU time against 611 and 26.7
+    eager)."""
     out = []
     hooked = [fqn or type(model).__name__ for fqn, m in model.named_modules() if has_hooks(m)]
     if hooked:
