@@ -381,30 +381,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def validate_model(args: argparse.Namespace) -> None:
-    """The saving of every fix the audit names for `args.model`, predicted and measured, fix by
-    fix in one run (gpushape.steps.loop); the rows as validate_savings.json."""
-    from gpushape.models import resolve_model
-    from gpushape.steps import loop
-
-    resolved = resolve_model(args.model, dtype=torch.bfloat16, device=args.device)
-
-    def say(text: str) -> None:
-        print(f"... {text}", file=sys.stderr, flush=True)
-
-    result = loop(
-        resolved.model, resolved.example_inputs, mode=args.mode, name=args.model, progress=say
-    )
-    rows = [r.to_dict() for r in result.rows]
-    out = Path(os.environ.get("OUT", "./out")) / "validate_savings.json"
-    write_results(out, rows, model=args.model, mode=args.mode, speedup=result.speedup)
-    print(f"{'fix':22} {'predicted ms':>13} {'measured ms':>12} {'pred/meas':>10}")
-    for r in result.rows:
-        measured = r.measured_wall_s or 0.0
-        ratio = f"{r.ratio:.2f}" if r.ratio else "-"
-        print(f"{r.fix:22} {r.predicted_wall_s * 1e3:13.3f} {measured * 1e3:12.3f} {ratio:>10}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
@@ -421,8 +397,12 @@ def main() -> None:
     )
     parser.add_argument("--mode", default="eager", choices=("eager", "compile"))
     args = parser.parse_args()
-    if args.model:
-        return validate_model(args)
+    if args.model:  # the loop, as `gpushape bench MODEL --optimize` runs it
+        from gpushape.cli.main import main as gpushape
+
+        out = Path(os.environ.get("OUT", "./out")) / "validate_savings.json"
+        cli = ["bench", args.model, "--device", args.device, "--optimize", "--mode", args.mode]
+        raise SystemExit(gpushape([*cli, "-o", str(out)]))
     args.rounds, args.repeats = (3, 5) if args.quick else (5, 10)
     cuda = args.device.startswith("cuda")
     spec = current_gpu() if cuda else None
