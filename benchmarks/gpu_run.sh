@@ -69,6 +69,11 @@ for spec in "$@"; do
     loop-bert) run loop-bert "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:bert --batch 32 --optimizer adamw-fused --optimize --csv "$OUT/bench-h200/loop.csv" --plot "$OUT/bench-h200/loop-bert.png" -o "$OUT/bench-h200/loop-bert.json"' ;;
     bench-gpt2) run bench-gpt2 "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:gpt2 --vs "${VS:-optimize,compile,optimize-compile+compile,optimize+graph}" --csv "$OUT/bench-h200/bench.csv" --plot "$OUT/bench-h200/gpt2.png" -o "$OUT/bench-h200/gpt2.json"' ;;
     bench-bert) run bench-bert "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:bert --batch 32 --optimizer adamw-fused --vs "${VS:-optimize,compile,optimize-compile+compile,optimize+graph}" --csv "$OUT/bench-h200/bench.csv" --plot "$OUT/bench-h200/bert.png" -o "$OUT/bench-h200/bert.json"' ;;
+    # the families library models need (depthwise convs, LayerNorm at 768 and 384) into the shipped profile
+    calib-lib) run calib-lib "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-grouped_conv,norm@768,norm@384}" -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
+    # eight library models: depthwise convnets, plain and windowed ViTs, GPT-2, a GQA LLaMA, BERT
+    correlate-lib) run correlate-lib "$secs" python3 benchmarks/trace/correlate.py --stem correlate-lib --models "${MODELS:-timm:mobilenetv3_large_100,timm:efficientnet_b0,timm:convnext_tiny,timm:vit_base_patch16_224,timm:swin_tiny_patch4_window7_224,hf:gpt2,hf:bert,hf:llama?hidden_size=1024&intermediate_size=2816&num_hidden_layers=8&num_attention_heads=16&num_key_value_heads=4&vocab_size=32000}" ;;
+    kernels-bert) run kernels-bert "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:bert --batch 32 --optimizer adamw-fused --vs "${VS:-optimize}" --rounds 3 --kernels 30 -o "$OUT/bench-h200/kernels-bert.json"' ;;
     *) echo "unknown step $name" ;;
   esac
 done

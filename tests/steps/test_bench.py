@@ -90,3 +90,22 @@ def test_loop_measures_each_applied_fix():
 def test_loop_refuses_graph_mode():
     with pytest.raises(GpushapeError, match="eager or compile"):
         loop(ConvNet(), (torch.zeros(2, 3, 8, 8),), mode="graph")
+
+
+def test_top_kernels_sum_by_name_per_step_longest_first():
+    from types import SimpleNamespace
+
+    from gpushape.steps.measure import top_by_time
+
+    events = [SimpleNamespace(name=n, device_time=us) for n, us in
+              [("gemm", 300.0), ("relu", 50.0), ("gemm", 300.0), ("norm", 100.0)]]  # fmt: skip
+    top = top_by_time(events, calls=2, top=2)
+    assert [n for n, _ in top] == ["gemm", "norm"]
+    assert top[0][1] == pytest.approx(300e-6) and top[1][1] == pytest.approx(50e-6)
+
+
+def test_cpu_bench_has_no_kernel_profile():
+    assert (
+        StepStats(variant="x", step_times_s=(1.0,), warmup_s=0, samples=1, tokens=0).top_kernels
+        == ()
+    )

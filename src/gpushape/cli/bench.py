@@ -61,6 +61,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=5, help="timing rounds (default 5)")
     p.add_argument("--steps", type=int, default=10, help="steps per timed block (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps (default 3)")
+    p.add_argument(
+        "--kernels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print each variant's N longest kernels per step (GPU only; the JSON keeps 12)",
+    )
     p.add_argument("--csv", metavar="FILE", help="append a row per variant (or fix) to FILE")
     p.add_argument("--plot", metavar="FILE.png", help="write a plot of the result")
     p.add_argument("-o", "--output", metavar="FILE.json", help="write the full result as JSON")
@@ -210,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
         )
         with to_stdout():
             res.bench_table(result, console)
+            if args.kernels:
+                res.kernels_table(result, console, args.kernels)
         data = result.to_dict()
         if args.csv:
             res.append_csv(args.csv, res.bench_rows(result), res.BENCH_COLUMNS)

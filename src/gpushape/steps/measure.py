@@ -40,6 +40,8 @@ class StepStats:
     kernels: int | None = None
     """Kernels one step launches (None: no CUDA profiler here, or one CUDA graph)."""
     gpu_busy_s: float | None = None
+    top_kernels: tuple[tuple[str, float], ...] = ()
+    """The kernels that took the most GPU time in one step: (name, seconds), longest first."""
     flops: float | None = None
     """FLOPs of one step (forward and backward, from gpushape's trace)."""
     peak_flops: float | None = None
@@ -160,13 +162,14 @@ def peak_memory(cuda: bool | None = None) -> Iterator[dict[str, int]]:
 
 
 def kernel_profile(
-    step: Callable[[], object], calls: int = 3, *, cuda: bool | None = None
-) -> tuple[int | None, float | None]:
-    """(kernels per step, GPU busy seconds per step) from torch.profiler over `calls` steps;
-    (None, None) without CUDA. A CUDA graph's replay shows as the kernels it ran (CUPTI sees
-    them) when the driver reports them, else as none: then busy time is unknown too."""
+    step: Callable[[], object], calls: int = 3, *, cuda: bool | None = None, top: int = 12
+) -> tuple[int | None, float | None, tuple[tuple[str, float], ...]]:
+    """(kernels per step, GPU busy seconds per step, the `top` kernels by GPU seconds per step)
+    from torch.profiler over `calls` steps; (None, None, ()) without CUDA. A CUDA graph's replay
+    shows as the kernels it ran (CUPTI sees them) when the driver reports them, else as none:
+    then busy time is unknown too."""
     if not (_cuda() if cuda is None else cuda):
-        return None, None
+        return None, None, ()
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -180,6 +183,15 @@ def kernel_profile(
         if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))
     ]
     if not kernels:
-        return None, None
+        return None, None, ()
     busy = sum(e.device_time for e in kernels) * 1e-6  # device_time is in microseconds
-    return len(kernels) // calls, busy / calls
+    return len(kernels) // calls, busy / calls, top_by_time(kernels, calls, top)
+
+
+def top_by_time(events, calls: int, top: int) -> tuple[tuple[str, float], ...]:
+    """Kernel events summed by name (cut to 120 characters), seconds per step, longest first."""
+    per: dict[str, float] = {}
+    for e in events:
+        name = e.name[:120]
+        per[name] = per.get(name, 0.0) + e.device_time * 1e-6 / calls
+    return tuple(sorted(per.items(), key=lambda kv: -kv[1])[:top])

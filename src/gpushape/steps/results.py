@@ -125,6 +125,21 @@ def bench_table(result: BenchResult, console: Console) -> None:
         console.print(escape(f"{name}: failed: {why}"))
 
 
+def kernels_table(result: BenchResult, console: Console, top: int) -> None:
+    """Each variant's `top` kernels by GPU time per step: where the time goes."""
+    for name, s in result.stats.items():
+        if not s.top_kernels:
+            continue
+        table = Table(title=escape(f"{name}: top kernels per step"), title_justify="left")
+        table.add_column("ms", justify="right")
+        table.add_column("share", justify="right")
+        table.add_column("kernel")
+        for kernel, secs in s.top_kernels[:top]:
+            share = f"{secs / s.gpu_busy_s:.0%}" if s.gpu_busy_s else "-"
+            table.add_row(f"{secs * 1e3:,.3f}", share, escape(kernel))
+        console.print(table)
+
+
 def loop_table(result: LoopResult, console: Console) -> None:
     title = f"{result.model}, {result.mode} mode: each fix, predicted beside measured"
     table = Table(title=escape(title), title_justify="left")

@@ -136,7 +136,7 @@ def measure_variants(
     times = time_blocks(runs, rounds=rounds, block=block, cuda=cuda)
     stats = {}
     for name, variant in built.items():
-        kernels, busy = kernel_profile(variant.run, cuda=cuda) if profile else (None, None)
+        kernels, busy, top = kernel_profile(variant.run, cuda=cuda) if profile else (None, None, ())
         stats[name] = StepStats(
             variant=name,
             step_times_s=tuple(times[name]),
@@ -146,6 +146,7 @@ def measure_variants(
             peak_memory_bytes=memory[name],
             kernels=kernels,
             gpu_busy_s=busy,
+            top_kernels=top,
             flops=flops,
             peak_flops=peak,
         )
