@@ -24,6 +24,7 @@ from .models import (
     NormThen,
     OneLinear,
     SoftmaxThen,
+    TinyForMaskedLM,
 )
 
 BF16 = torch.bfloat16
@@ -155,6 +156,16 @@ CASES: dict[str, Case] = {
         fires=Side(lambda: build(GeluMLP), lambda: (meta(8192, 1024),)),
         twin=Side(lambda: build(GeluMLP, written=False), lambda: (meta(8192, 1024),)),
         module="act",
+    ),
+    # The same model in inference: no loss, every position's logits are wanted.
+    "dense-mlm-head": Case(
+        fires=Side(lambda: build(TinyForMaskedLM), lambda: (meta(32, 512, dtype=torch.int64),)),
+        twin=Side(
+            lambda: build(TinyForMaskedLM),
+            lambda: (meta(32, 512, dtype=torch.int64),),
+            {"train": False},
+        ),
+        module="cls",
     ),
     "launch-bound": Case(
         fires=Side(lambda: build(ManyTiny), lambda: (meta(16, 64),)),

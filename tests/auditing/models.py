@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -203,3 +204,30 @@ class GeluMLP(nn.Module):
 class TanhGELUFormula(nn.Module):
     def forward(self, x):
         return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class TinyForMaskedLM(nn.Module):
+    """A Hugging Face-shaped masked LM: an encoder (`base_model`), a head whose subtree holds the
+    output embeddings, `config.vocab_size`, and the loss over every position with -100 ignored."""
+
+    def __init__(self, vocab: int = 4096, hidden: int = 256):
+        super().__init__()
+        self.config = SimpleNamespace(vocab_size=vocab, use_return_dict=True)
+        self.encoder = nn.Sequential(nn.Embedding(vocab, hidden), nn.Linear(hidden, hidden))
+        self.cls = nn.Sequential(
+            nn.Linear(hidden, hidden), nn.GELU(), nn.LayerNorm(hidden), nn.Linear(hidden, vocab)
+        )
+
+    @property
+    def base_model(self) -> nn.Module:
+        return self.encoder
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.cls[3]
+
+    def forward(self, input_ids, labels=None, return_dict=None):
+        logits = self.cls(self.encoder(input_ids))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, self.config.vocab_size), labels.view(-1))
+        return (loss, logits) if loss is not None else logits

@@ -33,6 +33,7 @@ def test_rule_ids_are_designs_table():
         "attention-head-dim",
         "unfused-softmax-dropout",
         "unfused-activation",
+        "dense-mlm-head",
         "launch-bound",
         "wave-quantization",
         "checkpoint-candidate",

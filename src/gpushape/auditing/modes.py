@@ -35,6 +35,10 @@ COMPILE_DOES = {
     "fuse-activation": "Inductor fuses a chain of elementwise ops into one kernel",
 }
 GRAPH_DOES = {"cuda-graphs": "the step already runs from a CUDA graph"}
+GRAPH_CANNOT = {  # fixes whose rewritten step a CUDA graph cannot replay
+    "masked-lm-head": "the labelled rows are counted on the host each step (a data-dependent "
+    "shape), which a CUDA graph cannot replay",
+}
 SLOWER_WALL = 0.5  # say so when a fix saves less than this share of its GPU time in wall time
 
 
@@ -98,6 +102,10 @@ def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[F
         if f.fix in done and f.est_saving_s is not None and not _convolution(f):
             out.append(_already_done(f, mode, done[f.fix]))
             continue
+        if mode == "graph" and f.fix in GRAPH_CANNOT and f.est_saving_s is not None:
+            why = GRAPH_CANNOT[f.fix]
+            out.append(_info(f, mode, f"in a CUDA graph this fix cannot run: {why}"))
+            continue
         if f.est_saving_s is None or f.est_saving_s <= 0:
             out.append(f)
             continue
@@ -121,12 +129,14 @@ def _convolution(f: Finding) -> bool:
 
 
 def _already_done(f: Finding, mode: str, why: str) -> Finding:
-    evidence = {**f.evidence, "saving_outside_mode_s": f.est_saving_s, "mode": mode}
     where = "under torch.compile" if mode == "compile" else "in a CUDA graph"
+    return _info(f, mode, f"{where} this saves nothing: {why}")
+
+
+def _info(f: Finding, mode: str, said: str) -> Finding:
+    """`f` as info with no saving in `mode`, saying why."""
+    evidence = {**f.evidence, "saving_outside_mode_s": f.est_saving_s, "mode": mode}
     return dataclasses.replace(
-        f,
-        severity=Severity.INFO,
-        est_saving_s=0.0,
-        message=f"{f.message}; {where} this saves nothing: {why}",
+        f, severity=Severity.INFO, est_saving_s=0.0, message=f"{f.message}; {said}",
         evidence=evidence,
-    )
+    )  # fmt: skip

@@ -16,7 +16,9 @@
    measured on top of the ones before it, as a user applies them, and predicted the same way:
    the audit of each stage's model predicts its step (GPU time and wall clock in the mode),
    and a fix's predicted saving is the difference from the stage before (the optimizer's fix
-   is priced by its finding; a CUDA graph by the audit's graph mode).
+   is priced by its finding; masked-lm-head, which acts on the labels the trace has no values
+   for, by its finding in the audit of the stage before; a CUDA graph by the audit's graph
+   mode).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from .step import make_optimizer
 from .variants import Spec, Variant, build_variant
 
 STEP_FIXES = ("fused-optimizer", "cuda-graphs")
+# Fixes that act on what the audit's trace has no values for (masked-lm-head: the labels), so
+# an audit of the rewritten model cannot see them: priced by their finding in the stage before.
+FROM_FINDINGS = ("masked-lm-head",)
 GIVEN = "as given"
 
 
@@ -202,24 +207,31 @@ def _step_of(report: Any) -> tuple[float, float]:
 
 def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[float, float]]:
     """Each built stage's predicted (GPU, wall) step: the audit of its model in `mode`; the
-    optimizer's fix from its findings; a CUDA graph as the audit's graph mode of the stage
-    before."""
+    optimizer's fix from its findings; a fix the trace cannot see (`FROM_FINDINGS`: it acts on
+    the labels) as the stage before less its finding in that stage's audit; a CUDA graph as
+    the audit's graph mode of the stage before."""
     from ..auditing.api import audit
 
     out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
+    reports = {GIVEN: report}
     previous = GIVEN
     for stage, spec in specs.items():
         if stage == GIVEN or stage not in built:
             continue
         step = built[stage].step
+        fix = stage.removeprefix("+ ")
         if stage == "+ fused-optimizer":
             gpu_s, wall_s, _ = predicted.get("fused-optimizer", (0.0, 0.0, []))
+            out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
+        elif fix in FROM_FINDINGS and previous in reports:
+            gpu_s, wall_s, _ = predictions(reports[previous]).get(fix, (0.0, 0.0, []))
             out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
         else:
             run_mode = "graph" if spec.runner == "graph" else mode
             stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                                  train=True, mode=run_mode)  # fmt: skip
             out[stage] = _step_of(stage_report)
+            reports[stage] = stage_report
             if spec.runner == "graph" and "+ fused-optimizer" in out:
                 fused = predicted.get("fused-optimizer", (0.0, 0.0, []))
                 out[stage] = (out[stage][0] - fused[0], out[stage][1] - fused[1])

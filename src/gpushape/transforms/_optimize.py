@@ -34,7 +34,9 @@ from ._core import (
 from ._verify import Verification, reference, verify
 
 MODES = ("eager", "compile", "graph")
-# Structural rewrites first (they change which modules exist), layouts last.
+# Structural rewrites first (they change which modules exist), layouts next; masked-lm-head
+# last: it replaces the whole forward (for a labelled batch), which the later audits of
+# optimize and of the fix-by-fix loop cannot see (they trace without labels).
 ORDER = (
     "pad-channels",
     "fuse-qkv",
@@ -42,6 +44,7 @@ ORDER = (
     "fuse-activation",
     "fuse-norm-act",
     "channels-last",
+    "masked-lm-head",
 )
 CHECKPOINT = "activation-checkpoint"  # last: it plans on the model the others left
 

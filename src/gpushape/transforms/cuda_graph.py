@@ -113,6 +113,11 @@ def capture_reasons(
             f"{len(off)} inputs are not on CUDA (the graph reads static CUDA tensors): "
             f"{_listed(off)}"
         )
+    if "_gpushape_masked_lm" in model.__dict__:  # masked_lm_head.MARK
+        reasons.append(
+            "masked-lm-head counts the labelled rows on the host each step (a data-dependent "
+            "shape): revert it, or run without a CUDA graph"
+        )
     if optimizer is not None:
         names = {id(p): n for n, p in model.named_parameters()}
         reasons += _optimizer_reasons(optimizer, names)

@@ -1,0 +1,75 @@
+"""dense-mlm-head: a masked LM's head computed at every position, though its loss reads ~15%.
+
+A Hugging Face `*ForMaskedLM` model (BERT, RoBERTa, ALBERT...) runs its head -- for BERT a
+dense layer, GELU and LayerNorm, then the vocabulary-wide decoder -- at every position, and its
+cross-entropy ignores the positions without a label (-100). BERT-style training labels 15% of
+the tokens, so 85% of the head's GEMMs, of the softmax over the vocabulary and of the decoder
+bias gradient's reduction is thrown away. The `masked-lm-head` fix runs the head and the loss on
+the labelled rows alone (the loss and every gradient unchanged; the logits come back for those
+rows only).
+
+The trace has no labels (the audit sees the model's inputs, not the loss), so the saving is
+estimated: (1 - 0.15) x (the head's traced ops, forward and backward, as the cost model prices
+them + the loss's passes over the logits, LOSS_PASSES reads or writes of a logits-sized tensor
+at the softmax family's measured rate). Training only; quiet for a model already rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ...models.heads import MASKED_FRACTION, masked_lm_head
+from ..context import AuditContext
+from ..finding import Finding
+from ..registry import register_rule
+
+RULE = "dense-mlm-head"
+# log_softmax forward (logits in, log-probabilities out), its backward (gradient and output
+# in, gradient out), and NLL's backward (a zero-filled logits-sized gradient): six passes.
+LOSS_PASSES = 6
+MARK = "_gpushape_masked_lm"  # masked-lm-head's mark on a model it rewrote
+
+
+@register_rule(RULE, title="a masked LM's head computed at every position")
+def check(ctx: AuditContext) -> Iterable[Finding]:
+    model = ctx.model
+    if not ctx.train or model is None or MARK in getattr(model, "__dict__", {}):
+        return
+    spec, _ = masked_lm_head(model)
+    if spec is None:
+        return
+    prefix = spec.head_name + "."
+    recs = [
+        r
+        for r in ctx.forward_compute()
+        if r.module == spec.head_name or r.module.startswith(prefix)
+    ]
+    if not recs:
+        return
+    head_s = ctx.time_s(o for r in recs for o in ctx.with_backward(r))
+    logits = recs[-1].outputs[0] if recs[-1].outputs else None
+    logits_bytes = logits.nbytes if logits is not None else 0
+    memory_rate = ctx.gpu.achievable.memory("softmax")
+    loss_s = ctx.bytes_time_s(LOSS_PASSES * logits_bytes) / memory_rate
+    saving = (1.0 - MASKED_FRACTION) * (head_s + loss_s)
+    rows = logits.shape[0] * (logits.shape[1] if len(logits.shape) > 2 else 1) if logits else 0
+    evidence = {
+        "head": spec.head_name,
+        "vocabulary": spec.vocab_size,
+        "positions": rows,
+        "labelled_share_assumed": MASKED_FRACTION,
+        "head_time_s": head_s,
+        "loss_time_s": loss_s,
+        "logits_bytes": logits_bytes,
+    }
+    message = (
+        f"the masked-LM head `{spec.head_name}` computes {spec.vocab_size:,}-wide logits at "
+        f"all {rows:,} positions, but the loss reads only the labelled ones (~15% in BERT-style "
+        "training): running the head and the loss on those rows alone skips ~85% of its GEMMs "
+        "and of the softmax (masked-lm-head; the logits then come back for the labelled "
+        "positions only)"
+    )
+    yield ctx.finding(
+        RULE, spec.head_name, message, evidence, saving_s=saving, fix="masked-lm-head",
+        replaces=recs,
+    )  # fmt: skip

@@ -1,0 +1,153 @@
+"""masked-lm-head on real Hugging Face masked LMs (tiny configs, CPU, fp32): with labels the
+loss and every gradient equal the original's and the logits are the labelled rows'; without
+labels nothing changes; revert, idempotence, state_dict, refusals, the audit after."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import io
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import gpushape  # noqa: E402
+from gpushape.models.heads import IGNORE_INDEX, masked_lm_head  # noqa: E402
+from gpushape.models.library import hf_model  # noqa: E402
+from gpushape.transforms import capture_reasons, revert  # noqa: E402
+from gpushape.transforms.masked_lm_head import MARK, is_applied  # noqa: E402
+
+TINY = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
+
+
+def _bert(kind: str = "bert", vocab: int = 1001, **extra):
+    model, _ = hf_model(kind, device="cpu", dtype=torch.float32, vocab_size=vocab, **TINY, **extra)
+    torch.manual_seed(0)
+    for p in model.parameters():  # hf_model builds on meta: give it values
+        p.data = torch.randn_like(p) * 0.05
+    ids = torch.randint(0, vocab, (3, 16), generator=torch.Generator().manual_seed(1))
+    labels = torch.where(
+        torch.rand(ids.shape, generator=torch.Generator().manual_seed(2)) < 0.2,
+        ids,
+        torch.full_like(ids, IGNORE_INDEX),
+    )
+    labels[0, 0] = ids[0, 0]
+    return model.eval(), ids, labels
+
+
+def _run(model, ids, labels):
+    model.zero_grad(set_to_none=True)
+    out = model(ids, labels=labels)
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out, grads
+
+
+def _optimized(model, ids, **kw):
+    return gpushape.optimize(model, (ids,), gpu="h200", dtype=torch.float32, **kw)
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_labelled_loss_gradients_and_rows_equal_the_original(kind):
+    model, ids, labels = _bert(kind)
+    ref_out, ref_grads = _run(copy.deepcopy(model), ids, labels)
+    model, report = _optimized(model, ids, transforms=["masked-lm-head"])
+    assert [c.transform for c in report.applied] == ["masked-lm-head"], report.refused
+    out, grads = _run(model, ids, labels)
+    kept = labels != IGNORE_INDEX
+    assert out.logits.shape == (int(kept.sum()), model.config.vocab_size)
+    torch.testing.assert_close(out.logits, ref_out.logits[kept], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.loss, ref_out.loss, rtol=1e-6, atol=1e-6)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_without_labels_the_model_runs_as_before():
+    model, ids, _ = _bert()
+    ref = copy.deepcopy(model)(ids).logits
+    model, _ = _optimized(model, ids, transforms=["masked-lm-head"])
+    assert is_applied(model)
+    assert torch.equal(model(ids).logits, ref)
+
+
+def test_with_padded_vocabulary_and_tuple_outputs():
+    model, ids, labels = _bert(vocab=1001)
+    ref_out, ref_grads = _run(copy.deepcopy(model), ids, labels)
+    model, report = _optimized(model, ids, transforms=["pad-channels", "masked-lm-head"])
+    assert {c.transform for c in report.applied} == {"pad-channels", "masked-lm-head"}
+    out, grads = _run(model, ids, labels)
+    torch.testing.assert_close(out.loss, ref_out.loss, rtol=1e-5, atol=1e-6)
+    name = "bert.embeddings.word_embeddings.weight"  # the decoder's, tied to it
+    torch.testing.assert_close(grads[name][:1001], ref_grads[name], rtol=1e-4, atol=1e-6)
+    loss, logits = model(ids, labels=labels, return_dict=False)[:2]
+    torch.testing.assert_close(loss, ref_out.loss, rtol=1e-5, atol=1e-6)
+    assert logits.shape[0] == int((labels != IGNORE_INDEX).sum())
+
+
+def test_revert_state_dict_copy_and_twice():
+    model, ids, labels = _bert()
+    original = copy.deepcopy(model)
+    model, _ = _optimized(model, ids, transforms=["masked-lm-head"])
+    again, report = _optimized(model, ids, transforms=["masked-lm-head"])
+    assert again is model and not report.applied  # twice equals once
+    fresh = copy.deepcopy(original)
+    fresh.load_state_dict(model.state_dict(), strict=True)
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    buf.seek(0)
+    fresh.load_state_dict(torch.load(buf), strict=True)
+    clone = copy.deepcopy(model)  # its forward is bound to the copy, not to `model`
+    assert clone.forward.__self__ is clone and is_applied(clone)
+    torch.testing.assert_close(clone(ids, labels=labels).loss, model(ids, labels=labels).loss)
+    restored = revert(model)
+    assert restored is model and not is_applied(model)
+    assert "forward" not in model.__dict__ and MARK not in model.__dict__
+    assert torch.equal(model(ids, labels=labels).logits, original(ids, labels=labels).logits)
+
+
+def test_the_audit_names_it_and_is_quiet_after():
+    model, ids, _ = _bert()
+    model, report = _optimized(model, ids, transforms=["pad-channels", "masked-lm-head"])
+    assert any(f.rule == "dense-mlm-head" for f in report.before.findings)
+    assert "masked-lm-head" in {c.transform for c in report.applied}
+    assert not any(f.rule == "dense-mlm-head" for f in report.after.findings)
+
+
+def test_refusals_say_why():
+    model, ids, _ = _bert()
+    _, report = _optimized(model, ids, transforms=["masked-lm-head"], mode="graph")
+    assert not report.applied and "CUDA graph" in report.refused[0].reason
+    model.register_forward_hook(lambda *a: None)
+    _, report = _optimized(model, ids, transforms=["masked-lm-head"])
+    assert not report.applied and "hooks" in report.refused[0].reason
+    distil, _ = hf_model("distilbert", device="meta", n_layers=1)
+    spec, why = masked_lm_head(distil)
+    assert spec is None and "vocab_transform" in why
+
+
+def test_a_forward_that_is_not_head_of_encoder_is_refused():
+    model, ids, _ = _bert()
+    forward = type(model).forward
+
+    @functools.wraps(forward)
+    def scaled(self, *args, **kwargs):  # the original scales its logits: the path would not
+        out = forward(self, *args, **kwargs)
+        out.logits = out.logits * 2
+        if out.loss is not None:
+            out.loss = out.loss * 2
+        return out
+
+    patched = type("ScaledForMaskedLM", (type(model),), {"forward": scaled})
+    model.__class__ = patched
+    _, report = _optimized(model, ids, transforms=["masked-lm-head"])
+    assert not report.applied
+    assert "does not match the original" in report.refused[0].reason
+
+
+def test_a_cuda_graph_refuses_it():
+    model, ids, _ = _bert()
+    model, _ = _optimized(model, ids, transforms=["masked-lm-head"])
+    assert any("masked-lm-head" in r for r in capture_reasons(model))
