@@ -10,9 +10,12 @@ Per op (FLOPs and minimum bytes from `flops.py`):
                 the family efficiency: what eager kernels of its kind reach against the copy
                 rate, measured by `gpushape probe`, 1 where unmeasured: `families.py`)
     layout_s        = an NCHW convolution on tensor cores: cuDNN's NHWC conversions' bytes
-                      (`layout.py`) / (copy rate x the profile's "nchw_conversion" efficiency)
+                      (`layout.py`) / (copy rate x the profile's "nchw_conversion" efficiency);
+                      a LayerNorm or softmax given a non-contiguous input: the copy its kernel
+                      first makes (`layout.hidden_copies`) at its copy family's efficiency
     kernel_time_s   = max(compute_s, memory_s) + layout_s   # time on the GPU
-    launch_s        = kernels x gpu.achievable.launch_overhead_s   (conversions: 2 a pass)
+    launch_s        = kernels x gpu.achievable.launch_overhead_s   (conversions: 2 a pass,
+                                                                  hidden copies: 1 each)
     roofline_time_s = kernel_time_s + launch_s          # serial: launch not hidden
 Views, detach and allocations cost nothing and launch nothing. `bound` says which side of the
 roofline the op sits on ("compute" or "memory"; "none" for ops that do no work).
@@ -38,7 +41,7 @@ from typing import Literal
 
 from ..errors import GpushapeError
 from ..hardware import GPUSpec, dtype_key, get_gpu
-from .families import memory_family, priced_family, row_length
+from .families import hidden_copy_families, op_family
 from .flops.registry import OpWork, op_work
 from .gemm_model import GemmEfficiency, gemm_efficiency
 from .layout import conversion_bytes_of, conversion_passes
@@ -74,7 +77,9 @@ class OpCost:
     gemm_flops: int  # FLOPs of the op's GEMMs (the tensor-core work; 2 x MACs)
     gemms: tuple[GemmEfficiency, ...] = ()
     misaligned: tuple[str, ...] = ()  # "K=4095": dimensions missing the tensor-core alignment
-    layout_s: float = 0.0  # an NCHW tensor-core convolution's layout conversions (in kernel_s)
+    # layout conversions inside the op (in kernel_s): an NCHW tensor-core convolution's, the
+    # contiguous copy a LayerNorm or softmax makes of a permuted input
+    layout_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,20 +266,22 @@ def op_cost(
         math_key, used_tc = key, used_tc or tc
     rest = max(work.flops - gemm_flops, 0)
     compute_s += rest / gpu.attainable_flops(dtype, tensor_cores=False)
-    family = priced_family(memory_family(rec), gpu.achievable.memory_efficiency, row_length(rec))
+    measured = gpu.achievable.memory_efficiency
+    bandwidth = gpu.attainable_bandwidth_bytes_per_s()
     memory_s = (work.min_bytes + work.reread_bytes) / (
-        gpu.attainable_bandwidth_bytes_per_s() * gpu.achievable.memory(family)
+        bandwidth * gpu.achievable.memory(op_family(rec, measured))
     )
     kernel_s = max(compute_s, memory_s)
     kernels = work.kernels
     layout_s = 0.0
     passes = conversion_passes(rec) if used_tc else 0
     if passes:  # cuDNN's NHWC conversions: kernels of their own, after and before the GEMM
-        layout_s = conversion_bytes_of(rec) / (
-            gpu.attainable_bandwidth_bytes_per_s() * gpu.achievable.memory("nchw_conversion")
-        )
-        kernel_s += layout_s
+        layout_s = conversion_bytes_of(rec) / (bandwidth * gpu.achievable.memory("nchw_conversion"))
         kernels += 2 * passes
+    for nbytes, family in hidden_copy_families(rec, measured):  # a copy kernel before the op
+        layout_s += nbytes / (bandwidth * gpu.achievable.memory(family))
+        kernels += 1
+    kernel_s += layout_s
     launch_s = kernels * gpu.achievable.launch_overhead_s
     if work.flops == 0 and work.min_bytes == 0 and work.kernels == 0:
         bound: Bound = "none"

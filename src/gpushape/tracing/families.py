@@ -6,6 +6,14 @@ the copy rate, and pooling and embedding backward at less. `gpushape probe` meas
 fraction per family (`probe/memory.py`), the profile carries it, and the cost model
 divides an op's memory time by it (`Achievable.memory_efficiency`). An op outside every family,
 or a family the profile has not measured, keeps the copy rate.
+
+Some families' rates depend on one size of the op the family name does not say: the length of
+the rows a LayerNorm normalizes, the channels an NCHW BatchNorm gives one thread block each, the
+kernel side of a depthwise convolution. The probe measures those at several sizes, kept as
+"<family>@<size>" (`SIZE_VARIANTS`), and an op is priced at the measured size nearest its own
+(`op_family`). A family with nothing measured falls back to the one it refines (`FALLBACK`, an
+NCHW family to its channels_last one), so a profile measured before a refinement prices ops as
+it did.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from collections.abc import Mapping
 
 from .flops.conv import direct_conv
 from .flops.registry import packet
-from .layout import runs_nchw
+from .layout import copy_op_kind, hidden_copies, runs_nchw, runs_nhwc
 from .records import OpRecord
 
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -54,15 +62,16 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "aten.max_pool3d_with_indices",
         "aten.max_pool3d_with_indices_backward",
     ),
-    "gather": (
-        "aten.embedding",
+    # forward gathers: rows read from a table (an embedding's lookup)
+    "gather": ("aten.embedding", "aten.index_select", "aten.gather", "aten.index"),
+    # accumulating scatters: an embedding's backward (sort the ids, sum each id's rows), index_put
+    # with accumulate=True (an indexed read's backward), index_add, scatter_add
+    "scatter_add": (
         "aten.embedding_dense_backward",
-        "aten.index_select",
-        "aten.gather",
-        "aten.index",
         "aten.index_add",
         "aten.scatter_add",
     ),
+    "roll": ("aten.roll",),
     "dropout": ("aten.native_dropout", "aten.native_dropout_backward"),
     # pointwise ops with transcendental math (eager kernels run them below the copy rate)
     "activation": (
@@ -85,14 +94,17 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     ),
 }
 _BY_PACKET = {op: family for family, ops in FAMILIES.items() for op in ops}
+INDEX_PUT = frozenset({"aten.index_put", "aten.index_put_", "aten._index_put_impl_"})
 # Families whose eager kernels depend on the memory format: on 4-D tensors in NCHW
 # (contiguous) PyTorch runs other kernels than on channels_last ones (the H200 ran ResNet-50's
 # NCHW BatchNorm several times slower), so the probe measures them apart. Where a profile lacks
-# the NCHW figure, the family's own prices them (`priced_family`).
+# the NCHW figure, the family's own prices them (`FALLBACK`).
 NCHW_VARIANTS = {"batch_norm": "batch_norm_nchw", "pool": "pool_nchw"}
 NCHW_BASE = {nchw: base for base, nchw in NCHW_VARIANTS.items()}  # NCHW family -> its own
 # Depthwise and narrow grouped convolutions run as direct kernels bound by their bytes
-# (tracing/flops/conv.py), unlike every other convolution (GEMMs): a family of their own.
+# (tracing/flops/conv.py), unlike every other convolution (GEMMs): a family of their own, and
+# another in NCHW, where cuDNN runs other direct kernels (not a layout the nchw-conv rule
+# prices: no conversions there).
 CONV_OPS = frozenset(
     {
         "aten.convolution",
@@ -104,13 +116,42 @@ CONV_OPS = frozenset(
     }
 )
 GROUPED_CONV = "grouped_conv"
-# Families whose eager kernels' rate depends on the row they normalize: LayerNorm over 768
-# values keeps fewer bytes in flight per row than over 4096, and the H200 ran BERT's and ViT's
-# norms well below the rate measured at 4096. The probe measures them at several row lengths,
-# kept as "<family>@<row length>" beside the family's own figure (taken at ROW_BASE's length),
-# and an op is priced at the measured row length nearest its own (`priced_family`).
-ROW_BASE = {"norm": 4096, "softmax": 1024}
-ROW_VARIANTS = ("norm@384", "norm@768")
+GROUPED_CONV_NCHW = "grouped_conv_nchw"
+# Copies between layouts (tracing/layout.py `copy_kind`), by how they read their source; roll
+# (its own family above) copies as many times as it has dimensions to roll.
+COPY_FAMILIES = {"permuted": "permuted_copy", "transposed": "transposed_copy"}
+# Families whose rate depends on one size of the op (the module docstring): measured as
+# "<family>@<size>" beside the family's own figure, taken at SIZE_BASE's size.
+#   norm, softmax: the row length (last dimension); LayerNorm over 96 or 768 values keeps fewer
+#     bytes in flight per row than over 4096, and the H200 ran short-row norms far below it.
+#   batch_norm_nchw: the channels. PyTorch's NCHW BatchNorm reduces each channel in one thread
+#     block (statistics forward, the whole backward), so 16 channels keep 16 of 132 SMs busy.
+#   grouped_conv(_nchw): the kernel side; a 5x5 depthwise tap loop is not a 7x7 one.
+SIZE_BASE = {
+    "norm": 4096,
+    "softmax": 1024,
+    "batch_norm_nchw": 256,
+    GROUPED_CONV: 7,
+    GROUPED_CONV_NCHW: 7,
+}
+SIZE_VARIANTS = (
+    "norm@96",
+    "norm@192",
+    "norm@384",
+    "norm@768",
+    "batch_norm_nchw@16",
+    "batch_norm_nchw@32",
+    "batch_norm_nchw@64",
+    "batch_norm_nchw@128",
+    "grouped_conv_nchw@3",
+    "grouped_conv_nchw@5",
+)
+# What an unmeasured family is priced as: the family it refines.
+FALLBACK = {
+    **NCHW_BASE,
+    GROUPED_CONV_NCHW: GROUPED_CONV,
+    "scatter_add": "gather",
+}
 # Families from the op's tags, for ops no table above names.
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
 # gpushape's own fused kernels, which the audit's fusion rules propose: what they reach prices
@@ -131,56 +172,131 @@ KERNEL_FAMILIES = {
     "gpushape.softmax_dropout_fwd": "fused_softmax_dropout",
     "gpushape.softmax_dropout_bwd": "fused_softmax_dropout",
 }
-# What a convolution loses in NCHW against channels_last, as an efficiency of the bytes cuDNN's
-# layout conversions move (tracing/layout.py): the cost model's price of NCHW convolutions.
+# Not kernel families, measured beside them:
+# - what a convolution loses in NCHW against channels_last, as an efficiency of the bytes
+#   cuDNN's layout conversions move (tracing/layout.py): the cost model's price of NCHW convs;
+# - a patch embedding (fewer input channels than the tensor-core alignment, stride equal to the
+#   kernel: ViT's 16x16/16, ConvNeXt's and Swin's 4x4/4) by its patch side: its rate over the
+#   GEMM model's, as `conv_small_cin` is for a 7x7 stride-2 stem (tracing/gemm_model.py).
 LAYOUT = ("nchw_conversion",)
+PATCH_CONV = "patch_conv"
+PATCH_VARIANTS = ("patch_conv@4", "patch_conv@16")
 ALL_FAMILIES = (
     *FAMILIES,
     *NCHW_VARIANTS.values(),
-    *ROW_VARIANTS,
+    *SIZE_VARIANTS,
     GROUPED_CONV,
+    GROUPED_CONV_NCHW,
+    *COPY_FAMILIES.values(),
     *TAGGED.values(),
     *FUSED,
     *LAYOUT,
+    *PATCH_VARIANTS,
 )
 
 
 def memory_family(rec: OpRecord) -> str | None:
     """The family whose measured efficiency prices `rec`'s bytes; None: the copy rate."""
-    if packet(rec.op) in CONV_OPS:
-        return GROUPED_CONV if direct_conv(rec) else None
-    family = _BY_PACKET.get(packet(rec.op)) or KERNEL_FAMILIES.get(packet(rec.op))
+    op = packet(rec.op)
+    if op in CONV_OPS:
+        if not direct_conv(rec):
+            return None
+        return (
+            GROUPED_CONV_NCHW
+            if len(rec.inputs[0].shape) == 4 and not runs_nhwc(rec)
+            else GROUPED_CONV
+        )
+    kind = copy_op_kind(rec)
+    if kind is not None:
+        return COPY_FAMILIES[kind]
+    if op in INDEX_PUT:
+        return "scatter_add" if rec.params.get("accumulate") else None
+    family = _BY_PACKET.get(op) or KERNEL_FAMILIES.get(op)
     if family is not None:
         if family in NCHW_VARIANTS and runs_nchw(rec):
             return NCHW_VARIANTS[family]
         return family
+    return _tagged(rec)
+
+
+def _tagged(rec: OpRecord) -> str | None:
     for tag, name in TAGGED.items():
         if tag in rec.tags:
             return name
     return None
 
 
+def op_family(rec: OpRecord, measured: Mapping[str, float]) -> str | None:
+    """The family (or "<family>@<size>") whose figure in `measured` prices `rec`'s bytes: its
+    own at the measured size nearest the op's, else what it falls back to. A copy between
+    layouts whose kind is unmeasured is priced as the op was before copies had families (a
+    clone by its tags, elementwise)."""
+    family = memory_family(rec)
+    priced = priced_family(family, measured, variant_size(rec, family))
+    if family in COPY_FAMILIES.values() and priced not in measured:
+        return _tagged(rec)
+    return priced
+
+
 def priced_family(
-    family: str | None, measured: Mapping[str, float], row: int | None = None
+    family: str | None, measured: Mapping[str, float], size: int | None = None
 ) -> str | None:
-    """The family whose figure prices `family`: for a family measured at several row lengths
-    (`ROW_BASE`), the measurement nearest `row` (by ratio); itself when measured; else the
-    family an NCHW variant belongs to (`NCHW_VARIANTS`)."""
-    if family in ROW_BASE and row:
-        return _nearest_row(family, measured, row)
-    if family is None or family in measured:
+    """The family whose figure prices `family`: for a family measured at several sizes
+    (`SIZE_BASE`), the measurement nearest `size` (by ratio); itself when measured; else what
+    it falls back to (`FALLBACK`), priced the same way; else itself (unmeasured)."""
+    if family is None:
+        return None
+    if family in SIZE_BASE and size:
+        near = nearest_size(family, measured, size, SIZE_BASE[family])
+        if near in measured:
+            return near
+    if family in measured:
         return family
-    return NCHW_BASE.get(family, family)
+    if family in FALLBACK:
+        return priced_family(FALLBACK[family], measured, size)
+    return family
 
 
-def _nearest_row(family: str, measured: Mapping[str, float], row: int) -> str:
-    lengths = {key: int(key.partition("@")[2]) for key in measured if key.startswith(family + "@")}
-    if family in measured or not lengths:
-        lengths[family] = ROW_BASE[family]
-    return min(lengths, key=lambda key: abs(math.log(lengths[key] / row)))
+def nearest_size(family: str, measured: Mapping[str, float], size: int, base: int) -> str:
+    """Of `family`'s measured "<family>@<n>" figures (and its own, taken at `base`, when
+    measured or when no variant is), the one whose n is nearest `size` by ratio."""
+    sizes = {
+        key: int(key.partition("@")[2])
+        for key in measured
+        if key.startswith(family + "@") and key.partition("@")[2].isdigit()
+    }
+    if family in measured or not sizes:
+        sizes[family] = base
+    return min(sizes, key=lambda key: (abs(math.log(sizes[key] / size)), sizes[key]))
+
+
+def variant_size(rec: OpRecord, family: str | None) -> int | None:
+    """The size `family`'s rate depends on (`SIZE_BASE`) for `rec`; None for other families."""
+    if family in ("norm", "softmax"):
+        return row_length(rec)
+    first = rec.inputs[0] if rec.inputs else None
+    if family == "batch_norm_nchw" and first is not None and len(first.shape) > 1:
+        return int(first.shape[1])
+    if family in (GROUPED_CONV, GROUPED_CONV_NCHW):
+        weight = rec.input("weight") if rec.has_input("weight") else rec.inputs[1]
+        return int(weight.shape[-1]) if len(weight.shape) > 2 else None
+    return None
 
 
 def row_length(rec: OpRecord) -> int | None:
     """The length of the rows a norm or softmax works on: its input's last dimension."""
     first = rec.inputs[0] if rec.inputs else None
     return int(first.shape[-1]) if first is not None and first.shape else None
+
+
+def hidden_copy_families(
+    rec: OpRecord, measured: Mapping[str, float]
+) -> tuple[tuple[int, str | None], ...]:
+    """(bytes, priced family) of each copy `rec`'s kernel makes of a non-contiguous input
+    (`layout.hidden_copies`): read once, written once, at its copy kind's measured rate, else
+    at a clone's (elementwise)."""
+    out = []
+    for t, kind in hidden_copies(rec):
+        family = COPY_FAMILIES[kind]
+        out.append((2 * t.numel * t.itemsize, family if family in measured else "elementwise"))
+    return tuple(out)

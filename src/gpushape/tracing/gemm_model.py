@@ -49,7 +49,10 @@ shape at hand. It has four parts.
    A convolution with fewer input channels per group than the alignment (the RGB stem of
    every CNN: 3 channels) falls much further, to what `gpushape probe` measures for a 7x7
    stride-2 stem (`Achievable.small_cin_conv`, the measured rate over this model's rate with
-   no penalty); unmeasured, it takes CONV_MISALIGNED.
+   no penalty); unmeasured, it takes CONV_MISALIGNED. A patch embedding (`Gemm.patch`: stride
+   equal to the kernel, ViT's 16x16/16, ConvNeXt's 4x4/4) runs other cuDNN kernels: it takes the
+   rate the probe measured for the patch side nearest its own (profile keys "patch_conv@<side>",
+   `small_cin_rate`), the stem's where none is measured.
    These are one chip's measurements, used for every chip until `gpushape probe` measures its
    own cliffs.
 4. Fused attention kernels (flash, memory-efficient) do more than their two or five matmuls:
@@ -65,6 +68,7 @@ import math
 from dataclasses import dataclass
 
 from ..hardware import GPUSpec
+from .families import PATCH_CONV, nearest_size
 from .flops.registry import Gemm
 
 TILES = ((128, 256), (256, 128), (128, 128), (128, 64), (64, 128))
@@ -155,6 +159,17 @@ def alignment_penalty(
     return GEMM_MISALIGNED.get(align_elems // reached, GEMM_MISALIGNED_WORST)
 
 
+def small_cin_rate(gemm: Gemm, gpu: GPUSpec) -> float:
+    """The measured rate of a convolution on fewer input channels than the alignment: a patch
+    embedding's at the measured patch side nearest its own, else the stem's (0: unmeasured)."""
+    measured = gpu.achievable.memory_efficiency
+    if gemm.patch:
+        key = nearest_size(PATCH_CONV, measured, gemm.patch, gemm.patch)
+        if key in measured:
+            return measured[key]
+    return gpu.achievable.small_cin_conv
+
+
 def gemm_efficiency(
     gemm: Gemm, gpu: GPUSpec, dtype: str, tensor_cores: bool = True
 ) -> GemmEfficiency:
@@ -180,7 +195,7 @@ def gemm_efficiency(
     penalty, misaligned = 1.0, []
     if align and gemm.family != "attention":
         for name, value in gemm.align_dims:
-            small = gpu.achievable.small_cin_conv if name == "Cin/groups" else 0.0
+            small = small_cin_rate(gemm, gpu) if name == "Cin/groups" else 0.0
             p = alignment_penalty(value, align, gemm.family, small)
             if p < 1.0:
                 misaligned.append(f"{name}={value}")

@@ -1,4 +1,5 @@
-"""Memory layout: NCHW tensors, and the conversions cuDNN runs around an NCHW convolution.
+"""Memory layout: NCHW tensors, the conversions cuDNN runs around an NCHW convolution, and
+copies between layouts.
 
 cuDNN's tensor-core convolutions work in NHWC. A convolution runs NHWC when its input or its
 weight is channels_last (cuDNN's own rule; the tracer gives a meta convolution's output the
@@ -8,6 +9,17 @@ the input gradient; input and grad_output again for the weight gradient. Each co
 separate kernel that reads and writes its tensor once. The cost model adds their time to the
 convolution's (`cost.op_cost`, at the profile's "nchw_conversion" efficiency), and the
 nchw-conv rule counts them as what channels_last saves.
+
+A copy between two layouts of one shape (`clone` of a permuted view, `.contiguous()`, a window
+partition) reads its source in one of two ways (`copy_kind`): "permuted" when the rows of the
+destination's innermost dimension lie whole in the source (Swin's window partition, an attention
+head split: 96 or 64 contiguous values per row), "transposed" when they are gathered across the
+source (NCHW to NHWC: every value of a row from another line of memory). Eager copy kernels run
+the second far below the first; each has its memory family (`families.COPY_FAMILIES`). Some
+eager kernels make such a copy themselves (`hidden_copies`): PyTorch's CUDA LayerNorm and softmax
+first make a non-contiguous input contiguous, a kernel the meta trace does not see (ConvNeXt's
+and Swin's stem LayerNorm runs on the permuted NCHW output of the patch convolution); the cost
+model adds its time to the op's (`cost.op_cost`, in `OpCost.layout_s`).
 """
 
 from __future__ import annotations
@@ -24,6 +36,17 @@ FORWARD = frozenset(
     }
 )
 BACKWARD = frozenset({"aten.convolution_backward", "aten.convolution_backward_overrideable"})
+COPY_OPS = frozenset({"aten.clone", "aten._to_copy", "aten.copy_"})
+# Inputs PyTorch's CUDA kernels make contiguous before they run (`expect_contiguous`,
+# `.contiguous()` in layer_norm_cuda, host_softmax and their backwards).
+CONTIGUOUS_INPUTS = {
+    "aten.native_layer_norm": ("input",),
+    "aten.native_layer_norm_backward": ("grad_out", "input"),
+    "aten._softmax": ("self",),
+    "aten._softmax_backward_data": ("grad_output", "output"),
+    "aten._log_softmax": ("self",),
+    "aten._log_softmax_backward_data": ("grad_output", "output"),
+}
 
 
 def channels_last_strides(t: TensorMeta) -> bool:
@@ -101,3 +124,56 @@ def conversion_bytes_of(rec: OpRecord) -> int:
     x = rec.inputs[0 if packet(rec.op) in FORWARD else 1].nbytes
     y = rec.outputs[0].nbytes if packet(rec.op) in FORWARD else rec.inputs[0].nbytes
     return passes * 2 * (x + y)
+
+
+def contiguous_like(t: TensorMeta) -> TensorMeta:
+    """`t` as `.contiguous()` would lay it out."""
+    strides, step = [], 1
+    for size in reversed(t.shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return TensorMeta(
+        shape=t.shape,
+        dtype=t.dtype,
+        strides=tuple(reversed(strides)),
+        memory_format="contiguous",
+        itemsize=t.itemsize,
+    )
+
+
+def copy_kind(src: TensorMeta, dst: TensorMeta) -> str | None:
+    """How a copy of `src` into `dst` reads (module docstring): "permuted", "transposed", or
+    None for a copy between alike layouts (or of a broadcast source, or shapes that differ)."""
+    if src.shape != dst.shape or len(src.strides) != len(src.shape):
+        return None
+    if len(dst.strides) != len(dst.shape):
+        return None
+    dims = [d for d, size in enumerate(src.shape) if size > 1]
+    if not dims or any(src.strides[d] == 0 for d in dims):
+        return None
+    if all(src.strides[d] == dst.strides[d] for d in dims):
+        return None
+    inner = min(dims, key=lambda d: dst.strides[d])
+    return "permuted" if src.strides[inner] == 1 else "transposed"
+
+
+def copy_op_kind(rec: OpRecord) -> str | None:
+    """`copy_kind` of a copy op (clone, _to_copy, copy_); None for any other op."""
+    op = packet(rec.op)
+    if op not in COPY_OPS or not rec.inputs:
+        return None
+    if op == "aten.copy_":  # copy_(self, src): self is the destination
+        return copy_kind(rec.inputs[1], rec.inputs[0]) if len(rec.inputs) > 1 else None
+    return copy_kind(rec.inputs[0], rec.outputs[0]) if rec.outputs else None
+
+
+def hidden_copies(rec: OpRecord) -> tuple[tuple[TensorMeta, str], ...]:
+    """(tensor, copy kind) for every input `rec`'s CUDA kernel first copies to contiguous."""
+    copies = []
+    for name in CONTIGUOUS_INPUTS.get(packet(rec.op), ()):
+        if rec.has_input(name):
+            t = rec.input(name)
+            kind = copy_kind(t, contiguous_like(t))
+            if kind is not None:
+                copies.append((t, kind))
+    return tuple(copies)

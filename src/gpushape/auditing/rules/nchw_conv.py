@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...tracing.families import NCHW_BASE, memory_family
+from ...tracing.families import NCHW_BASE, memory_family, op_family
 from ...tracing.layout import conversion_bytes_of, runs_nhwc
 from ...tracing.records import OpRecord
 from ..context import AuditContext
@@ -42,10 +42,13 @@ def layout_bound(ctx: AuditContext) -> tuple[float, list[OpRecord]]:
     total, ops = 0.0, []
     for rec in ctx.trace.ops:
         family = memory_family(rec)
-        if family not in NCHW_BASE or family not in measured:
+        if family not in NCHW_BASE:
+            continue
+        priced = op_family(rec, measured)  # "batch_norm_nchw@16": the size nearest the op's
+        if priced is None or priced.partition("@")[0] != family:  # no NCHW figure measured
             continue
         memory_s = ctx.op_cost(rec).memory_s
-        total += memory_s * (1 - measured[family] / ctx.gpu.achievable.memory(NCHW_BASE[family]))
+        total += memory_s * (1 - measured[priced] / ctx.gpu.achievable.memory(NCHW_BASE[family]))
         ops.append(rec)
     return total, ops
 

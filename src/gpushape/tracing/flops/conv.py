@@ -29,6 +29,11 @@ cores, each output a short dot product over taps, bound by moving the activation
 no `Gemm` (no tile or wave model, no tensor cores): their FLOPs run at the CUDA-core rate and
 their bytes at the measured rate of the `grouped_conv` memory family (tracing/families.py).
 Priced as GEMMs they came out 4.9-6.7x slower than the H200 measured them.
+
+A patch embedding (`patch_side`: stride equal to a square kernel, no padding: ViT's 16x16/16,
+ConvNeXt's and Swin's 4x4/4) on fewer input channels than the tensor-core alignment carries its
+patch side on its GEMMs: cuDNN runs those at a rate of their own, measured by patch size
+(tracing/gemm_model.py), not at the 7x7 stride-2 stem's.
 """
 
 from __future__ import annotations
@@ -80,7 +85,30 @@ def _align(cin: int, cout: int, groups: int) -> tuple[tuple[str, int], ...]:
     return (("Cin/groups", cin // groups), ("Cout/groups", cout // groups))
 
 
-def _gemm(m: int, n: int, k: int, flops: int, cin: int, cout: int, groups: int) -> Gemm:
+def patch_side(rec: OpRecord, weight: str) -> int:
+    """The kernel side of a patch embedding (a square kernel whose stride is the kernel, no
+    padding or dilation, not transposed: each input position read by one output); else 0."""
+    kernel = tuple(rec.input(weight).shape[2:])
+    if not kernel or len(set(kernel)) != 1 or kernel[0] < 2 or rec.params.get("transposed"):
+        return 0
+    stride, padding, dilation = (
+        _per_dim(rec.params.get(name), len(kernel), default)
+        for name, default in (("stride", 1), ("padding", 0), ("dilation", 1))
+    )
+    if stride != kernel or any(padding) or set(dilation) != {1}:
+        return 0
+    return int(kernel[0])
+
+
+def _per_dim(value, dims: int, default: int) -> tuple[int, ...]:
+    """A convolution's int[] argument per spatial dimension (one value: the same for all)."""
+    values = tuple(value) if value else (default,)
+    return values * dims if len(values) == 1 else values
+
+
+def _gemm(
+    m: int, n: int, k: int, flops: int, cin: int, cout: int, groups: int, patch: int = 0
+) -> Gemm:
     return Gemm(
         m=m,
         n=n,
@@ -90,6 +118,7 @@ def _gemm(m: int, n: int, k: int, flops: int, cin: int, cout: int, groups: int) 
         batch=groups,
         align_dims=_align(cin, cout, groups),
         tensor_cores=cin // groups > 1,
+        patch=patch,
     )
 
 
@@ -112,7 +141,10 @@ def convolution(rec: OpRecord) -> OpWork:
     if is_direct(cin, groups):
         return OpWork(flops=2 * macs + bias, min_bytes=io_bytes(rec))
     # one GEMM row per output position (a transposed conv runs as a dgrad kernel, the same way)
-    gemm = _gemm(n * out_pos, cout // groups, cin // groups * taps, 2 * macs, cin, cout, groups)
+    patch = patch_side(rec, names[1])
+    gemm = _gemm(
+        n * out_pos, cout // groups, cin // groups * taps, 2 * macs, cin, cout, groups, patch
+    )
     return OpWork(flops=2 * macs + bias, min_bytes=io_bytes(rec), gemms=(gemm,))
 
 
@@ -124,9 +156,12 @@ def convolution_backward(rec: OpRecord) -> OpWork:
     macs = conv_macs(n, cin, cout, groups, in_pos, out_pos, taps, transposed)
     mask = tuple(rec.params.get("output_mask", (True, True, True)))
     gemms, flops, kernels, skip = [], 0, 0, []
+    patch = patch_side(rec, "weight")
     if mask[0]:  # grad_input: one GEMM row per input position
         gemms.append(
-            _gemm(n * in_pos, cin // groups, cout // groups * taps, 2 * macs, cin, cout, groups)
+            _gemm(
+                n * in_pos, cin // groups, cout // groups * taps, 2 * macs, cin, cout, groups, patch
+            )
         )
         flops, kernels = flops + 2 * macs, kernels + 1
     else:
@@ -134,7 +169,7 @@ def convolution_backward(rec: OpRecord) -> OpWork:
     if mask[1]:  # grad_weight: one GEMM row per weight row, K runs over batch x positions
         rows, cols, depth = (cin, cout, n * in_pos) if transposed else (cout, cin, n * out_pos)
         gemms.append(
-            _gemm(rows // groups, cols // groups * taps, depth, 2 * macs, cin, cout, groups)
+            _gemm(rows // groups, cols // groups * taps, depth, 2 * macs, cin, cout, groups, patch)
         )
         flops, kernels = flops + 2 * macs, kernels + 1
     else:

@@ -15,6 +15,7 @@
 - copy_, fill_, zero_, random draws, *_like / new_* / full / zeros / ones / arange: 0 FLOPs;
   write the output (copy_ also reads its source).
 - clone, _to_copy, cat, stack, constant_pad_nd: 0 FLOPs; read inputs, write the output.
+- roll: the same, once per rolled dimension (CUDA rolls one dimension a kernel).
 
 The backward ops take the forward input (`self`) only for its shape: it is not read.
 """
@@ -194,8 +195,16 @@ def factory(rec: OpRecord) -> OpWork:
     "aten.constant_pad_nd",
     "aten.lift_fresh_copy",
     "aten.repeat",
-    "aten.roll",
     "aten.flip",
 )
 def copy(rec: OpRecord) -> OpWork:
     return OpWork(flops=0, min_bytes=io_bytes(rec))
+
+
+@register_formula("aten.roll")
+def roll(rec: OpRecord) -> OpWork:
+    """PyTorch's CUDA roll moves one dimension a kernel: rolling k dimensions (Swin's shifted
+    windows roll two) copies the tensor k times, the k - 1 more passes as re-read bytes."""
+    passes = max(len(rec.params.get("dims") or ()), 1)
+    nbytes = io_bytes(rec)
+    return OpWork(flops=0, min_bytes=nbytes, kernels=passes, reread_bytes=(passes - 1) * nbytes)

@@ -59,6 +59,9 @@ class Gemm:
     align_dims: tuple[tuple[str, int], ...] = ()
     tensor_cores: bool = True
     attention: AttentionKernel | None = None  # family "attention" only; k is the head size
+    # family "conv" only: the kernel side of a patch embedding (stride equal to the kernel, no
+    # padding or dilation: ViT's 16x16/16), whose rate on few input channels is measured apart
+    patch: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,152 @@
+"""Copies between layouts, rolls, gathers and accumulating scatters: their families, how they
+fall back when unmeasured, and the copy a LayerNorm or softmax kernel makes of a permuted input
+(tracing/layout.py `copy_kind`, `hidden_copies`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _trace_helpers import meta, ops_named, trace_fn
+
+from gpushape.hardware import get_gpu
+from gpushape.tracing.cost import op_cost
+from gpushape.tracing.families import memory_family, op_family
+from gpushape.tracing.flops.registry import op_work
+from gpushape.tracing.layout import contiguous_like, copy_kind, hidden_copies
+
+
+def _spec(**eff):
+    spec = get_gpu("h200")
+    return spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency=eff))
+
+
+def _ops(fn, *shapes, name: str, train: bool = True, params: tuple = ()):
+    inputs = tuple(meta(*s, dtype=torch.bfloat16, requires_grad=True) for s in shapes)
+    return ops_named(trace_fn(fn, inputs, params, train=train), name)
+
+
+def _window_partition(x):  # Swin: (B, H, W, C) -> (B * windows, 7, 7, C)
+    b, h, w, c = x.shape
+    x = x.view(b, h // 7, 7, w // 7, 7, c).permute(0, 1, 3, 2, 4, 5)
+    return x.contiguous().view(-1, 7, 7, c)
+
+
+def test_a_window_partition_is_a_permuted_copy_forward_and_backward():
+    clones = _ops(_window_partition, (2, 14, 14, 96), name="clone")
+    assert len(clones) == 2 and {r.phase for r in clones} == {"forward", "backward"}
+    assert all(memory_family(r) == "permuted_copy" for r in clones)
+
+
+def test_nchw_to_nhwc_is_a_transposed_copy():
+    (clone,) = _ops(lambda x: x.permute(0, 2, 3, 1).contiguous(), (2, 96, 8, 8), name="clone")
+    assert memory_family(clone) == "transposed_copy"
+    (copy,) = _ops(
+        lambda x: x.contiguous(memory_format=torch.channels_last), (2, 96, 8, 8), name="clone"
+    )
+    assert memory_family(copy) == "transposed_copy"
+
+
+def test_plain_copies_keep_their_family():
+    (clone,) = _ops(lambda x: x.clone() * 2, (8, 64), name="clone", train=False)
+    assert memory_family(clone) == "elementwise"  # a pointwise-tagged op
+    (cast,) = _ops(lambda x: x.float(), (8, 64), name="_to_copy", train=False)
+    assert memory_family(cast) is None
+    # a broadcast source reads little: not a layout copy
+    (expand,) = _ops(lambda x: x.expand(4, 8, 64).contiguous(), (1, 8, 64), name="clone")
+    assert memory_family(expand) == "elementwise"
+
+
+def test_copy_kind_reads_the_destinations_innermost_rows():
+    x = meta(2, 96, 8, 8)
+    nhwc_view = x.permute(0, 2, 3, 1)
+    from gpushape.tracing.recorder import tensor_meta
+
+    src = tensor_meta(nhwc_view)
+    assert copy_kind(src, contiguous_like(src)) == "transposed"
+    rows = tensor_meta(meta(8, 128)[:, :64])  # a narrowed row: rows read whole
+    assert copy_kind(rows, contiguous_like(rows)) == "permuted"
+    same = tensor_meta(meta(8, 64))
+    assert copy_kind(same, contiguous_like(same)) is None
+
+
+def test_an_unmeasured_copy_kind_is_priced_as_before_a_measured_one_at_its_rate():
+    (clone,) = _ops(lambda x: x.permute(0, 2, 3, 1).contiguous(), (2, 96, 8, 8), name="clone")
+    assert op_family(clone, {"elementwise": 0.86}) == "elementwise"
+    assert op_family(clone, {"elementwise": 0.86, "transposed_copy": 0.3}) == "transposed_copy"
+    base = op_cost(clone, _spec(elementwise=0.86)).memory_s
+    slow = op_cost(clone, _spec(elementwise=0.86, transposed_copy=0.43)).memory_s
+    assert slow == pytest.approx(2 * base)
+
+
+def _stem_layer_norm(shape=(2, 96, 8, 8)):
+    """ConvNeXt's LayerNorm2d: NCHW in, LayerNorm over the channels of the permuted view."""
+    fn = lambda x, w, b: F.layer_norm(x.permute(0, 2, 3, 1), (shape[1],), w, b).permute(0, 3, 1, 2)
+    params = (torch.ones(shape[1], device="meta"), torch.zeros(shape[1], device="meta"))
+    return {r.phase: r for r in _ops(fn, shape, name="native_layer_norm", params=params)}, {
+        r.phase: r for r in _ops(fn, shape, name="native_layer_norm_backward", params=params)
+    }
+
+
+def test_a_layer_norm_of_a_permuted_input_pays_for_its_kernels_copy():
+    fwd, bwd = _stem_layer_norm()
+    (x,) = [t for t, kind in hidden_copies(fwd["forward"]) if kind == "transposed"]
+    assert x.shape == (2, 8, 8, 96)
+    assert [kind for _, kind in hidden_copies(bwd["backward"])] == ["transposed"]  # the input
+    spec = _spec(norm=0.4, elementwise=0.8, transposed_copy=0.25)
+    cost = op_cost(fwd["forward"], spec)
+    expected = 2 * x.numel * x.itemsize / (spec.attainable_bandwidth_bytes_per_s() * 0.25)
+    assert cost.layout_s == pytest.approx(expected)
+    assert cost.kernel_time_s == pytest.approx(cost.memory_s + expected)
+    assert cost.kernels == op_work(fwd["forward"]).kernels + 1
+    unmeasured = op_cost(fwd["forward"], _spec(norm=0.4, elementwise=0.8))
+    assert unmeasured.layout_s == pytest.approx(expected * 0.25 / 0.8)  # a clone's rate
+
+
+def test_contiguous_norms_and_softmaxes_copy_nothing():
+    (ln,) = _ops(lambda x: F.layer_norm(x, (96,)), (8, 96), name="native_layer_norm")
+    assert hidden_copies(ln) == () and op_cost(ln, get_gpu("h200")).layout_s == 0
+    (sm,) = _ops(lambda x: torch.softmax(x.transpose(0, 1), -1), (64, 8), name="_softmax")
+    assert [kind for _, kind in hidden_copies(sm)] == ["transposed"]
+
+
+def test_a_roll_over_two_dimensions_copies_twice():
+    fn = lambda x: torch.roll(x, (-3, -3), (1, 2))
+    rolls = _ops(fn, (2, 14, 14, 96), name="roll")
+    assert len(rolls) == 2 and all(memory_family(r) == "roll" for r in rolls)
+    work = op_work(rolls[0])
+    assert work.kernels == 2 and work.reread_bytes == work.min_bytes
+    (one,) = _ops(lambda x: torch.roll(x, 3, 1), (2, 14, 14, 96), name="roll", train=False)
+    assert op_work(one).kernels == 1 and op_work(one).reread_bytes == 0
+
+
+def test_embedding_forward_gathers_and_backward_scatters():
+    ids = torch.zeros(4, 16, dtype=torch.long, device="meta")
+    table = torch.empty(100, 32, device="meta", dtype=torch.bfloat16)
+    ops = trace_fn(lambda ids, w: F.embedding(ids, w), (ids,), (table,), train=True).ops
+    families = {r.name: memory_family(r) for r in ops if r.kind == "compute"}
+    assert families["embedding"] == "gather"
+    assert families["embedding_dense_backward"] == "scatter_add"
+    (bwd,) = [r for r in ops if r.name == "embedding_dense_backward"]
+    assert op_family(bwd, {"gather": 0.08}) == "gather"  # as priced before the split
+    assert op_family(bwd, {"gather": 0.6, "scatter_add": 0.05}) == "scatter_add"
+
+
+def test_an_indexed_reads_backward_is_an_accumulating_scatter():
+    index = torch.zeros(49, dtype=torch.long, device="meta")
+    table = torch.empty(13, 3, device="meta", dtype=torch.bfloat16)
+    ops = trace_fn(lambda i, t: t[i] * 2, (index,), (table,), train=True).ops
+    (put,) = [r for r in ops if r.name in ("index_put", "_index_put_impl_")]
+    assert put.params.get("accumulate") and memory_family(put) == "scatter_add"
+    (plain,) = _ops(
+        lambda x: x.index_put(
+            (torch.zeros(3, dtype=torch.long, device="meta"),),
+            torch.ones(3, 8, device="meta", dtype=torch.bfloat16),
+        ),
+        (6, 8),
+        name="index_put",
+        train=False,
+    )
+    assert memory_family(plain) is None
