@@ -75,6 +75,9 @@ for spec in "$@"; do
     correlate-lib) run correlate-lib "$secs" python3 benchmarks/trace/correlate.py --stem correlate-lib --models "${MODELS:-timm:mobilenetv3_large_100,timm:efficientnet_b0,timm:convnext_tiny,timm:vit_base_patch16_224,timm:swin_tiny_patch4_window7_224,hf:gpt2,hf:bert,hf:llama?hidden_size=1024&intermediate_size=2816&num_hidden_layers=8&num_attention_heads=16&num_key_value_heads=4&vocab_size=32000}" ;;
     kernels-bert) run kernels-bert "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:bert --batch 32 --optimizer adamw-fused --vs "${VS:-optimize}" --rounds 3 --kernels 30 -o "$OUT/bench-h200/kernels-bert.json"' ;;
     host-gpt2) run host-gpt2 "$secs" python3 benchmarks/steps/host_profile.py hf:gpt2 --vs "${VS:-eager,optimize}" --out "$OUT/host-gpt2.json" ;;
+    # the host's dispatch rates into the shipped profile, then the host model against real steps
+    calib-host) run calib-host "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts host -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
+    host-validate) run host-validate "$secs" python3 benchmarks/steps/host_validate.py --models "${MODELS:-hf:bert,hf:gpt2,timm:vit_base_patch16_224,timm:resnet50}" --out "$OUT/host_validate.json" ;;
     *) echo "unknown step $name" ;;
   esac
 done

@@ -1,5 +1,6 @@
 """Add the memory efficiency of eager kernels (by family), the RGB stem's convolution rate and
-fused attention's rates to an existing gpushape profile.
+fused attention's rates, and the host's dispatch rates (`--parts host`) to an existing
+gpushape profile.
 
     python benchmarks/hardware/calibrate_memory_efficiency.py \
         [--profile src/gpushape/hardware/profiles/h200-sxm.json] [-o out/h200-sxm.json] \
@@ -27,6 +28,7 @@ sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed
 from gpushape.hardware.lookup import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
 from gpushape.probe.attention import measure_attention, pass_rates  # noqa: E402
+from gpushape.probe.host import measure_host  # noqa: E402
 from gpushape.probe.memory import measure_memory_efficiency  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
 from gpushape.probe.stem import measure_small_cin_conv  # noqa: E402
@@ -55,7 +57,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    if not parts <= {"memory", "stem", "attention"}:
+    if not parts <= {"memory", "stem", "attention", "host"}:
         sys.exit(f"calibrate_memory_efficiency.py: unknown parts {sorted(parts)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("calibrate_memory_efficiency.py: needs a CUDA GPU (or --device cpu --scale 0.002)")
@@ -85,6 +87,10 @@ def main() -> None:
             on_config=lambda c: print(f"measuring {c.describe}", flush=True),
         )
         profile["attention"] = attention
+    if "host" in parts:
+        profile["host"] = measure_host(args.device)
+        for key, row in profile["host"].items():
+            print(f"host {key:<12} {row['seconds'] * 1e6:8.2f} us  {row['workload']}")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     for part in sorted(parts):
         profile.setdefault("probe", {})[f"{part}_calibrated_at"] = stamp

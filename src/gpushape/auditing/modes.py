@@ -13,8 +13,10 @@ runs:
   `e2e_rn50_kernels.json` there).
 - graph: the step is replayed from a CUDA graph (or torch.compile's reduce-overhead mode):
   launches cost the graph's overhead, and launch-bound's fix is already made.
-The host side is the cost model's launch count times the measured launch overhead: a floor on
-eager dispatch, which also runs autograd and the optimizer on the CPU.
+The host side is the longer of the cost model's launch count times the measured launch
+overhead and, where the profile measured the host's rates, its dispatch of every traced op,
+view and module call in eager mode (tracing/host.py); neither counts the optimizer's step or
+Python a library runs between ops.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import GpushapeError
+from ..tracing.host import host_cost
 from .context import AuditContext
 from .finding import Finding, Severity
 
@@ -73,11 +76,20 @@ class StepTime:
 
 
 def step_time(ctx: AuditContext, mode: str) -> StepTime:
+    """The step in `mode`. Eager: the host's side is the longer of the kernels' launches and,
+    where the profile measured the host's rates, its dispatch of every op, view and module call
+    (tracing/host.py); compile and graph modes: the launches (Inductor's and a graph's replay
+    leave little Python per kernel)."""
     totals, achievable = ctx.cost.totals, ctx.gpu.achievable
     per_launch = (
         achievable.graph_launch_overhead_s if mode == "graph" else achievable.launch_overhead_s
     )
-    return StepTime(mode=mode, gpu_s=totals.kernel_time_s, host_s=totals.kernels * per_launch)
+    host_s = totals.kernels * per_launch
+    if mode == "eager":
+        dispatch = host_cost(ctx.trace, ctx.gpu)
+        if dispatch is not None:
+            host_s = max(host_s, dispatch.seconds)
+    return StepTime(mode=mode, gpu_s=totals.kernel_time_s, host_s=host_s)
 
 
 def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:

@@ -117,6 +117,13 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
     attention = attention_rates(profile.get("attention", {}))
     if attention:
         fields["attention"] = {**old.attention, **attention}
+    host = {
+        k: float(v["seconds"])
+        for k, v in profile.get("host", {}).items()
+        if isinstance(v, dict) and v.get("seconds")
+    }
+    if host:
+        fields["host"] = {**old.host, **host}
     if fields:
         measured = tuple(sorted(set(old.measured) | set(fields)))
         achievable = Achievable(
@@ -131,6 +138,7 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
                         "memory_efficiency",
                         "small_cin_conv",
                         "attention",
+                        "host",
                     )
                 },
                 **fields,

@@ -87,12 +87,18 @@ class Achievable:
     # "backend/pass[/dropout][/causal]/d<head size>" ("flash/bwd/dropout/d64"); measured by
     # `gpushape probe` (probe/attention.py). Unmeasured: the model's rate.
     attention: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
+    # The host's side of an eager step, seconds per call, measured by `gpushape probe`
+    # (probe/host.py): "op" (an ATen op recorded for autograd, its launch included), "view",
+    # "backward_op" (one op the autograd engine runs in backward, launch included), "module"
+    # (an nn.Module call's own Python). Empty: unmeasured (the host is then kernels x launch).
+    host: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
     source: str = "assumed"
     measured: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory_efficiency", _frozen(self.memory_efficiency))
         object.__setattr__(self, "attention", _frozen(self.attention))
+        object.__setattr__(self, "host", _frozen(self.host))
 
     def gemm(self, dtype: str) -> float:
         return self.gemm_fraction.get(dtype, self.gemm_fraction.get("default", 0.75))

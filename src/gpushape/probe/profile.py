@@ -175,6 +175,7 @@ def build_profile(
     memory: Mapping[str, Any] | None = None,
     stem: Mapping[str, Any] | None = None,
     attention: Mapping[str, Any] | None = None,
+    host: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     peaks = analysis["gemm_peak"]
     ceiling_out: dict[str, Any] = {
@@ -205,6 +206,7 @@ def build_profile(
         "memory_efficiency": dict(memory or {}),
         "conv_small_cin": dict(stem or {}),
         "attention": dict(attention or {}),
+        "host": dict(host or {}),
         "guide_claims": claims,
         "probe": {
             "mode": plan.mode,

@@ -28,6 +28,7 @@ from ..hardware import GPUSpec
 from ..hardware.profile import apply_profile
 from . import attention as probe_attention
 from . import guide_claims
+from . import host as probe_host
 from . import memory as probe_memory
 from . import profile as probe_profile
 from . import stem as probe_stem
@@ -129,7 +130,7 @@ def run_probe(
     actual_s: dict[str, float] = {}
     with _progress(console, show_progress) as bar:
         job = bar.add_task(
-            "ceilings: copy, launch",
+            "ceilings: copy, launch, host",
             total=1
             + len(tasks)
             + len(claims)
@@ -139,6 +140,7 @@ def run_probe(
         )
         t0 = time.perf_counter()
         ceilings = _ceilings(plan, cfg)
+        host = probe_host.measure_host(cfg.device, calls=plan.launch_kernels * 2)
         actual_s["ceilings"] = time.perf_counter() - t0
         bar.advance(job)
         for task in tasks:
@@ -200,6 +202,7 @@ def run_probe(
         memory=memory,
         stem=stem,
         attention=attention,
+        host=host,
     )
 
 

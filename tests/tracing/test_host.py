@@ -1,0 +1,72 @@
+"""The host model: counts from the trace, rates from the profile, the eager step's host side."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+import gpushape
+from gpushape.auditing import audit
+from gpushape.hardware import get_gpu
+from gpushape.hardware.profile import apply_profile
+from gpushape.probe.host import measure_host
+from gpushape.tracing.host import host_cost, module_calls
+
+RATES = {"op": 10e-6, "view": 2e-6, "backward_op": 12e-6, "module": 1e-6}
+
+
+def _mlp() -> tuple[nn.Module, tuple]:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    return model, (torch.empty(16, 64, device="meta"),)
+
+
+def _gpu(rates=RATES):
+    gpu = get_gpu("h200")
+    return gpu.replace(achievable=dataclasses.replace(gpu.achievable, host=rates))
+
+
+def test_counts_and_seconds_follow_the_trace():
+    model, inputs = _mlp()
+    trace = gpushape.trace(model, inputs, train=True)
+    cost = host_cost(trace, _gpu())
+    forward = [r for r in trace.ops if r.phase == "forward" and r.kind == "compute"]
+    assert cost.forward_ops == len(forward) > 0
+    assert cost.backward_ops > 0
+    assert cost.module_calls == module_calls(trace) == 4  # the Sequential and its 3 children
+    expected = (
+        cost.forward_ops * 10e-6
+        + cost.views * 2e-6
+        + cost.backward_ops * 12e-6
+        + cost.module_calls * 1e-6
+    )
+    assert cost.seconds == expected
+
+
+def test_no_rates_no_host_model():
+    model, inputs = _mlp()
+    trace = gpushape.trace(model, inputs, train=True)
+    assert host_cost(trace, _gpu({})) is None
+    assert host_cost(trace, _gpu({"op": 1e-5})) is None  # all four or nothing
+
+
+def test_the_eager_step_is_host_bound_when_dispatch_outlasts_the_gpu():
+    model, inputs = _mlp()  # microseconds of GPU work: any real host rate dominates
+    slow = _gpu({k: v * 100 for k, v in RATES.items()})
+    eager = audit(model, inputs, slow, train=True, mode="eager").step
+    graph = audit(model, inputs, slow, train=True, mode="graph").step
+    plain = audit(model, inputs, _gpu({}), train=True, mode="eager").step
+    assert eager.bound == "host" and eager.host_s > plain.host_s
+    assert graph.host_s < eager.host_s  # a graph's replay has no dispatch
+
+
+def test_the_probe_measures_every_rate_and_the_profile_reads_them():
+    rows = measure_host("cpu", calls=50, repeats=2)
+    assert set(rows) == set(RATES)
+    assert all(r["seconds"] >= 0 and r["workload"] for r in rows.values())
+    assert rows["op"]["seconds"] > 0 and rows["backward_op"]["seconds"] > 0
+    spec = apply_profile(get_gpu("h200"), {"host": rows})
+    assert spec.achievable.host["op"] == rows["op"]["seconds"]
+    assert "host" in spec.achievable.measured
