@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 import gpushape
 from gpushape.auditing import audit
 from gpushape.bench import write_results
-from gpushape.hardware import get_gpu
+from gpushape.hardware.profile import calibrated
 from gpushape.models import resolve_model
 from gpushape.steps import synthetic_batch
 from gpushape.steps.measure import kernel_profile
@@ -91,7 +91,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--out", default="host_validate.json")
     args = p.parse_args()
-    gpu = get_gpu("h200")
+    gpu = calibrated("h200")  # the bundled profile's measured rates
     rows = []
     for spec in args.models.split(","):
         for batch in (args.small, None):

@@ -42,7 +42,7 @@ def test_counts_and_seconds_follow_the_trace():
         + cost.backward_ops * 12e-6
         + cost.module_calls * 1e-6
     )
-    assert cost.seconds == expected
+    assert abs(cost.seconds - expected) < 1e-12
 
 
 def test_no_rates_no_host_model():
@@ -70,3 +70,24 @@ def test_the_probe_measures_every_rate_and_the_profile_reads_them():
     spec = apply_profile(get_gpu("h200"), {"host": rows})
     assert spec.achievable.host["op"] == rows["op"]["seconds"]
     assert "host" in spec.achievable.measured
+
+
+def test_op_classes_take_their_own_rates_and_fall_back_to_op():
+    from gpushape.tracing.host import op_class
+
+    assert op_class("aten.convolution.default") == "conv"
+    assert op_class("aten.convolution_backward.default") == "conv"
+    assert op_class("aten.addmm.default") == "gemm"
+    assert op_class("aten.native_layer_norm_backward.default") == "layer_norm"
+    assert op_class("aten._scaled_dot_product_flash_attention.default") == "attention"
+    assert op_class("aten.add.Tensor") == "op"
+    model, inputs = _mlp()
+    trace = gpushape.trace(model, inputs, train=True)
+    base = host_cost(trace, _gpu()).seconds
+    gemms = {**RATES, "gemm": 1e-3, "gemm/backward": 2e-3}
+    forward = sum(r.phase == "forward" and op_class(r.op) == "gemm" for r in trace.ops)
+    backward = sum(r.phase == "backward" and op_class(r.op) == "gemm" for r in trace.ops)
+    assert forward == 2 and backward > 0
+    grown = host_cost(trace, _gpu(gemms)).seconds
+    expected = base + forward * (1e-3 - 10e-6) + backward * (2e-3 - 12e-6)
+    assert abs(grown - expected) < 1e-9

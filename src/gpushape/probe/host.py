@@ -1,14 +1,15 @@
 """The host's rates for an eager training step: what one op, view, backward op and module call
 cost the CPU (seconds each), as `tracing/host.py` prices a traced step.
 
-Each is a loop of many calls on a one-element tensor, so the GPU's work is negligible and the
-time is the host's: PyTorch's Python binding, the dispatcher, autograd's recording, the CUDA
-launch. `op`: `y = x * 1.5` on a tensor that needs a gradient (an op recorded for autograd,
-one kernel); `view`: `x.view(-1)` on it; `backward_op`: the backward of a chain of those
-multiplications, per link (the engine runs one node and launches one kernel a link; the
-chain's forward is not timed); `module`: an `nn.Module` whose forward returns its input,
-called, less the same plain function called (what `Module.__call__` adds). Medians over
-`repeats` runs; the first run of each warms the caches.
+Each is a loop of many calls on tiny tensors, so the GPU's work is negligible and the time is
+the host's: PyTorch's Python binding, the dispatcher, autograd's recording, a library's
+per-call setup (cuDNN's descriptors and heuristics, cuBLAS's), the launch. Per op class
+(`op`: elementwise; `gemm`, `conv`, `batch_norm`, `layer_norm`, `attention`): a chain
+y = f(y) of calls on a tensor that needs a gradient, in bf16 on CUDA: the forward's seconds per
+link, and its backward's (`backward_op`, `<class>/backward`: the engine runs one node a link;
+the chain's forward not timed). `view`: `x.view(-1)`; `module`: an `nn.Module` whose forward
+returns its input, called, less the same plain function called (what `Module.__call__` adds).
+Medians over `repeats` runs after a warm-up.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 CALLS = 2000
@@ -47,14 +49,76 @@ def _median_s(run: Callable[[], Any], device: torch.device, repeats: int) -> flo
     return statistics.median(times)
 
 
-def measure_host(device: str = "cuda", *, calls: int = CALLS, repeats: int = 5) -> dict[str, Any]:
-    """{"op": {"seconds": ..., "workload": ...}, "view": ..., "backward_op": ..., "module": ...}"""
-    dev = torch.device(device)
-    x = torch.ones(1, device=dev, requires_grad=True)
+def _chains(dev: torch.device, dtype: torch.dtype) -> dict[str, tuple[Callable, str]]:
+    """Per op class: (one link of a chain, y -> f(y) keeping the shape, its description)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
 
-    def ops() -> None:
+    def param(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.1).to(dev, dtype).requires_grad_()
+
+    w_lin, w_conv = param(16, 16), param(8, 8, 3, 3)
+    with torch.no_grad():  # near identity: values stay O(1) down a long chain (no denormals)
+        w_lin.add_(torch.eye(16, device=dev, dtype=dtype))
+        w_conv.mul_(0.1).add_(nn.init.dirac_(torch.empty(8, 8, 3, 3)).to(dev, dtype))
+    bn_w, bn_b, ln_w, ln_b = param(8), param(8), param(16), param(16)
+    running = (torch.zeros(8, device=dev), torch.ones(8, device=dev))
+    return {
+        "op": (lambda y: y * 1.0001, "y * 1.0001"),
+        "gemm": (lambda y: F.linear(y, w_lin), "F.linear on 4x16, weight 16x16"),
+        "conv": (lambda y: F.conv2d(y, w_conv, padding=1), "F.conv2d 3x3 on 2x8x4x4"),
+        "batch_norm": (
+            lambda y: F.batch_norm(y, *running, bn_w, bn_b, training=True),
+            "F.batch_norm, training, on 2x8x4x4",
+        ),
+        "layer_norm": (lambda y: F.layer_norm(y, (16,), ln_w, ln_b), "F.layer_norm on 4x16"),
+        "attention": (
+            lambda y: F.scaled_dot_product_attention(y, y, y),
+            "F.scaled_dot_product_attention on 1x2x8x16",
+        ),
+    }
+
+
+SHAPES = {"conv": (2, 8, 4, 4), "batch_norm": (2, 8, 4, 4), "attention": (1, 2, 8, 16)}
+
+
+def _chain_rates(link: Callable, x: torch.Tensor, calls: int, repeats: int) -> tuple[float, float]:
+    """(forward seconds a link, backward seconds a link) of a chain of `calls` links."""
+    dev = x.device
+    fwd, bwd = [], []
+    for i in range(repeats + 1):
+        _sync(dev)
+        t0 = time.perf_counter()
+        y = x
         for _ in range(calls):
-            x * 1.5
+            y = link(y)
+        t1 = time.perf_counter()
+        _sync(dev)
+        t2 = time.perf_counter()
+        y.float().sum().backward()
+        _sync(dev)
+        t3 = time.perf_counter()
+        x.grad = None
+        if i:
+            fwd.append(t1 - t0)
+            bwd.append(t3 - t2)
+    return statistics.median(fwd) / calls, statistics.median(bwd) / calls
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def measure_host(
+    device: str = "cuda", *, calls: int = CALLS, repeats: int = 5, classes: Any = None
+) -> dict[str, Any]:
+    """{"op": {"seconds": ..., "workload": ...}, "backward_op": ..., "view": ..., "module": ...,
+    and per op class "gemm", "gemm/backward", "conv", ...}: seconds a call. `classes`: the op
+    classes to measure (default: all on CUDA; on a CPU, where the host is the device and
+    convolutions crawl, only "op")."""
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    x = torch.ones(1, device=dev, requires_grad=True)
 
     def views() -> None:
         for _ in range(calls):
@@ -70,33 +134,33 @@ def measure_host(device: str = "cuda", *, calls: int = CALLS, repeats: int = 5) 
         for _ in range(calls):
             plain(x)
 
-    def backward() -> float:
-        y = x
-        for _ in range(calls):
-            y = y * 1.0001
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        y.backward()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        x.grad = None
-        return time.perf_counter() - t0
-
-    backward()  # warm-up
-    rows = {
-        "op": (_median_s(ops, dev, repeats), "y = x * 1.5, x needing a gradient"),
-        "view": (_median_s(views, dev, repeats), "x.view(-1)"),
-        "backward_op": (
-            statistics.median(backward() for _ in range(repeats)),
-            "backward of a chain of multiplications, per link",
-        ),
-        "module": (
-            max(_median_s(modules, dev, repeats) - _median_s(functions, dev, repeats), 0.0),
-            "nn.Module returning its input, less a plain function",
-        ),
+    out: dict[str, Any] = {}
+    links = max(calls // 10, 20)  # deep chains of real ops: shorter
+    if classes is None:
+        classes = None if dev.type == "cuda" else ("op",)
+    for name, (link, what) in _chains(dev, dtype).items():
+        if classes is not None and name not in classes:
+            continue
+        shape = SHAPES.get(name, (4, 16))
+        start = torch.randn(*shape, device=dev, dtype=dtype).requires_grad_()
+        n = calls if name == "op" else links
+        try:
+            _chain_rates(link, start, 3, 1)  # warm-up: kernels' first calls, heuristics
+            fwd, bwd = _chain_rates(link, start, n, repeats)
+        except Exception as exc:  # a class this device cannot run falls back to "op"
+            out[f"{name}/error"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            continue
+        back = "backward_op" if name == "op" else f"{name}/backward"
+        out[name] = {"seconds": fwd, "workload": f"{what}, needing a gradient", "calls": n}
+        out[back] = {"seconds": bwd, "workload": f"backward of a chain of {what}", "calls": n}
+    out["view"] = {
+        "seconds": _median_s(views, dev, repeats) / calls, "workload": "x.view(-1)",
+        "calls": calls,
+    }  # fmt: skip
+    extra = _median_s(modules, dev, repeats) - _median_s(functions, dev, repeats)
+    out["module"] = {
+        "seconds": max(extra, 0.0) / calls,
+        "workload": "nn.Module returning its input, less a plain function",
+        "calls": calls,
     }
-    return {
-        key: {"seconds": total / calls, "workload": what, "calls": calls}
-        for key, (total, what) in rows.items()
-    }
+    return out

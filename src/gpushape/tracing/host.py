@@ -7,14 +7,17 @@ GPU's kernels, the host sets the pace and a fix that shortens the GPU's work sav
 the wall clock. The kernels' launch overhead alone (`launch_overhead_s` x kernels) is a floor:
 measured on the H200's host, a Hugging Face BERT step spends several times that.
 
-    host_s = forward ops x host["op"] + views (both passes) x host["view"]
-             + backward ops x host["backward_op"] + module calls x host["module"]
+    host_s = sum over forward ops of host[class] + over backward ops of host[class/backward]
+             + views (both passes) x host["view"] + module calls x host["module"]
 
-each rate measured by `gpushape probe` on the machine (probe/host.py: loops of tiny ops, so the
-GPU never sets the pace). Module calls are the modules the trace saw running ops (and their
-parents), once each. What the model misses: Python in a module's forward beyond the ops it
-dispatches (a library's argument handling, mask building), the optimizer's step, the
-allocator's slow paths. None when the profile measured no host rates.
+a class being an op's kind as the host sees it (`CLASSES`: convolutions, batch norm, layer
+norm, GEMMs, attention; any other op is "op", its backward "backward_op"), each rate measured
+by `gpushape probe` on the machine (probe/host.py: chains of calls on tiny tensors, so the GPU
+never sets the pace; a class it did not measure falls back to "op"). Module calls are the
+modules the trace saw running ops (and their parents), once each. What the model misses:
+Python in a module's forward beyond the ops it dispatches (a library's argument handling, mask
+building), the optimizer's step, the allocator's slow paths. None when the profile measured
+no host rates.
 """
 
 from __future__ import annotations
@@ -25,6 +28,30 @@ from typing import Any
 from .records import Trace
 
 KEYS = ("op", "view", "backward_op", "module")
+# Op classes whose host cost the probe measures apart (a library's per-call setup: cuDNN's
+# descriptors and heuristics for convolutions and batch norm, cuBLAS's for GEMMs), by the ATen
+# op names that belong to them, forward and backward; other ops are "op".
+CLASSES = {
+    "conv": ("convolution", "cudnn_convolution"),
+    "batch_norm": ("batch_norm",),
+    "layer_norm": ("layer_norm", "rms_norm", "group_norm"),
+    "gemm": ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.linear."),
+    "attention": ("scaled_dot_product", "_flash_attention", "_efficient_attention"),
+}
+
+
+def op_class(op: str) -> str:
+    """The host-cost class of ATen op `op` ("aten.addmm.default" -> "gemm")."""
+    for name, needles in CLASSES.items():
+        if any(n in op for n in needles):
+            return name
+    return "op"
+
+
+def _rate(rates, cls: str, backward: bool) -> float:
+    if backward:
+        return rates.get(f"{cls}/backward", rates["backward_op"])
+    return rates.get(cls, rates["op"])
 
 
 @dataclass(frozen=True)
@@ -61,15 +88,10 @@ def host_cost(trace: Trace, gpu: Any) -> HostCost | None:
     rates = getattr(getattr(gpu, "achievable", None), "host", None) or {}
     if not all(k in rates for k in KEYS):
         return None
-    forward = [r for r in trace.ops if r.phase == "forward" and r.kind != "alloc"]
     views = sum(r.kind == "view" for r in trace.ops)  # forward and backward
-    ops = sum(r.kind == "compute" for r in forward)
-    backward = sum(r.phase == "backward" and r.kind == "compute" for r in trace.ops)
+    computes = [r for r in trace.ops if r.kind == "compute"]
+    ops = sum(r.phase == "forward" for r in computes)
     modules = module_calls(trace)
-    seconds = (
-        ops * rates["op"]
-        + views * rates["view"]
-        + backward * rates["backward_op"]
-        + modules * rates["module"]
-    )
-    return HostCost(ops, views, backward, modules, seconds)
+    seconds = views * rates["view"] + modules * rates["module"]
+    seconds += sum(_rate(rates, op_class(r.op), r.phase == "backward") for r in computes)
+    return HostCost(ops, views, len(computes) - ops, modules, seconds)
