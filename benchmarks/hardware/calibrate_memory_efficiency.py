@@ -7,7 +7,7 @@ gpushape profile.
         [--parts memory,stem,attention]
 
 `gpushape probe` measures these with everything else; this script measures only those parts
-(`gpushape.probe.memory`, `stem`, `attention`) on this GPU, relative to the
+(`gpushape.probe.memory`, `convs`, `attention`) on this GPU, relative to the
 copy rate and GEMM rate the profile already holds, and writes the profile back with
 "memory_efficiency", "conv_small_cin" and "attention" keys (the rest unchanged), so a shipped
 profile gains them without re-measuring its other numbers. Prints a table last.
@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed
 from gpushape.hardware.lookup import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
 from gpushape.probe.attention import measure_attention, pass_rates  # noqa: E402
+from gpushape.probe.convs import measure_small_cin_conv  # noqa: E402
 from gpushape.probe.host import measure_host  # noqa: E402
 from gpushape.probe.memory import measure_memory_efficiency  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
-from gpushape.probe.stem import measure_small_cin_conv  # noqa: E402
 
 DEFAULT = ROOT / "src" / "gpushape" / "hardware" / "profiles" / "h200-sxm.json"
 

@@ -76,7 +76,7 @@ def test_nchw_conv_against_the_h200_channels_last_anchor():
 
 
 def test_nchw_conv_divides_the_conversions_by_their_measured_efficiency():
-    """A profile's "nchw_conversion" efficiency (probe/layout.py) scales the saving: at
+    """A profile's "nchw_conversion" efficiency (probe/convs.py) scales the saving: at
     0.4 of the copy rate the conversions take 2.5x as long as at the copy rate."""
     import dataclasses
 

@@ -48,7 +48,7 @@ def test_probe_end_to_end_on_cpu_at_toy_sizes(monkeypatch, capsys, tmp_path):
     assert 0.01 <= profile["conv_small_cin"]["efficiency"] <= 1
     memory = profile["memory_efficiency"]
     # nchw_conversion has no efficiency when NCHW ran no slower than channels_last, which CPU
-    # timings at toy sizes can show (probe/layout.py); every other family has one
+    # timings at toy sizes can show (probe/convs.py); every other family has one
     failed = {
         f: r
         for f, r in memory.items()

@@ -47,7 +47,7 @@ def test_a_failing_workload_is_reported_not_raised(monkeypatch):
 
 
 def test_the_stem_probe_compares_the_measured_step_with_the_gemm_model():
-    from gpushape.probe.stem import measure_small_cin_conv
+    from gpushape.probe.convs import measure_small_cin_conv
 
     row = measure_small_cin_conv(get_gpu("h200"), device="cpu", batch=2, size=32, repeats=4)
     assert row["model_s"] > 0 and row["measured_s"] > 0
@@ -70,7 +70,7 @@ def _timings(nchw_s: float, cl_s: float):
 
 
 def _nchw_row(monkeypatch, nchw_s, cl_s):
-    from gpushape.probe import layout as probe_layout
+    from gpushape.probe import convs as probe_layout
 
     monkeypatch.setattr(probe_layout, "compare", _timings(nchw_s, cl_s))
     work = next(w for w in probe_memory.WORKLOADS if w.family == "nchw_conversion")
@@ -78,7 +78,7 @@ def _nchw_row(monkeypatch, nchw_s, cl_s):
 
 
 def test_nchw_conversion_is_the_conversions_time_over_the_layouts_difference(monkeypatch):
-    from gpushape.probe.layout import conversion_bytes
+    from gpushape.probe.convs import conversion_bytes
     from gpushape.tracing.layout import nchw_conversion_bytes
 
     # the smoke blocks: (32 -> 16 -> 16 -> 32) at 8x8 and (64 -> 32 -> 32 -> 64) at 4x4, batch 2

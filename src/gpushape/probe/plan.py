@@ -43,7 +43,7 @@ class ProbePlan:
     copy_bytes: int = 2**31
     launch_kernels: int = 1000
     memory_scale: float = 1.0  # size of the memory-efficiency workloads (probe/memory.py)
-    stem_shape: tuple[int, int] = (64, 224)  # batch, image size of the RGB stem (probe/stem.py)
+    stem_shape: tuple[int, int] = (64, 224)  # batch, image size of the RGB stem (probe/convs.py)
     # batch, heads, sequence length of the fused-attention calls (probe/attention.py)
     attention_shape: tuple[int, int, int] = (8, 16, 1024)
     peak_dtypes: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")

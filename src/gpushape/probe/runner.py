@@ -27,11 +27,11 @@ from rich.table import Table
 from ..hardware import GPUSpec
 from ..hardware.profile import apply_profile
 from . import attention as probe_attention
+from . import convs as probe_convs
 from . import guide_claims
 from . import host as probe_host
 from . import memory as probe_memory
 from . import profile as probe_profile
-from . import stem as probe_stem
 from .measure import (
     MeasureConfig,
     copy_bytes_per_s,
@@ -164,7 +164,7 @@ def run_probe(
         actual_s["memory_efficiency"] = sum(r["wall_s"] for r in memory.values())
         bar.update(job, description="convolution on 3 input channels (stem)")
         t0 = time.perf_counter()
-        stem = probe_stem.measure_small_cin_conv(
+        stem = probe_convs.measure_small_cin_conv(
             measured, device=cfg.device, batch=plan.stem_shape[0], size=plan.stem_shape[1]
         )
         actual_s["conv_small_cin"] = time.perf_counter() - t0

@@ -4,7 +4,7 @@ cuDNN's tensor-core convolutions work in NHWC; given NCHW tensors it converts th
 convolution, forward and backward (`tracing/layout.py` says which and counts the bytes). The
 cost model prices those conversions into the convolutions' time (`OpCost.layout_s`: the bytes
 at the copy rate divided by the efficiency `gpushape probe` measured for them, family
-"nchw_conversion", `probe/layout.py`), and channels_last saves them.
+"nchw_conversion", `probe/convs.py`), and channels_last saves them.
 
 The convolutions are not all a model loses: BatchNorm and pooling run other, slower eager
 kernels on NCHW tensors (on the H200, ResNet-50's NCHW BatchNorm kernels took 14.8 ms a step,

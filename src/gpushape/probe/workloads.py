@@ -1,0 +1,330 @@
+"""The workloads `gpushape probe` measures each memory family on (probe/memory.py measures them).
+
+One workload per family of `tracing/families.py`: a training step (or a forward, `train=False`)
+that is mostly that family, bf16, large enough to stream from memory. A family whose rate
+depends on a size of the op (`families.SIZE_BASE`) has one workload per size, named
+"<family>@<size>", each moving about the bytes of the family's own. `scale` shrinks the leading
+dimension (a CPU smoke test: 0.002), and below 0.05 the spatial sizes too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SMOKE = 0.05  # scales below this shrink spatial sizes as well
+
+
+class _Workload(nn.Module):
+    """A step over tensors it owns as parameters (so a training trace differentiates them)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., torch.Tensor],
+        *shapes: tuple[int, ...],
+        channels_last: bool = False,
+        modules: dict[str, nn.Module] | None = None,
+    ):
+        super().__init__()
+        self.fn = fn
+        self.inputs = nn.ParameterList()
+        for shape in shapes:
+            t = torch.randn(shape)
+            if channels_last and t.dim() == 4:
+                t = t.contiguous(memory_format=torch.channels_last)
+            self.inputs.append(nn.Parameter(t))
+        self.layers = nn.ModuleDict(modules or {})
+
+    def forward(self, _unused: torch.Tensor | None = None) -> torch.Tensor:
+        return self.fn(self, *self.inputs)
+
+
+@dataclass(frozen=True)
+class FamilyWorkload:
+    """`passes`: for gpushape's fused kernels (not traced: the meta trace would record their
+    plain-PyTorch reference), the minimum bytes of the step as passes over its parameter.
+    `measure`: a family measured its own way instead of `measure_family` (same arguments).
+    `train`: False times and traces the forward alone (a family that is one pass's kernel)."""
+
+    family: str
+    describe: str
+    build: Callable[[float], nn.Module] | None
+    passes: int = 0
+    measure: Callable[..., dict[str, Any]] | None = None
+    train: bool = True
+
+
+def _rows(scale: float, full: int) -> int:
+    return max(int(full * scale), 8)
+
+
+def _side(scale: float, full: int) -> int:
+    return full if scale >= SMOKE else max(full // 8, 8)
+
+
+def _fused(kind: str, scale: float) -> nn.Module:
+    from ..kernels import BatchNormAct2d, LayerNormGELU, SoftmaxDropout
+
+    if kind == "norm_act":
+        return _Workload(
+            lambda m, x: m.layers["op"](x),
+            (_rows(scale, 32768), 4096),
+            modules={"op": LayerNormGELU(4096)},
+        )
+    if kind == "batch_norm_act":  # a smoke test's scale shrinks every dimension
+        c, hw = (256, 56) if scale >= SMOKE else (16, 8)
+        shape = (max(int(64 * scale), 2), c, hw, hw)
+        return _Workload(
+            lambda m, x, r: m.layers["op"](x, r),
+            shape,
+            shape,
+            channels_last=True,
+            modules={"op": BatchNormAct2d(c)},
+        )
+    return _Workload(
+        lambda m, x: m.layers["op"](x),
+        (_rows(scale, 65536), 1024),
+        modules={"op": SoftmaxDropout(0.1)},
+    )
+
+
+def _nchw_conversion(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
+    from .convs import measure_nchw_conversion  # it imports probe/memory.py
+
+    return measure_nchw_conversion(work, spec, **kwargs)
+
+
+def _patch_conv(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
+    from .convs import measure_patch_conv  # it imports probe/memory.py
+
+    return measure_patch_conv(work, spec, **kwargs)
+
+
+def _embedding(scale: float, batch: int) -> _Workload:
+    """Embedding(30522, 768) (BERT's vocabulary) over batch x 512 token ids."""
+    ids = torch.randint(0, 30522, (max(int(batch * scale), 1), 512))
+    w = _Workload(lambda m, table: F.embedding(m.ids, table), (30522, 768))
+    w.register_buffer("ids", ids)
+    return w
+
+
+def _layer_norm(scale: float, width: int) -> _Workload:
+    """LayerNorm(width) over as many rows as make 32768 x 4096 elements."""
+    return _Workload(
+        lambda m, x: m.layers["ln"](x),
+        (_rows(scale, 32768 * 4096 // width), width),
+        modules={"ln": nn.LayerNorm(width)},
+    )
+
+
+def _batch_norm(scale: float, c: int, h: int, w: int, channels_last: bool = False) -> _Workload:
+    return _Workload(
+        lambda m, x: m.layers["bn"](x),
+        (_rows(scale, 64), c, _side(scale, h), _side(scale, w)),
+        channels_last=channels_last,
+        modules={"bn": nn.BatchNorm2d(c)},
+    )
+
+
+def _depthwise(scale: float, c: int, side: int, k: int, channels_last: bool) -> _Workload:
+    conv = nn.Conv2d(c, c, k, padding=k // 2, groups=c, bias=False)
+    return _Workload(
+        lambda m, x: m.layers["dw"](x),
+        (_rows(scale, 64), c, _side(scale, side), _side(scale, side)),
+        channels_last=channels_last,
+        modules={"dw": conv},
+    )
+
+
+def _window_partition(m: _Workload, x: torch.Tensor) -> torch.Tensor:
+    """Swin's: (B, H, W, C) into 7x7 windows, (B x windows, 7, 7, C); a 6-D permuted copy."""
+    b, h, w, c = x.shape
+    x = x.view(b, h // 7, 7, w // 7, 7, c).permute(0, 1, 3, 2, 4, 5)
+    return x.contiguous().view(-1, 7, 7, c)
+
+
+def _copies(scale: float, kind: str) -> _Workload:
+    side = 56 if scale >= SMOKE else 14
+    if kind == "permuted":
+        return _Workload(_window_partition, (_rows(scale, 64), side, side, 96))
+    if kind == "transposed":  # NCHW to NHWC, as a LayerNorm over a conv's channels needs
+        return _Workload(
+            lambda m, x: x.permute(0, 2, 3, 1).contiguous(), (_rows(scale, 64), 96, side, side)
+        )
+    return _Workload(  # Swin's shifted windows: two dimensions rolled
+        lambda m, x: torch.roll(x, (-3, -3), (1, 2)), (_rows(scale, 64), side, side, 96)
+    )
+
+
+# BatchNorm2d on NCHW at 16 to 256 channels, each at 64 x 256 x 56 x 56 elements
+_BN_NCHW = {16: (224, 224), 32: (224, 112), 64: (112, 112), 128: (112, 56)}
+
+WORKLOADS = (
+    FamilyWorkload(
+        "elementwise",
+        "relu(x + y), x, y 8192x8192",
+        lambda s: _Workload(
+            lambda m, x, y: F.relu(x + y), (_rows(s, 8192), 8192), (_rows(s, 8192), 8192)
+        ),
+    ),
+    FamilyWorkload(
+        "activation",
+        "gelu(x), x 8192x8192",
+        lambda s: _Workload(lambda m, x: F.gelu(x), (_rows(s, 8192), 8192)),
+    ),
+    FamilyWorkload("norm", "LayerNorm(4096) on 32768x4096", lambda s: _layer_norm(s, 4096)),
+    # the same bytes over shorter rows: BERT's and GPT-2's 768, ViT-S's 384, ConvNeXt-T's and
+    # Swin-T's 96 and 192 (families.SIZE_BASE)
+    FamilyWorkload("norm@768", "LayerNorm(768) on 174762x768", lambda s: _layer_norm(s, 768)),
+    FamilyWorkload("norm@384", "LayerNorm(384) on 349525x384", lambda s: _layer_norm(s, 384)),
+    FamilyWorkload("norm@192", "LayerNorm(192) on 699050x192", lambda s: _layer_norm(s, 192)),
+    FamilyWorkload("norm@96", "LayerNorm(96) on 1398101x96", lambda s: _layer_norm(s, 96)),
+    FamilyWorkload(
+        "batch_norm",
+        "BatchNorm2d(256), training, 64x256x56x56 channels_last",
+        lambda s: _batch_norm(s, 256, 56, 56, channels_last=True),
+    ),
+    FamilyWorkload(
+        "batch_norm_nchw",
+        "BatchNorm2d(256), training, 64x256x56x56 NCHW",
+        lambda s: _batch_norm(s, 256, 56, 56),
+    ),
+    # NCHW BatchNorm gives each channel one thread block: fewer channels, fewer busy SMs
+    # (MobileNet's and EfficientNet's 16 to 120 channels at 112x112 to 28x28)
+    *(
+        FamilyWorkload(
+            f"batch_norm_nchw@{c}",
+            f"BatchNorm2d({c}), training, 64x{c}x{h}x{w} NCHW",
+            lambda s, c=c, h=h, w=w: _batch_norm(s, c, h, w),
+        )
+        for c, (h, w) in _BN_NCHW.items()
+    ),
+    FamilyWorkload(
+        "softmax",
+        "softmax(dim=-1) on 65536x1024",
+        lambda s: _Workload(lambda m, x: torch.softmax(x, -1), (_rows(s, 65536), 1024)),
+    ),
+    FamilyWorkload(
+        "pool",
+        "MaxPool2d(3, 2, 1) on 64x64x112x112 channels_last",
+        lambda s: _Workload(
+            lambda m, x: F.max_pool2d(x, 3, 2, 1), (_rows(s, 64), 64, 112, 112), channels_last=True
+        ),
+    ),
+    FamilyWorkload(
+        "pool_nchw",
+        "MaxPool2d(3, 2, 1) on 64x64x112x112 NCHW",
+        lambda s: _Workload(lambda m, x: F.max_pool2d(x, 3, 2, 1), (_rows(s, 64), 64, 112, 112)),
+    ),
+    # an embedding's two passes apart: the forward gathers rows, the backward sorts the ids and
+    # sums each id's rows into a zeroed table (the gather's forward priced as another op)
+    FamilyWorkload(
+        "gather",
+        "Embedding(30522, 768) over 64x512 token ids, forward",
+        lambda s: _embedding(s, 64),
+        train=False,
+    ),
+    FamilyWorkload(
+        "scatter_add",
+        "Embedding(30522, 768) over 16x512 token ids, backward (forward priced apart)",
+        lambda s: _embedding(s, 16),
+    ),
+    FamilyWorkload(
+        "permuted_copy",
+        "7x7 window partition (Swin) of 64x56x56x96, forward and backward",
+        lambda s: _copies(s, "permuted"),
+    ),
+    FamilyWorkload(
+        "transposed_copy",
+        "NCHW to NHWC copy of 64x96x56x56",
+        lambda s: _copies(s, "transposed"),
+    ),
+    FamilyWorkload(
+        "roll",
+        "roll by (-3, -3) over H and W of 64x56x56x96 (Swin's shift), forward and backward",
+        lambda s: _copies(s, "roll"),
+    ),
+    # a ConvNeXt stage's depthwise 7x7 (MobileNet's and EfficientNet's 3x3 and 5x5 run alike)
+    FamilyWorkload(
+        "grouped_conv",
+        "depthwise Conv2d(384, 7x7, groups=384) on 64x384x28x28 channels_last",
+        lambda s: _depthwise(s, 384, 28, 7, channels_last=True),
+    ),
+    # ... and in NCHW, where cuDNN runs other direct kernels, by kernel side
+    FamilyWorkload(
+        "grouped_conv_nchw",
+        "depthwise Conv2d(384, 7x7, groups=384) on 64x384x28x28 NCHW",
+        lambda s: _depthwise(s, 384, 28, 7, channels_last=False),
+    ),
+    FamilyWorkload(
+        "grouped_conv_nchw@5",
+        "depthwise Conv2d(240, 5x5, groups=240) on 64x240x28x28 NCHW",
+        lambda s: _depthwise(s, 240, 28, 5, channels_last=False),
+    ),
+    FamilyWorkload(
+        "grouped_conv_nchw@3",
+        "depthwise Conv2d(144, 3x3, groups=144) on 64x144x56x56 NCHW",
+        lambda s: _depthwise(s, 144, 56, 3, channels_last=False),
+    ),
+    FamilyWorkload(
+        "dropout",
+        "dropout(p=0.1), training, 8192x8192",
+        lambda s: _Workload(lambda m, x: F.dropout(x, 0.1, True), (_rows(s, 8192), 8192)),
+    ),
+    FamilyWorkload(
+        "reduction",
+        "sum over rows of 65536x1024 (a bias gradient's shape)",
+        lambda s: _Workload(lambda m, x: x.sum(0), (_rows(s, 65536), 1024)),
+    ),
+    # fwd: read x, write y; bwd: read dy and x (or y), write dx
+    FamilyWorkload(
+        "fused_norm_act",
+        "gpushape LayerNormGELU(4096) on 32768x4096",
+        lambda s: _fused("norm_act", s),
+        passes=5,
+    ),
+    # the bytes the audit keeps for a BatchNorm -> add -> ReLU chain once fused: the eager
+    # chain's 16 passes (BatchNorm 3 + add 3 + ReLU 2 forward; ReLU 3 + BatchNorm 5 backward,
+    # re-reads included) less the 8 the fusion removes; the kernel itself makes 10
+    FamilyWorkload(
+        "fused_batch_norm_act",
+        "gpushape BatchNormAct2d(256) + residual, training, 64x256x56x56 channels_last",
+        lambda s: _fused("batch_norm_act", s),
+        passes=8,
+    ),
+    FamilyWorkload(
+        "fused_softmax_dropout",
+        "gpushape SoftmaxDropout(0.1) on 65536x1024",
+        lambda s: _fused("softmax_dropout", s),
+        passes=5,
+    ),
+    # not a kernel family: NCHW convolutions' loss against channels_last (probe/convs.py)
+    FamilyWorkload(
+        "nchw_conversion",
+        "ResNet-50 bottleneck convolutions (stages 1 and 3, "
+        "batch 64), training, NCHW against channels_last",
+        None,
+        measure=_nchw_conversion,
+    ),
+    # not a kernel family: a patch embedding on 3 channels against the GEMM model's rate, as
+    # conv_small_cin is for the 7x7 stride-2 stem (probe/convs.py)
+    FamilyWorkload(
+        "patch_conv@4",
+        "Conv2d(3, 96, 4, stride 4) (ConvNeXt's, Swin's stem) on 64x3x224x224 channels_last, "
+        "forward + weight gradient",
+        lambda s: nn.Conv2d(3, 96, 4, stride=4, bias=False),
+        measure=_patch_conv,
+    ),
+    FamilyWorkload(
+        "patch_conv@16",
+        "Conv2d(3, 768, 16, stride 16) (ViT-B/16's) on 64x3x224x224 channels_last, "
+        "forward + weight gradient",
+        lambda s: nn.Conv2d(3, 768, 16, stride=16, bias=False),
+        measure=_patch_conv,
+    ),
+)

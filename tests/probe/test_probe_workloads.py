@@ -1,0 +1,101 @@
+"""The probe's workloads for families measured by size, layout or pass (probe/workloads.py):
+each exists for every key the cost model reads, its traced ops are the family at the size its
+key names, the sizes of one family move the same bytes, and the forward-only and patch
+convolution workloads measure what they say."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpushape.hardware import get_gpu
+from gpushape.probe import memory as probe_memory
+from gpushape.probe.workloads import WORKLOADS
+from gpushape.tracing.families import (
+    ALL_FAMILIES,
+    PATCH_VARIANTS,
+    SIZE_VARIANTS,
+    memory_family,
+    variant_size,
+)
+from gpushape.tracing.tracer import trace
+
+NEW = (
+    *SIZE_VARIANTS,
+    *PATCH_VARIANTS,
+    "gather",
+    "scatter_add",
+    "permuted_copy",
+    "transposed_copy",
+    "roll",
+    "grouped_conv_nchw",
+)
+BY_FAMILY = {w.family: w for w in WORKLOADS}
+
+
+def test_every_key_the_cost_model_reads_has_a_workload():
+    assert set(NEW) <= set(BY_FAMILY)
+    assert set(BY_FAMILY) <= set(ALL_FAMILIES)
+
+
+def _family_ops(family: str, scale: float = 0.002):
+    work = BY_FAMILY[family]
+    model = work.build(scale).to(torch.bfloat16)
+    ops = trace(model, (), train=work.train).ops
+    return [r for r in ops if memory_family(r) == family.partition("@")[0]]
+
+
+@pytest.mark.parametrize("family", [f for f in SIZE_VARIANTS if f in BY_FAMILY])
+def test_a_sized_workload_runs_its_family_at_the_size_its_key_names(family):
+    ops = _family_ops(family)
+    base = family.partition("@")[0]
+    assert ops and all(variant_size(r, base) == int(family.partition("@")[2]) for r in ops)
+
+
+def _elements(family: str) -> int:
+    with torch.device("meta"):  # full size, no memory
+        model = BY_FAMILY[family].build(1.0)
+    return sum(p.numel() for p in model.parameters() if p.dim() > 1)
+
+
+@pytest.mark.parametrize("base", ["norm", "batch_norm_nchw"])
+def test_one_familys_sizes_move_the_same_bytes(base):
+    sizes = [f for f in BY_FAMILY if f == base or f.startswith(base + "@")]
+    counts = [_elements(f) for f in sizes]
+    assert len(sizes) >= 3
+    assert max(counts) <= 1.01 * min(counts), dict(zip(sizes, counts))
+
+
+def test_the_gather_is_timed_forward_only_and_the_scatter_with_its_forward():
+    gather = _family_ops("gather")
+    assert gather and all(r.phase == "forward" for r in gather)
+    assert not BY_FAMILY["gather"].train
+    scatter = _family_ops("scatter_add")
+    assert [r.name for r in scatter] == ["embedding_dense_backward"]
+
+
+@pytest.mark.parametrize(("family", "ops"), [("permuted_copy", 2), ("transposed_copy", 1)])
+def test_the_copy_workloads_copy_between_layouts(family, ops):
+    assert len(_family_ops(family)) == ops
+
+
+def test_the_roll_workload_rolls_two_dimensions_forward_and_backward():
+    rolls = _family_ops("roll")
+    assert len(rolls) == 2 and all(len(r.params["dims"]) == 2 for r in rolls)
+
+
+@pytest.mark.parametrize("family", PATCH_VARIANTS)
+def test_a_patch_convolution_is_its_step_against_the_gemm_model(family):
+    row = probe_memory.measure_memory_efficiency(
+        get_gpu("h200"), device="cpu", scale=0.002, families=(family,)
+    )[family]
+    assert row["model_s"] > 0 and row["measured_s"] > 0 and row["nchw_measured_s"] > 0
+    assert row["family_roofline_s"] == row["model_s"]
+    raw = row["model_s"] / row["measured_s"]
+    assert row["efficiency"] == pytest.approx(min(max(raw, 0.01), 1.0), abs=1e-4)
+    side = int(family.partition("@")[2])
+    conv = BY_FAMILY[family].build(1.0)
+    assert conv.kernel_size == (side, side) and conv.stride == (side, side)
+    assert conv.in_channels == 3 and not math.prod(conv.padding)
