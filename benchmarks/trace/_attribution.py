@@ -4,7 +4,11 @@ attributes ops, and Spearman's rank correlation without scipy.
 Forward: module forward hooks push `record_function("gs::<module path>")` ranges; a kernel
 belongs to the innermost range around the op that launched it. Backward: the op runs inside
 `autograd::engine::evaluate_function: <Node>` whose sequence number is the forward op's, so it
-belongs to the module the forward op ran in.
+belongs to the module the forward op ran in. Every op that passes autograd records the
+sequence number the next node will take, so ops that make no node (a view of the token ids
+before an embedding) carry the same number as the op after them that does: the number belongs
+to the last forward op that carried it (an embedding's backward to the Embedding, not to the
+parent that reshaped its ids).
 """
 
 from __future__ import annotations
@@ -74,18 +78,32 @@ def _backward_node(event):
     return None
 
 
+def node_modules(events) -> dict[int, str]:
+    """Autograd sequence number -> the module of the last forward op that carried it (the op
+    whose node took it; see the module docstring)."""
+    forward = sorted(
+        (
+            e
+            for e in events
+            if e.sequence_nr is not None and e.sequence_nr >= 0 and not e.name.startswith(BACKWARD)
+        ),
+        key=lambda e: e.time_range.start,
+    )
+    seq_module: dict[int, str] = {}
+    for e in forward:
+        module = _forward_module(e)
+        if module is not None:
+            seq_module[e.sequence_nr] = module
+    return seq_module
+
+
 def time_per_module(events, *, device: bool = True) -> tuple[dict[str, float], float, float]:
     """(seconds per module, seconds not attributed, total seconds) over the profiled events.
 
     device=True sums kernels' device time (CUDA); device=False sums CPU self time of aten ops
     (for checking this attribution on a machine without a GPU).
     """
-    seq_module: dict[int, str] = {}
-    for e in events:  # forward ops that made autograd nodes: sequence number -> module
-        if e.sequence_nr is not None and e.sequence_nr >= 0 and not e.name.startswith(BACKWARD):
-            module = _forward_module(e)
-            if module is not None:
-                seq_module.setdefault(e.sequence_nr, module)
+    seq_module = node_modules(events)
     per_module: dict[str, float] = defaultdict(float)
     unattributed = total = 0.0
     for e in events:

@@ -18,7 +18,9 @@ batch 16), built on the GPU from gpushape.models:
 
     OUT=out python benchmarks/trace/correlate.py [--quick] [--models resnet50,bert-base]
     (models: resnet50, bert-base, bert-base-manual, resnet50-nchw, or any MODEL the CLI takes:
-    hf:<type>, timm:<name>, file.py:factory; --stem names the files)
+    hf:<type>, timm:<name>, file.py:factory; --stem names the files; --channels-last converts
+    a library model with image inputs, and its inputs, to channels_last, as the zoo's resnet50
+    always is: library models run as built, NCHW, by default)
     python benchmarks/trace/correlate.py --device cpu --quick   # checks the plumbing, no GPU
 """
 
@@ -59,10 +61,18 @@ CPU_SIZES = {
 }
 
 
-def build(name: str, batch: int | None, options: dict, device: str, dtype=torch.bfloat16):
+def build(
+    name: str,
+    batch: int | None,
+    options: dict,
+    device: str,
+    dtype=torch.bfloat16,
+    channels_last: bool = False,
+):
     if name not in SIZES:  # any MODEL: hf:<type>, timm:<name>, file.py:factory, module:factory
         resolved = resolve_model(name, batch=batch, dtype=dtype, device=device)
-        return resolved.model, resolved.example_inputs
+        model, inputs = resolved.model, resolved.example_inputs
+        return to_channels_last(model, inputs) if channels_last else (model, inputs)
     model, inputs = create_model(
         name.removesuffix("-manual").removesuffix("-nchw"),
         batch=batch,
@@ -74,6 +84,33 @@ def build(name: str, batch: int | None, options: dict, device: str, dtype=torch.
         model = model.to(memory_format=torch.channels_last)
         inputs = tuple(x.contiguous(memory_format=torch.channels_last) for x in inputs)
     return model, inputs
+
+
+def to_channels_last(model, inputs):
+    """A model taking image batches (a 4-D floating input) and those inputs in channels_last;
+    any other model as it is."""
+    images = [
+        x for x in inputs if isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point()
+    ]
+    if not images:
+        return model, inputs
+    model = model.to(memory_format=torch.channels_last)
+    inputs = tuple(
+        x.contiguous(memory_format=torch.channels_last) if any(x is i for i in images) else x
+        for x in inputs
+    )
+    return model, inputs
+
+
+def _images_channels_last(inputs) -> bool:
+    """Whether the model ran on channels_last image batches."""
+    return any(
+        isinstance(x, torch.Tensor)
+        and x.dim() == 4
+        and x.stride(1) == 1 < x.shape[1]
+        and x.is_contiguous(memory_format=torch.channels_last)
+        for x in inputs
+    )
 
 
 def first_tensor(out) -> torch.Tensor:
@@ -198,8 +235,8 @@ def run_model(name: str, args, gpu) -> dict:
         batch, dtype = (quick if args.quick else full), torch.bfloat16
     else:  # plumbing check: fp32, as bf16 convolutions crawl on CPUs
         (batch, options), dtype = CPU_SIZES.get(name, (None, {})), torch.float32
-    model, inputs = build(name, batch, options, args.device, dtype)
-    meta_model, meta_inputs = build(name, batch, options, "meta", dtype)
+    model, inputs = build(name, batch, options, args.device, dtype, args.channels_last)
+    meta_model, meta_inputs = build(name, batch, options, "meta", dtype, args.channels_last)
     meta_trace = gpushape.trace(meta_model, meta_inputs, train=True, name=name)
     correctness = check(name, model, inputs, meta_trace, args.device)
     predicted, predicted_totals = predict(meta_trace, gpu)
@@ -209,6 +246,7 @@ def run_model(name: str, args, gpu) -> dict:
         model=name,
         batch=batch,
         options=options,
+        channels_last=_images_channels_last(inputs),
         correctness=correctness,
         predicted_total_kernel_s=predicted_totals["kernel_time_s"],
         predicted_total_roofline_s=predicted_totals["roofline_time_s"],
@@ -278,7 +316,14 @@ def main() -> None:
     parser.add_argument(
         "--stem",
         default=None,
-        help="output files' stem (default: correlate, correlate-flat-memory)",
+        help="output files' stem (default: correlate, correlate-flat-memory; "
+        "with --channels-last, -channels-last added)",
+    )
+    parser.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="library models with image inputs (timm:, hf: vision) and their inputs in "
+        "channels_last (default: as built, NCHW)",
     )
     args = parser.parse_args()
     if args.quick:
@@ -292,7 +337,7 @@ def main() -> None:
     if args.flat_memory:
         gpu = gpu.replace(achievable=dataclasses.replace(gpu.achievable, memory_efficiency={}))
         stem = "correlate-flat-memory"
-    stem = args.stem or stem
+    stem = args.stem or (f"{stem}-channels-last" if args.channels_last else stem)
     out_dir = Path(os.environ.get("OUT", "out"))
     results = [run_model(name, args, gpu) for name in args.models.split(",")]
     write_results(
