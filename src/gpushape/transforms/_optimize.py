@@ -31,7 +31,8 @@ from ._core import (
     remember,
     undo,
 )
-from ._verify import Verification, reference, verify
+from ._verify import Verification, compute_dtype, lower_reference, reference, verify
+from .autocast import audit_flags
 
 MODES = ("eager", "compile", "graph")
 # Structural rewrites first (they change which modules exist), layouts next; masked-lm-head
@@ -45,6 +46,12 @@ ORDER = (
     "fuse-norm-act",
     "channels-last",
     "masked-lm-head",
+    # last: autocast wraps the forward of the model the others left (a module they replace,
+    # or the root fuse-norm-act rewrites with fx, would lose its wrapper) and a forward
+    # replaced on the instance (masked-lm-head's) runs inside it. Nothing before it depends
+    # on the dtype it brings: pad-channels pads float32 layers to bf16's granularity anyway,
+    # the fusions match structure; its own check runs their kernels in bf16.
+    "autocast-bf16",
 )
 CHECKPOINT = "activation-checkpoint"  # last: it plans on the model the others left
 
@@ -167,7 +174,8 @@ def optimize(
     if not isinstance(model, nn.Module):
         raise GpushapeError(f"optimize() needs an nn.Module, got {type(model).__name__}")
     inputs = _as_tuple(example_inputs)
-    before = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode)
+    flags = audit_flags(model)
+    before = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode, flags=flags)
     out = OptimizeReport(model=before.model, gpu=before.gpu, mode=mode, before=before)
     ctx = TransformContext(
         example_inputs=inputs,
@@ -186,7 +194,8 @@ def optimize(
         picked.append(CHECKPOINT)  # a budget asks for it, with or without a finding
     for tid in picked:
         model = _apply_one(model, tid, ctx, ref, out, guard if transforms is None else None)
-    out.after = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode)
+    flags = audit_flags(model)
+    out.after = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode, flags=flags)
     return model, out
 
 
@@ -211,7 +220,7 @@ class _Guard:
         from ..auditing.api import audit
 
         after = audit(model, self.inputs, self.gpu, dtype=self.dtype, train=self.train,
-                      mode=self.mode)  # fmt: skip
+                      mode=self.mode, flags=audit_flags(model))  # fmt: skip
         (gpu0, wall0), (gpu1, wall1) = self.step, _predicted(after)
         if gpu1 > gpu0 * (1 + SLOWER) and wall1 > wall0 * (1 + SLOWER):
             return (
@@ -233,23 +242,30 @@ def _predicted(report: Any) -> tuple[float, float]:
 
 
 class _Reference:
-    """The original model's results, computed before the first change and only if one comes."""
+    """The original model's results, computed before the first change and only if one comes;
+    its run in a lower dtype when a rewrite computes in one (autocast), so its copy is kept
+    until optimize returns (the first check, with its float64 run, is the peak either way)."""
 
     def __init__(self, model: nn.Module, inputs: tuple):
         self.model, self.inputs, self.value = copy.deepcopy(model), inputs, None
+        self.lower: dict[torch.dtype, dict | None] = {}
 
     def results(self):
         if self.value is None:
             self.value = reference(self.model, self.inputs)
-            self.model = None
         return self.value
+
+    def at(self, dtype: torch.dtype | None) -> dict | None:
+        if dtype is not None and dtype not in self.lower:
+            self.lower[dtype] = lower_reference(self.model, self.inputs, dtype)
+        return self.lower.get(dtype)
 
 
 def _check(model: nn.Module, inputs: tuple, ref: _Reference) -> Verification:
     """The gate; a rewritten model that no longer runs fails it, with the error as the reason."""
     results = ref.results()
     try:
-        return verify(model, inputs, results)
+        return verify(model, inputs, results, ref.at(compute_dtype(model)))
     except Exception as exc:  # a broken rewrite is rolled back and reported, never raised
         reason = f"the rewritten model failed to run: {type(exc).__name__}: {exc}"
         return Verification(passed=False, checked=0, worst=reason.splitlines()[0][:300])

@@ -13,6 +13,10 @@ MLP's cheap activations before a whole attention block, or a few blocks only.
 A chosen module's `forward` runs under `torch.utils.checkpoint.checkpoint(use_reentrant=False)`
 (an attribute on the instance, removed on undo): parameters, the state_dict and the outputs are
 unchanged, and dropout replays the same masks (the RNG state is restored for the recompute).
+A chosen module whose forward is already replaced on the instance (autocast-bf16's wrapper) is
+refused: the checkpoint runs the class's forward and would drop it. A wrapper on another module
+(autocast around the whole model) is no obstacle: the recompute runs under the autocast state
+the forward had.
 Without a budget nothing is checkpointed (memory is not short: a finding would say so).
 """
 
@@ -127,6 +131,11 @@ def _run_checkpointed(module: nn.Module, *args, **kwargs):
     return checkpoint(type(module).forward, module, *args, use_reentrant=False, **kwargs)
 
 
+def _is_checkpointed(module: nn.Module) -> bool:
+    forward = module.__dict__.get("forward")
+    return isinstance(forward, functools.partial) and forward.func is _run_checkpointed
+
+
 def _checkpointed(module: nn.Module) -> Callable[[], None]:
     """Route `module`'s calls through a checkpoint; the undo. A partial over the module (not a
     closure over its bound method) so that a deep copy checkpoints the copy."""
@@ -153,8 +162,8 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
     if ctx.memory_budget is None or not ctx.train:
         return out
-    if any("forward" in m.__dict__ for m in model.modules()):
-        return out  # checkpointed already (or a forward replaced by someone): twice = once
+    if any(_is_checkpointed(m) for m in model.modules()):
+        return out  # checkpointed already: twice = once
     actx = _context(model, ctx)
     chosen = plan(actx, _in_trace_units(model, ctx, actx))
     if chosen is None:
@@ -165,6 +174,10 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
         module = model.get_submodule(path)
         if has_hooks(module) or not ctx.allows(module, path):
             out.refusals.append(Refusal(transform=ID, module=path, reason="hooks or filter_fn"))
+            continue
+        if "forward" in module.__dict__:
+            reason = "its forward is replaced on the instance: the checkpoint would drop it"
+            out.refusals.append(Refusal(transform=ID, module=path, reason=reason))
             continue
         detail = (
             f"recomputed in backward ({chosen.recompute_s * 1e3:,.3f} ms for all chosen; "
