@@ -248,6 +248,14 @@ def test_picked_from_the_findings_and_applied_last_over_the_other_fixes():
     assert not any("forward" in m.__dict__ for m in original.modules())
 
 
+def test_a_wrapped_parent_is_refused_by_fuse_norm_act_not_unwrapped():
+    model, x = _case("conv")
+    autocast_model(model)
+    model, report = optimize(model, (x,), dtype=torch.float32, transforms=["fuse-norm-act"])
+    assert [r.module for r in report.refused] == [""] and "replaced" in report.refused[0].reason
+    assert isinstance(wrapped(model), AutocastForward) and report.applied  # the blocks fused
+
+
 def test_activation_checkpoint_plans_under_autocast():
     torch.manual_seed(0)
     model, x = nn.Sequential(*(MLPBlock(32) for _ in range(4))), torch.randn(4, 64, 32)
@@ -260,6 +268,17 @@ def test_activation_checkpoint_plans_under_autocast():
     assert {c.transform for c in report.applied} == {ID, "activation-checkpoint"}
     assert isinstance(wrapped(model), AutocastForward)
     assert saved_bytes(model, (x,)) <= budget
+
+
+def test_wrapped_layers_are_left_to_their_wrapper_by_pad_channels_and_fuse_qkv():
+    model, x = _case("bert-layer")
+    autocast_model(model, filter_fn=lambda m, fqn: isinstance(m, nn.Linear))
+    model, report = optimize(
+        model, (x,), gpu="h200", dtype=torch.float32, transforms=["pad-channels", "fuse-qkv"]
+    )
+    assert not report.applied
+    assert all(isinstance(wrapped(m), AutocastForward) for m in model.modules()
+               if isinstance(m, nn.Linear))  # fmt: skip
 
 
 def test_trains_like_the_float32_model():

@@ -12,6 +12,8 @@ may be `+`, `+=` or `torch.add`. The data flow comes from torch.fx: the parent i
 its children as leaves, so the graph shows which call's output feeds which. A site is fused
 only when the norm's output (and the sum's) has no other user, the norm module is called once,
 and no hook is registered on the parent or the norm; otherwise it is refused with the reason.
+A parent whose forward is replaced on the instance (autocast-bf16's wrapper, a checkpoint) is
+refused too: torch.fx traces the class's forward, and the rewrite would drop the replacement.
 
 The fused modules share the norm's parameters and buffers (same objects, same names), so the
 state_dict, its keys and the optimizer's state are unchanged. A rewritten parent becomes an
@@ -270,6 +272,11 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
         before = len(out.changes)
         rewritten = _fuse_in(parent, fqn, ctx, out)
         if rewritten is None:
+            continue
+        if "forward" in parent.__dict__:  # fx traced the class's forward: it would be dropped
+            del out.changes[before:]
+            why = "its forward is replaced on the instance (autocast, a checkpoint): fx drops it"
+            out.refusals.append(_refusal(fqn, why))
             continue
         if fqn:
             holder, name = parent_of(model, fqn)

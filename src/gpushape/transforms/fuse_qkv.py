@@ -232,6 +232,8 @@ def _member_problem(name: str, m: nn.Module, maps: tuple[Owners, Holders]) -> st
         return f"{name} is one module held at several places: fusing it would change the others"
     if _hooked(m):
         return f"{name} has hooks registered: they would not see the fused call"
+    if "forward" in m.__dict__:
+        return f"{name}'s forward is replaced on the instance (autocast): fusing would drop it"
     for part in PARTS:
         p = getattr(m, part)
         if p is None:

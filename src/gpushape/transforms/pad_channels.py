@@ -122,6 +122,8 @@ def _layer_refusal(fqn: str, module: nn.Module, step: int, holders: Holders) -> 
         return f"wrapped by a {type(wrapper).__name__}, which reads its weight's shape"
     if has_hooks(module):
         return "a hook is registered: it would see the padded tensors"
+    if "forward" in module.__dict__:
+        return "its forward is replaced on the instance (autocast): the padded layer would drop it"
     if isinstance(module, nn.Conv2d):
         if module.groups != 1:
             return "a grouped convolution: padding per group would reorder its channels"
