@@ -90,6 +90,9 @@ def main() -> None:
     if "host" in parts:
         profile["host"] = measure_host(args.device)
         for key, row in profile["host"].items():
+            if "seconds" not in row:
+                print(f"host {key:<12} failed: {row.get('error')}")
+                continue
             print(f"host {key:<12} {row['seconds'] * 1e6:8.2f} us  {row['workload']}")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     for part in sorted(parts):

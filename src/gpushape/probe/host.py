@@ -61,7 +61,7 @@ def _chains(dev: torch.device, dtype: torch.dtype) -> dict[str, tuple[Callable, 
         w_lin.add_(torch.eye(16, device=dev, dtype=dtype))
         w_conv.mul_(0.1).add_(nn.init.dirac_(torch.empty(8, 8, 3, 3)).to(dev, dtype))
     bn_w, bn_b, ln_w, ln_b = param(8), param(8), param(16), param(16)
-    running = (torch.zeros(8, device=dev), torch.ones(8, device=dev))
+    running = (torch.zeros(8, device=dev, dtype=dtype), torch.ones(8, device=dev, dtype=dtype))
     return {
         "op": (lambda y: y * 1.0001, "y * 1.0001"),
         "gemm": (lambda y: F.linear(y, w_lin), "F.linear on 4x16, weight 16x16"),
