@@ -234,7 +234,7 @@ def test_one_value_per_channel_raises_like_torch():
         (dict(x=torch.ones(2, 3, 4, 4, dtype=torch.int32)), TypeError, "x must be float32"),
         (dict(weight=torch.ones(3, device="meta")), RuntimeError, "one device"),
         (dict(eps=-1e-5), ValueError, "eps must be"),
-        (dict(activation="gelu"), ValueError, "activation must be one of"),
+        (dict(activation="swish"), ValueError, "activation must be one of"),
         (dict(residual=torch.randn(2, 3, 4, 5)), ValueError, "residual must match"),
         (dict(training=False, running_mean=None, running_var=None), ValueError, "running_mean"),
     ],

@@ -1,6 +1,7 @@
 """batch_norm_act on a CUDA GPU (run `pytest -m gpu` on the GPU machine): the numeric gate over
 dtypes, layouts and shapes, running stats, determinism, torch.compile, CUDA graphs, > 2^31
-elements, and the direct launcher (`_launch.Launch`)."""
+elements, and the direct launcher (`_launch.Launch`); the smooth activations (SiLU, GELU,
+Hardswish) at a realistic shape, last."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from ._batch_norm_cases import (
     CF,
     CL,
     CUDA,
+    SMOOTH,
+    TORCH_ACT,
     VARIANTS,
     _check_compiled_module,
     _gate,
@@ -201,3 +204,95 @@ def test_gpu_misaligned_input_after_aligned_ones():
     assert x_off.data_ptr() % 16 == 2 and x_off.stride() == x.stride()
     for a, c in zip(expected, _run_fwd_bwd(x_off, r, dy, w, b)):
         torch.testing.assert_close(c, a)
+
+
+# ---- SiLU, GELU (erf, tanh), Hardswish: the pre-activation recomputed in the backward ----
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("residual", [True, False], ids=["residual", "no_residual"])
+@pytest.mark.parametrize("activation", SMOOTH)
+def test_gpu_smooth_activation_gate_at_a_resnet_shape(activation, residual):
+    """64x256x28x28 bf16 channels_last, training: forward and the gradients of x, weight, bias
+    (and residual) against PyTorch's BatchNorm2d + add + activation."""
+    _gate(
+        (64, 256, 28, 28),
+        torch.bfloat16,
+        CL,
+        device=CUDA,
+        activation=activation,
+        residual=residual,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", SMOOTH)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"]
+)
+def test_gpu_smooth_activation_variants(activation, dtype):
+    for fmt in (CL, CF):
+        for training, residual, affine in ((True, False, False), (False, True, True)):
+            _gate(
+                (8, 97, 14, 14),
+                dtype,
+                fmt,
+                device=CUDA,
+                training=training,
+                activation=activation,
+                residual=residual,
+                affine=affine,
+            )
+    _gate((32, 2048, 7, 7), dtype, CL, device=CUDA, activation=activation)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", SMOOTH)
+def test_gpu_smooth_activation_module_tracks_torch(activation):
+    """Running stats, outputs and gradients over steps against nn.BatchNorm2d + activation."""
+    ref = nn.BatchNorm2d(64).to(CUDA)
+    ours = BatchNormAct2d.from_batchnorm(nn.BatchNorm2d(64).to(CUDA), activation)
+    for step in range(4):
+        x = (step + torch.randn(16, 64, 14, 14, device=CUDA)).contiguous(memory_format=CL)
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        y_ref, y = TORCH_ACT[activation](ref(xs[0])), ours(xs[1])
+        dy = torch.randn_like(y)
+        y_ref.backward(dy), y.backward(dy)
+        torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(xs[1].grad, xs[0].grad, rtol=1e-3, atol=1e-4)
+    for name, t in ref.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[name], t, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_smooth_activation_compile_opcheck_determinism_and_graphs():
+    _check_compiled_module(CUDA, "silu")
+    for activation in SMOOTH:
+        _opcheck_all(CUDA, activation)
+    x, w, b, r = (t.detach() for t in _inputs((32, 256, 14, 14), torch.bfloat16, CL, CUDA))
+    dy = torch.randn_like(x)
+    first = _run_fwd_bwd(x, r, dy, w, b, "gelu")
+    for _ in range(20):
+        for a, c in zip(first, _run_fwd_bwd(x, r, dy, w, b, "gelu")):
+            assert torch.equal(a, c)
+    bn = BatchNormAct2d(64, activation="hardswish").to(CUDA)
+    x, _, _, r = (t.detach() for t in _inputs((8, 64, 14, 14), torch.bfloat16, CL, CUDA))
+    x.requires_grad_()
+    dy = torch.randn_like(x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up: compile kernels, size the reduction grids
+        for _ in range(2):
+            bn(x, r).backward(dy)
+    torch.cuda.current_stream().wait_stream(side)
+    x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = bn(x, r)
+        y.backward(dy)
+    graph.replay()
+    xe = x.detach().clone().requires_grad_()
+    ye = bn(xe, r)  # the same batch: the same statistics, whatever the running stats hold
+    ye.backward(dy)
+    torch.testing.assert_close(y, ye)
+    torch.testing.assert_close(x.grad, xe.grad)

@@ -1,12 +1,14 @@
-"""The backward's launch plan of batch_norm_act (the forward's and the shared pieces:
+"""The backward's launch plans of batch_norm_act (the forward's and the shared pieces:
 `_plans.py`): the reduction of dz and dz * x-hat per channel, then dx (and the residual's
-gradient) elementwise."""
+gradient) elementwise. `BackwardPlan`: ReLU (its saved mask) and no activation;
+`ActBackwardPlan`: the smooth activations, whose pre-activation is recomputed."""
 
 from __future__ import annotations
 
 import torch
 
 from .._launch import aligned
+from ._act_bwd_kernels import _act_bwd_apply_kernel, _act_bwd_reduce_kernel
 from ._bwd_kernels import _bwd_apply_kernel, _bwd_finalize_kernel, _bwd_reduce_kernel
 from ._plans import (
     View,
@@ -170,3 +172,99 @@ class BackwardPlan(_Layout):
             if buf is not out:
                 out.copy_(buf)
         return dx, dw, db, dres
+
+
+class ActBackwardPlan(_Layout):
+    """The backward of a smooth activation (`act`: its code in `_act_math.ACT_CODES`), the
+    pre-activation recomputed (`_act_bwd_kernels.py`): a reduction (sums; dz as d_residual when
+    there is a residual; in eval also dx) and, when training, the dx pass, which recomputes dz
+    from dy and x, or, with a residual, reads it back from d_residual through the plain
+    `_bwd_apply_kernel` (no activation, no residual gradient of its own)."""
+
+    def __init__(
+        self, x, view: View, tuning: BatchNormTuning, weight, bias, stat, training, act, has_res
+    ):
+        super().__init__(x, view)
+        self.training, self.has_res = training, has_res
+        xk, acc = self.kin(x), self.example()
+        self.no_bits = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self.reduce_tiles = t = tiles(
+            view, x.element_size(), tuning.bwd_reduce.tile_bytes, tuning.bwd_reduce.block_c
+        )
+        w = weight if weight is not None else acc
+        b = bias if bias is not None else acc
+        flags = dict(
+            HAS_W=weight is not None,
+            HAS_B=bias is not None,
+            ACT=act,
+            CHANNELS_LAST=view.channels_last,
+        )
+        # dy, x, res, mean, stat, w, b, part, count, dw, db, dx, dres, C, L, n_rb, P, eps
+        example = [xk, xk, xk, acc, self.example(stat.dtype), w, b, acc, counters(xk, t.n_cb)]
+        example += [acc, acc, xk, xk, view.C, view.L, t.n_rb, 1, 1e-5]
+        self.reduction = r = _Reduction(
+            _act_bwd_reduce_kernel,
+            example,
+            dict(flags, EVAL=not training, HAS_RES=has_res),
+            t,
+            tuning.bwd_reduce,
+        )
+        self.finalize = (
+            None
+            if r.fused
+            else _finalize_launch(_bwd_finalize_kernel, view.C, STAT_IS_VAR=not training)
+        )
+        if training:
+            self._plan_dx(xk, tuning, flags, w, b)
+
+    def _plan_dx(self, xk, tuning: BatchNormTuning, flags: dict, w, b) -> None:
+        v, acc = self.view, self.example()
+        self.apply_tiles = a = tiles(
+            v, xk.element_size(), tuning.bwd_apply.tile_bytes, tuning.bwd_apply.block_c
+        )
+        if self.has_res:  # dz is in d_residual: the plain dx pass (no activation) reads it
+            meta = dict(
+                HAS_W=flags["HAS_W"], HAS_RES=False, RELU=False, CHANNELS_LAST=v.channels_last
+            )
+            example = [xk, xk, self.no_bits, acc, acc, w, acc, acc, xk, xk]
+            example += [v.C, v.L, v.NB, a.n_rb, 1, v.M]
+            kernel, g_index = _bwd_apply_kernel, 14
+        else:
+            meta = flags
+            example = [xk, xk, acc, acc, w, b, acc, acc, xk, v.C, v.L, a.n_rb, 1, v.M]
+            kernel, g_index = _act_bwd_apply_kernel, 12
+        self.apply_launch, self.apply_g = _elementwise(
+            kernel, example, meta, a, tuning.bwd_apply, g_index
+        )
+
+    def run(self, dy, x, weight, bias, residual, mean, stat, eps: float):
+        """(dx, dweight, dbias, d_residual); d_residual is empty without a residual."""
+        v, t, r = self.view, self.reduce_tiles, self.reduction
+        ok = aligned(dy, x, weight, bias, residual, mean, stat)
+        xk, dyk = self.kin(x), self.kin(dy)
+        resk = self.kin(residual) if self.has_res else xk
+        dx, dxk = self.out(x)
+        dres, dresk = self.out(x) if self.has_res else (x.new_empty((0,)),) * 2
+        dresk_or_dx = dresk if self.has_res else dxk
+        w = weight if weight is not None else mean
+        b = bias if bias is not None else mean
+        part = torch.empty((2 * r.P, v.C), dtype=self.acc, device=self.device)
+        dw, db = torch.empty_like(mean), torch.empty_like(mean)
+        args = (dyk, xk, resk, mean, stat, w, b, part, counters(xk, t.n_cb), dw, db, dxk)
+        r.launch(ok, *args, dresk_or_dx, v.C, v.L, t.n_rb, r.P, eps)
+        if self.finalize is not None:
+            self.finalize(ok, part, mean, stat, dw, db, v.C, r.P, eps)
+        if self.training:
+            self._dx(ok, dyk, xk, dresk, w, b, mean, stat, dw, db, dxk)
+        for out, buf in ((dx, dxk), (dres, dresk)):
+            if buf is not out:
+                out.copy_(buf)
+        return dx, dw, db, dres
+
+    def _dx(self, ok: bool, dyk, xk, dresk, w, b, mean, rstd, dw, db, dxk) -> None:
+        v, a, g = self.view, self.apply_tiles, self.apply_g
+        if self.has_res:
+            args = (dresk, xk, self.no_bits, mean, rstd, w, dw, db, dxk, dxk, v.C, v.L, v.NB)
+            self.apply_launch(ok, *args, a.n_rb, g, v.M)
+        else:
+            self.apply_launch(ok, dyk, xk, mean, rstd, w, b, dw, db, dxk, v.C, v.L, a.n_rb, g, v.M)

@@ -6,7 +6,9 @@ Every kernel reads a 4-D tensor through one (O, L, C) view, chosen by the conste
   NCHW:                 O = N, L = H*W,   element (o, l, c) at o*C*L + c*L + l   (L contiguous)
 A "row block" is BLOCK_L consecutive l of one o; the flat row index o*L + l is the same N*H*W
 order in both layouts, which is how the ReLU mask (one bit per element, 8 channels a byte:
-shape (N*H*W, ceil(C/8)), uint8) is laid out.
+shape (N*H*W, ceil(C/8)), uint8) is laid out. The smooth activations (SiLU, GELU, Hardswish:
+`_act_math.py`, constexpr ACT) write no mask: their backward recomputes the pre-activation
+(`_act_bwd_kernels.py`).
 
 Mask bytes: with 2-byte data each thread holds 8 consecutive channels (one 16-byte load), which
 is exactly one mask byte, so packing and unpacking stay inside a thread. The kernels that touch
@@ -34,6 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._act_math import _act_fwd
 from ._tile_math import (
     _bits_offsets,
     _block_at,
@@ -190,6 +193,7 @@ def _apply_tile(
     NB,
     HAS_RES: tl.constexpr,
     RELU: tl.constexpr,
+    ACT: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_C: tl.constexpr,
     CHANNELS_LAST: tl.constexpr,
@@ -200,6 +204,8 @@ def _apply_tile(
         y += res.to(mean.dtype)
     if RELU:
         y = tl.where(y < 0.0, 0.0, y)  # not max(): NaN must propagate as in torch.relu
+    if ACT != 0:  # the backward recomputes this y (the pre-activation) the same way
+        y = _act_fwd(y, ACT)
     base, row0, rmask = _block_at(rb, True, C, L, BLOCK_L, CHANNELS_LAST)
     tl.store(
         y_ptr + base + c_off + offs,
@@ -237,6 +243,7 @@ def _apply_kernel(
     HAS_B: tl.constexpr,
     HAS_RES: tl.constexpr,
     RELU: tl.constexpr,
+    ACT: tl.constexpr,  # 0, or a smooth activation's code (`_act_math.ACT_CODES`)
     LOOP: tl.constexpr,
     PREFETCH: tl.constexpr,
     BLOCK_L: tl.constexpr,
@@ -302,6 +309,7 @@ def _apply_kernel(
                 NB,
                 HAS_RES,
                 RELU,
+                ACT,
                 BLOCK_L,
                 BLOCK_C,
                 CHANNELS_LAST,
@@ -334,6 +342,7 @@ def _apply_kernel(
             NB,
             HAS_RES,
             RELU,
+            ACT,
             BLOCK_L,
             BLOCK_C,
             CHANNELS_LAST,

@@ -4,6 +4,8 @@ Traffic per call, in passes over one (N, C, H, W) tensor (ReLU mask bits cost 1/
   training forward:  read x (stats); read x, residual; write y, bits   = 4 + 1/16
   training backward: read dy, x, bits (sums); read dy, x, bits; write dx, d_residual = 6 + 1/8
   eval forward: 3 (+1/16), eval backward: 4 (+1/16) — with residual and ReLU.
+SiLU, GELU and Hardswish write no bits (forward 4 with a residual, 3 without) and recompute the
+pre-activation in the backward: 7 passes with a residual, 5 without (`_act_bwd_kernels.py`).
 
 Host cost matters: at ResNet-50's later stages a training step's share of this op is 0.1-0.3 ms
 of GPU time, less than the Python of a naive launch path. So everything that follows from
@@ -21,10 +23,11 @@ from __future__ import annotations
 import torch
 
 from . import _tuning as tuning_table
-from ._bwd_plans import BackwardPlan
+from ._bwd_plans import ActBackwardPlan, BackwardPlan
 from ._plans import ForwardPlan, View, in_layout, stat_dtype
 
 __all__ = [
+    "ActBackwardPlan",
     "BackwardPlan",
     "ForwardPlan",
     "backward_plan",
@@ -36,7 +39,7 @@ __all__ = [
 
 # ---- plans, cached per signature ----
 
-_PLANS: dict[tuple, ForwardPlan | BackwardPlan] = {}
+_PLANS: dict[tuple, ForwardPlan | BackwardPlan | ActBackwardPlan] = {}
 _MAX_PLANS = 4096  # signatures; a model has tens
 
 
@@ -54,9 +57,10 @@ def _dtype(t: torch.Tensor | None):
 
 
 def forward_plan(
-    x, weight, bias, running_mean, running_var, residual, training: bool, relu: bool
+    x, weight, bias, running_mean, running_var, residual, training: bool, relu: bool, act: int = 0
 ) -> ForwardPlan:
-    """The cached plan of a forward with these inputs' shapes, strides and dtypes."""
+    """The cached plan of a forward with these inputs' shapes, strides and dtypes; `act`: a
+    smooth activation's code (`_act_math.ACT_CODES`), 0 for ReLU (`relu`) or none."""
     key = (
         "fwd",
         x.shape,
@@ -70,6 +74,7 @@ def forward_plan(
         residual is not None,
         training,
         relu,
+        act,
         tuning_table.generation,
     )
 
@@ -77,7 +82,7 @@ def forward_plan(
         view = View.of(x)
         tuning = tuning_table.tuning_for(view.C, view.M, view.channels_last)
         return ForwardPlan(
-            x, view, tuning, weight, bias, running_mean, running_var, residual, training, relu
+            x, view, tuning, weight, bias, running_mean, running_var, residual, training, relu, act
         )
 
     return _cached(key, build)
@@ -115,10 +120,12 @@ def batch_stats(x, running_mean, running_var, momentum: float, eps: float):
     return plan.stats(x, running_mean, running_var, momentum, eps)
 
 
-def apply(x, mean, stat, weight, bias, residual, eps: float, stat_is_var: bool, relu: bool):
+def apply(
+    x, mean, stat, weight, bias, residual, eps: float, stat_is_var: bool, relu: bool, act: int = 0
+):
     """y = act((x - mean) * rstd * weight + bias + residual), and the ReLU mask bits."""
     plan = forward_plan(
-        x, weight, bias, None, stat if stat_is_var else None, residual, not stat_is_var, relu
+        x, weight, bias, None, stat if stat_is_var else None, residual, not stat_is_var, relu, act
     )
     return plan.apply(x, mean, stat, weight, bias, residual, eps)
 
@@ -130,3 +137,36 @@ def backward(
     return backward_plan(x, weight, stat, training, relu, res_grad).run(
         dy, x, weight, mean, stat, bits, eps
     )
+
+
+def act_backward_plan(
+    x, weight, bias, stat, training: bool, act: int, has_res: bool
+) -> ActBackwardPlan:
+    key = (
+        "act_bwd",
+        x.shape,
+        x.stride(),
+        x.dtype,
+        x.get_device(),
+        _dtype(weight),
+        _dtype(bias),
+        stat.dtype,
+        training,
+        act,
+        has_res,
+        tuning_table.generation,
+    )
+
+    def build():
+        view = View.of(x)
+        tuning = tuning_table.tuning_for(view.C, view.M, view.channels_last)
+        return ActBackwardPlan(x, view, tuning, weight, bias, stat, training, act, has_res)
+
+    return _cached(key, build)
+
+
+def act_backward(dy, x, weight, bias, residual, mean, stat, eps: float, training: bool, act: int):
+    """(dx, dweight, dbias, d_residual) of a smooth activation (`act`: its code), the
+    pre-activation recomputed from x, the statistics, weight, bias and the residual."""
+    plan = act_backward_plan(x, weight, bias, stat, training, act, residual is not None)
+    return plan.run(dy, x, weight, bias, residual, mean, stat, eps)

@@ -8,6 +8,9 @@ carry them, each with a fake (meta) implementation:
   gpushape::batch_norm_act_apply   y and the ReLU mask bits, with a registered autograd whose
                                    backward (gpushape::batch_norm_act_backward) differentiates
                                    through the batch statistics when `training` is set
+What the backward keeps: x, weight, the statistics and, for ReLU, the mask bits (1 bit an
+element); for SiLU, GELU and Hardswish, bias and the residual instead (references, no copies:
+the pre-activation is recomputed from them, `_act_bwd_kernels.py`).
 CPU tensors take the plain-PyTorch reference (`_reference.py`), unless TRITON_INTERPRET=1 (then
 the Triton kernels run in the interpreter).
 """
@@ -19,11 +22,13 @@ from torch import Tensor
 
 from .._dispatch import use_triton
 from . import _launch as launch
+from ._act_math import ACT_CODES
+from ._reference import act_backward_ref as _act_backward_ref
 from ._reference import apply_ref as _apply_ref
 from ._reference import backward_ref as _backward_ref
 from ._reference import stats_ref as _stats_ref
 
-ACTIVATIONS = ("relu", "none")
+ACTIVATIONS = ("relu", "none", "silu", "gelu", "gelu_tanh", "hardswish")
 
 
 # ---- implementations (Triton or reference), registered as custom ops below ----
@@ -54,16 +59,19 @@ def _apply(
 ) -> tuple[Tensor, Tensor]:
     """(y, ReLU mask bits). `stat` is the batch rstd when training, else the running var.
     With training set the backward treats mean/stat as x's batch statistics."""
-    relu = activation == "relu"
     if use_triton(x):
-        return launch.apply(x, mean, stat, weight, bias, residual, eps, not training, relu)
-    return _apply_ref(x, mean, stat, weight, bias, residual, eps, not training, relu)
+        act = ACT_CODES.get(activation, 0)
+        relu = activation == "relu"
+        return launch.apply(x, mean, stat, weight, bias, residual, eps, not training, relu, act)
+    return _apply_ref(x, mean, stat, weight, bias, residual, eps, not training, activation)
 
 
 def _backward_impl(
     dy: Tensor,
     x: Tensor,
     weight: Tensor | None,
+    bias: Tensor | None,
+    residual: Tensor | None,
     mean: Tensor,
     stat: Tensor,
     bits: Tensor,
@@ -72,12 +80,19 @@ def _backward_impl(
     activation: str,
     res_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, dweight, dbias, d_residual); dweight/dbias in the statistics dtype."""
+    """(dx, dweight, dbias, d_residual); dweight/dbias in the statistics dtype. bias and
+    residual are read by the smooth activations only (None otherwise); their d_residual is
+    full exactly when a residual is given (then res_grad is set)."""
     relu = activation == "relu"
     if x.numel() == 0:
         zeros = torch.zeros_like(mean)
         dres = torch.empty_like(x) if res_grad else x.new_empty((0,))
         return torch.empty_like(x), zeros, zeros.clone(), dres
+    if activation in ACT_CODES:
+        args = (dy, x, weight, bias, residual, mean, stat, eps, training)
+        if use_triton(x):
+            return launch.act_backward(*args, ACT_CODES[activation])
+        return _act_backward_ref(*args, activation)
     if use_triton(x):
         return launch.backward(dy, x, weight, mean, stat, bits, eps, training, relu, res_grad)
     return _backward_ref(dy, x, weight, mean, stat, bits, eps, training, relu, res_grad)
@@ -85,7 +100,10 @@ def _backward_impl(
 
 def _save(ctx, inputs, bits: Tensor) -> None:
     x, mean, stat, weight, bias, residual, eps, training, activation = inputs
-    ctx.save_for_backward(x, weight, mean, stat, bits)
+    if activation in ACT_CODES:  # the backward recomputes the pre-activation from these
+        ctx.save_for_backward(x, weight, mean, stat, bits, bias, residual)
+    else:
+        ctx.save_for_backward(x, weight, mean, stat, bits, None, None)
     ctx.eps, ctx.training, ctx.activation = eps, training, activation
     ctx.bias_dtype = bias.dtype if bias is not None else None
     ctx.has_residual = residual is not None
@@ -93,24 +111,26 @@ def _save(ctx, inputs, bits: Tensor) -> None:
 
 def _input_grads(ctx, dy: Tensor, backward_fn) -> tuple:
     """Gradients for (x, mean, stat, weight, bias, residual, eps, training, activation)."""
-    x, weight, mean, stat, bits = ctx.saved_tensors
-    relu = ctx.activation == "relu"
+    x, weight, mean, stat, bits, bias, residual = ctx.saved_tensors
+    identity = ctx.activation == "none"  # then d_residual is dy itself
     dx, dw, db, dres = backward_fn(
         dy,
         x,
         weight,
+        bias,
+        residual,
         mean,
         stat,
         bits,
         ctx.eps,
         ctx.training,
         ctx.activation,
-        ctx.has_residual and relu,
+        ctx.has_residual and not identity,
     )
     dweight = None if weight is None else dw if dw.dtype == weight.dtype else dw.to(weight.dtype)
     bias_dtype = ctx.bias_dtype
     dbias = None if bias_dtype is None else db if db.dtype == bias_dtype else db.to(bias_dtype)
-    dresidual = (dres if relu else dy) if ctx.has_residual else None
+    dresidual = (dy if identity else dres) if ctx.has_residual else None
     return dx, None, None, dweight, dbias, dresidual, None, None, None
 
 
@@ -127,7 +147,6 @@ def _forward(
     activation: str,
 ) -> tuple[Tensor, ...]:
     """(y, mean, stat, mask bits) of the eager path: one plan lookup for both kernels."""
-    relu = activation == "relu"
     if x.numel() == 0 or not use_triton(x):
         if training:
             mean, stat = _stats(x, running_mean, running_var, momentum, eps)
@@ -135,7 +154,10 @@ def _forward(
             mean, stat = running_mean.to(launch.stat_dtype(x)), running_var
         y, bits = _apply(x, mean, stat, weight, bias, residual, eps, training, activation)
         return y, mean, stat, bits
-    plan = launch.forward_plan(x, weight, bias, running_mean, running_var, residual, training, relu)
+    relu, act = activation == "relu", ACT_CODES.get(activation, 0)
+    plan = launch.forward_plan(
+        x, weight, bias, running_mean, running_var, residual, training, relu, act
+    )
     if training:
         mean, stat = plan.stats(x, running_mean, running_var, momentum, eps)
     else:
@@ -210,7 +232,7 @@ def _(x, mean, stat, weight, bias, residual, eps, training, activation):
 
 
 @batch_norm_act_backward.register_fake
-def _(dy, x, weight, mean, stat, bits, eps, training, activation, res_grad):
+def _(dy, x, weight, bias, residual, mean, stat, bits, eps, training, activation, res_grad):
     dres = torch.empty_like(x) if res_grad else x.new_empty((0,))
     return torch.empty_like(x), torch.empty_like(mean), torch.empty_like(mean), dres
 

@@ -169,7 +169,8 @@ class _Layout:
 
 
 class ForwardPlan(_Layout):
-    """stats (training) and apply of one forward signature."""
+    """stats (training) and apply of one forward signature (`act`: a smooth activation's code,
+    `_act_math.ACT_CODES`, or 0)."""
 
     def __init__(
         self,
@@ -183,9 +184,10 @@ class ForwardPlan(_Layout):
         residual,
         training: bool,
         relu: bool,
+        act: int = 0,
     ):
         super().__init__(x, view)
-        self.relu = relu
+        self.relu, self.act = relu, act
         self.update = running_mean is not None
         if training:
             self._plan_stats(self.kin(x), tuning, running_mean, running_var)
@@ -237,6 +239,7 @@ class ForwardPlan(_Layout):
             HAS_B=bias is not None,
             HAS_RES=residual is not None,
             RELU=self.relu,
+            ACT=self.act,
             CHANNELS_LAST=v.channels_last,
         )
         xk, acc = self.kin(x), self.example()

@@ -1,14 +1,17 @@
 """BatchNorm2d + residual add + activation as one fused op, forward and backward in Triton.
 
-    y = act(batch_norm(x) * weight + bias + residual),  act in {"relu", "none"}
+    y = act(batch_norm(x) * weight + bias + residual)
+    act: "relu", "none", "silu", "gelu" (erf, nn.GELU's default), "gelu_tanh", "hardswish"
 
 Training uses the batch statistics (fp32, fp64 for fp64 input) and blends the running stats as
 torch does (unbiased variance, `momentum`); eval uses the running stats. Eager calls run one
 torch.autograd.Function, torch.compile traces custom ops with fake implementations (`_ops.py`);
-CUDA-graph capture works on either path. The backward derives the ReLU mask from 1 bit an
-element saved in the forward, so it never reads y. CPU tensors take the plain-PyTorch reference
-(`_reference.py`), unless TRITON_INTERPRET=1 (then the Triton kernels run in the interpreter).
-Traffic per pass: see `_launch.py`.
+CUDA-graph capture works on either path. Neither backward reads y: ReLU's takes its mask from
+1 bit an element saved in the forward; SiLU's, GELU's and Hardswish's recompute the
+pre-activation from x, the statistics, weight, bias and the residual (kept by reference: no
+extra tensor is written, and the backward reads the residual once more, `_act_bwd_kernels.py`).
+CPU tensors take the plain-PyTorch reference (`_reference.py`), unless TRITON_INTERPRET=1 (then
+the Triton kernels run in the interpreter). Traffic per pass: see `_launch.py`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ._ops import (
     batch_norm_act_backward,
     batch_norm_stats,
 )
+from ._reference import TORCH_ACTIVATIONS
 
 __all__ = [
     "ACTIVATIONS",
@@ -119,7 +123,7 @@ def batch_norm_act(
     if functorch_active():  # torch.func: PyTorch's own ops, which it differentiates
         y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
         y = y if residual is None else y + residual
-        return F.relu(y) if activation == "relu" else y
+        return TORCH_ACTIVATIONS[activation](y)
     if eager_path(x):
         return _BatchNormActFn.apply(
             x,
