@@ -2,16 +2,25 @@
 them) become one of gpushape's fused kernels, found from the data flow.
 
 Patterns, in the forward of the module that calls the norm (its parent):
-- BatchNorm2d -> ReLU                    -> BatchNormAct2d(activation="relu")
-- BatchNorm2d -> add(., residual) -> ReLU -> BatchNormAct2d(activation="relu"), residual passed in
-- LayerNorm   -> GELU                    -> LayerNormGELU (same approximation)
-- add(a, b)   -> LayerNorm                -> AddLayerNorm(a, b), which also returns the sum for
+- BatchNorm2d -> act                    -> BatchNormAct2d(activation=act)
+- BatchNorm2d -> add(., residual) -> act -> BatchNormAct2d(activation=act), residual passed in
+  (act: ReLU, SiLU, GELU (erf or tanh) or Hardswish)
+- LayerNorm   -> GELU                   -> LayerNormGELU (same approximation)
+- add(a, b)   -> LayerNorm               -> AddLayerNorm(a, b), which also returns the sum for
   its other users (BERT's `LayerNorm(hidden + input)`, a pre-norm block's residual stream)
-The ReLU or GELU may be a module, `F.relu`/`torch.relu`/`F.gelu` or the tensor method; the add
-may be `+`, `+=` or `torch.add`. The data flow comes from torch.fx: the parent is traced with
-its children as leaves, so the graph shows which call's output feeds which. A site is fused
-only when the norm's output (and the sum's) has no other user, the norm module is called once,
-and no hook is registered on the parent or the norm; otherwise it is refused with the reason.
+The activation may be a module (PyTorch's, or one whose forward is just the function: timm's
+GELU), the function (`F.relu`, `torch.relu`, `F.silu`, `F.gelu`, `F.hardswish`) or the tensor
+method (`_norm_act_match.py`); the add may be `+`, `+=` or `torch.add`. The data flow comes from
+torch.fx: the parent is traced with its children as leaves, so the graph shows which call's
+output feeds which. A site is fused only when the norm's output (and the sum's) has no other
+user, the norm module is called once, and no hook is registered on the parent or the norm;
+otherwise it is refused with the reason.
+
+Library modules that already pair the two: timm's `BatchNormAct2d` (a BatchNorm2d subclass whose
+forward runs batch_norm, then `self.drop`, then `self.act`, as its own traced data flow shows)
+becomes gpushape's BatchNormAct2d when drop is nn.Identity and act is one of the activations
+above; otherwise it is refused with the reason (one whose act is nn.Identity is a plain
+BatchNorm: nothing to fuse, left alone).
 A parent whose forward is replaced on the instance (autocast-bf16's wrapper, a checkpoint) is
 refused too: torch.fx traces the class's forward, and the rewrite would drop the replacement.
 
@@ -25,7 +34,6 @@ from __future__ import annotations
 import operator
 
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 
 from ..kernels import AddLayerNorm, BatchNormAct2d, LayerNormGELU
@@ -35,51 +43,36 @@ from ._core import (
     Refusal,
     TransformContext,
     has_hooks,
+    module_holders,
     parent_of,
     register_transform,
 )
+from ._norm_act_match import (
+    BATCH_NORM_ACTS,
+    LAYER_NORM_ACTS,
+    activation,
+    is_norm_act_module,
+    norm_act_activation,
+)
+from ._norm_act_match import ChildrenAsLeaves as _ChildrenAsLeaves
+from ._norm_act_match import callee as _callee
 
 ID = "fuse-norm-act"
-RELU = {F.relu, torch.relu, "relu", "relu_"}
-GELU = {F.gelu, "gelu"}
 ADD = {operator.add, operator.iadd, torch.add, "add", "add_"}
+# the kernels' activation names, as a report says them
+ACT_NAMES = {
+    "relu": "ReLU",
+    "silu": "SiLU",
+    "gelu": "GELU",
+    "gelu_tanh": "GELU (tanh)",
+    "hardswish": "Hardswish",
+}
 
 
-class _ChildrenAsLeaves(fx.Tracer):
-    """Trace one module's own forward: every child is a leaf call."""
-
-    def __init__(self, root: nn.Module):
-        super().__init__()
-        self.children = {id(m) for m in root.children()}
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return id(m) in self.children or super().is_leaf_module(m, qualname)
-
-
-def _callee(node: fx.Node, module: nn.Module):
-    """What a call node calls: the module, the function, or the method name."""
-    if node.op == "call_module":
-        return module.get_submodule(node.target)
-    if node.op in ("call_function", "call_method"):
-        return node.target
-    return None
-
-
-def _is_act(node: fx.Node, module: nn.Module, kind: str) -> bool:
-    callee = _callee(node, module)
-    if kind == "relu":
-        return isinstance(callee, nn.ReLU) or callee in RELU
-    approximate = node.kwargs.get("approximate", "none")
-    return (isinstance(callee, nn.GELU) or callee in GELU) and approximate in ("none", "tanh")
-
-
-def _gelu_approximate(node: fx.Node, module: nn.Module) -> str:
-    callee = _callee(node, module)
-    return (
-        callee.approximate
-        if isinstance(callee, nn.GELU)
-        else node.kwargs.get("approximate", "none")
-    )
+def _act_of(node: fx.Node, parent: nn.Module, kind: str) -> str | None:
+    """The activation `node` computes when the norm of this kind fuses it, else None."""
+    name = activation(node, parent)
+    return name if name in (BATCH_NORM_ACTS if kind == "bn" else LAYER_NORM_ACTS) else None
 
 
 def _only_user(node: fx.Node) -> fx.Node | None:
@@ -123,24 +116,32 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
     for node in graph.nodes:
         norm = _callee(node, parent) if node.op == "call_module" else None
         if type(norm) is nn.BatchNorm2d:
-            kind = "relu"
+            kind = "bn"
         elif type(norm) is nn.LayerNorm:
-            kind = "gelu"
+            kind = "ln"
         else:
             continue
         site = {"node": node, "norm": norm, "kind": kind, "calls": calls[node.target]}
         user = _only_user(node)
-        residual = _residual_add(node, parent) if kind == "relu" else None
+        residual = _residual_add(node, parent) if kind == "bn" else None
         if residual is not None and _only_user(residual[0]) is not None:
             act = _only_user(residual[0])
-            if _is_act(act, parent, kind):
-                sites.append({**site, "add": residual[0], "residual": residual[1], "act": act})
+            if _act_of(act, parent, kind):
+                sites.append(
+                    {
+                        **site,
+                        "add": residual[0],
+                        "residual": residual[1],
+                        "act": act,
+                        "act_name": _act_of(act, parent, kind),
+                    }
+                )
                 continue
-        if user is not None and _is_act(user, parent, kind):
-            sites.append({**site, "act": user})
-        elif kind == "gelu" and _summed(node, parent) is not None:
+        if user is not None and _act_of(user, parent, kind):
+            sites.append({**site, "act": user, "act_name": _act_of(user, parent, kind)})
+        elif kind == "ln" and _summed(node, parent) is not None:
             sites.append({**site, "kind": "add_ln", "add": _summed(node, parent)})
-        elif any(_is_act(u, parent, kind) for u in node.users):
+        elif any(_act_of(u, parent, kind) for u in node.users):
             sites.append(
                 {
                     **site,
@@ -153,15 +154,15 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
 
 def _fused(site: dict, parent: nn.Module) -> nn.Module:
     norm = site["norm"]
-    if site["kind"] == "relu":
-        return BatchNormAct2d.from_batchnorm(norm, "relu")
+    if site["kind"] == "bn":
+        return BatchNormAct2d.from_batchnorm(norm, site["act_name"])
     cls = AddLayerNorm if site["kind"] == "add_ln" else LayerNormGELU
     fused = cls.__new__(cls)
     nn.Module.__init__(fused)
     fused.normalized_shape, fused.eps = tuple(norm.normalized_shape), norm.eps
     fused.elementwise_affine = norm.elementwise_affine
     if cls is LayerNormGELU:
-        fused.approximate = _gelu_approximate(site["act"], parent)
+        fused.approximate = "tanh" if site["act_name"] == "gelu_tanh" else "none"
     fused.weight, fused.bias = norm.weight, norm.bias  # the same Parameters
     return fused
 
@@ -242,10 +243,11 @@ def _fuse_in(parent: nn.Module, fqn: str, ctx: TransformContext, out: Outcome) -
         return None
     for site in fused:
         name = f"{fqn}.{site['node'].target}" if fqn else site["node"].target
-        what = {"relu": "BatchNorm2d + ReLU", "gelu": "LayerNorm + GELU"}.get(
+        act = ACT_NAMES.get(site.get("act_name"), "")
+        what = {"bn": f"BatchNorm2d + {act}", "ln": f"LayerNorm + {act}"}.get(
             site["kind"], "add + LayerNorm"
         )
-        what = "BatchNorm2d + residual add + ReLU" if "residual" in site else what
+        what = f"BatchNorm2d + residual add + {act}" if "residual" in site else what
         out.changes.append(
             Change(transform=ID, module=name, detail=f"{what} fused", undo=lambda: None)
         )
@@ -262,9 +264,46 @@ def _parents(model: nn.Module) -> list[str]:
     return sorted(names, key=lambda n: -n.count(".") if n else 1)
 
 
+def _library_refusal(m: nn.Module, holders: list) -> str | None:
+    if has_hooks(m) or has_hooks(m.drop) or has_hooks(m.act):
+        return "a hook is registered: it would see other values"
+    if len(holders) > 1:
+        return "the module is held in more than one place"
+    return None
+
+
+def _fuse_library_modules(model: nn.Module, ctx: TransformContext, out: Outcome) -> nn.Module:
+    """timm's BatchNormAct2d (see the module docstring) swapped for gpushape's in its holder;
+    returns the root (the swapped module itself when it is the root)."""
+    holders = module_holders(model)
+    for fqn, m in list(model.named_modules()):
+        if not is_norm_act_module(m) or not ctx.allows(m, fqn):
+            continue
+        name, reason = norm_act_activation(m)
+        reason = reason or (_library_refusal(m, holders[id(m)]) if name else None)
+        fused = BatchNormAct2d.from_batchnorm(m, name) if name and not reason else None
+        if fused is not None and list(fused.state_dict()) != list(m.state_dict()):
+            reason, fused = "the swap would change the state_dict's keys", None
+        if reason is not None:
+            out.refusals.append(_refusal(fqn, reason))
+        if fused is None:
+            continue
+        if fqn:
+            holder, attr = parent_of(model, fqn)
+            setattr(holder, attr, fused)
+            undo = lambda h=holder, a=attr, o=m: setattr(h, a, o)
+        else:
+            out.root = model = fused
+            undo = lambda o=m: o
+        detail = f"{type(m).__name__} (BatchNorm2d + {ACT_NAMES[name]}) fused"
+        out.changes.append(Change(transform=ID, module=fqn, detail=detail, undo=undo))
+    return model
+
+
 @register_transform(ID, pays_under_compile=False)
 def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
+    model = _fuse_library_modules(model, ctx, out)
     for fqn in _parents(model):
         parent = model.get_submodule(fqn)
         if not ctx.allows(parent, fqn):

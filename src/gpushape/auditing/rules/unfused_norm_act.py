@@ -1,15 +1,18 @@
 """unfused-norm-act: a normalization feeds an elementwise activation as separate kernels.
 
-Pattern (forward, program order): a normalization, then up to two elementwise binary ops on a
-tensor of its shape (a residual add), then an activation reading that shape. Unfused, every
-tensor between the norm and the activation is written to memory and read back; fused, the
-activation is the norm kernel's epilogue. Saving per intermediate tensor of B bytes: 2B in the
-forward, and in training 2B more for its gradient (written by the activation's backward, read
-by the norm's). The saving is the chain's time as the cost model prices its eager kernels
-(each family at its measured efficiency) less a fused kernel's moving the remaining bytes at the
-rate measured for gpushape's kernel of that fix (`AuditContext.fusion_saving_s`): BatchNormAct2d
-for a BatchNorm chain, LayerNormGELU for the others (and for BatchNorm where the first is not
-measured).
+Pattern (forward, program order): a normalization, then at most a residual add on a tensor of
+its shape, then an activation reading that shape, where fuse-norm-act can fuse them (`FUSABLE`:
+BatchNorm2d [+ add] -> ReLU, SiLU, GELU or Hardswish; timm's BatchNormAct2d with one of those;
+LayerNorm -> GELU; a GroupNorm, an RMSNorm or another activation has no fused kernel to offer).
+An in-place SiLU or Hardswish comes after a clone (autograd keeps their input): it counts among
+the intermediates. Unfused, every tensor between the norm and the activation is written to
+memory and read back; fused, the activation is the norm kernel's epilogue. Saving per
+intermediate tensor of B bytes: 2B in the forward, and in training 2B more for its gradient
+(written by the activation's backward, read by the norm's). The saving is the chain's time as
+the cost model prices its eager kernels (each family at its measured efficiency) less a fused
+kernel's moving the remaining bytes at the rate measured for gpushape's kernel of that fix
+(`AuditContext.fusion_saving_s`): BatchNormAct2d for a BatchNorm chain, LayerNormGELU for the
+others (and for BatchNorm where the first is not measured).
 
 Also the other way round: a residual add whose sum a LayerNorm normalizes next (BERT's
 `LayerNorm(hidden + input)`, a pre-norm block's residual stream). Unfused, the sum is written
@@ -40,7 +43,15 @@ from ..patterns import (
 from ..registry import register_rule
 
 RULE = "unfused-norm-act"
-MAX_BETWEEN = 2  # elementwise ops allowed between the norm and the activation
+MAX_BETWEEN = 2  # ops allowed between the norm and the activation: an add, a clone
+_BN_ACTS = frozenset({"relu", "silu", "gelu", "hardswish"})
+# The norm module's type -> (activations its fused kernel takes, residual adds allowed between):
+# what fuse-norm-act rewrites (transforms/fuse_norm_act.py); a finding promises no other fix.
+FUSABLE = {
+    "BatchNorm2d": (_BN_ACTS, 1),
+    "BatchNormAct2d": (_BN_ACTS, 0),  # timm's: batch_norm, then its own act
+    "LayerNorm": (frozenset({"gelu"}), 0),
+}
 
 
 @dataclass(frozen=True)
@@ -58,7 +69,19 @@ class Chain:
         return sum(r.outputs[0].nbytes for r in (self.norm, *self.ops[:-1]))
 
 
+def fusable(chain: Chain) -> bool:
+    """Whether fuse-norm-act can fuse this chain (`FUSABLE`)."""
+    acts, adds = FUSABLE.get(chain.norm.module_type or "", (frozenset(), 0))
+    between = [op.name for op in chain.ops[:-1] if op.name != "clone"]
+    return (
+        chain.ops[-1].name.rstrip("_") in acts
+        and len(between) <= adds
+        and all(name in ("add", "add_") for name in between)
+    )
+
+
 def find_chains(ops: list[OpRecord]) -> list[Chain]:
+    """Every norm -> [elementwise ops] -> activation chain, fusable or not (see `fusable`)."""
     chains = []
     for pos, rec in enumerate(ops):
         if rec.phase != "forward" or rec.name not in NORM_OPS or not rec.outputs:
@@ -71,7 +94,7 @@ def find_chains(ops: list[OpRecord]) -> list[Chain]:
             if nxt.name in ACTIVATION_OPS:
                 chains.append(Chain(rec, tuple(between)))
                 break
-            if nxt.name not in BINARY_POINTWISE_OPS or not nxt.outputs:
+            if nxt.name not in BINARY_POINTWISE_OPS | {"clone"} or not nxt.outputs:
                 break
             produced = nxt.outputs[0]
     return chains
@@ -147,7 +170,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     if add_norm is not None:
         yield add_norm
     by_pattern: dict[str, list[Chain]] = {}
-    for chain in find_chains(ctx.trace.ops):
+    for chain in filter(fusable, find_chains(ctx.trace.ops)):
         by_pattern.setdefault(chain.pattern, []).append(chain)
     passes = 4 if ctx.train else 2  # write + read, and the same for the gradient in training
     for pattern, chains in by_pattern.items():
