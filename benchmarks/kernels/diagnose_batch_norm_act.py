@@ -20,13 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from gpushape.bench import write_results
 from gpushape.kernels.batch_norm import _launch as launch
+from gpushape.kernels.batch_norm._reference import unpack_bits_ref as _unpack_bits_ref
 from gpushape.kernels.batch_norm._tuning import (
     DEFAULT,
     ApplyConfig,
     ReduceConfig,
     batch_norm_tuning,
 )
-from gpushape.kernels.batch_norm.batch_norm_act import _unpack_bits_ref
 
 CH = (1, -1, 1, 1)
 SHAPES = [
