@@ -84,6 +84,8 @@ for spec in "$@"; do
     # the host's dispatch rates into the shipped profile, then the host model against real steps
     calib-host) run calib-host "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts host -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     host-validate) run host-validate "$secs" python3 benchmarks/steps/host_validate.py --models "${MODELS:-hf:bert,hf:gpt2,timm:vit_base_patch16_224,timm:resnet50}" --out "$OUT/host_validate.json" ;;
+    gputests-bnact) run gputests-bnact "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -k "not 2_pow_31" tests/kernels/test_batch_norm_act_gpu.py tests/kernels/test_batch_norm_act_smooth.py ;;
+    bench-effnet) run bench-effnet "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench timm:efficientnet_b0 --vs "${VS:-channels-last,optimize}" --rounds "${ROUNDS:-3}" --kernels 8 --csv "$OUT/bench-h200/bench.csv" -o "$OUT/bench-h200/effnet.json"' ;;
     *) echo "unknown step $name" ;;
   esac
 done
