@@ -2,6 +2,7 @@
 
     python benchmarks/kernels/bench_batch_norm_act.py [--quick] [--shapes 256x256x56x56]
                                                       [--tuning out/tune_batch_norm_act.json]
+                                                      [--activation silu]
 
 1. Checks gpushape on the GPU first, at every shape: the numeric gate of TESTING.md (forward
    and the gradients of x, residual, weight, bias against float64) and the running stats
@@ -28,6 +29,10 @@ GB/s counts the anchors' minimum bytes, S = one (N, C, H, W) bf16 tensor: forwar
 for the statistics, read x and r, write y); forward+backward 9 S. gpushape's own traffic is
 4 1/16 S forward and 10 3/16 S forward+backward (ReLU mask 1 bit an element; the backward reads
 dy, x, mask twice: once to reduce, once to write dx and dr): the `own GB/s` column uses it.
+--activation silu|gelu|gelu_tanh|hardswish: that activation instead of ReLU, in every variant
+(results in bench_batch_norm_act_<activation>.json); gpushape's own traffic is then 4 S forward
+and 11 S forward+backward (no mask; the backward reads the residual to recompute the
+pre-activation and writes dz as its gradient, which the dx pass reads back).
 """
 
 from __future__ import annotations
@@ -58,6 +63,15 @@ VARIANTS = ("eager", "compile", "gpushape")
 # Passes over one tensor: the anchors' minimum bytes, and what gpushape itself moves.
 PASSES = {"fwd": 4.0, "fwd+bwd": 9.0, "fwd+bwd accum": 9.0, "fwd+bwd graph": 9.0}
 OWN_PASSES = {"fwd": 4 + 1 / 16, "fwd+bwd": 10 + 3 / 16, "fwd+bwd graph": 10 + 3 / 16}
+OWN_PASSES_SMOOTH = {"fwd": 4.0, "fwd+bwd": 11.0, "fwd+bwd graph": 11.0}  # --activation silu...
+ACTIVATION = "relu"  # --activation
+TORCH_ACT = {
+    "relu": F.relu,
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "hardswish": F.hardswish,
+}
 TARGETS = {"eager": 2.5, "compile": 1.5}  # the issue's fwd+bwd speedups, every stage shape
 
 
@@ -87,8 +101,17 @@ def _make(shape):
     return x, r, dy, bn
 
 
-def _bn_add_relu(bn):
-    return lambda x, r: F.relu(bn(x) + r)
+def _bn_add_act(bn):
+    return lambda x, r: TORCH_ACT[ACTIVATION](bn(x) + r)
+
+
+def _own_passes() -> dict:
+    return OWN_PASSES if ACTIVATION == "relu" else OWN_PASSES_SMOOTH
+
+
+def _stem() -> str:
+    """Result file name: bench_batch_norm_act[_<activation>]."""
+    return "bench_batch_norm_act" + ("" if ACTIVATION == "relu" else f"_{ACTIVATION}")
 
 
 def check(shape) -> str:
@@ -96,16 +119,17 @@ def check(shape) -> str:
     x, r, _, bn = _make(shape)
 
     def ours_fn(x, r, w, b):
-        return batch_norm_act(x, w, b, None, None, True, residual=r)
+        return batch_norm_act(x, w, b, None, None, True, activation=ACTIVATION, residual=r)
 
     def torch_fn(x, r, w, b):
-        return F.relu(F.batch_norm(x, None, None, w, b, True) + r)
+        return TORCH_ACT[ACTIVATION](F.batch_norm(x, None, None, w, b, True) + r)
 
     results = gate_forward_backward(
         ours_fn, torch_fn, (x, r, bn.weight, bn.bias), names=("x", "residual", "weight", "bias")
     )
     worst = max(results, key=lambda g: g.err_ours / max(g.bound, 1e-30))
-    ref, mine = nn.BatchNorm2d(shape[1]).to(DEVICE), BatchNormAct2d(shape[1]).to(DEVICE)
+    ref = nn.BatchNorm2d(shape[1]).to(DEVICE)
+    mine = BatchNormAct2d(shape[1], activation=ACTIVATION).to(DEVICE)
     with torch.no_grad():
         for _ in range(3):
             ref(x)
@@ -124,11 +148,11 @@ def variants(shape):
     x, r, dy, bn = _make(shape)
     bn_compiled = nn.BatchNorm2d(shape[1]).to(DEVICE)
     bn_compiled.load_state_dict(bn.state_dict())
-    ours = BatchNormAct2d(shape[1]).to(DEVICE)
+    ours = BatchNormAct2d(shape[1], activation=ACTIVATION).to(DEVICE)
     ours.load_state_dict(bn.state_dict())
-    compiled = torch.compile(_bn_add_relu(bn_compiled), dynamic=False)
+    compiled = torch.compile(_bn_add_act(bn_compiled), dynamic=False)
     fns = {
-        "eager": (_bn_add_relu(bn), bn),
+        "eager": (_bn_add_act(bn), bn),
         "compile": (compiled, bn_compiled),
         "gpushape": (ours, ours),
     }
@@ -188,8 +212,8 @@ def time_shape(shape, rounds: int, repeats: int) -> list[dict]:
                 variant=name,
                 **common.timing_figures(t, PASSES[direction] * tensor_bytes),
             )
-            if name == "gpushape" and direction in OWN_PASSES:
-                row["own_bytes"] = OWN_PASSES[direction] * tensor_bytes
+            if name == "gpushape" and direction in _own_passes():
+                row["own_bytes"] = _own_passes()[direction] * tensor_bytes
                 row["own_gbps"] = row["own_bytes"] / t.median_s / 1e9
             rows.append(row)
         for t in [x, r] + [p for _, module in fns.values() for p in module.parameters()]:
@@ -258,7 +282,7 @@ def plot(rows: list[dict], copy_gbps: float, path: Path) -> None:
             [_name(s) for s in shapes],
             fontsize=7,
         )
-        ax.set_title(f"BN(train)+add+ReLU {direction}, bf16 channels_last")
+        ax.set_title(f"BN(train)+add+{ACTIVATION} {direction}, bf16 channels_last")
         ax.set_ylabel(f"GB/s ({PASSES[direction]:g} passes / median time)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
@@ -327,10 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="a tune_batch_norm_act.py JSON: use its launch configurations (table) for gpushape",
     )
+    parser.add_argument("--activation", default="relu", choices=sorted(TORCH_ACT))
     common.add_device_arg(parser)
     args = parser.parse_args(argv)
-    global DEVICE, SHAPES
-    DEVICE = args.device
+    global DEVICE, SHAPES, ACTIVATION
+    DEVICE, ACTIVATION = args.device, args.activation
     if args.shapes:
         SHAPES = common.parse_shapes(args.shapes)
     if common.cuda_missing(DEVICE, "bench_batch_norm_act"):
@@ -359,18 +384,20 @@ def main(argv: list[str] | None = None) -> int:
     common.add_pct_copy(rows, copy_gbps)
     verdicts = criteria(rows)
     path = write_results(
-        out_dir / "bench_batch_norm_act.json",
+        out_dir / f"{_stem()}.json",
         rows,
         copy_bandwidth_gbps=copy_gbps,
         dtype="bf16",
         layout="channels_last",
+        activation=ACTIVATION,
         checks=checks,
         criteria=verdicts,
         tuning_file=args.tuning or None,
         tuning_table=tuned,
         bytes_counted=(
             "anchors' minimum bytes in units of one (N, C, H, W) bf16 tensor: fwd 4, "
-            "fwd+bwd 9; own_bytes: gpushape's traffic, fwd 4+1/16, fwd+bwd 10+3/16"
+            "fwd+bwd 9; own_bytes: gpushape's traffic, fwd 4+1/16, fwd+bwd 10+3/16 (ReLU); "
+            "fwd 4, fwd+bwd 11 (the others)"
         ),
         timing=(
             f"CUDA events, {rounds} alternating rounds x {repeats} repeats, median; under "
@@ -379,8 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             ".backward() into existing .grad, as the anchors"
         ),
     )
-    plot(rows, copy_gbps, out_dir / "bench_batch_norm_act.png")
-    print(f"wrote {path} and {out_dir / 'bench_batch_norm_act.png'}")
+    plot(rows, copy_gbps, out_dir / f"{_stem()}.png")
+    print(f"wrote {path} and {out_dir / f'{_stem()}.png'}")
     print_table(rows, copy_gbps, verdicts)
     return 0
 
