@@ -55,9 +55,9 @@ def test_no_rates_no_host_model():
 def test_the_eager_step_is_host_bound_when_dispatch_outlasts_the_gpu():
     model, inputs = _mlp()  # microseconds of GPU work: any real host rate dominates
     slow = _gpu({k: v * 100 for k, v in RATES.items()})
-    eager = audit(model, inputs, slow, train=True, mode="eager").step
-    graph = audit(model, inputs, slow, train=True, mode="graph").step
-    plain = audit(model, inputs, _gpu({}), train=True, mode="eager").step
+    eager = audit(model, inputs, slow, train=True, mode="eager", profile=None).step
+    graph = audit(model, inputs, slow, train=True, mode="graph", profile=None).step
+    plain = audit(model, inputs, _gpu({}), train=True, mode="eager", profile=None).step
     assert eager.bound == "host" and eager.host_s > plain.host_s
     assert graph.host_s < eager.host_s  # a graph's replay has no dispatch
 

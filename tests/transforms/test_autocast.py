@@ -237,7 +237,8 @@ def test_picked_from_the_findings_and_applied_last_over_the_other_fixes():
     """The root fuse-norm-act rewrote into a GraphModule is wrapped; its deep copies (which
     torch.fx rebuilds from the graph) keep the wrapper."""
     model, x = _case("conv")
-    model, report = optimize(model, (x,), gpu="h200", dtype=torch.float32)
+    # h100: no measured host rates, so the tiny batch is not host-bound (test_optimize_guard)
+    model, report = optimize(model, (x,), gpu="h100", dtype=torch.float32)
     done = [c.transform for c in report.applied]
     assert done[-1] == ID and "fuse-norm-act" in done and not report.rolled_back
     assert report.verified[ID].passed

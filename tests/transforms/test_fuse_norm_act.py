@@ -56,7 +56,8 @@ def optimized():
     model = ConvNet()
     original = copy.deepcopy(model)
     params = dict(model.named_parameters())
-    fused, report = optimize(model, (_images(),), gpu="h200", dtype=torch.float32)
+    # h100: no measured host rates, so the tiny batch is not host-bound (test_optimize_guard)
+    fused, report = optimize(model, (_images(),), gpu="h100", dtype=torch.float32)
     return original, params, fused, report
 
 

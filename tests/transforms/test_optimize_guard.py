@@ -35,3 +35,22 @@ def test_a_slower_rewrite_is_named_and_a_faster_one_becomes_the_baseline():
     faster = _guard(Extra(extra=True), x)
     assert faster.slower(Extra(extra=False)) is None
     assert faster.step == _guard(Extra(extra=False), x).step  # now measured against that
+
+
+def test_a_rewrite_that_saves_gpu_time_but_lengthens_a_host_bound_step_is_rolled_back():
+    from gpushape.transforms._optimize import _predicted
+
+    x = torch.randn(256, 1024, device="meta")  # little GPU work: the H200's host sets the pace
+    guard = _guard(Extra(extra=False), x)
+    before = audit(Extra(extra=False), (x,), "h200", dtype=torch.bfloat16, train=True)
+    assert before.step.bound == "host"
+
+    class MoreOps(Extra):  # no ReLU kernel on the GPU, three more ops for the host
+        def forward(self, x):
+            h = self.a(x)
+            h = h * 1.0 + 0.0
+            return self.c(self.b(h * 1.0))
+
+    after = audit(MoreOps(extra=False), (x,), "h200", dtype=torch.bfloat16, train=True)
+    assert _predicted(after)[1] > _predicted(before)[1]  # a longer wall clock
+    assert guard.slower(MoreOps(extra=False)) is not None

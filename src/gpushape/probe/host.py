@@ -4,7 +4,8 @@ cost the CPU (seconds each), as `tracing/host.py` prices a traced step.
 Each is a loop of many calls on tiny tensors, so the GPU's work is negligible and the time is
 the host's: PyTorch's Python binding, the dispatcher, autograd's recording, a library's
 per-call setup (cuDNN's descriptors and heuristics, cuBLAS's), the launch. Per op class
-(`op`: elementwise; `gemm`, `conv`, `batch_norm`, `layer_norm`, `attention`): a chain
+(`op`: elementwise; `gemm`, `conv`, `batch_norm`, `layer_norm`, `attention`, and `gpushape`:
+gpushape's own fused ops, as its BatchNormAct2d, on CUDA only): a chain
 y = f(y) of calls on a tensor that needs a gradient, in bf16 on CUDA: the forward's seconds per
 link, and its backward's (`backward_op`, `<class>/backward`: the engine runs one node a link;
 the chain's forward not timed). `view`: `x.view(-1)`; `module`: an `nn.Module` whose forward
@@ -75,10 +76,29 @@ def _chains(dev: torch.device, dtype: torch.dtype) -> dict[str, tuple[Callable, 
             lambda y: F.scaled_dot_product_attention(y, y, y),
             "F.scaled_dot_product_attention on 1x2x8x16",
         ),
+        "gpushape": (
+            _gpushape_link(dev, dtype) if dev.type == "cuda" else (lambda y: y),
+            "gpushape's BatchNormAct2d (training, ReLU) on 2x8x4x4 channels_last, per traced op",
+        ),
     }
 
 
-SHAPES = {"conv": (2, 8, 4, 4), "batch_norm": (2, 8, 4, 4), "attention": (1, 2, 8, 16)}
+SHAPES = {
+    "conv": (2, 8, 4, 4),
+    "batch_norm": (2, 8, 4, 4),
+    "attention": (1, 2, 8, 16),
+    "gpushape": (2, 8, 4, 4),
+}
+# Traced ops a link makes: gpushape's batch_norm_act traces as two forward ops (statistics,
+# apply) and one backward op; every other link as one each way.
+TRACED = {"gpushape": (2, 1)}
+
+
+def _gpushape_link(dev: torch.device, dtype: torch.dtype) -> Callable:
+    from ..kernels import BatchNormAct2d
+
+    bn = BatchNormAct2d(8).to(dev, dtype)
+    return lambda y: bn(y.contiguous(memory_format=torch.channels_last))
 
 
 def _chain_rates(link: Callable, x: torch.Tensor, calls: int, repeats: int) -> tuple[float, float]:
@@ -137,7 +157,7 @@ def measure_host(
     out: dict[str, Any] = {}
     links = max(calls // 10, 20)  # deep chains of real ops: shorter
     if classes is None:
-        classes = None if dev.type == "cuda" else ("op",)
+        classes = None if dev.type == "cuda" else ("op",)  # gpushape's ops: CUDA only
     for name, (link, what) in _chains(dev, dtype).items():
         if classes is not None and name not in classes:
             continue
@@ -151,8 +171,13 @@ def measure_host(
             out[f"{name}/error"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
             continue
         back = "backward_op" if name == "op" else f"{name}/backward"
-        out[name] = {"seconds": fwd, "workload": f"{what}, needing a gradient", "calls": n}
-        out[back] = {"seconds": bwd, "workload": f"backward of a chain of {what}", "calls": n}
+        per_fwd, per_bwd = TRACED.get(name, (1, 1))
+        out[name] = {
+            "seconds": fwd / per_fwd, "workload": f"{what}, needing a gradient", "calls": n
+        }  # fmt: skip
+        out[back] = {
+            "seconds": bwd / per_bwd, "workload": f"backward of a chain of {what}", "calls": n
+        }  # fmt: skip
     out["view"] = {
         "seconds": _median_s(views, dev, repeats) / calls, "workload": "x.view(-1)",
         "calls": calls,

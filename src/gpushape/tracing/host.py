@@ -10,8 +10,9 @@ measured on the H200's host, a Hugging Face BERT step spends several times that.
     host_s = sum over forward ops of host[class] + over backward ops of host[class/backward]
              + views (both passes) x host["view"] + module calls x host["module"]
 
-a class being an op's kind as the host sees it (`CLASSES`: convolutions, batch norm, layer
-norm, GEMMs, attention; any other op is "op", its backward "backward_op"), each rate measured
+a class being an op's kind as the host sees it (`CLASSES`: gpushape's own fused ops,
+convolutions, batch norm, layer norm, GEMMs, attention; any other op is "op", its backward
+"backward_op"), each rate measured
 by `gpushape probe` on the machine (probe/host.py: chains of calls on tiny tensors, so the GPU
 never sets the pace; a class it did not measure falls back to "op"). Module calls are the
 modules the trace saw running ops (and their parents), once each. What the model misses:
@@ -32,6 +33,9 @@ KEYS = ("op", "view", "backward_op", "module")
 # descriptors and heuristics for convolutions and batch norm, cuBLAS's for GEMMs), by the ATen
 # op names that belong to them, forward and backward; other ops are "op".
 CLASSES = {
+    # gpushape's own fused ops (Triton kernels launched from Python, an autograd.Function
+    # whose backward runs Python in autograd's worker thread): checked first
+    "gpushape": ("gpushape.",),
     "conv": ("convolution", "cudnn_convolution"),
     "batch_norm": ("batch_norm",),
     "layer_norm": ("layer_norm", "rms_norm", "group_norm"),
