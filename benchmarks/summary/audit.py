@@ -13,6 +13,10 @@ CORRELATE_RUNS = (
     ("correlate-h200/correlate.json", "each family at its measured rate (the default)"),
     ("correlate-h200/correlate-nchw.json", "the default, with ResNet-50 also left in NCHW"),
     ("correlate-h200/correlate-one-pass-bn.json", "earlier in the day, before the family rates"),
+    (
+        "correlate-h200/correlate-lib.json",
+        "library models (timm NCHW, Hugging Face), families priced by size",
+    ),
 )
 
 
@@ -36,8 +40,8 @@ def correlate() -> list[str]:
                 (
                     label,
                     link(rel, Path(rel).name),
-                    r["model"],
-                    r["batch"],
+                    r["model"].split("?")[0],
+                    r["batch"] or "default",
                     r["modules"],
                     f"{r['spearman_kernel_time']:.3f}",
                     ms(r["predicted_total_kernel_s"], 1),

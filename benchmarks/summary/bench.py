@@ -100,6 +100,43 @@ def why_bert_compile() -> list[str]:
     ]
 
 
+def host_bound() -> list[str]:
+    """Where the host sets the pace: optimized steps whose GPU time fell and wall clock did not,
+    and the host's own time to issue a step (steps-h200/host_validate.json)."""
+    bert = json.loads((RESULTS / FOLDER / "bert.json").read_text())["variants"]
+    effnet = json.loads((RESULTS / FOLDER / "effnet.json").read_text())["variants"]
+    host = json.loads((RESULTS / "steps-h200/host_validate.json").read_text())["results"]
+    small = [r for r in host["rows"] if "error" not in r and r["batch"][0][0] == 2]
+
+    def busy(v: dict) -> str:
+        return f"{v['gpu_busy_s'] * 1e3:.1f}"
+
+    issue = ", ".join(
+        f"{r['model']} {r['measured_issue_s'] * 1e3:.1f} ms (predicted "
+        f"{r['predicted_host_s'] * 1e3:.1f})"
+        for r in small
+    )
+    e, o = bert["eager"], bert["optimize"]
+    ee, eo, ec = effnet["eager"], effnet["optimize"], effnet["channels-last"]
+    return [
+        "Where the host sets the pace. The host of this machine takes tens of milliseconds to "
+        "issue an eager training step whatever the batch: forward, loss and backward at batch "
+        f"2 ({link('steps-h200/host_validate.json', 'host_validate.json')}, "
+        f"`benchmarks/steps/host_validate.py`; predicted by the host model from the probe's "
+        f"per-class rates in brackets): {issue}. So fixes that shorten the GPU's work stop "
+        f"paying once the GPU's time falls below that: BERT's optimized step (padding, add + "
+        f"LayerNorm fused, masked-lm-head) cut GPU busy time from {busy(e)} to {busy(o)} ms "
+        f"but the step from {e['median_s'] * 1e3:.1f} to {o['median_s'] * 1e3:.1f} ms only "
+        f"(host-bound); EfficientNet-B0 at batch 64 went {ee['median_s'] * 1e3:.1f} ms eager, "
+        f"{ec['median_s'] * 1e3:.1f} channels-last (GPU busy {busy(ec)} ms), "
+        f"{eo['median_s'] * 1e3:.1f} optimized (GPU busy {busy(eo)} ms): gpushape's fused "
+        "BatchNorm kernels cost the host more per call than PyTorch's, which a host-bound step "
+        "pays for. The audit's eager step now takes the longer of the GPU's time and the "
+        "host's, and optimize rolls back a rewrite predicted to lengthen the wall clock.",
+        "",
+    ]
+
+
 def bench_section() -> list[str]:
     env = rows("bench.csv")[0]
     plots = ", ".join(
@@ -131,4 +168,5 @@ def bench_section() -> list[str]:
         *loop_table(),
         "",
         *why_bert_compile(),
+        *host_bound(),
     ]
