@@ -110,3 +110,9 @@ def test_cpu_bench_has_no_kernel_profile():
         StepStats(variant="x", step_times_s=(1.0,), warmup_s=0, samples=1, tokens=0).top_kernels
         == ()
     )
+
+
+def test_issue_time_needs_cuda():
+    from gpushape.steps.measure import issue_time
+
+    assert issue_time(lambda: None, cuda=False) is None

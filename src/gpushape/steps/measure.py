@@ -40,6 +40,10 @@ class StepStats:
     kernels: int | None = None
     """Kernels one step launches (None: no CUDA profiler here, or one CUDA graph)."""
     gpu_busy_s: float | None = None
+    issue_s: float | None = None
+    """Seconds the host takes to return from one step started on an idle GPU (median): its
+    Python, dispatch and launches, plus any wait the step makes for the GPU (a sync); None
+    without CUDA. Near the step time, the host sets the pace."""
     top_kernels: tuple[tuple[str, float], ...] = ()
     """The kernels that took the most GPU time in one step: (name, seconds), longest first."""
     flops: float | None = None
@@ -109,6 +113,23 @@ def warm(step: Callable[[], object], calls: int = 3, *, cuda: bool | None = None
     if _cuda() if cuda is None else cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - t0
+
+
+def issue_time(
+    step: Callable[[], object], calls: int = 5, *, cuda: bool | None = None
+) -> float | None:
+    """Median seconds for `step()` to return when started on an idle GPU (synchronised before,
+    not after); None without CUDA (the CPU runs the step itself)."""
+    if not (_cuda() if cuda is None else cuda):
+        return None
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times)
 
 
 def time_blocks(

@@ -100,8 +100,8 @@ def append_csv(path: str | Path, rows: list[dict[str, Any]], columns: tuple[str,
 def bench_table(result: BenchResult, console: Console) -> None:
     title = f"{result.model}: training step, {' '.join(result.batch_shapes)} ({result.task})"
     table = Table(title=escape(title), title_justify="left")
-    for col in ("variant", "step ms", "p10-p90", "samples/s", "tokens/s", "x base",
-                "warm-up s", "peak GB", "kernels", "GPU busy", "MFU", "bound"):  # fmt: skip
+    for col in ("variant", "step ms", "p10-p90", "samples/s", "tokens/s", "x base", "warm-up s",
+                "peak GB", "kernels", "GPU busy", "host ms", "MFU", "bound"):  # fmt: skip
         table.add_column(col, justify="left" if col == "variant" else "right")
     for name, s in result.stats.items():
         table.add_row(
@@ -115,10 +115,17 @@ def bench_table(result: BenchResult, console: Console) -> None:
             _num(s.peak_memory_bytes, 1e-9, 2) or "-",
             "-" if s.kernels is None else str(s.kernels),
             _num(s.busy_fraction, 100, 0) + "%" if s.busy_fraction is not None else "-",
+            f"{s.issue_s * 1e3:,.2f}" if s.issue_s is not None else "-",
             _num(s.mfu, 100, 1) + "%" if s.mfu is not None else "-",
             s.bound,
         )
     console.print(table)
+    if any(s.issue_s is not None for s in result.stats.values()):
+        console.print(
+            "host ms: the time for the step's Python to return when started on an idle GPU "
+            "(dispatch and launches, and any wait for the GPU the step makes); near the step "
+            "time, the host sets the pace"
+        )
     for name, notes in result.notes.items():
         console.print(escape(f"{name}: {'; '.join(notes)}"))
     for name, why in result.failed.items():

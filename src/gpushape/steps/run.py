@@ -22,7 +22,7 @@ from torch import nn
 from ..bench import environment
 from ..errors import GpushapeError
 from .batch import Batch, synthetic_batch
-from .measure import StepStats, kernel_profile, peak_memory, time_blocks, warm
+from .measure import StepStats, issue_time, kernel_profile, peak_memory, time_blocks, warm
 from .variants import Spec, Variant, build_variant, parse_variant
 
 
@@ -137,6 +137,7 @@ def measure_variants(
     stats = {}
     for name, variant in built.items():
         kernels, busy, top = kernel_profile(variant.run, cuda=cuda) if profile else (None, None, ())
+        issue = issue_time(variant.run, cuda=cuda) if profile else None
         stats[name] = StepStats(
             variant=name,
             step_times_s=tuple(times[name]),
@@ -147,6 +148,7 @@ def measure_variants(
             kernels=kernels,
             gpu_busy_s=busy,
             top_kernels=top,
+            issue_s=issue,
             flops=flops,
             peak_flops=peak,
         )
