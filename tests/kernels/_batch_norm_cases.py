@@ -138,6 +138,7 @@ def _gate(
     affine=True,
     device="cpu",
     offset=-2.3,
+    **gate_kwargs,
 ):
     x, w, b, r = _inputs(shape, dtype, fmt, device, offset, residual, affine)
     running = (0.1 * torch.randn(shape[1]), 0.5 + torch.rand(shape[1]))
@@ -149,6 +150,7 @@ def _gate(
         _torch_composition(training, activation, running),
         args,
         names=("x", "weight", "bias", "residual")[: len(args)],
+        **gate_kwargs,
     )
 
 

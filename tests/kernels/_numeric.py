@@ -97,13 +97,15 @@ def assert_gate(
     *,
     k: float | None = None,
     tiny: float | None = None,
+    tiny_units: float = 1.0,
     backstop: tuple[float, float] | None = None,
 ) -> GateResult:
-    """Check `ours` against `ref`, allowing k times PyTorch's own error at ours' dtype."""
+    """Check `ours` against `ref`, allowing k times PyTorch's own error at ours' dtype.
+    `tiny_units` scales the default slack (`default_tiny`) where a test says why."""
     dtype = ours.dtype
     k = GATE_K[dtype] if k is None else k
     scale = _scale(ref.detach().to(torch.float64))
-    tiny = default_tiny(dtype, scale) if tiny is None else tiny
+    tiny = tiny_units * default_tiny(dtype, scale) if tiny is None else tiny
     err_ours = max_abs_err(name, ours, ref)
     err_torch = max_abs_err(f"{name} (torch, same dtype)", torch_same, ref)
     result = GateResult(name, err_ours, err_torch, k * err_torch + tiny)

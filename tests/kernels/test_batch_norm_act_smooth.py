@@ -59,10 +59,19 @@ def test_bf16_gate(interpret, activation, residual):
     _gate((2, 21, 4, 5), torch.bfloat16, CL, activation=activation, residual=residual)
 
 
+# One channel: dweight and dbias are one fp32 sum each, of dz whose precision follows the fp32
+# statistics (a smooth derivative, unlike ReLU's, moves with h); PyTorch's CPU BatchNorm keeps
+# its statistics in double, so its own error there can be ~0, and one channel leaves the max
+# nothing to average: such draws need up to ~2 units of the gate's slack (measured over 600
+# draws; 13 channels and more stay under 0.15). On the GPU PyTorch's statistics are fp32 too.
+SINGLE_CHANNEL_TINY_UNITS = 4.0
+
+
 @pytest.mark.parametrize("shape", [(3, 1, 5, 7), (2, 65, 5, 3), (4, 16, 24, 20)], ids=str)
 def test_odd_channels_and_larger_tiles(interpret, shape):
+    units = SINGLE_CHANNEL_TINY_UNITS if shape[1] == 1 else 1.0
     for activation, fmt in (("silu", CL), ("hardswish", CF)):
-        _gate(shape, torch.float32, fmt, activation=activation)
+        _gate(shape, torch.float32, fmt, activation=activation, tiny_units=units)
 
 
 def test_fp16_nchw_without_affine_and_far_mean(interpret):
