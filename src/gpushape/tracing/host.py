@@ -23,6 +23,7 @@ no host rates.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,13 +68,7 @@ class HostCost:
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "forward_ops": self.forward_ops,
-            "views": self.views,
-            "backward_ops": self.backward_ops,
-            "module_calls": self.module_calls,
-            "seconds": self.seconds,
-        }
+        return dataclasses.asdict(self)
 
 
 def module_calls(trace: Trace) -> int:
