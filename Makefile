@@ -1,13 +1,27 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 # The virtual environment sees the host interpreter's packages (a torch already installed is
-# reused, as on a GPU image); torch==2.13.0 (CPU build) is installed only when none imports.
+# reused, as on a GPU image, whose torch comes with torchvision and timm); TORCH_PIN is
+# installed only when no torch imports.
 # transformers (the `hf` extra) comes with the tests: the Hugging Face model tests run in CI.
+# timm (the `timm` extra) comes with them where torchvision imports, so the timm model tests
+# run in CI too. timm needs a torchvision built for the installed torch: PyPI's torchvision
+# does not import beside the CPU-only torch==2.13.0 ("operator torchvision::nms does not
+# exist"), so the pin is torch 2.14.1 with its torchvision 0.29.1 (the CI machine has both
+# wheels on its disk for Python 3.11: pip installs them in about a minute; a CUDA build,
+# 5.6 GB in the venv, that runs on the CPU). A reused torch without torchvision is kept as it
+# is: the timm tests then skip (installing the extra would replace that torch).
+# `make TORCH_PIN=torch==2.13.0` gives the small CPU-only venv, without timm.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gpushape-installed
-TORCH_PIN ?= torch==2.13.0
+TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
 PYTEST_WORKERS ?= 2
+# One intra-op thread per pytest worker: the workers already fill the cores, and torch's
+# default of a thread per core in each of them makes its OpenMP threads spin waiting for one
+# another (on 2 busy cores tests/transforms/test_timm_models.py took 145 s with the default,
+# 11 s with one thread).
+TEST_THREADS ?= 1
 
 .PHONY: demo test test-gpu lint format clean venv
 
@@ -15,7 +29,8 @@ demo: $(STAMP)
 	$(VENV)/bin/gpushape audit resnet50 --gpu h100
 
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -m "not gpu" -n $(PYTEST_WORKERS) -q
+	OMP_NUM_THREADS=$(TEST_THREADS) TRITON_INTERPRET=1 \
+	  $(PY) -m pytest -m "not gpu" -n $(PYTEST_WORKERS) -q
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu -q
@@ -40,9 +55,14 @@ $(PY):
 	  > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_gpushape_host.pth"
 
 $(STAMP): $(PY) pyproject.toml
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(foreach r,$(TORCH_PIN),"$(r)")
 	@$(PY) -c "import triton, numpy" 2>/dev/null || $(PY) -m pip install -q triton numpy
-	$(PY) -m pip install -q --no-build-isolation -e ".[test,hf]"
+	@# timm only beside a torchvision that imports with this torch (see the top of this file)
+	@if $(PY) -c "import torchvision" 2>/dev/null; then extras=test,hf,timm; else \
+	  extras=test,hf; echo "torchvision does not import here: timm not installed, its tests skip"; \
+	fi; \
+	echo "$(PY) -m pip install -q --no-build-isolation -e .[$$extras]"; \
+	$(PY) -m pip install -q --no-build-isolation -e ".[$$extras]"
 	@touch $(STAMP)
 
 clean:

@@ -24,6 +24,9 @@ def test_without_cuda_one_line_and_exit_2(monkeypatch, capsys, tmp_path):
 def test_probe_end_to_end_on_cpu_at_toy_sizes(monkeypatch, capsys, tmp_path):
     # The real command, with the device swapped for the CPU and the plan for the toy one.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # ... and no cuDNN: a CUDA build of torch says it has one, and its version() then checks
+    # the devices' capabilities, of which a CPU machine has none (min() of nothing)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: False)
     monkeypatch.setattr(probe_cli, "current_gpu", lambda: get_gpu("h200"))
     monkeypatch.setattr(probe_plan, "quick_plan", probe_plan.tiny_plan)
     out, reports = tmp_path / "probe" / "h200.json", tmp_path / "report"
