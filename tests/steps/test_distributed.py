@@ -43,7 +43,17 @@ def tiny(tmp_path) -> str:
 def gpushape_bench(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     command = [sys.executable, "-m", "gpushape", "bench", *argv]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
+    if done.returncode and ABORT in done.stderr:  # once more, and only for gloo's abort
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
+    return done
+
+
+# On a loaded 2-core CI machine with torch 2.14.1, a gloo rank once aborted in C++ with this
+# line and no Python error (1 run in about 12; not reproduced in 11 runs under load since):
+# a native thread torn down while joinable. It says nothing about gpushape's DDP timing, so a
+# run that fails with exactly that is run once more; any other failure fails the test.
+ABORT = "terminate called without an active exception"
 
 
 @pytest.mark.slow

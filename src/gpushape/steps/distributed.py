@@ -23,6 +23,7 @@ is link-bound). Without CUDA the workers use gloo on the CPU: plumbing, not a me
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import shlex
 import subprocess
@@ -254,6 +255,8 @@ def ddp_bench(
         say(f"timing alone and DDP alternately: {rounds} rounds of {block} steps")
         times = _alternate(steps, rounds=rounds, block=block, cuda=cuda)
         single, ddp = _gather(times, warm_s, batch, device)
+        del steps  # DDP's reducer goes before its process group does
+        gc.collect()
         dist.barrier()  # no rank tears down while another still talks (gloo aborts then)
     finally:
         if own:
