@@ -17,6 +17,7 @@ from torch import nn
 
 IGNORE_INDEX = -100  # what transformers' losses (and torch's cross_entropy) skip
 MASKED_FRACTION = 0.15  # BERT's convention: the share of positions that carry a label
+MARK = "_gpushape_masked_lm"  # the attribute masked-lm-head sets on a model it rewrote
 
 
 @dataclass(frozen=True)

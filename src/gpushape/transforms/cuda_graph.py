@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..models.heads import MARK
 from ._core import TransformError, has_hooks
 from .fused_optimizer import rebuild
 
@@ -113,7 +114,7 @@ def capture_reasons(
             f"{len(off)} inputs are not on CUDA (the graph reads static CUDA tensors): "
             f"{_listed(off)}"
         )
-    if "_gpushape_masked_lm" in model.__dict__:  # masked_lm_head.MARK
+    if MARK in model.__dict__:  # masked-lm-head
         reasons.append(
             "masked-lm-head counts the labelled rows on the host each step (a data-dependent "
             "shape): revert it, or run without a CUDA graph"

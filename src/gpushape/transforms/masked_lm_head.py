@@ -33,12 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.heads import IGNORE_INDEX, MASKED_FRACTION, MaskedLMHead, masked_lm_head
+from ..models.heads import IGNORE_INDEX, MARK, MASKED_FRACTION, MaskedLMHead, masked_lm_head
 from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
 from ._verify import reference, verify
 
 ID = "masked-lm-head"
-MARK = "_gpushape_masked_lm"
 CHECK_SAMPLES = 2  # the self-check runs the model in float64 on this many samples
 
 

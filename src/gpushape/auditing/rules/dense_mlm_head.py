@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...models.heads import MASKED_FRACTION, masked_lm_head
+from ...models.heads import MARK, MASKED_FRACTION, masked_lm_head
 from ..context import AuditContext
 from ..finding import Finding
 from ..registry import register_rule
@@ -27,7 +27,6 @@ RULE = "dense-mlm-head"
 # log_softmax forward (logits in, log-probabilities out), its backward (gradient and output
 # in, gradient out), and NLL's backward (a zero-filled logits-sized gradient): six passes.
 LOSS_PASSES = 6
-MARK = "_gpushape_masked_lm"  # masked-lm-head's mark on a model it rewrote
 
 
 @register_rule(RULE, title="a masked LM's head computed at every position")
