@@ -9,7 +9,8 @@ import torch
 
 from .._launch import aligned
 from ._act_bwd_kernels import _act_bwd_apply_kernel, _act_bwd_reduce_kernel
-from ._bwd_kernels import _bwd_apply_kernel, _bwd_finalize_kernel, _bwd_reduce_kernel
+from ._bwd_apply_kernels import _bwd_apply_kernel
+from ._bwd_kernels import _bwd_finalize_kernel, _bwd_reduce_kernel
 from ._plans import (
     View,
     _elementwise,
