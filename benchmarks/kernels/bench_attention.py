@@ -31,26 +31,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
 from gpushape.bench import compare, write_results  # noqa: E402
-from gpushape.kernels import FusedQKV, KVCache, softmax_dropout  # noqa: E402
+from gpushape.kernels import KVCache, softmax_dropout  # noqa: E402
 from gpushape.kernels.attention.softmax_dropout import draw_seed, dropout_keep_mask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helpers, beside this
 import _bench_common as common  # noqa: E402
+from _attention_qkv import DTYPE, check_qkv, sync, time_qkv, warm_up, without_grad  # noqa: E402
 from attention_report import criteria, plot, print_table  # noqa: E402
 
-P, DTYPE = 0.1, torch.bfloat16
+P = 0.1  # dropout probability; every section in bf16 (DTYPE)
 DEV = "cuda"  # --device cpu (TRITON_INTERPRET=1, tiny sizes) only smoke-tests this script
 SOFTMAX_SHAPES = {
     "262144x1024": (262144, 1024),
@@ -94,38 +92,6 @@ def check_softmax(shape, **kw) -> str:
     return "pass: " + ", ".join(f"{r.name} {r.err_ours:.1e} <= {r.bound:.1e}" for r in results)
 
 
-def three_linears(cfg):
-    d = cfg["E"] // cfg["H"]
-    return [
-        nn.Linear(cfg["E"], heads * d, bias=cfg["bias"]).to(DEV, DTYPE)
-        for heads in (cfg["H"], cfg["KV"], cfg["KV"])
-    ]
-
-
-def baseline_qkv(layers, head_dim):
-    def run(x):
-        b, t, _ = x.shape
-        return tuple(layer(x).view(b, t, -1, head_dim).transpose(1, 2) for layer in layers)
-
-    return run
-
-
-def check_qkv(cfg) -> str:
-    layers = three_linears(cfg)
-    fused = FusedQKV.from_linears(*layers, cfg["H"], cfg["KV"])
-    ref = [
-        nn.Linear(layer.in_features, layer.out_features, bias=cfg["bias"]).to(DEV, torch.float64)
-        for layer in layers
-    ]
-    for r, layer in zip(ref, layers):
-        r.load_state_dict(layer.state_dict())
-    x = torch.randn(2, cfg["T"] // 4, cfg["E"], device=DEV, dtype=torch.float64)
-    d = cfg["E"] // cfg["H"]
-    outs = zip(fused(x.to(DTYPE)), baseline_qkv(layers, d)(x.to(DTYPE)), baseline_qkv(ref, d)(x))
-    worst = [NUMERIC.assert_gate(name, o, t, r) for name, (o, t, r) in zip("qkv", outs)]
-    return "pass: " + ", ".join(f"{r.name} {r.err_ours:.1e} <= {r.bound:.1e}" for r in worst)
-
-
 def check_kv() -> str:
     cache = KVCache(2, 4, 64, 32, DTYPE, DEV)
     k_all = torch.empty(2, 4, 0, 32, device=DEV, dtype=DTYPE)
@@ -166,7 +132,7 @@ def time_softmax(label, shape, rounds, repeats, **kw) -> list[dict]:
 
         def make(fn, direction=direction):
             if direction == "fwd":
-                return lambda: _no_grad(fn, x)
+                return lambda: without_grad(fn, x)
             return lambda: fn(x).backward(gy)
 
         timed = {name: make(fn) for name, fn in fns.items()}
@@ -205,149 +171,6 @@ def causal_bias(shape):
     return torch.zeros(t_q, t_k, device=DEV, dtype=DTYPE).masked_fill(~allowed, float("-inf"))
 
 
-def warm_up(fns, calls=2):
-    """Compile, autotune and pick cuBLAS heuristics outside the timed rounds."""
-    for fn in fns.values():
-        for _ in range(calls):
-            fn()
-
-
-def _no_grad(fn, *args):
-    with torch.no_grad():
-        return fn(*args)
-
-
-def sync() -> None:
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def cuda_kernels(fn) -> Counter:
-    """Kernel names launched by fn (aten ops when smoke-testing on the CPU)."""
-    fn()
-    sync()
-    activity = ProfilerActivity.CUDA if DEV == "cuda" else ProfilerActivity.CPU
-    with profile(activities=[activity]) as prof:
-        fn()
-        sync()
-    return Counter(
-        e.name
-        for e in prof.events()
-        if e.device_type.name == DEV.upper() and (DEV == "cuda" or e.cpu_parent is None)
-    )
-
-
-def copy_like(kernels: Counter) -> int:
-    """Kernels that only move data: torch's copies and cats, and FusedQKV's gradient assembly."""
-    return sum(
-        n
-        for name, n in kernels.items()
-        if "copy" in name.lower() or "CatArray" in name or "assemble" in name
-    )
-
-
-def qkv_grads(cfg, layout: str) -> list[torch.Tensor]:
-    """Random gradients of q, k, v (B, heads, T, D). "sdpa": laid out as the backward of
-    scaled_dot_product_attention gives them on the H200, flash and memory-efficient alike
-    ((B, T, heads, D) memory, transposed; benchmarks/kernels/probe_qkv_grads.py), which the
-    three Linear layers reshape for free. "bhtd": contiguous (B, heads, T, D), for which they
-    each pay a transposing copy."""
-    d = cfg["E"] // cfg["H"]
-    shapes = [(cfg["B"], h, cfg["T"], d) for h in (cfg["H"], cfg["KV"], cfg["KV"])]
-    if layout == "bhtd":
-        return [torch.randn(s, device=DEV, dtype=DTYPE) for s in shapes]
-    return [
-        torch.randn(b, t, h, dd, device=DEV, dtype=DTYPE).transpose(1, 2) for b, h, t, dd in shapes
-    ]
-
-
-# (row label, gradient layout, through SDPA, replayed from a CUDA graph); the first three rows
-# are the criteria's: the projections' own forward+backward with gradients as SDPA gives them
-QKV_DIRECTIONS = (
-    ("fwd", None, False, False),
-    ("fwd+bwd", "sdpa", False, False),
-    ("fwd+bwd graph", "sdpa", False, True),
-    ("fwd+bwd graph, (B,H,T,D) grads", "bhtd", False, True),
-    ("fwd+bwd graph, with SDPA", None, True, True),
-)
-
-
-def time_qkv(label, cfg, rounds, repeats) -> tuple[list[dict], dict]:
-    layers = three_linears(cfg)
-    fused = FusedQKV.from_linears(*layers, cfg["H"], cfg["KV"])
-    d = cfg["E"] // cfg["H"]
-    x = torch.randn(cfg["B"], cfg["T"], cfg["E"], device=DEV, dtype=DTYPE, requires_grad=True)
-    variants = {
-        "3 Linear": (
-            baseline_qkv(layers, d),
-            [x] + [p for layer in layers for p in layer.parameters()],
-        ),
-        "gpushape": (fused, [x, *fused.parameters()]),
-    }
-    gqa = dict(enable_gqa=True) if cfg["KV"] != cfg["H"] else {}
-    causal = cfg.get("causal", False)
-    grad_out = torch.randn(cfg["B"], cfg["H"], cfg["T"], d, device=DEV, dtype=DTYPE)
-
-    def step(f, wrt, layout, sdpa):
-        if sdpa:  # the projections and the attention they feed, forward and backward
-            return lambda: torch.autograd.grad(
-                F.scaled_dot_product_attention(*f(x), is_causal=causal, **gqa), wrt, grad_out
-            )
-        if layout is None:
-            return lambda: _no_grad(f, x)
-        grads = qkv_grads(cfg, layout)
-        return lambda: torch.autograd.grad(f(x), wrt, grads)
-
-    rows = []
-    for direction, layout, sdpa, graph in QKV_DIRECTIONS:
-        timed = {name: step(f, wrt, layout, sdpa) for name, (f, wrt) in variants.items()}
-        if graph:  # GPU time alone: no host, allocator or launch cost
-            timed = {name: common.graphed(fn, DEV) for name, fn in timed.items()}
-        warm_up(timed)
-        for name, t in compare(timed, rounds=rounds, repeats_per_round=repeats, warmup=2).items():
-            rows.append(
-                dict(
-                    case=label,
-                    direction=direction,
-                    variant=name,
-                    config=cfg,
-                    grad_layout=layout,
-                    with_sdpa=sdpa,
-                    median_ms=t.median_s * 1e3,
-                    p10_ms=t.p10_s * 1e3,
-                    p90_ms=t.p90_s * 1e3,
-                    repeats=t.repeats,
-                )
-            )
-    grads = qkv_grads(cfg, "sdpa")
-    counts = {}
-    for name, (f, wrt) in variants.items():
-        sdpa = lambda f=f: F.scaled_dot_product_attention(*f(x), is_causal=True, **gqa)
-        fwd = cuda_kernels(lambda sdpa=sdpa: _no_grad(sdpa))
-        outs = f(x)
-        bwd = cuda_kernels(
-            lambda outs=outs, wrt=wrt: torch.autograd.grad(outs, wrt, grads, retain_graph=True)
-        )
-        counts[name] = dict(
-            fwd_with_sdpa_kernels=sum(fwd.values()),
-            fwd_copy_kernels=copy_like(fwd),
-            bwd_kernels=sum(bwd.values()),
-            bwd_copy_kernels=copy_like(bwd),
-            fwd_names=dict(fwd),
-            bwd_names=dict(bwd),
-        )
-    with torch.no_grad():  # the test's proof: GEMM alone + SDPA on contiguous q, k, v
-        q, k, v = (t.contiguous() for t in fused(x))
-        alone = cuda_kernels(lambda: F.linear(x, fused.weight, fused.bias)) + cuda_kernels(
-            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
-        )
-    together = Counter(counts["gpushape"]["fwd_names"])  # as in the GPU test: counts, no copy
-    counts["no_kernel_between_gemm_and_sdpa"] = (
-        sum(together.values()) == sum(alone.values()) and copy_like(together) == 0
-    )
-    return rows, counts
-
-
 def time_kv(lengths, rounds, repeats) -> list[dict]:
     b, h, d = 4, 32, 128
     cache = KVCache(b, h, max(lengths), d, DTYPE, DEV)
@@ -371,7 +194,7 @@ def time_kv(lengths, rounds, repeats) -> list[dict]:
         }
         if DEV == "cuda":  # the static step replayed from a CUDA graph
             static()
-            sync()
+            sync(DEV)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 static()
@@ -429,7 +252,7 @@ def main(argv=None) -> int:
     checks = {
         f"softmax_dropout {plain}": check_softmax(plain),
         f"softmax_dropout causal {causal}": check_softmax(causal, scale=0.125, is_causal=True),
-        **{f"FusedQKV {k}": check_qkv(c) for k, c in QKV_SHAPES.items()},
+        **{f"FusedQKV {k}": check_qkv(c, DEV, NUMERIC) for k, c in QKV_SHAPES.items()},
         "KVCache": check_kv(),
     }
     for name, verdict in checks.items():
@@ -457,7 +280,7 @@ def main(argv=None) -> int:
     if "qkv" in sections:
         for label, cfg in QKV_SHAPES.items():
             # GEMM-bound and host-sensitive: twice the rounds of the other sections
-            rows, counts[label] = time_qkv(label, cfg, 2 * rounds, repeats)
+            rows, counts[label] = time_qkv(label, cfg, 2 * rounds, repeats, DEV)
             qkv += rows
             print(f"timed FusedQKV {label}", flush=True)
     if "kv" in sections:
