@@ -49,6 +49,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench_common, beside this script
 
 import _bench_common as common  # first: it puts this working tree's src/ on the path
+from batch_norm_act_report import PASSES, add_speedups, criteria, plot, print_table, shape_name
 
 from gpushape.bench import compare, write_results
 from gpushape.kernels import BatchNormAct2d, batch_norm_act
@@ -59,9 +60,7 @@ gate_forward_backward = common.load_gate()
 SHAPES = [(256, 64, 112, 112), (256, 256, 56, 56), (256, 512, 28, 28), (256, 1024, 14, 14)]
 DTYPE = torch.bfloat16
 DEVICE = "cuda"  # --device cpu (TRITON_INTERPRET=1, tiny --shapes) smoke-tests the script
-VARIANTS = ("eager", "compile", "gpushape")
-# Passes over one tensor: the anchors' minimum bytes, and what gpushape itself moves.
-PASSES = {"fwd": 4.0, "fwd+bwd": 9.0, "fwd+bwd accum": 9.0, "fwd+bwd graph": 9.0}
+# What gpushape itself moves, in passes over one tensor (the anchors' minimum bytes: PASSES).
 OWN_PASSES = {"fwd": 4 + 1 / 16, "fwd+bwd": 10 + 3 / 16, "fwd+bwd graph": 10 + 3 / 16}
 OWN_PASSES_SMOOTH = {"fwd": 4.0, "fwd+bwd": 11.0, "fwd+bwd graph": 11.0}  # --activation silu...
 ACTIVATION = "relu"  # --activation
@@ -72,11 +71,6 @@ TORCH_ACT = {
     "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
     "hardswish": F.hardswish,
 }
-TARGETS = {"eager": 2.5, "compile": 1.5}  # the issue's fwd+bwd speedups, every stage shape
-
-
-def _name(shape) -> str:
-    return "x".join(map(str, shape))
 
 
 def _autocast():
@@ -221,116 +215,6 @@ def time_shape(shape, rounds: int, repeats: int) -> list[dict]:
     return rows
 
 
-def add_speedups(rows: list[dict]) -> None:
-    """Each row gets `speedup_vs_<variant>` = that variant's median / this row's median."""
-    by_key = {(tuple(r["shape"]), r["direction"], r["variant"]): r for r in rows}
-    for r in rows:
-        for other in VARIANTS:
-            base = by_key.get((tuple(r["shape"]), r["direction"], other))
-            if base is not None and base is not r:
-                r[f"speedup_vs_{other}"] = base["median_ms"] / r["median_ms"]
-
-
-def criteria(rows: list[dict]) -> list[dict]:
-    """The issue's done-when: fwd+bwd >= 2.5x eager and >= 1.5x compile at every stage shape."""
-    out = []
-    for r in rows:
-        if r["variant"] != "gpushape" or r["direction"] not in ("fwd+bwd", "fwd+bwd graph"):
-            continue
-        for other, target in TARGETS.items():
-            value = r.get(f"speedup_vs_{other}")
-            out.append(
-                dict(
-                    criterion=f"{r['direction']} vs {other} @{_name(r['shape'])}",
-                    value=value,
-                    target=target,
-                    verdict="PASS" if value and value >= target else "FAIL",
-                )
-            )
-    return out
-
-
-def plot(rows: list[dict], copy_gbps: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    directions = ("fwd", "fwd+bwd", "fwd+bwd graph")
-    fig, axes = plt.subplots(1, len(directions), figsize=(6 * len(directions), 4))
-    shapes = [s for s in SHAPES if any(tuple(r["shape"]) == s for r in rows)]
-    width = 0.8 / len(VARIANTS)
-    for ax, direction in zip(axes, directions):
-        for k, name in enumerate(VARIANTS):
-            vals = [
-                next(
-                    (
-                        r["gbps"]
-                        for r in rows
-                        if r["variant"] == name
-                        and r["direction"] == direction
-                        and tuple(r["shape"]) == s
-                    ),
-                    0.0,
-                )
-                for s in shapes
-            ]
-            ax.bar([i + k * width for i in range(len(shapes))], vals, width, label=name)
-        ax.axhline(copy_gbps, color="k", ls="--", lw=1, label="copy (same run)")
-        ax.set_xticks(
-            [i + 0.4 - width / 2 for i in range(len(shapes))],
-            [_name(s) for s in shapes],
-            fontsize=7,
-        )
-        ax.set_title(f"BN(train)+add+{ACTIVATION} {direction}, bf16 channels_last")
-        ax.set_ylabel(f"GB/s ({PASSES[direction]:g} passes / median time)")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def print_table(rows: list[dict], copy_gbps: float, verdicts: list[dict]) -> None:
-    print(
-        f"\ncopy bandwidth (same run): {copy_gbps:.0f} GB/s. Median ms by CUDA events. GB/s "
-        f"from the anchors' minimum bytes (fwd 4, fwd+bwd 9 passes), %copy of the same run; "
-        f"own GB/s: gpushape's actual traffic (fwd 4.06, fwd+bwd 10.19 passes)"
-    )
-    head = (
-        f"{'shape':>17s} {'dir':13s}"
-        + "".join(f"{v:>9s}" for v in VARIANTS)
-        + "".join(f"{v[:7] + ' GB/s':>13s}" for v in VARIANTS)
-        + f"{'%copy':>7s}{'own GB/s':>9s}{'x eager':>8s}{'x comp':>7s}"
-    )
-    print(head)
-    for shape in SHAPES:
-        for direction in PASSES:
-            sel = {
-                r["variant"]: r
-                for r in rows
-                if tuple(r["shape"]) == shape and r["direction"] == direction
-            }
-            if "gpushape" not in sel:
-                continue
-            ours = sel["gpushape"]
-            ms = "".join(
-                f"{sel[v]['median_ms']:9.3f}" if v in sel else f"{'n/a':>9s}" for v in VARIANTS
-            )
-            gbps = "".join(
-                f"{sel[v]['gbps']:13.0f}" if v in sel else f"{'n/a':>13s}" for v in VARIANTS
-            )
-            own = f"{ours['own_gbps']:9.0f}" if "own_gbps" in ours else f"{'':9s}"
-            print(
-                f"{_name(shape):>17s} {direction:13s}{ms}{gbps}"
-                f"{100 * ours['gbps'] / copy_gbps:6.0f}%{own}"
-                f"{ours.get('speedup_vs_eager', float('nan')):8.2f}"
-                f"{ours.get('speedup_vs_compile', float('nan')):7.2f}"
-            )
-    print()
-    for v in verdicts:
-        value = "n/a" if v["value"] is None else f"{v['value']:.2f}"
-        print(f"{v['verdict']:5s} {v['criterion']}: {value}x (target >= {v['target']:g}x)")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -370,15 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     checks = {}
     for shape in SHAPES:  # correctness first
         checked = (min(shape[0], 32), *shape[1:]) if args.quick else shape
-        checks[_name(checked)] = check(checked)
-        print(f"check {_name(checked)}: {checks[_name(checked)]}", flush=True)
+        checks[shape_name(checked)] = check(checked)
+        print(f"check {shape_name(checked)}: {checks[shape_name(checked)]}", flush=True)
         torch.cuda.empty_cache() if DEVICE == "cuda" else None
     copy_gbps = common.measure_copy_gbps(DEVICE)
 
     rows = []
     for shape in SHAPES:
         rows += time_shape(shape, rounds, repeats)
-        print(f"timed {_name(shape)}", flush=True)
+        print(f"timed {shape_name(shape)}", flush=True)
         torch.cuda.empty_cache() if DEVICE == "cuda" else None
     add_speedups(rows)
     common.add_pct_copy(rows, copy_gbps)
@@ -406,9 +290,9 @@ def main(argv: list[str] | None = None) -> int:
             ".backward() into existing .grad, as the anchors"
         ),
     )
-    plot(rows, copy_gbps, out_dir / f"{_stem()}.png")
+    plot(rows, copy_gbps, out_dir / f"{_stem()}.png", SHAPES, ACTIVATION)
     print(f"wrote {path} and {out_dir / f'{_stem()}.png'}")
-    print_table(rows, copy_gbps, verdicts)
+    print_table(rows, copy_gbps, verdicts, SHAPES)
     return 0
 
 
