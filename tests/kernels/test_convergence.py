@@ -5,7 +5,7 @@ Asserted for every case: both losses fall (the task is learnt); the loss curves 
 step within CURVE_TOL; every parameter and buffer agrees at the end within STATE_TOL (running
 statistics and num_batches_tracked included); the trained models agree in eval mode; and the
 kernel's own parameters (and buffers) moved far more than STATE_TOL, so that agreement is not
-trivially met. Harness, data and models: _convergence.py.
+trivially met. Harness: _convergence.py; data and models: _convergence_models.py.
 
 CPU, float32 (one case float64, see there). Under TRITON_INTERPRET=1 (`make test`) the fused
 models run the Triton kernels in the interpreter; without it, the kernels' plain-PyTorch
@@ -23,16 +23,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ._convergence import (
+from ._convergence import ConvergenceCase, compare, fall
+from ._convergence_models import (
     CausalSelfAttention,
-    ConvergenceCase,
     GQAttention,
     NormGeluMLP,
     ResidualNormStack,
     RMSNormBlock,
     SmallResNet,
-    compare,
-    fall,
     image_classification,
     sequence_regression,
 )
