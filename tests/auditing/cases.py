@@ -25,6 +25,7 @@ from .models import (
     OneLinear,
     SoftmaxThen,
     TinyForMaskedLM,
+    hf_bert,
 )
 
 BF16 = torch.bfloat16
@@ -166,6 +167,21 @@ CASES: dict[str, Case] = {
             {"train": False},
         ),
         module="cls",
+    ),
+    # Compiled, where transformers up to 5.17 builds an all-true mask (tests/_hf_masks.py
+    # makes a later release do so too); the twin has skip-attention-mask's implementation.
+    "materialized-attention-mask": Case(
+        fires=Side(
+            lambda: hf_bert().to(BF16),
+            lambda: (meta(8, 512, dtype=torch.int64),),
+            {"mode": "compile"},
+        ),
+        twin=Side(
+            lambda: hf_bert("gpushape_sdpa").to(BF16),
+            lambda: (meta(8, 512, dtype=torch.int64),),
+            {"mode": "compile"},
+        ),
+        module="encoder.layer.*.attention.self",
     ),
     "launch-bound": Case(
         fires=Side(lambda: build(ManyTiny), lambda: (meta(16, 64),)),

@@ -231,3 +231,22 @@ class TinyForMaskedLM(nn.Module):
         if labels is not None:
             loss = F.cross_entropy(logits.view(-1, self.config.vocab_size), labels.view(-1))
         return (loss, logits) if loss is not None else logits
+
+
+def hf_bert(implementation: str = "sdpa") -> nn.Module:
+    """A Hugging Face BERT encoder (2 layers, width 256, 4 heads) with the attention
+    implementation asked for; the test skips when transformers is missing."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        num_hidden_layers=2, hidden_size=256, num_attention_heads=4, intermediate_size=1024,
+        vocab_size=1024,
+    )  # fmt: skip
+    model = transformers.BertModel(config)
+    if implementation != "sdpa":
+        from gpushape.models.hf_masks import register_implementation
+
+        register_implementation()
+    model.set_attn_implementation(implementation)
+    return model

@@ -34,6 +34,7 @@ def test_rule_ids_are_designs_table():
         "unfused-softmax-dropout",
         "unfused-activation",
         "dense-mlm-head",
+        "materialized-attention-mask",
         "launch-bound",
         "wave-quantization",
         "checkpoint-candidate",

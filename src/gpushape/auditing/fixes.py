@@ -19,6 +19,8 @@ FIXES: dict[str, str] = {
     "kernel (gpushape.kernels)",
     "fuse-qkv": "merge projections that read the same input into one Linear (state_dict kept)",
     "sdpa": "replace hand-written softmax(QK^T)V with F.scaled_dot_product_attention",
+    "skip-attention-mask": "pass SDPA no attention mask where the model is given no padding "
+    "mask, also under torch.compile and CUDA graph capture (Hugging Face models)",
     "fuse-activation": "replace an activation written as several elementwise ops (the tanh GELU "
     "formula, x * sigmoid(x)) with PyTorch's one-kernel function",
     "fuse-softmax-dropout": "replace softmax followed by dropout with one fused kernel that "

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ..errors import GpushapeError
 from ..tracing.host import host_cost
 from .context import AuditContext
-from .finding import Finding, Severity
+from .finding import TIME_SHARE_THRESHOLDS, Finding, Severity, severity_for_share
 
 MODES = ("eager", "compile", "graph")
 COMPILE_DOES = {
@@ -111,6 +111,10 @@ def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[F
     done = COMPILE_DOES if mode == "compile" else GRAPH_DOES if mode == "graph" else {}
     out = []
     for f in findings:
+        f, quiet = _for_mode(f, ctx, mode)
+        if quiet:
+            out.append(f)
+            continue
         if f.fix in done and f.est_saving_s is not None and not _convolution(f):
             out.append(_already_done(f, mode, done[f.fix]))
             continue
@@ -132,6 +136,22 @@ def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[F
         evidence = {**f.evidence, "wall_saving_s": wall, "mode": mode}
         out.append(dataclasses.replace(f, message=message, evidence=evidence))
     return out
+
+
+def _for_mode(f: Finding, ctx: AuditContext, mode: str) -> tuple[Finding, bool]:
+    """A finding priced per mode (`evidence["saving_by_mode_s"]`: the mode changes what runs)
+    with this mode's saving and severity, and whether it is info here (saves nothing; why:
+    `evidence["why_quiet"][mode]`)."""
+    by_mode = f.evidence.get("saving_by_mode_s")
+    if not isinstance(by_mode, dict) or mode not in by_mode:
+        return f, False
+    saving = float(by_mode[mode])
+    if saving <= 0:
+        why = f.evidence.get("why_quiet", {}).get(mode, f"nothing changes in {mode} mode")
+        return _info(f, mode, f"this saves nothing: {why}"), True
+    share = saving / ctx.step_time_s if ctx.step_time_s > 0 else None
+    severity = severity_for_share(share, TIME_SHARE_THRESHOLDS)
+    return dataclasses.replace(f, est_saving_s=saving, severity=severity), False
 
 
 def _convolution(f: Finding) -> bool:

@@ -16,9 +16,9 @@
    measured on top of the ones before it, as a user applies them, and predicted the same way:
    the audit of each stage's model predicts its step (GPU time and wall clock in the mode),
    and a fix's predicted saving is the difference from the stage before (the optimizer's fix
-   is priced by its finding; masked-lm-head, which acts on the labels the trace has no values
-   for, by its finding in the audit of the stage before; a CUDA graph by the audit's graph
-   mode).
+   is priced by its finding; masked-lm-head and skip-attention-mask, which act on what the
+   eager trace cannot see, by their finding in the audit of the stage before; a CUDA graph by
+   the audit's graph mode).
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ from .step import make_optimizer
 from .variants import Spec, Variant, build_variant
 
 STEP_FIXES = ("fused-optimizer", "cuda-graphs")
-# Fixes that act on what the audit's trace has no values for (masked-lm-head: the labels), so
-# an audit of the rewritten model cannot see them: priced by their finding in the stage before.
-FROM_FINDINGS = ("masked-lm-head",)
+# Fixes that act on what the audit's eager trace cannot see (masked-lm-head: the labels;
+# skip-attention-mask: the mask transformers builds only while compiling or capturing), so an
+# audit of the rewritten model cannot see them: priced by their finding in the stage before.
+FROM_FINDINGS = ("masked-lm-head", "skip-attention-mask")
 GIVEN = "as given"
 
 

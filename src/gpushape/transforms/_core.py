@@ -112,6 +112,7 @@ def load_transforms() -> dict[str, TransformInfo]:
     """Import every transform module once (each registers itself)."""
     from . import (  # noqa: F401
         activation_checkpoint,
+        attention_mask,
         autocast,
         channels_last,
         fuse_activation,

@@ -42,6 +42,7 @@ ORDER = (
     "pad-channels",
     "fuse-qkv",
     "sdpa",
+    "skip-attention-mask",
     "fuse-activation",
     "fuse-norm-act",
     "channels-last",

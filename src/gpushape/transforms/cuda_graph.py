@@ -128,19 +128,21 @@ def capture_reasons(
 def capture_warnings(model: nn.Module) -> list[str]:
     """What captures but behaves differently when replayed, one line each: modules with
     forward or backward hooks (a hook's Python runs once, while capturing; replays run only the
-    kernels it launched then); a Hugging Face model, whose attention takes another path while a
-    stream captures (transformers' `is_tracing()` is true then, so its masking code builds an
-    explicit attention mask, which keeps SDPA off its flash kernel; measured on the H200,
-    GPT-2's captured step ran 966 kernels and 32.1 ms of GPU time against 611 and 26.7
-    eager)."""
+    kernels it launched then); a Hugging Face model whose transformers release builds an
+    explicit all-true attention mask while a stream captures (`models/hf_masks.py`), which keeps
+    SDPA off its flash kernel (measured on the H200: GPT-2's captured step ran 966 kernels and
+    32.1 ms of GPU time against 611 and 26.7 eager); the skip-attention-mask fix removes it."""
+    from ..models.hf_masks import traced_mask_gap
+
     out = []
     hooked = [fqn or type(model).__name__ for fqn, m in model.named_modules() if has_hooks(m)]
     if hooked:
         out.append(f"hooks run only while capturing, not on replays: {_listed(hooked)}")
-    if type(model).__module__.startswith("transformers."):
+    if traced_mask_gap(model) is not None:
         out.append(
             "transformers builds an explicit attention mask while a stream captures, so SDPA "
-            "leaves its flash kernel: time the graph against eager before keeping it"
+            "leaves its flash kernel: apply skip-attention-mask first (gpushape optimize "
+            "--mode graph does)"
         )
     return out
 

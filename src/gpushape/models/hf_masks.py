@@ -1,0 +1,161 @@
+"""Hugging Face attention masks under torch.compile and CUDA graph capture.
+
+transformers (5.x up to at least 5.17) builds its attention mask in `masking_utils`: with SDPA
+and no padding mask it normally passes no mask at all (`is_causal=True` for a decoder), which
+lets SDPA take its flash kernel. But it decides so only when `is_tracing()` is false, and
+`is_tracing()` is true under torch.compile (dynamo) and while a CUDA stream captures. There it
+materialises an all-true boolean mask, and SDPA leaves flash: measured on the H200, torch.compile
+of BERT-base MLM lowered attention to the math path (fp32 score GEMMs, 0.67x eager), and the
+captured GPT-2 step ran 966 kernels against eager's 611. Later transformers releases skip the
+mask whenever no padding mask is given; `traced_mask_gap` tells which kind is installed by
+asking its own skip functions, with `is_tracing` reporting true for the length of the call.
+
+The fix (`skip-attention-mask`) keeps the model's attention function and changes only the mask
+it gets: an attention implementation registered under `IMPLEMENTATION` through transformers'
+public `AttentionInterface` / `AttentionMaskInterface`, whose attention is transformers' own
+SDPA function and whose mask function returns no mask exactly where transformers' eager path
+would skip it (no padding mask given, no sliding window reached), and otherwise builds
+transformers' SDPA mask. A padding mask the caller passes is always kept.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from contextlib import contextmanager
+from typing import Any
+
+from torch import nn
+
+IMPLEMENTATION = "gpushape_sdpa"  # the attention implementation skip-attention-mask sets
+MASK_BUILDERS = ("create_causal_mask", "create_bidirectional_mask")
+
+
+def _masking_utils() -> Any | None:
+    try:
+        from transformers import masking_utils
+    except Exception:  # transformers absent or broken: no Hugging Face model to fix
+        return None
+    return masking_utils
+
+
+def attention_implementation(model: nn.Module) -> str | None:
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) if config is not None else None
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    return type(model).__module__.startswith("transformers.")
+
+
+def builds_masks_in_masking_utils(model: nn.Module) -> bool:
+    """Whether the model's code makes its masks with `masking_utils` (its module, or its base
+    model's, imports `create_causal_mask` or `create_bidirectional_mask`)."""
+    classes = {type(model)}
+    base = getattr(model, "base_model", None)
+    if isinstance(base, nn.Module):
+        classes.add(type(base))
+    for cls in classes:
+        module = sys.modules.get(cls.__module__)
+        if module is not None and any(hasattr(module, name) for name in MASK_BUILDERS):
+            return True
+    return False
+
+
+@contextmanager
+def _tracing(masking_utils: Any):
+    """`masking_utils.is_tracing` reports true inside the block (the state under compile)."""
+    saved = masking_utils.is_tracing
+    masking_utils.is_tracing = lambda *args, **kwargs: True
+    try:
+        yield
+    finally:
+        masking_utils.is_tracing = saved
+
+
+def _materialises_when_tracing() -> bool:
+    """Whether this transformers' SDPA mask skip is off while tracing for a model given no
+    padding mask (asked of its own functions; False where they are not found)."""
+    mu = _masking_utils()
+    bidirectional = getattr(mu, "_ignore_bidirectional_mask_sdpa", None)
+    causal = getattr(mu, "_ignore_causal_mask_sdpa", None)
+    if mu is None or bidirectional is None or causal is None:
+        return False
+    try:
+        with _tracing(mu):
+            return not bidirectional(None, 128) or not causal(None, 128, 128, 0, 0)
+    except TypeError:  # another signature: a release this check does not know
+        return False
+
+
+def traced_mask_gap(model: nn.Module) -> str | None:
+    """Why `model` gets an explicit all-true attention mask under torch.compile or CUDA graph
+    capture (the installed transformers, its SDPA attention, its masks made by masking_utils),
+    or None where it does not."""
+    if not is_hf_model(model) or attention_implementation(model) != "sdpa":
+        return None
+    mu = _masking_utils()
+    if mu is None or not builds_masks_in_masking_utils(model):
+        return None
+    import transformers
+
+    if not _materialises_when_tracing():
+        return None
+    return (
+        f"transformers {transformers.__version__} builds an explicit all-true attention mask "
+        "while torch.compile traces or a CUDA stream captures (its `is_tracing()` check), so "
+        "SDPA leaves its flash kernel there though the model is given no padding mask"
+    )
+
+
+def _sdpa_mask_or_none(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: Any = 0,
+    kv_offset: Any = 0,
+    mask_function: Any = None,
+    attention_mask: Any = None,
+    local_size: int | None = None,
+    allow_is_causal_skip: bool = True,
+    allow_is_bidirectional_skip: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """transformers' SDPA mask, or None where its eager path skips it: no padding mask, no
+    sliding window reached, and the caller allows the skip (a bidirectional mask; a causal mask
+    SDPA's top-left `is_causal` gives: one query, as many queries as keys, or an empty cache)."""
+    if attention_mask is None and (local_size is None or kv_length < local_size):
+        if allow_is_bidirectional_skip:
+            return None
+        first = isinstance(q_offset, int) and q_offset == 0
+        if allow_is_causal_skip and (q_length == 1 or kv_length == q_length or first):
+            return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(
+        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+        kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+        local_size=local_size, allow_is_causal_skip=allow_is_causal_skip,
+        allow_is_bidirectional_skip=allow_is_bidirectional_skip, **kwargs,
+    )  # fmt: skip
+
+
+@functools.cache
+def register_implementation() -> str:
+    """Register `IMPLEMENTATION` with transformers (once): its SDPA attention, the mask above."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(IMPLEMENTATION, ALL_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionMaskInterface.register(IMPLEMENTATION, _sdpa_mask_or_none)
+    return IMPLEMENTATION
+
+
+def set_implementation(model: nn.Module, name: str) -> None:
+    """Switch the model's attention implementation (every sub-config), as transformers does."""
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is not None:
+        setter(name)
+    else:  # older releases: the config attribute is what the attention layers read
+        model.config._attn_implementation = name

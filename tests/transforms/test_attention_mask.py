@@ -1,0 +1,173 @@
+"""skip-attention-mask: Hugging Face models keep SDPA without a mask under torch.compile (dynamo,
+on the CPU here) and capture, outputs unchanged; a padding mask is kept; revert, twice, the
+state_dict and the saved config; the rule in each mode; capture warnings."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from _hf_masks import old_masks, tracing
+from gpushape import audit, optimize
+from gpushape.models.hf_masks import IMPLEMENTATION, traced_mask_gap
+from gpushape.transforms import revert
+from gpushape.transforms.cuda_graph import capture_warnings
+
+from .nets import tiny_bert, tiny_gpt2
+
+transformers = pytest.importorskip("transformers")
+RULE = "materialized-attention-mask"
+
+
+@pytest.fixture(autouse=True)
+def _old_release():
+    """The installed transformers behaving like the releases with the gap (up to 5.17)."""
+    with old_masks():
+        yield
+
+
+def _bert():
+    model = tiny_bert()
+    model.set_attn_implementation("sdpa")
+    return model.eval()
+
+
+def _gpt2():
+    return tiny_gpt2().eval()
+
+
+def _apply(model, ids, mode="compile"):
+    """optimize() asked for this one transform; its report."""
+    return optimize(model, (ids,), gpu="h200", mode=mode, transforms=["skip-attention-mask"])[1]
+
+
+def _ids(batch=2, seq=16):
+    return torch.randint(0, 128, (batch, seq), generator=torch.Generator().manual_seed(0))
+
+
+def _sdpa_masks(model, *args, **kwargs) -> list[bool]:
+    """Whether each SDPA call of one forward got a mask, with `is_tracing()` true."""
+    seen, original = [], F.scaled_dot_product_attention
+
+    def spy(*a, **k):
+        seen.append(k.get("attn_mask", a[3] if len(a) > 3 else None) is not None)
+        return original(*a, **k)
+
+    F.scaled_dot_product_attention = spy
+    try:
+        with tracing(), torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        F.scaled_dot_product_attention = original
+    return seen
+
+
+def _compiled_masks(model, ids) -> tuple[list[bool], torch.Tensor]:
+    """Whether each SDPA call in the graph dynamo captures gets a mask, and the output."""
+    masks = []
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.target is F.scaled_dot_product_attention:
+                mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+                masks.append(mask is not None)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend, fullgraph=False)(ids)
+    torch._dynamo.reset()
+    return masks, out[0]
+
+
+@pytest.mark.parametrize("build", [_bert, _gpt2], ids=["bert", "gpt2"])
+def test_compiled_model_gets_no_mask_and_same_outputs(build):
+    model, ids = build(), _ids()
+    with torch.no_grad():
+        expected = model(ids)[0]
+    before, _ = _compiled_masks(model, ids)
+    assert before and all(before)  # the gap: an explicit mask under dynamo
+    report = _apply(model, ids)
+    assert [c.transform for c in report.applied] == ["skip-attention-mask"]
+    after, out = _compiled_masks(model, ids)
+    assert after and not any(after)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("build", [_bert, _gpt2], ids=["bert", "gpt2"])
+def test_a_padding_mask_is_kept(build):
+    model, ids = build(), _ids()
+    padding = torch.ones_like(ids)
+    padding[0, -4:] = 0
+    with torch.no_grad():
+        expected = model(ids, attention_mask=padding)[0]
+    _apply(model, ids)
+    assert all(_sdpa_masks(model, ids, attention_mask=padding))
+    assert not any(_sdpa_masks(model, ids))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, attention_mask=padding)[0], expected)
+
+
+def test_revert_twice_state_dict_and_saved_config(tmp_path):
+    model, ids = _bert(), _ids()
+    state = copy.deepcopy(model.state_dict())
+    _apply(model, ids)
+    assert model.config._attn_implementation == IMPLEMENTATION
+    again = _apply(model, ids)
+    assert again.applied == []  # twice equals once
+    fresh = tiny_bert()
+    fresh.load_state_dict(model.state_dict(), strict=True)
+    assert copy.deepcopy(model).config._attn_implementation == IMPLEMENTATION
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert IMPLEMENTATION not in json.dumps(saved)
+    revert(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert all(_sdpa_masks(model, ids))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, state[name]), name
+
+
+def test_nothing_to_do_without_the_gap_or_sdpa(monkeypatch):
+    model = tiny_gpt2(attn="eager")
+    assert traced_mask_gap(model) is None
+    assert _apply(model, _ids()).applied == []
+    monkeypatch.setattr("gpushape.models.hf_masks._materialises_when_tracing", lambda: False)
+    assert traced_mask_gap(_bert()) is None
+    assert traced_mask_gap(torch.nn.Linear(2, 2)) is None
+
+
+def test_rule_saves_in_compile_and_graph_and_is_info_in_eager():
+    model = _bert().to(torch.bfloat16)
+    ids = _ids(8, 64)
+    found = {}
+    for mode in ("eager", "compile", "graph"):
+        report = audit(model, (ids,), gpu="h200", train=True, mode=mode, rules=[RULE])
+        (found[mode],) = report.findings
+    assert found["eager"].est_saving_s == 0.0 and "eager" in found["eager"].message
+    assert found["compile"].est_saving_s > found["graph"].est_saving_s > 0
+    assert found["compile"].fix == "skip-attention-mask"
+    _apply(model, ids)
+    after = audit(model, (ids,), gpu="h200", train=True, mode="compile", rules=[RULE])
+    assert after.findings == []
+
+
+def test_optimize_picks_it_in_compile_mode_not_in_eager():
+    ids = _ids(8, 64)
+    _, report = optimize(_bert(), (ids,), gpu="h200", mode="compile", dtype=torch.bfloat16)
+    assert "skip-attention-mask" in {c.transform for c in report.applied}
+    _, report = optimize(_bert(), (ids,), gpu="h200", mode="eager", dtype=torch.bfloat16)
+    assert "skip-attention-mask" not in {c.transform for c in report.applied}
+
+
+def test_capture_warning_until_the_fix():
+    model = _gpt2()
+    (warning,) = capture_warnings(model)
+    assert "skip-attention-mask" in warning
+    _apply(model, _ids())
+    assert capture_warnings(model) == []
+    assert capture_warnings(torch.nn.Linear(2, 2)) == []
