@@ -1,6 +1,8 @@
 """masked-lm-head on real Hugging Face masked LMs (tiny configs, CPU, fp32): with labels the
-loss and every gradient equal the original's and the logits are the labelled rows'; without
-labels nothing changes; revert, idempotence, state_dict, refusals, the audit after."""
+loss and every gradient equal the original's and the logits' first rows are the labelled rows';
+without labels nothing changes; static shapes and no host sync (torch.compile traces it whole,
+a CUDA graph is not refused); more labels than its capacity is a clear error; revert,
+idempotence, state_dict, refusals, the audit after (eager and graph mode)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import gpushape  # noqa: E402
-from gpushape.models.heads import IGNORE_INDEX, masked_lm_head  # noqa: E402
+from gpushape.models.heads import IGNORE_INDEX, capacity_rows, masked_lm_head  # noqa: E402
 from gpushape.models.library import hf_model  # noqa: E402
 from gpushape.transforms import capture_reasons, revert  # noqa: E402
-from gpushape.transforms.masked_lm_head import MARK, is_applied  # noqa: E402
+from gpushape.transforms.masked_lm_head import MARK, first_labelled, is_applied  # noqa: E402
 
 TINY = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
 
@@ -57,8 +59,10 @@ def test_labelled_loss_gradients_and_rows_equal_the_original(kind):
     assert [c.transform for c in report.applied] == ["masked-lm-head"], report.refused
     out, grads = _run(model, ids, labels)
     kept = labels != IGNORE_INDEX
-    assert out.logits.shape == (int(kept.sum()), model.config.vocab_size)
-    torch.testing.assert_close(out.logits, ref_out.logits[kept], rtol=1e-5, atol=1e-5)
+    count = int(kept.sum())
+    assert out.logits.shape == (capacity_rows(labels.numel()), model.config.vocab_size)
+    assert count < out.logits.shape[0]  # filler rows after the labelled ones
+    torch.testing.assert_close(out.logits[:count], ref_out.logits[kept], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.loss, ref_out.loss, rtol=1e-6, atol=1e-6)
     assert grads.keys() == ref_grads.keys()
     for name, g in grads.items():
@@ -82,9 +86,9 @@ def test_with_padded_vocabulary_and_tuple_outputs():
     torch.testing.assert_close(out.loss, ref_out.loss, rtol=1e-5, atol=1e-6)
     name = "bert.embeddings.word_embeddings.weight"  # the decoder's, tied to it
     torch.testing.assert_close(grads[name][:1001], ref_grads[name], rtol=1e-4, atol=1e-6)
-    loss, logits = model(ids, labels=labels, return_dict=False)[:2]
+    loss, logits = model(ids, labels=labels, return_dict=False)
     torch.testing.assert_close(loss, ref_out.loss, rtol=1e-5, atol=1e-6)
-    assert logits.shape[0] == int((labels != IGNORE_INDEX).sum())
+    assert logits.shape[0] == capacity_rows(labels.numel())
 
 
 def test_revert_state_dict_copy_and_twice():
@@ -118,8 +122,6 @@ def test_the_audit_names_it_and_is_quiet_after():
 
 def test_refusals_say_why():
     model, ids, _ = _bert()
-    _, report = _optimized(model, ids, transforms=["masked-lm-head"], mode="graph")
-    assert not report.applied and "CUDA graph" in report.refused[0].reason
     model.register_forward_hook(lambda *a: None)
     _, report = _optimized(model, ids, transforms=["masked-lm-head"])
     assert not report.applied and "hooks" in report.refused[0].reason
@@ -147,7 +149,77 @@ def test_a_forward_that_is_not_head_of_encoder_is_refused():
     assert "does not match the original" in report.refused[0].reason
 
 
-def test_a_cuda_graph_refuses_it():
+def test_graph_mode_applies_it_and_a_cuda_graph_does_not_refuse_it():
+    model, ids, labels = _bert()
+    ref = copy.deepcopy(model)(ids, labels=labels).loss
+    model, report = _optimized(model, ids, transforms=["masked-lm-head"], mode="graph")
+    assert [c.transform for c in report.applied] == ["masked-lm-head"], report.refused
+    assert not any("masked-lm-head" in r for r in capture_reasons(model))
+    torch.testing.assert_close(model(ids, labels=labels).loss, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_the_audit_in_graph_mode_names_it_as_in_eager():
     model, ids, _ = _bert()
+    eager, graph = (
+        gpushape.audit(model, (ids,), gpu="h200", dtype=torch.float32, train=True, mode=mode)
+        for mode in ("eager", "graph")
+    )
+    found = [next(f for f in r.findings if f.rule == "dense-mlm-head") for r in (eager, graph)]
+    assert found[1].severity == found[0].severity and found[1].est_saving_s > 0
+    assert found[1].est_saving_s == pytest.approx(found[0].est_saving_s)
+    rows = found[0].evidence["positions"]
+    assert found[0].evidence["rows_kept"] == capacity_rows(rows) == 16  # 25% of 48, to 8s
+
+
+def test_the_labelled_forward_has_static_shapes_and_no_sync():
+    """Dynamo traces the whole labelled forward into one graph whose every tensor has a static
+    shape: no `.nonzero()` (a data-dependent row count, a host sync on CUDA) or `.item()`."""
+    model, ids, labels = _bert()
     model, _ = _optimized(model, ids, transforms=["masked-lm-head"])
-    assert any("masked-lm-head" in r for r in capture_reasons(model))
+    shapes = []
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            value = node.meta.get("example_value")
+            if isinstance(value, torch.Tensor):
+                shapes.append((str(node.target), tuple(value.shape)))
+        return gm
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
+    loss = compiled(ids, labels=labels).loss
+    dynamic = [(op, shape) for op, shape in shapes if not all(type(d) is int for d in shape)]
+    assert shapes and not dynamic, dynamic
+    assert not any(op in ("nonzero", "item") for op, _ in shapes)
+    torch.testing.assert_close(loss, model(ids, labels=labels).loss, rtol=1e-6, atol=1e-6)
+
+
+def test_more_labels_than_the_capacity_is_a_clear_error():
+    model, ids, labels = _bert()
+    model, _ = _optimized(model, ids, transforms=["masked-lm-head"])
+    labels = ids.clone()
+    labels.view(-1)[capacity_rows(ids.numel()) + 1 :] = IGNORE_INDEX  # one label too many
+    with pytest.raises(RuntimeError, match=r"more than 16 of the 48 label positions"):
+        model(ids, labels=labels)
+    labels.view(-1)[capacity_rows(ids.numel())] = IGNORE_INDEX  # exactly the capacity: fine
+    assert torch.isfinite(model(ids, labels=labels).loss)
+
+
+@pytest.mark.parametrize(
+    "flat, rows, positions, labels",
+    [
+        ([-100, 7, -100, 9, 4], 3, [1, 3, 4], [7, 9, 4]),
+        ([-100, 7, -100, -100, -100], 3, [1, 4, 4], [7, -100, -100]),
+        ([-100, -100], 2, [1, 1], [-100, -100]),
+        ([5], 1, [0], [5]),
+    ],
+)
+def test_first_labelled_positions_in_order_then_filler(flat, rows, positions, labels):
+    got = first_labelled(torch.tensor(flat), rows)
+    assert got[0].tolist() == positions and got[1].tolist() == labels
+
+
+def test_capacity_rows_is_a_quarter_rounded_up_to_eights():
+    assert [capacity_rows(n) for n in (1, 5, 32, 33, 48, 512, 16384)] == [
+        1, 5, 8, 16, 16, 128, 4096,
+    ]  # fmt: skip

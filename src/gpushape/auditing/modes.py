@@ -38,10 +38,7 @@ COMPILE_DOES = {
     "fuse-activation": "Inductor fuses a chain of elementwise ops into one kernel",
 }
 GRAPH_DOES = {"cuda-graphs": "the step already runs from a CUDA graph"}
-GRAPH_CANNOT = {  # fixes whose rewritten step a CUDA graph cannot replay
-    "masked-lm-head": "the labelled rows are counted on the host each step (a data-dependent "
-    "shape), which a CUDA graph cannot replay",
-}
+GRAPH_CANNOT: dict[str, str] = {}  # fix -> why a CUDA graph cannot replay its rewritten step
 SLOWER_WALL = 0.5  # say so when a fix saves less than this share of its GPU time in wall time
 
 

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models.heads import MARK
 from ._core import TransformError, has_hooks
 from .fused_optimizer import rebuild
 
@@ -113,11 +112,6 @@ def capture_reasons(
         reasons.append(
             f"{len(off)} inputs are not on CUDA (the graph reads static CUDA tensors): "
             f"{_listed(off)}"
-        )
-    if MARK in model.__dict__:  # masked-lm-head
-        reasons.append(
-            "masked-lm-head counts the labelled rows on the host each step (a data-dependent "
-            "shape): revert it, or run without a CUDA graph"
         )
     if optimizer is not None:
         names = {id(p): n for n, p in model.named_parameters()}

@@ -5,20 +5,22 @@ dense layer, GELU and LayerNorm, then the vocabulary-wide decoder -- at every po
 cross-entropy ignores the positions without a label (-100). BERT-style training labels 15% of
 the tokens, so 85% of the head's GEMMs, of the softmax over the vocabulary and of the decoder
 bias gradient's reduction is thrown away. The `masked-lm-head` fix runs the head and the loss on
-the labelled rows alone (the loss and every gradient unchanged; the logits come back for those
-rows only).
+a fixed quarter of the rows, the labelled ones first (the loss and every gradient unchanged;
+`logits` comes back for those rows), with no host sync: it pays in eager, compile and graph
+mode alike.
 
-The trace has no labels (the audit sees the model's inputs, not the loss), so the saving is
-estimated: (1 - 0.15) x (the head's traced ops, forward and backward, as the cost model prices
-them + the loss's passes over the logits, LOSS_PASSES reads or writes of a logits-sized tensor
-at the softmax family's measured rate). Training only; quiet for a model already rewritten.
+The trace has no labels (the audit sees the model's inputs, not the loss), but the fix keeps
+a number of rows fixed by the shape, K = `capacity_rows(N)` of the N positions, so the saving
+is (1 - K / N) x (the head's traced ops, forward and backward, as the cost model prices them +
+the loss's passes over the logits, LOSS_PASSES reads or writes of a logits-sized tensor at the
+softmax family's measured rate). Training only; quiet for a model already rewritten.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...models.heads import MARK, MASKED_FRACTION, masked_lm_head
+from ...models.heads import CAPACITY, MARK, MASKED_FRACTION, capacity_rows, masked_lm_head
 from ..context import AuditContext
 from ..finding import Finding
 from ..registry import register_rule
@@ -50,12 +52,16 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     logits_bytes = logits.nbytes if logits is not None else 0
     memory_rate = ctx.gpu.achievable.memory("softmax")
     loss_s = ctx.bytes_time_s(LOSS_PASSES * logits_bytes) / memory_rate
-    saving = (1.0 - MASKED_FRACTION) * (head_s + loss_s)
     rows = logits.shape[0] * (logits.shape[1] if len(logits.shape) > 2 else 1) if logits else 0
+    kept = capacity_rows(rows)
+    share = kept / rows if rows else CAPACITY  # of the rows the head still runs on
+    saving = (1.0 - share) * (head_s + loss_s)
     evidence = {
         "head": spec.head_name,
         "vocabulary": spec.vocab_size,
         "positions": rows,
+        "rows_kept": kept,
+        "capacity": CAPACITY,
         "labelled_share_assumed": MASKED_FRACTION,
         "head_time_s": head_s,
         "loss_time_s": loss_s,
@@ -64,9 +70,10 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     message = (
         f"the masked-LM head `{spec.head_name}` computes {spec.vocab_size:,}-wide logits at "
         f"all {rows:,} positions, but the loss reads only the labelled ones (~15% in BERT-style "
-        "training): running the head and the loss on those rows alone skips ~85% of its GEMMs "
-        "and of the softmax (masked-lm-head; the logits then come back for the labelled "
-        "positions only)"
+        f"training): running the head and the loss on {kept:,} rows, the labelled ones first, "
+        f"skips {1 - share:.0%} of its GEMMs and of the softmax (masked-lm-head, "
+        f"no host sync; the logits then come back for those rows, and more than "
+        f"{CAPACITY:.0%} of the positions labelled is an error)"
     )
     yield ctx.finding(
         RULE, spec.head_name, message, evidence, saving_s=saving, fix="masked-lm-head",
