@@ -201,21 +201,29 @@ def _last_report(built: dict[str, Variant]) -> Any:
     return reports[-1] if reports else None
 
 
-def _step_of(report: Any) -> tuple[float, float]:
+def _step_of(report: Any, unseen_gpu_s: float = 0.0) -> tuple[float, float]:
+    """The audited step (GPU, wall), less `unseen_gpu_s`: the GPU time of applied fixes its
+    trace cannot see (`FROM_FINDINGS`)."""
     step = report.step
-    return (step.gpu_s, step.wall_s) if step else (report.totals.roofline_time_s,) * 2
+    if step is None:
+        return (report.totals.roofline_time_s - unseen_gpu_s,) * 2
+    gpu_s = max(step.gpu_s - unseen_gpu_s, 0.0)
+    return gpu_s, max(gpu_s, step.host_s)
 
 
 def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[float, float]]:
     """Each built stage's predicted (GPU, wall) step: the audit of its model in `mode`; the
     optimizer's fix from its findings; a fix the trace cannot see (`FROM_FINDINGS`: it acts on
-    the labels) as the stage before less its finding in that stage's audit; a CUDA graph as
-    the audit's graph mode of the stage before."""
+    the labels) as the stage before less its finding in that stage's audit, and every later
+    stage's audit less that finding's GPU time (its trace runs without labels); a CUDA graph
+    as the audit's graph mode of the stage before (masked-lm-head has no host sync, so a graph
+    captures it)."""
     from ..auditing.api import audit
 
     out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
     reports = {GIVEN: report}
     previous = GIVEN
+    unseen_gpu_s = 0.0
     for stage, spec in specs.items():
         if stage == GIVEN or stage not in built:
             continue
@@ -227,11 +235,12 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
         elif fix in FROM_FINDINGS and previous in reports:
             gpu_s, wall_s, _ = predictions(reports[previous]).get(fix, (0.0, 0.0, []))
             out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
+            unseen_gpu_s += gpu_s
         else:
             run_mode = "graph" if spec.runner == "graph" else mode
             stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                                  train=True, mode=run_mode)  # fmt: skip
-            out[stage] = _step_of(stage_report)
+            out[stage] = _step_of(stage_report, unseen_gpu_s)
             reports[stage] = stage_report
             if spec.runner == "graph" and "+ fused-optimizer" in out:
                 fused = predicted.get("fused-optimizer", (0.0, 0.0, []))
