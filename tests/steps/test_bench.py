@@ -116,3 +116,29 @@ def test_issue_time_needs_cuda():
     from gpushape.steps.measure import issue_time
 
     assert issue_time(lambda: None, cuda=False) is None
+
+
+def test_optimize_with_a_graph_runner_optimizes_for_graph_mode():
+    from gpushape.steps.variants import Spec
+
+    assert Spec.of("optimize+graph").optimize_mode == "graph"
+    assert Spec.of("optimize").optimize_mode == "eager"
+    assert Spec.of("optimize-compile+compile").optimize_mode == "compile"
+
+
+def test_a_captured_hugging_face_step_keeps_flash_attention():
+    pytest.importorskip("transformers")
+    from _hf_masks import old_masks
+    from gpushape.models.hf_masks import IMPLEMENTATION, traced_mask_gap
+    from gpushape.steps import synthetic_batch
+    from gpushape.steps.variants import _mask_for_capture
+    from transforms.nets import tiny_gpt2
+
+    model = tiny_gpt2()
+    batch = synthetic_batch(model, (torch.zeros(2, 16, dtype=torch.int64),))
+    if traced_mask_gap(model) is None:  # a release that skips the mask itself
+        assert _mask_for_capture(model, batch) == []
+    with old_masks():  # one that builds it while capturing (up to 5.17)
+        (note,) = _mask_for_capture(model, batch)
+    assert note.startswith("skip-attention-mask for the capture")
+    assert model.config._attn_implementation == IMPLEMENTATION

@@ -3,11 +3,14 @@
 A variant is one of the names below or several joined by "+" ("optimize+graph"); whatever the
 order written, model rewrites apply first, then the optimizer's, then how the step runs:
 - model: `eager` (as given: nothing), `channels-last` (weights and 4-D inputs NHWC),
-  `optimize` (`gpushape.optimize` for eager mode: the audit's fixes, each checked
-  numerically), `optimize-compile` (the fixes that still pay under torch.compile);
+  `optimize` (`gpushape.optimize` for eager mode, or for graph mode with the `graph` runner:
+  the audit's fixes, each checked numerically), `optimize-compile` (the fixes that still pay
+  under torch.compile);
 - optimizer: `fused-optimizer` (the same optimizer with fused=True);
 - runner: `compile` (torch.compile of the model, optimizer eager), `compile-max-autotune`,
-  `graph` (the whole step, forward, backward and optimizer, replayed from one CUDA graph).
+  `graph` (the whole step, forward, backward and optimizer, replayed from one CUDA graph; a
+  Hugging Face model whose transformers builds an all-true attention mask while capturing gets
+  skip-attention-mask first, which changes no number, so the graph keeps flash attention).
 Every variant starts from its own deep copy of the model as given, the same batch values, and
 a fresh optimizer of the same kind.
 """
@@ -68,7 +71,7 @@ class Spec:
 
     channels_last: bool = False
     optimize_mode: str | None = None
-    """"eager" or "compile": run gpushape.optimize for that mode; None: no rewrite."""
+    """"eager", "compile" or "graph": run gpushape.optimize for that mode; None: no rewrite."""
     transforms: tuple[str, ...] | None = None
     """The transforms optimize may apply (None: the ones the findings name)."""
     fused_optimizer: bool = False
@@ -82,6 +85,8 @@ class Spec:
             "compile" if "optimize-compile" in parts else "eager" if "optimize" in parts else None
         )
         runner = next((p for p in parts if p in RUNNER_PARTS), "eager")
+        if mode == "eager" and runner == "graph":
+            mode = "graph"  # the fixes that pay, and can be captured, in a CUDA graph
         return cls(
             channels_last="channels-last" in parts,
             optimize_mode=mode,
@@ -119,6 +124,7 @@ def build_variant(
         mode = "max-autotune" if spec.runner == "compile-max-autotune" else None
         step.forward = torch.compile(model, mode=mode)
     if spec.runner == "graph":
+        notes += _mask_for_capture(step.model, batch)
         run = _graphed(step)
         notes.append("whole step in one CUDA graph")
         notes += _graph_warnings(step.model)
@@ -163,6 +169,20 @@ def _fuse(step: TrainingStep) -> str:
 
     step.optimizer, what = fuse_optimizer(step.optimizer)
     return what
+
+
+def _mask_for_capture(model: nn.Module, batch: Batch) -> list[str]:
+    """skip-attention-mask on a Hugging Face model whose transformers builds an all-true
+    attention mask while a stream captures (a captured step would leave flash attention for
+    nothing); the note saying so, or none."""
+    from ..models.hf_masks import traced_mask_gap
+    from ..transforms import TransformContext, get_transform
+
+    if traced_mask_gap(model) is None:
+        return []
+    ctx = TransformContext(example_inputs=tuple(batch.inputs), mode="graph")
+    outcome = get_transform("skip-attention-mask").apply(model, ctx)
+    return [f"skip-attention-mask for the capture: {c.detail}" for c in outcome.changes]
 
 
 def _graph_warnings(model: nn.Module) -> list[str]:

@@ -35,6 +35,7 @@ against the original's (the same gate, `_verify.py`); a model whose forward is n
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from typing import Any
@@ -66,10 +67,13 @@ def is_applied(model: nn.Module) -> bool:
 def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The model's forward, with the head and loss on K gathered rows when labels are given."""
     spec: MaskedLMHead = self.__dict__[MARK]
-    original = type(self).forward.__get__(self)
-    bound = inspect.signature(original).bind(*args, **kwargs)
-    arguments = dict(bound.arguments)
-    for name, param in inspect.signature(original).parameters.items():
+    # the class's forward as a partial, not a bound method made with __get__ (which
+    # torch.compile's dynamo in torch 2.11 does not trace: a graph break on every call)
+    original = functools.partial(type(self).forward, self)
+    signature = inspect.signature(type(self).forward)
+    arguments = dict(signature.bind(self, *args, **kwargs).arguments)
+    arguments.pop(next(iter(signature.parameters)))  # self
+    for name, param in signature.parameters.items():
         if param.kind is inspect.Parameter.VAR_KEYWORD:
             arguments.update(arguments.pop(name, {}))
     labels = arguments.pop("labels", None)
