@@ -142,3 +142,17 @@ def test_a_captured_hugging_face_step_keeps_flash_attention():
         (note,) = _mask_for_capture(model, batch)
     assert note.startswith("skip-attention-mask for the capture")
     assert model.config._attn_implementation == IMPLEMENTATION
+
+
+def test_compile_graphs_runner_starts_a_graph_step_each_call(monkeypatch):
+    from gpushape.steps.variants import Spec, _each_step_graphed
+
+    assert Spec.of("optimize-compile+compile-graphs").runner == "compile-graphs"
+    assert Spec.of("optimize-compile+compile-graphs").optimize_mode == "compile"
+    steps = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
+    forward = _each_step_graphed(lambda x, scale=1: x * scale)
+    assert forward(2, scale=3) == 6 and forward(1) == 1
+    assert steps == [1, 1]
+    with pytest.raises(GpushapeError, match="names 2 runners"):
+        parse_variant("compile+compile-graphs")

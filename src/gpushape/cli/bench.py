@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--vs",
         metavar="V[,V...]",
         help="variants to time against the baseline: eager, channels-last, optimize, "
-        "optimize-compile, fused-optimizer, compile, compile-max-autotune, graph, or several "
+        "optimize-compile, fused-optimizer, compile, compile-max-autotune, compile-graphs, graph, "
+        "or several "
         "joined by '+' (optimize+graph)",
     )
     p.add_argument("--baseline", default="eager", metavar="V", help="the baseline variant")

@@ -8,6 +8,8 @@ order written, model rewrites apply first, then the optimizer's, then how the st
   under torch.compile);
 - optimizer: `fused-optimizer` (the same optimizer with fused=True);
 - runner: `compile` (torch.compile of the model, optimizer eager), `compile-max-autotune`,
+  `compile-graphs` (torch.compile's "reduce-overhead" mode: Inductor replays the compiled
+  forward and backward from CUDA graphs; the optimizer eager),
   `graph` (the whole step, forward, backward and optimizer, replayed from one CUDA graph; a
   Hugging Face model whose transformers builds an all-true attention mask while capturing gets
   skip-attention-mask first, which changes no number, so the graph keeps flash attention).
@@ -31,7 +33,7 @@ from .step import TrainingStep, build_step
 
 MODEL_PARTS = ("eager", "channels-last", "optimize", "optimize-compile")
 OPTIMIZER_PARTS = ("fused-optimizer",)
-RUNNER_PARTS = ("compile", "compile-max-autotune", "graph")
+RUNNER_PARTS = ("compile", "compile-max-autotune", "compile-graphs", "graph")
 PARTS = MODEL_PARTS + OPTIMIZER_PARTS + RUNNER_PARTS
 CHECK_SAMPLES = 2  # optimize() checks each rewrite on this many samples of the batch
 
@@ -76,7 +78,7 @@ class Spec:
     """The transforms optimize may apply (None: the ones the findings name)."""
     fused_optimizer: bool = False
     runner: str = "eager"
-    """eager, compile, compile-max-autotune or graph."""
+    """eager, compile, compile-max-autotune, compile-graphs or graph."""
 
     @classmethod
     def of(cls, name: str) -> Spec:
@@ -123,12 +125,26 @@ def build_variant(
     if spec.runner in ("compile", "compile-max-autotune"):
         mode = "max-autotune" if spec.runner == "compile-max-autotune" else None
         step.forward = torch.compile(model, mode=mode)
+    if spec.runner == "compile-graphs":
+        step.forward = _each_step_graphed(torch.compile(model, mode="reduce-overhead"))
     if spec.runner == "graph":
         notes += _mask_for_capture(step.model, batch)
         run = _graphed(step)
         notes.append("whole step in one CUDA graph")
         notes += _graph_warnings(step.model)
     return Variant(name, step, run, notes, report, time.perf_counter() - t0)
+
+
+def _each_step_graphed(compiled: Any) -> Any:
+    """A reduce-overhead compiled model whose every call starts a new step of Inductor's CUDA
+    graphs (`cudagraph_mark_step_begin`), as training loops must: each step's outputs may
+    then be overwritten by the next step's replay, never within one."""
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    return forward
 
 
 def _channels_last(model: nn.Module, batch: Batch) -> tuple[nn.Module, Batch]:
