@@ -88,7 +88,7 @@ def test_a_probe_that_found_no_wave_quantization_keeps_the_rule_at_info(tmp_path
 
     from .models import OneLinear
 
-    model, inputs = build(OneLinear, 504, 1728), (meta(1216, 504),)
+    model, inputs = build(OneLinear, 504, 1856), (meta(2432, 504),)
     h100 = {**MEASURED, "gpu": "h100-sxm"}
     found = tmp_path / "found.json"
     found.write_text(json.dumps({**h100, "wave_quantization": {"found": True}}))

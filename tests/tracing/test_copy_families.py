@@ -54,9 +54,11 @@ def test_plain_copies_keep_their_family():
     assert memory_family(clone) == "elementwise"  # a pointwise-tagged op
     (cast,) = _ops(lambda x: x.float(), (8, 64), name="_to_copy", train=False)
     assert memory_family(cast) is None
-    # a broadcast source reads little: not a layout copy
+    # a broadcast source reads little: not a layout copy, but a pointwise op on a broadcast
+    # operand (priced as elementwise until its own rate is measured)
     (expand,) = _ops(lambda x: x.expand(4, 8, 64).contiguous(), (1, 8, 64), name="clone")
-    assert memory_family(expand) == "elementwise"
+    assert memory_family(expand) == "elementwise_strided"
+    assert op_family(expand, {"elementwise": 0.86}) == "elementwise"
 
 
 def test_copy_kind_reads_the_destinations_innermost_rows():

@@ -12,6 +12,7 @@ from gpushape.tracing.gemm_model import (
     CONV_MISALIGNED,
     GEMM_MISALIGNED,
     GEMM_MISALIGNED_WORST,
+    LARGE_TILES,
     gemm_efficiency,
 )
 
@@ -137,3 +138,44 @@ def test_a_measured_small_cin_rate_prices_convolutions_on_few_channels():
     measured = h200.replace(achievable=dataclasses.replace(h200.achievable, small_cin_conv=0.07))
     assert gemm_efficiency(stem, measured, "bf16").alignment == 0.07
     assert gemm_efficiency(wide, measured, "bf16").alignment == CONV_MISALIGNED
+
+
+def test_a_matrix_product_runs_cublas_large_tiles_where_they_give_half_a_wave():
+    """BERT's 8192 x 768 x 768: 192 tiles of 256x128 (1.45 waves on 132 SMs), as cuBLAS ran it
+    on the H200 (nvjet_sm90_tst_256x128, bench-h200/kernels-bert.json), not 384 of 128x128;
+    against the reference shape on the same tiles (2048 of them, 16 waves)."""
+    e = gemm_efficiency(_gemm(8192, 768, 768), H200, "bf16")
+    assert e.tile in LARGE_TILES and e.ctas == 192 and e.waves == 2
+    assert e.efficiency == pytest.approx((192 / 264) / (2048 / 2112))
+
+
+def test_large_tiles_leave_skinny_products_batched_ones_and_convolutions():
+    assert gemm_efficiency(_gemm(128, 4096, 4096), H200, "bf16").tile not in LARGE_TILES
+    batched = gemm_efficiency(_gemm(49, 49, 32, batch=12288), H200, "bf16")  # Swin's windows
+    conv = gemm_efficiency(_gemm(8192, 768, 768, family="conv"), H200, "bf16")
+    assert batched.tile not in LARGE_TILES and conv.tile == (128, 128)
+    assert conv.efficiency > 0.98
+
+
+def test_a_downsampling_patch_convolution_takes_its_measured_rate():
+    """ConvNeXt's 2x2/2 downsampling on 96 channels: the rate measured for side 2 ("1" where
+    unmeasured); a 3-channel patch embedding and an ordinary convolution keep theirs."""
+    import dataclasses
+
+    def conv(cin, patch):
+        align = (("Cin/groups", cin), ("Cout/groups", 192))
+        return Gemm(
+            m=50176, n=192, k=cin * 4, flops=1, family="conv", align_dims=align, patch=patch
+        )
+
+    measured = H200.replace(
+        achievable=dataclasses.replace(
+            H200.achievable, memory_efficiency={"downsample_conv@2": 0.2}
+        )
+    )
+    plain = gemm_efficiency(conv(96, 2), H200, "bf16")
+    slow = gemm_efficiency(conv(96, 2), measured, "bf16")
+    assert plain.kernel_rate == 1.0 and slow.kernel_rate == 0.2
+    assert slow.efficiency == pytest.approx(0.2 * plain.efficiency)
+    assert gemm_efficiency(conv(96, 0), measured, "bf16").kernel_rate == 1.0
+    assert gemm_efficiency(conv(3, 4), measured, "bf16").kernel_rate == 1.0

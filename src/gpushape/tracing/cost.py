@@ -13,7 +13,10 @@ Per op (FLOPs and minimum bytes from `flops.py`):
                       (`layout.py`) / (copy rate x the profile's "nchw_conversion" efficiency);
                       a LayerNorm or softmax given a non-contiguous input: the copy its kernel
                       first makes (`layout.hidden_copies`) at its copy family's efficiency
-    kernel_time_s   = max(compute_s, memory_s) + layout_s   # time on the GPU
+    weight_grad_s   = a LayerNorm backward whose weight gradients PyTorch sums with one block
+                      per 32 columns (`norm_grads.py`): that kernel's time; its bytes leave
+                      memory_s
+    kernel_time_s   = max(compute_s, memory_s) + layout_s + weight_grad_s   # time on the GPU
     launch_s        = kernels x gpu.achievable.launch_overhead_s   (conversions: 2 a pass,
                                                                   hidden copies: 1 each)
     roofline_time_s = kernel_time_s + launch_s          # serial: launch not hidden
@@ -45,6 +48,7 @@ from .families import hidden_copy_families, op_family
 from .flops.registry import OpWork, op_work
 from .gemm_model import GemmEfficiency, gemm_efficiency
 from .layout import conversion_bytes_of, conversion_passes
+from .norm_grads import weight_grad_cost
 from .records import OpRecord, Trace
 
 MathMode = Literal["bf16", "fp16", "fp32", "tf32"]
@@ -80,6 +84,8 @@ class OpCost:
     # layout conversions inside the op (in kernel_s): an NCHW tensor-core convolution's, the
     # contiguous copy a LayerNorm or softmax makes of a permuted input
     layout_s: float = 0.0
+    # a LayerNorm backward's weight gradients summed one block per 32 columns (in kernel_s)
+    weight_grad_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +274,8 @@ def op_cost(
     compute_s += rest / gpu.attainable_flops(dtype, tensor_cores=False)
     measured = gpu.achievable.memory_efficiency
     bandwidth = gpu.attainable_bandwidth_bytes_per_s()
-    memory_s = (work.min_bytes + work.reread_bytes) / (
+    columns_bytes, weight_grad_s = weight_grad_cost(rec, gpu)
+    memory_s = (work.min_bytes + work.reread_bytes - columns_bytes) / (
         bandwidth * gpu.achievable.memory(op_family(rec, measured))
     )
     kernel_s = max(compute_s, memory_s)
@@ -281,7 +288,7 @@ def op_cost(
     for nbytes, family in hidden_copy_families(rec, measured):  # a copy kernel before the op
         layout_s += nbytes / (bandwidth * gpu.achievable.memory(family))
         kernels += 1
-    kernel_s += layout_s
+    kernel_s += layout_s + weight_grad_s
     launch_s = kernels * gpu.achievable.launch_overhead_s
     if work.flops == 0 and work.min_bytes == 0 and work.kernels == 0:
         bound: Bound = "none"
@@ -313,4 +320,5 @@ def op_cost(
         gemms=tuple(effs),
         misaligned=tuple(m for e in effs for m in e.misaligned),
         layout_s=layout_s,
+        weight_grad_s=weight_grad_s,
     )

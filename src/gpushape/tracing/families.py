@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from .flops.conv import direct_conv
 from .flops.registry import packet
-from .layout import copy_op_kind, hidden_copies, runs_nchw, runs_nhwc
+from .layout import copy_op_kind, hidden_copies, runs_nchw, runs_nhwc, strided_operand
 from .records import OpRecord
 
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -146,11 +146,30 @@ SIZE_VARIANTS = (
     "grouped_conv_nchw@3",
     "grouped_conv_nchw@5",
 )
+# A pointwise op reading an operand laid out unlike its output (a broadcast, other strides):
+# TensorIterator's indexed kernel instead of its vectorized one (layout.strided_operand).
+ELEMENTWISE_STRIDED = "elementwise_strided"
+# Matrix products by their bytes: where a GEMM is memory-bound (ConvNeXt-T's and Swin-T's MLPs
+# over 96 and 192 channels, K or N of 96), cuBLAS streams below the copy rate. Convolutions and
+# fused attention keep their own models (tracing/gemm_model.py).
+GEMM = "gemm"
+GEMM_OPS = frozenset(
+    {
+        "aten.mm",
+        "aten.addmm",
+        "aten.bmm",
+        "aten.baddbmm",
+        "aten._scaled_mm",
+        "aten.matmul",
+        "aten.linear",
+    }
+)
 # What an unmeasured family is priced as: the family it refines.
 FALLBACK = {
     **NCHW_BASE,
     GROUPED_CONV_NCHW: GROUPED_CONV,
     "scatter_add": "gather",
+    ELEMENTWISE_STRIDED: "elementwise",
 }
 # Families from the op's tags, for ops no table above names.
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
@@ -172,15 +191,22 @@ KERNEL_FAMILIES = {
     "gpushape.softmax_dropout_fwd": "fused_softmax_dropout",
     "gpushape.softmax_dropout_bwd": "fused_softmax_dropout",
 }
+# Not a kernel family: the efficiency of a LayerNorm backward's weight-gradient kernel where it
+# runs one block per 32 columns, against an SM's share of the copy rate (tracing/norm_grads.py).
+WEIGHT_GRAD = "norm_weight_grad"
 # Not kernel families, measured beside them:
 # - what a convolution loses in NCHW against channels_last, as an efficiency of the bytes
 #   cuDNN's layout conversions move (tracing/layout.py): the cost model's price of NCHW convs;
 # - a patch embedding (fewer input channels than the tensor-core alignment, stride equal to the
 #   kernel: ViT's 16x16/16, ConvNeXt's and Swin's 4x4/4) by its patch side: its rate over the
 #   GEMM model's, as `conv_small_cin` is for a 7x7 stride-2 stem (tracing/gemm_model.py).
+# - a patch convolution on aligned channels (ConvNeXt's 2x2/2 downsampling) by its side, the
+#   same way (forward and both gradients).
 LAYOUT = ("nchw_conversion",)
 PATCH_CONV = "patch_conv"
 PATCH_VARIANTS = ("patch_conv@4", "patch_conv@16")
+DOWNSAMPLE_CONV = "downsample_conv"
+DOWNSAMPLE_VARIANTS = ("downsample_conv@2",)
 ALL_FAMILIES = (
     *FAMILIES,
     *NCHW_VARIANTS.values(),
@@ -189,9 +215,13 @@ ALL_FAMILIES = (
     GROUPED_CONV_NCHW,
     *COPY_FAMILIES.values(),
     *TAGGED.values(),
+    ELEMENTWISE_STRIDED,
+    GEMM,
+    WEIGHT_GRAD,
     *FUSED,
     *LAYOUT,
     *PATCH_VARIANTS,
+    *DOWNSAMPLE_VARIANTS,
 )
 
 
@@ -206,6 +236,8 @@ def memory_family(rec: OpRecord) -> str | None:
             if len(rec.inputs[0].shape) == 4 and not runs_nhwc(rec)
             else GROUPED_CONV
         )
+    if op in GEMM_OPS:
+        return GEMM
     kind = copy_op_kind(rec)
     if kind is not None:
         return COPY_FAMILIES[kind]
@@ -222,6 +254,8 @@ def memory_family(rec: OpRecord) -> str | None:
 def _tagged(rec: OpRecord) -> str | None:
     for tag, name in TAGGED.items():
         if tag in rec.tags:
+            if name == "elementwise" and strided_operand(rec):
+                return ELEMENTWISE_STRIDED
             return name
     return None
 
@@ -234,7 +268,7 @@ def op_family(rec: OpRecord, measured: Mapping[str, float]) -> str | None:
     family = memory_family(rec)
     priced = priced_family(family, measured, variant_size(rec, family))
     if family in COPY_FAMILIES.values() and priced not in measured:
-        return _tagged(rec)
+        return priced_family(_tagged(rec), measured)
     return priced
 
 

@@ -14,7 +14,16 @@ shape at hand. It has four parts.
    The library picks among tile shapes; we take the best of TILES (128x256, 256x128, 128x128,
    128x64, 64x128: the shapes Hopper and Ampere cuBLAS/CUTLASS kernels use; the H200 profile's
    conv kernels report `tilesize128x128x64`). K is not tiled into waste: its remainder is a
-   short last step.
+   short last step. A matrix product (not batched, not a convolution or attention) that gives
+   LARGE_TILES (256x128, 128x256) at least half a wave runs on one of them even where a
+   smaller tile would quantize better (fewer large tiles: a skinny product, where cuBLAS
+   turns to smaller tiles or split-K, kept on TILES). cuBLAS on the H200 ran BERT's and
+   LLaMA's projections as nvjet_sm90_tst_256x128 / 128x256 cooperative kernels (two-SM
+   clusters) and 128x128 only with split-K, for weight gradients that fill no wave
+   (benchmarks/results/bench-h200/kernels-bert.json top kernels,
+   kernels-h200/probe_qkv_gemms.log). At 8192 x 768 x 768 that is 192 tiles, 1.45 waves: BERT's
+   768-wide Linear layers took 0.07-0.08 ms a module where the best tile (128x128, 2.9 waves)
+   priced 0.045-0.055 (correlate-h200/correlate-lib.json).
 2. Wave quantization. CTAs run in waves of `gpu.sm_count`, one per SM (these large-tile kernels
    fill an SM's shared memory), and a partly filled last wave takes as long as a full one:
        waves = ceil(ctas / sm_count), wave_eff = ctas / (waves x sm_count)
@@ -53,6 +62,11 @@ shape at hand. It has four parts.
    equal to the kernel, ViT's 16x16/16, ConvNeXt's 4x4/4) runs other cuDNN kernels: it takes the
    rate the probe measured for the patch side nearest its own (profile keys "patch_conv@<side>",
    `small_cin_rate`), the stem's where none is measured.
+   A patch convolution on aligned channels (ConvNeXt's 2x2/2 downsampling between stages,
+   96 -> 192 channels) runs other cuDNN kernels again: the H200 took 0.26 ms a training step for
+   ConvNeXt-T's first (64 x 96 x 56 x 56), where this model gives 0.036 (correlate-lib.json). It
+   takes the rate measured for the nearest side (profile keys "downsample_conv@<side>",
+   `downsample_rate`, forward and both gradients); 1 where none is measured.
    These are one chip's measurements, used for every chip until `gpushape probe` measures its
    own cliffs.
 4. Fused attention kernels (flash, memory-efficient) do more than their two or five matmuls:
@@ -68,10 +82,12 @@ import math
 from dataclasses import dataclass
 
 from ..hardware import GPUSpec
-from .families import PATCH_CONV, nearest_size
+from .families import DOWNSAMPLE_CONV, PATCH_CONV, nearest_size
 from .flops.registry import Gemm
 
 TILES = ((128, 256), (256, 128), (128, 128), (128, 64), (64, 128))
+LARGE_TILES = ((256, 128), (128, 256))  # a matrix product's, where they fill half a wave
+LARGE_TILES_MIN_WAVE = 0.5
 ATTENTION_BLOCK_ROWS = 128
 SPLIT_K_MIN_DEPTH = 256
 SPLIT_K_DEPTH_RATIO = 4
@@ -98,7 +114,8 @@ class GemmEfficiency:
     alignment: float  # 1.0, or the misalignment penalty
     misaligned: tuple[str, ...]  # "K=4095" for each dimension that misses the alignment
     efficiency: float  # quantization (relative to the reference shape) x alignment x kernel_rate
-    kernel_rate: float = 1.0  # fused attention: the rate measured for its kernel (else 1)
+    # fused attention, a downsampling patch convolution: the rate measured for its kernel
+    kernel_rate: float = 1.0
 
     @property
     def last_wave_fill(self) -> float:
@@ -127,8 +144,19 @@ def _best_tile(gemm: Gemm, sms: int):
         ctas = blocks * gemm.batch
         waves = math.ceil(ctas / sms)
         return (rows, 0), gemm.m / (blocks * rows), ctas / (waves * sms), ctas, 1, waves
+    return _best_of(gemm, sms, LARGE_TILES if _large_tiles(gemm, sms) else TILES)
+
+
+def _large_tiles(gemm: Gemm, sms: int) -> bool:
+    """Whether cuBLAS runs `gemm` on LARGE_TILES: a matrix product they give half a wave."""
+    if gemm.family != "gemm" or gemm.batch != 1:
+        return False
+    return _best_of(gemm, sms, LARGE_TILES)[3] >= LARGE_TILES_MIN_WAVE * sms
+
+
+def _best_of(gemm: Gemm, sms: int, tiles: tuple[tuple[int, int], ...]):
     best = None
-    for bm, bn in TILES:
+    for bm, bn in tiles:
         tile_eff, wave_eff, ctas, split, waves = _quantize(
             gemm.m, gemm.n, gemm.k, gemm.batch, sms, bm, bn
         )
@@ -137,9 +165,13 @@ def _best_tile(gemm: Gemm, sms: int):
     return best
 
 
-def _reference(sms: int) -> float:
+def _reference(sms: int, large: bool) -> float:
+    """Quantization at the reference shape under one tile rule (LARGE_TILES where they fill a
+    wave, or the best of TILES), so the shape the GEMM fraction is measured at has efficiency
+    1 under either."""
     m, n, k = REFERENCE_GEMM
-    _, tile_eff, wave_eff, *_ = _best_tile(Gemm(m=m, n=n, k=k, flops=2 * m * n * k), sms)
+    tiles = LARGE_TILES if large else TILES
+    _, tile_eff, wave_eff, *_ = _best_of(Gemm(m=m, n=n, k=k, flops=2 * m * n * k), sms, tiles)
     return tile_eff * wave_eff
 
 
@@ -170,6 +202,18 @@ def small_cin_rate(gemm: Gemm, gpu: GPUSpec) -> float:
     return gpu.achievable.small_cin_conv
 
 
+def downsample_rate(gemm: Gemm, gpu: GPUSpec, align: int | None) -> float:
+    """The measured rate of a patch convolution whose channels per group meet the alignment
+    `align` (a downsampling layer), at the measured side nearest its own; 1: unmeasured, or not
+    such a convolution."""
+    cin = dict(gemm.align_dims).get("Cin/groups", 0)
+    if gemm.family != "conv" or not gemm.patch or not align or cin < align or cin % align:
+        return 1.0
+    measured = gpu.achievable.memory_efficiency
+    key = nearest_size(DOWNSAMPLE_CONV, measured, gemm.patch, gemm.patch)
+    return measured.get(key, 1.0)
+
+
 def gemm_efficiency(
     gemm: Gemm, gpu: GPUSpec, dtype: str, tensor_cores: bool = True
 ) -> GemmEfficiency:
@@ -190,7 +234,8 @@ def gemm_efficiency(
             efficiency=1.0,
         )
     tile, tile_eff, wave_eff, ctas, split, waves = _best_tile(gemm, sms)
-    quantization = min(1.0, tile_eff * wave_eff / _reference(sms))
+    reference = _reference(sms, _large_tiles(gemm, sms))
+    quantization = min(1.0, tile_eff * wave_eff / reference)
     align = gpu.tc_alignment(dtype) if tensor_cores else None
     penalty, misaligned = 1.0, []
     if align and gemm.family != "attention":
@@ -200,7 +245,7 @@ def gemm_efficiency(
             if p < 1.0:
                 misaligned.append(f"{name}={value}")
                 penalty = min(penalty, p)
-    rate = 1.0
+    rate = downsample_rate(gemm, gpu, align)
     kernel = gemm.attention
     if kernel is not None and kernel.backend:
         rate = gpu.achievable.attention_rate(

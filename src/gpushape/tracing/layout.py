@@ -20,6 +20,12 @@ eager kernels make such a copy themselves (`hidden_copies`): PyTorch's CUDA Laye
 first make a non-contiguous input contiguous, a kernel the meta trace does not see (ConvNeXt's
 and Swin's stem LayerNorm runs on the permuted NCHW output of the patch convolution); the cost
 model adds its time to the op's (`cost.op_cost`, in `OpCost.layout_s`).
+
+A pointwise op vectorizes (16-byte loads and stores) only when every operand is laid out as its
+output is; an operand broadcast along a dimension (DropPath's (B, 1, 1, 1) mask, a layer scale's
+(1, C, 1, 1), a bias added across rows, RMSNorm's per-row scale) or viewed with other strides
+sends TensorIterator to its indexed kernel, element by element (`strided_operand`), a memory
+family of its own (`families.ELEMENTWISE_STRIDED`).
 """
 
 from __future__ import annotations
@@ -177,3 +183,20 @@ def hidden_copies(rec: OpRecord) -> tuple[tuple[TensorMeta, str], ...]:
             if kind is not None:
                 copies.append((t, kind))
     return tuple(copies)
+
+
+def strided_operand(rec: OpRecord) -> bool:
+    """Whether a pointwise op reads a floating operand of more than one element laid out
+    unlike its output: broadcast (another shape) or other strides over its dimensions of
+    size > 1 (see the module docstring)."""
+    if not rec.outputs:
+        return False
+    out = rec.outputs[0]
+    for t in rec.inputs:
+        if not t.is_floating or t.numel <= 1 or t.same_as is not None:
+            continue
+        if tuple(t.shape) != tuple(out.shape):
+            return True
+        if any(a != b for n, a, b in zip(out.shape, t.strides, out.strides) if n > 1):
+            return True
+    return False

@@ -6,7 +6,9 @@ n = elements of the normalized input. FLOPs per element ("affine": a weight or b
 - batch norm forward with running statistics (eval): 2 (+2 affine): subtract, multiply.
 - batch / layer / group norm backward: 8 for the input gradient (x_hat 2, dy x weight 1, two
   row sums 2, combine 3), +3 when weight/bias gradients are asked (dy x x_hat and its sum,
-  sum of dy). Batch norm backward in eval: 2 (dy x weight x rstd).
+  sum of dy). Batch norm (its sums before any dx) and layer norm (its weight gradients after
+  the input gradient, when both are asked) read x and dy twice: reread_bytes.
+  Batch norm backward in eval: 2 (dy x weight x rstd).
 - RMS norm forward: 3 (+1 weight): square, sum; multiply by rstd; (x weight).
   Backward: 6 (x_hat 1, dy x weight 1, row sum of dy x x_hat 2, combine 2), +2 for the weight.
 - softmax / log_softmax forward: 5: max, subtract, exp, sum, divide (or subtract the log-sum).
@@ -89,8 +91,21 @@ def batch_norm_backward(rec: OpRecord) -> OpWork:
     return dataclasses.replace(work, reread_bytes=reread)
 
 
-@register_formula("aten.native_layer_norm_backward", "aten.native_group_norm_backward")
+@register_formula("aten.native_layer_norm_backward")
 def layer_norm_backward(rec: OpRecord) -> OpWork:
+    """The weight and bias gradients come from a second kernel that reads dy and x again
+    after the input gradient's (tracing/norm_grads.py: where it runs, and how fast)."""
+    work = _norm_backward(rec, "input", 8, 3)
+    mask = tuple(rec.params.get("output_mask", (True, True, True)))
+    if not (mask[0] and any(mask[1:])):  # one kernel: its reads are the minimum bytes
+        return work
+    reread = rec.input("input").nbytes + rec.input("grad_out").nbytes
+    return dataclasses.replace(work, reread_bytes=reread)
+
+
+@register_formula("aten.native_group_norm_backward")
+def group_norm_backward(rec: OpRecord) -> OpWork:
+    """Per-group sums first, the weight gradients from those: no second read of x."""
     return _norm_backward(rec, "input", 8, 3)
 
 
