@@ -52,10 +52,11 @@ def test_probe_end_to_end_on_cpu_at_toy_sizes(monkeypatch, capsys, tmp_path):
     memory = profile["memory_efficiency"]
     # nchw_conversion has no efficiency when NCHW ran no slower than channels_last, which CPU
     # timings at toy sizes can show (probe/convs.py); every other family has one
+    # norm_weight_grad is against an SM's share of the copy rate: one SM may draw more (to 4)
     failed = {
         f: r
         for f, r in memory.items()
-        if not 0.01 <= (r.get("efficiency") or 0) <= 1
+        if not 0.01 <= (r.get("efficiency") or 0) <= (4 if f == "norm_weight_grad" else 1)
         and not (f == "nchw_conversion" and r.get("efficiency") is None and "error" not in r)
     }
     assert memory and not failed, failed

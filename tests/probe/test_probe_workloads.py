@@ -13,6 +13,7 @@ import torch
 from gpushape.hardware import get_gpu
 from gpushape.probe import memory as probe_memory
 from gpushape.probe.workloads import WORKLOADS
+from gpushape.tracing.cost import op_cost
 from gpushape.tracing.families import (
     ALL_FAMILIES,
     PATCH_VARIANTS,
@@ -20,6 +21,7 @@ from gpushape.tracing.families import (
     memory_family,
     variant_size,
 )
+from gpushape.tracing.norm_grads import weight_grad_pass
 from gpushape.tracing.tracer import trace
 
 NEW = (
@@ -31,6 +33,10 @@ NEW = (
     "transposed_copy",
     "roll",
     "grouped_conv_nchw",
+    "elementwise_strided",
+    "gemm",
+    "norm_weight_grad",
+    "downsample_conv@2",
 )
 BY_FAMILY = {w.family: w for w in WORKLOADS}
 
@@ -99,3 +105,41 @@ def test_a_patch_convolution_is_its_step_against_the_gemm_model(family):
     conv = BY_FAMILY[family].build(1.0)
     assert conv.kernel_size == (side, side) and conv.stride == (side, side)
     assert conv.in_channels == 3 and not math.prod(conv.padding)
+
+
+def test_the_strided_workload_multiplies_by_a_broadcast_mask_forward_and_backward():
+    ops = _family_ops("elementwise_strided")
+    assert [r.phase for r in ops] == ["forward", "backward"]
+
+
+def test_the_gemm_workload_is_six_memory_bound_products_on_the_h200():
+    work = BY_FAMILY["gemm"]
+    with torch.device("meta"):
+        model = work.build(1.0).to(torch.bfloat16)
+    gemms = [r for r in trace(model, (), train=True).ops if memory_family(r) == "gemm"]
+    costs = [op_cost(r, get_gpu("h200")) for r in gemms]
+    assert len(costs) == 6 and all(c.memory_s > c.compute_s for c in costs)
+
+
+def test_the_weight_gradient_workload_runs_the_columns_kernel_alone():
+    with torch.device("meta"):
+        model = BY_FAMILY["norm_weight_grad"].build(1.0)
+    (rec,) = [r for r in trace(model, (), train=False).ops if r.kind == "compute"]
+    grads = weight_grad_pass(rec, get_gpu("h200").sm_count)
+    assert rec.params["output_mask"] == (False, True, True)
+    assert (grads.rows, grads.cols, grads.split) == (50176, 192, False)
+    row = probe_memory.measure_memory_efficiency(
+        get_gpu("h200"), device="cpu", scale=0.002, families=("norm_weight_grad",)
+    )["norm_weight_grad"]
+    assert row["family_roofline_s"] > 0 and 0.01 <= row["efficiency"] <= 4
+
+
+def test_the_downsampling_convolution_runs_both_gradients_against_the_gemm_model():
+    row = probe_memory.measure_memory_efficiency(
+        get_gpu("h200"), device="cpu", scale=0.002, families=("downsample_conv@2",)
+    )["downsample_conv@2"]
+    assert row["model_s"] > 0 and row["family_roofline_s"] == row["model_s"]
+    with torch.device("meta"):
+        model = BY_FAMILY["downsample_conv@2"].build(1.0).to(torch.bfloat16)
+    (bwd,) = [r for r in trace(model, (), train=True).ops if r.name == "convolution_backward"]
+    assert bwd.params["output_mask"][:2] == (True, True)  # input and weight gradients

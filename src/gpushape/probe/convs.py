@@ -16,7 +16,9 @@
    ConvNeXt's at a quarter (benchmarks/results/correlate-h200/correlate-lib.json).
    `measure_patch_conv` measures one per patch side the same way, kept beside the memory
    families as "patch_conv@<side>" (probe/workloads.py, tracing/gemm_model.py
-   `small_cin_rate`).
+   `small_cin_rate`). `measure_downsample_conv` measures a patch convolution on aligned
+   channels (ConvNeXt's 2x2/2 downsampling: forward and both gradients) the same way, as
+   "downsample_conv@<side>".
 
 2. What a tensor-core convolution loses in NCHW against channels_last, as an efficiency of the
    bytes cuDNN's layout conversions move (the nchw-conv rule's model). The rule prices an NCHW
@@ -97,6 +99,38 @@ def measure_patch_conv(
     )["measured_s"]
     row["workload"] = work.describe
     row["family_roofline_s"] = row["model_s"]  # as the memory families' rows name it
+    if scale != 1.0:
+        row["scale"] = scale
+    return row
+
+
+def measure_downsample_conv(
+    work: Any, spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0, repeats: int = 20
+) -> dict[str, Any]:
+    """A patch convolution on aligned channels (`work.build`: the convolution on its input, a
+    parameter, so both gradients run), timed against the GEMM model's time for its GEMMs; kept
+    as "downsample_conv@<side>" (tracing/gemm_model.py `downsample_rate`)."""
+    from ..tracing.flops.registry import op_work
+    from ..tracing.gemm_model import gemm_efficiency
+    from ..tracing.tracer import trace
+    from .memory import _step
+
+    flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
+    model = work.build(scale).to(torch.bfloat16)
+    predicted = sum(
+        g.flops / (flat.attainable_flops("bf16") * gemm_efficiency(g, flat, "bf16").efficiency)
+        for rec in trace(model, (), train=True).ops
+        for g in op_work(rec).gemms
+    )
+    measured = step_s(_step(model.to(device)), device, repeats)
+    row = {
+        "efficiency": capped(predicted, measured),
+        "workload": work.describe,
+        "dtype": "bfloat16",
+        "measured_s": measured,
+        "model_s": predicted,
+        "family_roofline_s": predicted,  # as the memory families' rows name it
+    }
     if scale != 1.0:
         row["scale"] = scale
     return row

@@ -26,7 +26,16 @@ from ..bench.timer import cuda_graph, time_fn
 from ..hardware import GPUSpec
 from .workloads import WORKLOADS, FamilyWorkload
 
-__all__ = ["WORKLOADS", "FamilyWorkload", "capped", "measure_family", "measure_memory_efficiency"]
+__all__ = [
+    "WORKLOADS",
+    "FamilyWorkload",
+    "LayerNormWeightGrad",
+    "capped",
+    "measure_family",
+    "measure_memory_efficiency",
+    "measure_weight_grad",
+    "modeled_s",
+]
 
 _MIN_EFFICIENCY = 0.01
 
@@ -53,10 +62,10 @@ def step_s(step: Callable[[], Any], device: str, repeats: int) -> float:
     return time_fn(step, warmup=1, repeats=max(repeats // 4, 2), device=device).median_s
 
 
-def capped(model_s: float, measured_s: float) -> float:
-    """model_s / measured_s, rounded, within [0.01, 1] (0.01 where nothing was measured)."""
+def capped(model_s: float, measured_s: float, most: float = 1.0) -> float:
+    """model_s / measured_s, rounded, within [0.01, most] (0.01 where nothing was measured)."""
     ratio = model_s / measured_s if measured_s > 0 and model_s > 0 else _MIN_EFFICIENCY
-    return round(min(max(ratio, _MIN_EFFICIENCY), 1.0), 4)
+    return round(min(max(ratio, _MIN_EFFICIENCY), most), 4)
 
 
 def measure_family(
@@ -69,25 +78,8 @@ def measure_family(
     repeats: int = 20,
 ) -> dict[str, Any]:
     """One family's efficiency (see the module docstring) and what it came from."""
-    from ..tracing.cost import op_cost
-    from ..tracing.families import memory_family
-    from ..tracing.tracer import trace
-
-    flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
     model = work.build(scale).to(dtype)
-    family_s = other_s = 0.0
-    if work.passes:
-        big = next(iter(model.inputs))
-        family_s = (
-            work.passes * big.numel() * big.element_size() / flat.attainable_bandwidth_bytes_per_s()
-        )
-    else:
-        for rec in trace(model, (), train=work.train).ops:
-            c = op_cost(rec, flat)
-            if memory_family(rec) == work.family.partition("@")[0]:  # "norm@768": norm
-                family_s += c.memory_s
-            else:
-                other_s += c.kernel_time_s
+    family_s, other_s = modeled_s(work, model, spec)
     measured = step_s(_step(model.to(device), work.train), device, repeats)
     row = {
         "efficiency": capped(family_s, measured - other_s),
@@ -100,6 +92,92 @@ def measure_family(
     if scale != 1.0:
         row["scale"] = scale  # the workload's leading dimension, scaled: a smoke test
     return row
+
+
+class LayerNormWeightGrad(nn.Module):
+    """A LayerNorm backward asked for the weight and bias gradients alone (output_mask False,
+    True, True): the kernel that sums them over the rows, nothing else (tracing/norm_grads.py)."""
+
+    def __init__(self, rows: int, width: int):
+        super().__init__()
+        self.width = width
+        for name in ("dy", "x"):
+            self.register_buffer(name, torch.randn(rows, width, dtype=torch.bfloat16))
+        self.register_buffer("mean", torch.zeros(rows, 1))  # float32, as CUDA keeps them
+        self.register_buffer("rstd", torch.ones(rows, 1))
+        self.register_buffer("w", torch.ones(width, dtype=torch.bfloat16))
+
+    def forward(self, _unused: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        # statistics in float32, as CUDA (and the meta trace) keep them for bf16 rows; PyTorch's
+        # CPU kernel wants the rows' dtype (the smoke test)
+        stat = self.dy.dtype if self.dy.device.type == "cpu" else torch.float32
+        mean, rstd = self.mean.to(stat), self.rstd.to(stat)
+        mask = [False, True, True]
+        return torch.ops.aten.native_layer_norm_backward(
+            self.dy, self.x, [self.width], mean, rstd, self.w, self.w, mask
+        )[1:]
+
+
+def measure_weight_grad(
+    work: FamilyWorkload,
+    spec: GPUSpec,
+    *,
+    device: str = "cuda",
+    scale: float = 1.0,
+    repeats: int = 20,
+) -> dict[str, Any]:
+    """The columns kernel of a LayerNorm backward (tracing/norm_grads.py): its modeled time at
+    an SM's share of the copy rate over its measured time. `work.build` runs that kernel alone,
+    forward-only, in bf16 with float32 statistics. Above 1 where one SM draws more than its
+    share (capped at 4)."""
+    from ..tracing.cost import op_cost
+    from ..tracing.tracer import trace
+
+    flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
+    model = work.build(scale)
+    family_s = other_s = 0.0
+    for rec in trace(model, (), train=False).ops:
+        c = op_cost(rec, flat)
+        family_s += c.weight_grad_s
+        other_s += c.kernel_time_s - c.weight_grad_s
+    measured = step_s(_step(model.to(device), False), device, repeats)
+    row = {
+        "efficiency": capped(family_s, measured - other_s, most=4.0),
+        "workload": work.describe,
+        "dtype": "bfloat16",
+        "measured_s": measured,
+        "family_roofline_s": family_s,
+        "other_roofline_s": other_s,
+    }
+    if scale != 1.0:
+        row["scale"] = scale
+    return row
+
+
+def modeled_s(work: FamilyWorkload, model: nn.Module, spec: GPUSpec) -> tuple[float, float]:
+    """(family_s, other_s) of `model`, the workload built (on the meta device will do), costed
+    at the copy rate (every family at efficiency 1): the family's memory time (for gpushape's
+    fused kernels, `work.passes` over its parameter), and the rest: the other ops' time, and
+    what the family's ops run beside their bytes (a layout copy, a LayerNorm's weight-gradient
+    kernel: tracing/cost.py)."""
+    from ..tracing.cost import op_cost
+    from ..tracing.families import memory_family
+    from ..tracing.tracer import trace
+
+    flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
+    if work.passes:
+        big = next(iter(model.inputs))
+        rate = flat.attainable_bandwidth_bytes_per_s()
+        return work.passes * big.numel() * big.element_size() / rate, 0.0
+    family_s = other_s = 0.0
+    for rec in trace(model, (), train=work.train).ops:
+        c = op_cost(rec, flat)
+        if memory_family(rec) == work.family.partition("@")[0]:  # "norm@768": norm
+            family_s += c.memory_s
+            other_s += c.layout_s + c.weight_grad_s
+        else:
+            other_s += c.kernel_time_s
+    return family_s, other_s
 
 
 def measure_memory_efficiency(

@@ -141,6 +141,49 @@ def _depthwise(scale: float, c: int, side: int, k: int, channels_last: bool) -> 
     )
 
 
+def _layer_norm_weight_grad(scale: float) -> nn.Module:
+    from .memory import LayerNormWeightGrad  # it imports this module
+
+    return LayerNormWeightGrad(_rows(scale, 50176), 192)
+
+
+def _weight_grad(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
+    from .memory import measure_weight_grad  # it imports this module
+
+    return measure_weight_grad(work, spec, **kwargs)
+
+
+def _downsample_conv(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
+    from .convs import measure_downsample_conv  # it imports this module
+
+    return measure_downsample_conv(work, spec, **kwargs)
+
+
+def _downsample(scale: float) -> _Workload:
+    """ConvNeXt-T's first downsampling, Conv2d(96, 192, 2, stride 2), on its input."""
+    conv = nn.Conv2d(96, 192, 2, stride=2, bias=False)
+    shape = (_rows(scale, 64), 96, _side(scale, 56), _side(scale, 56))
+    return _Workload(
+        lambda m, x: m.layers["conv"](x), shape, channels_last=True, modules={"conv": conv}
+    )
+
+
+def _broadcast_mul(scale: float) -> _Workload:
+    """x * s, s of shape (B, 1, 1, 1): DropPath's keep mask, a buffer (no gradient of its own)."""
+    side = _side(scale, 56)
+    w = _Workload(lambda m, x: x * m.s, (_rows(scale, 64), side, side, 96))
+    w.register_buffer("s", torch.rand(_rows(scale, 64), 1, 1, 1))
+    return w
+
+
+def _narrow_mlp(scale: float) -> _Workload:
+    """Linear(96, 384) then Linear(384, 96), no bias, over 64 x 56 x 56 rows."""
+    mlp = nn.Sequential(nn.Linear(96, 384, bias=False), nn.Linear(384, 96, bias=False))
+    return _Workload(
+        lambda m, x: m.layers["mlp"](x), (_rows(scale, 200704), 96), modules={"mlp": mlp}
+    )
+
+
 def _window_partition(m: _Workload, x: torch.Tensor) -> torch.Tensor:
     """Swin's: (B, H, W, C) into 7x7 windows, (B x windows, 7, 7, C); a 6-D permuted copy."""
     b, h, w, c = x.shape
@@ -271,6 +314,30 @@ WORKLOADS = (
         "depthwise Conv2d(144, 3x3, groups=144) on 64x144x56x56 NCHW",
         lambda s: _depthwise(s, 144, 56, 3, channels_last=False),
     ),
+    # a pointwise op on a broadcast operand runs TensorIterator's indexed kernel, not the
+    # vectorized one (tracing/layout.strided_operand): DropPath, layer scales, SE gates
+    FamilyWorkload(
+        "elementwise_strided",
+        "x * s, s (64, 1, 1, 1) broadcast (DropPath's mask), x 64x56x56x96, forward and backward",
+        _broadcast_mul,
+    ),
+    # memory-bound matrix products: ConvNeXt-T's and Swin-T's first-stage MLP at batch 64
+    FamilyWorkload(
+        "gemm",
+        "Linear(96, 384) and Linear(384, 96), no bias, on 200704x96, forward and backward",
+        _narrow_mlp,
+    ),
+    # not a kernel family: a LayerNorm backward's weight gradients summed one block per 32
+    # columns (M <= 64 x 1024 rows: PyTorch's columns path), against an SM's share of the copy
+    # rate (probe/memory.measure_weight_grad)
+    FamilyWorkload(
+        "norm_weight_grad",
+        "LayerNorm(192) weight and bias gradients alone over 50176 rows (ConvNeXt-T's and "
+        "Swin-T's second stage at batch 64: 6 blocks of 32 columns)",
+        _layer_norm_weight_grad,
+        measure=_weight_grad,
+        train=False,
+    ),
     FamilyWorkload(
         "dropout",
         "dropout(p=0.1), training, 8192x8192",
@@ -319,6 +386,13 @@ WORKLOADS = (
         "forward + weight gradient",
         lambda s: nn.Conv2d(3, 96, 4, stride=4, bias=False),
         measure=_patch_conv,
+    ),
+    FamilyWorkload(
+        "downsample_conv@2",
+        "Conv2d(96, 192, 2, stride 2) (ConvNeXt-T's first downsampling) on 64x96x56x56 "
+        "channels_last, forward and both gradients",
+        _downsample,
+        measure=_downsample_conv,
     ),
     FamilyWorkload(
         "patch_conv@16",
