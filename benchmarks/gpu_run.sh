@@ -79,6 +79,11 @@ for spec in "$@"; do
     # GPT-2 at batch 16 (issue #17's tokens/s line): torch.compile against optimize-compile + compile
     bench-gpt2-b16) run bench-gpt2-b16 "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:gpt2 --batch 16 --optimizer adamw-fused --vs "${VS16:-compile,optimize-compile+compile}" --rounds "${ROUNDS:-5}" --csv "$OUT/bench-h200/bench.csv" -o "$OUT/bench-h200/gpt2-b16.json"' ;;
     bench-gpt2-b32) run bench-gpt2-b32 "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:gpt2 --batch 32 --optimizer adamw-fused --vs "${VS32:-compile,optimize-compile+compile-graphs}" --rounds "${ROUNDS:-5}" --csv "$OUT/bench-h200/bench.csv" -o "$OUT/bench-h200/gpt2-b32.json"' ;;
+    # issue #15's families, new in the cost model and priced as before until measured (pointwise
+    # ops on broadcast operands, memory-bound GEMMs, ConvNeXt's 2x2/2 downsampling, the LayerNorm
+    # weight-gradient kernel over <= 64k rows) and the LayerNorm rows, whose bytes now count the
+    # weight gradients' re-read (re-derived offline until this runs); then run correlate-lib
+    calib-lib3) run calib-lib3 "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-elementwise_strided,gemm,downsample_conv@2,norm_weight_grad,norm,norm@96,norm@192,norm@384,norm@768}" -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     # the five timm models again in channels_last (the library models as built run NCHW)
     correlate-lib-cl) run correlate-lib-cl "$secs" python3 benchmarks/trace/correlate.py --channels-last --stem correlate-lib-cl --models "${MODELS:-timm:mobilenetv3_large_100,timm:efficientnet_b0,timm:convnext_tiny,timm:vit_base_patch16_224,timm:swin_tiny_patch4_window7_224}" ;;
     correlate-lib) run correlate-lib "$secs" python3 benchmarks/trace/correlate.py --stem correlate-lib --models "${MODELS:-timm:mobilenetv3_large_100,timm:efficientnet_b0,timm:convnext_tiny,timm:vit_base_patch16_224,timm:swin_tiny_patch4_window7_224,hf:gpt2,hf:bert,hf:llama?hidden_size=1024&intermediate_size=2816&num_hidden_layers=8&num_attention_heads=16&num_key_value_heads=4&vocab_size=32000}" ;;
