@@ -143,3 +143,15 @@ def test_the_downsampling_convolution_runs_both_gradients_against_the_gemm_model
         model = BY_FAMILY["downsample_conv@2"].build(1.0).to(torch.bfloat16)
     (bwd,) = [r for r in trace(model, (), train=True).ops if r.name == "convolution_backward"]
     assert bwd.params["output_mask"][:2] == (True, True)  # input and weight gradients
+
+
+def test_the_timed_step_makes_its_output_gradient_once(monkeypatch):
+    """The traced step has no fill kernel for the gradient of its output; the timed one must
+    not make one each call (probe/memory.py `_step`)."""
+    made = []
+    ones_like = torch.ones_like
+    monkeypatch.setattr(torch, "ones_like", lambda t: made.append(t.shape) or ones_like(t))
+    step = probe_memory._step(BY_FAMILY["activation"].build(0.002))
+    for _ in range(3):
+        step()
+    assert len(made) == 1
