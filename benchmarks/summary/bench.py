@@ -30,10 +30,22 @@ def _num(text: str, digits: int = 2) -> str:
     return "-" if text in ("", None) else f"{float(text):,.{digits}f}"
 
 
+def _with_batch(name: str, batch: str) -> str:
+    """A case's name with the batch the row ran ("16x1024:int64" -> "16 x 1024") in place of
+    the default one it names."""
+    shape = batch.split(":")[0].split(",")[0]
+    if "(" not in name or not shape:
+        return name
+    head, _, rest = name.partition("(")
+    parts = [p.strip() for p in rest.rstrip(")").split(",")]
+    parts = [" x ".join(shape.split("x")) if " x " in p else p for p in parts]
+    return f"{head}({', '.join(parts)})"
+
+
 def variants_table() -> list[str]:
     body = []
     for r in rows("bench.csv"):
-        name = CASES.get(r["model"], (r["model"],))[0]
+        name = _with_batch(CASES.get(r["model"], (r["model"],))[0], r.get("batch", ""))
         body.append(
             (
                 name,
@@ -94,8 +106,54 @@ def why_bert_compile() -> list[str]:
         "SDPA call (training, dropout 0.1) is lowered to the math path, whose score GEMMs run "
         f"as fp32 CUDA-core kernels (`sm80_xmma_gemm_f32f32`, {fp32:.1f} ms) and its softmax "
         f"and dropout as Triton kernels ({softmax:.1f} ms), with the scores materialised "
-        "(peak memory 20.8 GB against 9.0). No fix of gpushape's changes that; eager with the "
-        "padded vocabulary is the faster way to train this model.",
+        "(peak memory 20.8 GB against 9.0). The cause is transformers' (5.17): while dynamo "
+        "traces, or a CUDA stream captures, its `is_tracing()` check keeps it from skipping an "
+        "all-true attention mask, so SDPA gets one and leaves flash. gpushape's "
+        "`materialized-attention-mask` rule says so in compile and graph mode, and its "
+        f"`skip-attention-mask` fix passes no mask where eager passes none: {_bert_compiled()}",
+        "",
+    ]
+
+
+def _bert_compiled() -> str:
+    """BERT's compiled steps with and without gpushape's compile-mode fixes (bench-h200)."""
+    v = json.loads((RESULTS / FOLDER / "bert.json").read_text())["variants"]
+
+    def ms(name: str) -> str:
+        return f"{v[name]['median_s'] * 1e3:.1f} ms"
+
+    def rate(name: str) -> str:
+        return f"{v[name]['samples'] / v[name]['median_s']:,.0f} seq/s"
+
+    graphs = "optimize-compile+compile-graphs"
+    return (
+        f"torch.compile alone {ms('compile')} ({rate('compile')}), eager {ms('eager')}; "
+        f"`optimize-compile+compile` (skip-attention-mask and masked-lm-head, then "
+        f"torch.compile) {ms('optimize-compile+compile')}, and with torch.compile's CUDA graphs "
+        f"(`compile-graphs`) {ms(graphs)} ({rate(graphs)}, GPU busy "
+        f"{v[graphs]['gpu_busy_s'] * 1e3:.1f} ms)."
+    )
+
+
+def compile_pad() -> list[str]:
+    """Whether padding the vocabulary pays under torch.compile (steps-h200/compile_pad.json)."""
+    rel = "steps-h200/compile_pad.json"
+    data = json.loads((RESULTS / rel).read_text())["results"]
+    parts = []
+    for model, r in data.items():
+        v = r["variants"]
+        plain, padded = v["compiled"], v["compiled, padded"]
+        parts.append(
+            f"{model} (batch {r['batch']}) {plain['median_ms']:.2f} ms unpadded against "
+            f"{padded['median_ms']:.2f} padded (GPU busy {plain['gpu_busy_ms']:.2f} against "
+            f"{padded['gpu_busy_ms']:.2f})"
+        )
+    return [
+        "Does padding the vocabulary still pay under torch.compile, as the compile-mode audit "
+        "says it does not (Inductor pads matmuls itself)? The optimize-compile rewrite under "
+        "torch.compile's CUDA graphs, with and without pad-channels, alternated in one process "
+        f"({link(rel, 'compile_pad.json')}, `benchmarks/steps/compile_pad.py`): "
+        f"{'; '.join(parts)}. Within noise: the advice holds.",
         "",
     ]
 
@@ -168,5 +226,6 @@ def bench_section() -> list[str]:
         *loop_table(),
         "",
         *why_bert_compile(),
+        *compile_pad(),
         *host_bound(),
     ]
