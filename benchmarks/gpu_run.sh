@@ -86,6 +86,8 @@ for spec in "$@"; do
     calib-lib3) run calib-lib3 "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-elementwise_strided,gemm,downsample_conv@2,norm_weight_grad,norm,norm@96,norm@192,norm@384,norm@768}" -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     # does padding the vocabulary pay under torch.compile (reduce-overhead)? BERT and GPT-2
     compile-pad) run compile-pad "$secs" python3 benchmarks/steps/compile_pad.py --out "$OUT/compile_pad.json" ;;
+    # issue #16's selective-checkpoint line: GPT-2 with half its activation memory as budget
+    checkpoint) run checkpoint "$secs" python3 benchmarks/transforms/bench_checkpoint.py --out "$OUT/bench_checkpoint.json" ;;
     # the five timm models again in channels_last (the library models as built run NCHW)
     correlate-lib-cl) run correlate-lib-cl "$secs" python3 benchmarks/trace/correlate.py --channels-last --stem correlate-lib-cl --models "${MODELS:-timm:mobilenetv3_large_100,timm:efficientnet_b0,timm:convnext_tiny,timm:vit_base_patch16_224,timm:swin_tiny_patch4_window7_224}" ;;
     correlate-lib) run correlate-lib "$secs" python3 benchmarks/trace/correlate.py --stem correlate-lib --models "${MODELS:-timm:mobilenetv3_large_100,timm:efficientnet_b0,timm:convnext_tiny,timm:vit_base_patch16_224,timm:swin_tiny_patch4_window7_224,hf:gpt2,hf:bert,hf:llama?hidden_size=1024&intermediate_size=2816&num_hidden_layers=8&num_attention_heads=16&num_key_value_heads=4&vocab_size=32000}" ;;

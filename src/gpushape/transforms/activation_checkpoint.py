@@ -44,6 +44,7 @@ ID = "activation-checkpoint"
 BUCKETS = 1000  # resolution of the bytes to free in the knapsack
 MAX_CHILDREN = 5  # children of a block considered one by one (the rest go with the block)
 MARGIN = 0.03  # of the activations, freed beyond the budget: the per-module estimate's error
+ATTEMPTS = 4  # plans tried, each tighter by what the last one's measured memory overshot
 
 
 @dataclass(frozen=True)
@@ -143,16 +144,25 @@ def _checkpointed(module: nn.Module) -> Callable[[], None]:
     return lambda: module.__dict__.pop("forward", None)
 
 
+def _real(model: nn.Module, ctx: TransformContext) -> bool:
+    """Whether the model has real weights and inputs (it can be run, and its memory measured)."""
+    return not any(p.is_meta for p in model.parameters()) and all(
+        not t.is_meta for t in ctx.example_inputs if isinstance(t, torch.Tensor)
+    )
+
+
+def _kept(model: nn.Module, ctx: TransformContext) -> int:
+    """What one forward of (a copy of) the model keeps for backward, measured."""
+    return saved_bytes(copy.deepcopy(model).train(), ctx.example_inputs)
+
+
 def _in_trace_units(model: nn.Module, ctx: TransformContext, actx: AuditContext) -> int:
     """The budget in the trace's estimate of activation bytes: where the model has real
     weights and inputs, scaled by what one forward actually keeps (`saved_bytes`; the estimate
     counts each op's outputs, autograd keeps what backward reads)."""
-    real = not any(p.is_meta for p in model.parameters()) and all(
-        not t.is_meta for t in ctx.example_inputs if isinstance(t, torch.Tensor)
-    )
-    if not real:
+    if not _real(model, ctx):
         return ctx.memory_budget
-    measured = saved_bytes(copy.deepcopy(model).train(), ctx.example_inputs)
+    measured = _kept(model, ctx)
     estimated = sum(activations_by_module(actx).values())
     return int(ctx.memory_budget * estimated / measured) if measured else ctx.memory_budget
 
@@ -165,11 +175,38 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     if any(_is_checkpointed(m) for m in model.modules()):
         return out  # checkpointed already: twice = once
     actx = _context(model, ctx)
-    chosen = plan(actx, _in_trace_units(model, ctx, actx))
-    if chosen is None:
-        reason = "the budget cannot be met by recomputing the repeated blocks"
-        out.refusals.append(Refusal(transform=ID, module="", reason=reason))
-        return out
+    budget = _in_trace_units(model, ctx, actx)
+    for _ in range(ATTEMPTS):
+        chosen = plan(actx, budget)
+        if chosen is None:
+            for change in reversed(out.changes):
+                change.undo()
+            reason = "the budget cannot be met by recomputing the repeated blocks"
+            return Outcome(refusals=[Refusal(transform=ID, module="", reason=reason)])
+        for change in reversed(out.changes):  # the previous attempt's
+            change.undo()
+        out = _apply_plan(model, ctx, chosen)
+        if not _real(model, ctx):
+            return out
+        kept = _kept(model, ctx)
+        over = kept - ctx.memory_budget
+        if over <= 0:
+            return out
+        # the estimate missed what the chosen modules free: plan again to free what this plan
+        # did and the overshoot besides (in the trace's units)
+        scale = budget / max(ctx.memory_budget, 1)
+        budget = chosen.activation_bytes - chosen.freed_bytes - int(over * scale) - 1
+    for change in reversed(out.changes):
+        change.undo()
+    reason = (
+        f"after {ATTEMPTS} plans the step still keeps {kept / 1e9:,.3f} GB for backward "
+        f"against the budget of {ctx.memory_budget / 1e9:,.3f} GB (measured)"
+    )
+    return Outcome(refusals=[Refusal(transform=ID, module="", reason=reason)])
+
+
+def _apply_plan(model: nn.Module, ctx: TransformContext, chosen: Plan) -> Outcome:
+    out = Outcome()
     for path in chosen.modules:
         module = model.get_submodule(path)
         if has_hooks(module) or not ctx.allows(module, path):
