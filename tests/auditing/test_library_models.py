@@ -27,9 +27,11 @@ FALSE_ALARMS = {"fp32-math", "manual-attention"}
 FUSED = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
 
 
-def _audit_rules(spec: str) -> set[str]:
+def _audit_rules(spec: str, mode: str = "eager") -> set[str]:
     r = resolve_model(spec, batch=2)
-    report = gpushape.audit(r.model, r.example_inputs, gpu="h200", dtype="bf16", train=True)
+    report = gpushape.audit(
+        r.model, r.example_inputs, gpu="h200", dtype="bf16", train=True, mode=mode
+    )
     return {f.rule for f in report.findings}
 
 
@@ -39,9 +41,10 @@ def _attention_ops(spec: str) -> list:
     return [op for op in t.ops if "attention" in op.name or op.name in ("bmm", "_softmax")]
 
 
+@pytest.mark.parametrize("mode", ["eager", "compile", "graph"])
 @pytest.mark.parametrize("model", SMALL)
-def test_sdpa_attention_raises_no_false_alarm(model):
-    assert not _audit_rules(SMALL[model]) & FALSE_ALARMS
+def test_sdpa_attention_raises_no_false_alarm(model, mode):
+    assert not _audit_rules(SMALL[model], mode) & FALSE_ALARMS
 
 
 @pytest.mark.parametrize("model", SMALL)

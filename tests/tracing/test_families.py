@@ -86,7 +86,8 @@ def test_the_shipped_h200_profile_carries_measured_efficiencies():
     eff = calibrated("h200").achievable.memory_efficiency
     assert set(eff) <= set(ALL_FAMILIES)
     assert {"norm", "batch_norm", "pool", "elementwise", "fused_norm_act"} <= set(eff)
-    assert all(0 < v <= 1 for v in eff.values())
+    # norm_weight_grad is against one SM's share of the copy rate: an SM may draw more (to 4)
+    assert all(0 < v <= (4 if f == "norm_weight_grad" else 1) for f, v in eff.items())
     assert get_gpu("h200").achievable.memory("norm") == 1.0  # the datasheet spec: copy rate
 
 
