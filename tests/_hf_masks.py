@@ -36,11 +36,9 @@ def old_masks() -> Iterator[None]:
 @contextlib.contextmanager
 def tracing() -> Iterator[None]:
     """transformers' `is_tracing()` true inside the block, as under torch.compile or capture."""
-    from transformers import masking_utils as mu
+    from transformers import masking_utils
 
-    saved = mu.is_tracing
-    mu.is_tracing = lambda *args, **kwargs: True
-    try:
+    from gpushape.models.hf_masks import _tracing
+
+    with _tracing(masking_utils):
         yield
-    finally:
-        mu.is_tracing = saved

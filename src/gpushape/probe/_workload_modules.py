@@ -1,0 +1,160 @@
+"""The small modules `gpushape probe` times its memory families on (probe/workloads.py names
+each with its family and size): a training step over tensors the module owns, mostly one
+family's op, bf16 when measured. `scale` shrinks the leading dimension, and below SMOKE the
+spatial sizes too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SMOKE = 0.05  # scales below this shrink spatial sizes as well
+
+
+class _Workload(nn.Module):
+    """A step over tensors it owns as parameters (so a training trace differentiates them)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., torch.Tensor],
+        *shapes: tuple[int, ...],
+        channels_last: bool = False,
+        modules: dict[str, nn.Module] | None = None,
+    ):
+        super().__init__()
+        self.fn = fn
+        self.inputs = nn.ParameterList()
+        for shape in shapes:
+            t = torch.randn(shape)
+            if channels_last and t.dim() == 4:
+                t = t.contiguous(memory_format=torch.channels_last)
+            self.inputs.append(nn.Parameter(t))
+        self.layers = nn.ModuleDict(modules or {})
+
+    def forward(self, _unused: torch.Tensor | None = None) -> torch.Tensor:
+        return self.fn(self, *self.inputs)
+
+
+def _rows(scale: float, full: int) -> int:
+    return max(int(full * scale), 8)
+
+
+def _side(scale: float, full: int) -> int:
+    return full if scale >= SMOKE else max(full // 8, 8)
+
+
+def _fused(kind: str, scale: float) -> nn.Module:
+    from ..kernels import BatchNormAct2d, LayerNormGELU, SoftmaxDropout
+
+    if kind == "norm_act":
+        return _Workload(
+            lambda m, x: m.layers["op"](x),
+            (_rows(scale, 32768), 4096),
+            modules={"op": LayerNormGELU(4096)},
+        )
+    if kind == "batch_norm_act":  # a smoke test's scale shrinks every dimension
+        c, hw = (256, 56) if scale >= SMOKE else (16, 8)
+        shape = (max(int(64 * scale), 2), c, hw, hw)
+        return _Workload(
+            lambda m, x, r: m.layers["op"](x, r),
+            shape,
+            shape,
+            channels_last=True,
+            modules={"op": BatchNormAct2d(c)},
+        )
+    return _Workload(
+        lambda m, x: m.layers["op"](x),
+        (_rows(scale, 65536), 1024),
+        modules={"op": SoftmaxDropout(0.1)},
+    )
+
+
+def _embedding(scale: float, batch: int) -> _Workload:
+    """Embedding(30522, 768) (BERT's vocabulary) over batch x 512 token ids."""
+    ids = torch.randint(0, 30522, (max(int(batch * scale), 1), 512))
+    w = _Workload(lambda m, table: F.embedding(m.ids, table), (30522, 768))
+    w.register_buffer("ids", ids)
+    return w
+
+
+def _layer_norm(scale: float, width: int) -> _Workload:
+    """LayerNorm(width) over as many rows as make 32768 x 4096 elements."""
+    return _Workload(
+        lambda m, x: m.layers["ln"](x),
+        (_rows(scale, 32768 * 4096 // width), width),
+        modules={"ln": nn.LayerNorm(width)},
+    )
+
+
+def _batch_norm(scale: float, c: int, h: int, w: int, channels_last: bool = False) -> _Workload:
+    return _Workload(
+        lambda m, x: m.layers["bn"](x),
+        (_rows(scale, 64), c, _side(scale, h), _side(scale, w)),
+        channels_last=channels_last,
+        modules={"bn": nn.BatchNorm2d(c)},
+    )
+
+
+def _depthwise(scale: float, c: int, side: int, k: int, channels_last: bool) -> _Workload:
+    conv = nn.Conv2d(c, c, k, padding=k // 2, groups=c, bias=False)
+    return _Workload(
+        lambda m, x: m.layers["dw"](x),
+        (_rows(scale, 64), c, _side(scale, side), _side(scale, side)),
+        channels_last=channels_last,
+        modules={"dw": conv},
+    )
+
+
+def _layer_norm_weight_grad(scale: float) -> nn.Module:
+    from .memory import LayerNormWeightGrad  # it imports this module
+
+    return LayerNormWeightGrad(_rows(scale, 50176), 192)
+
+
+def _downsample(scale: float) -> _Workload:
+    """ConvNeXt-T's first downsampling, Conv2d(96, 192, 2, stride 2), on its input."""
+    conv = nn.Conv2d(96, 192, 2, stride=2, bias=False)
+    shape = (_rows(scale, 64), 96, _side(scale, 56), _side(scale, 56))
+    return _Workload(
+        lambda m, x: m.layers["conv"](x), shape, channels_last=True, modules={"conv": conv}
+    )
+
+
+def _broadcast_mul(scale: float) -> _Workload:
+    """x * s, s of shape (B, 1, 1, 1): DropPath's keep mask, a buffer (no gradient of its own)."""
+    side = _side(scale, 56)
+    w = _Workload(lambda m, x: x * m.s, (_rows(scale, 64), side, side, 96))
+    w.register_buffer("s", torch.rand(_rows(scale, 64), 1, 1, 1))
+    return w
+
+
+def _narrow_mlp(scale: float) -> _Workload:
+    """Linear(96, 384) then Linear(384, 96), no bias, over 64 x 56 x 56 rows."""
+    mlp = nn.Sequential(nn.Linear(96, 384, bias=False), nn.Linear(384, 96, bias=False))
+    return _Workload(
+        lambda m, x: m.layers["mlp"](x), (_rows(scale, 200704), 96), modules={"mlp": mlp}
+    )
+
+
+def _window_partition(m: _Workload, x: torch.Tensor) -> torch.Tensor:
+    """Swin's: (B, H, W, C) into 7x7 windows, (B x windows, 7, 7, C); a 6-D permuted copy."""
+    b, h, w, c = x.shape
+    x = x.view(b, h // 7, 7, w // 7, 7, c).permute(0, 1, 3, 2, 4, 5)
+    return x.contiguous().view(-1, 7, 7, c)
+
+
+def _copies(scale: float, kind: str) -> _Workload:
+    side = 56 if scale >= SMOKE else 14
+    if kind == "permuted":
+        return _Workload(_window_partition, (_rows(scale, 64), side, side, 96))
+    if kind == "transposed":  # NCHW to NHWC, as a LayerNorm over a conv's channels needs
+        return _Workload(
+            lambda m, x: x.permute(0, 2, 3, 1).contiguous(), (_rows(scale, 64), 96, side, side)
+        )
+    return _Workload(  # Swin's shifted windows: two dimensions rolled
+        lambda m, x: torch.roll(x, (-3, -3), (1, 2)), (_rows(scale, 64), side, side, 96)
+    )
