@@ -25,8 +25,8 @@ FIXES: dict[str, str] = {
     "formula, x * sigmoid(x)) with PyTorch's one-kernel function",
     "fuse-softmax-dropout": "replace softmax followed by dropout with one fused kernel that "
     "regenerates the mask in backward (gpushape.kernels.softmax_dropout)",
-    "masked-lm-head": "compute a masked LM's head and its loss only at the positions that carry a "
-    "label, not at every position (the logits then come back for those positions only)",
+    "masked-lm-head": "compute a masked LM's head and its loss only on a fixed quarter of the "
+    "positions, those that carry a label first (the logits then hold those rows)",
     "fold-conv-bias": "drop a convolution's bias that the following BatchNorm cancels",
     "cuda-graphs": "capture the step in a CUDA graph (or torch.compile mode='reduce-overhead')",
     "fused-optimizer": "construct the optimizer with fused=True (or foreach=True where no fused "
