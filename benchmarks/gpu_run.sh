@@ -23,7 +23,7 @@ for spec in "$@"; do
   case $name in
     info) run info "$secs" bash -c 'nvidia-smi -L; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; python3 -m gpushape gpus' ;;
     gputests) run gputests "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -n 4 tests/kernels ;;
-    gputests-attn) run gputests-attn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_softmax_dropout.py tests/kernels/test_fused_qkv.py tests/kernels/test_kv_cache.py tests/bench tests/probe tests/cli tests/hardware ;;
+    gputests-attn) run gputests-attn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_softmax_dropout_gpu.py tests/kernels/test_fused_qkv.py tests/kernels/test_kv_cache.py tests/bench tests/probe tests/cli tests/hardware ;;
     gputests-k) run gputests-k "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 3 -k "not 2_31 and not 2_pow_31" tests ;;
     gputests-big) run gputests-big "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "2_31 or 2_pow_31" tests ;;
     norms) run norms "$secs" python3 benchmarks/kernels/bench_norms.py ;;

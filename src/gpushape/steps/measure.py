@@ -169,7 +169,9 @@ def peak_memory(cuda: bool | None = None) -> Iterator[dict[str, int]]:
     """The most CUDA memory allocated inside the block beyond what was allocated before it,
     as `{"bytes": n}` once the block ends (empty without CUDA). Around a variant's build and
     warm-up this is all it needs: its copy of the weights, optimizer state, gradients,
-    activations and workspaces, a CUDA graph's pool, but not the other variants' memory."""
+    activations and workspaces, a CUDA graph's pool, but not the other variants' memory. A
+    reset of the peak inside the block (after the build) leaves out what the build held only
+    for a while (optimize's numeric checks) while keeping what it still holds."""
     result: dict[str, int] = {}
     if not (_cuda() if cuda is None else cuda):
         yield result

@@ -118,6 +118,9 @@ def measure_variants(
         try:
             with peak_memory(cuda) as peaks:
                 variant = build_variant(name, model, batch, optimizer=optimizer, gpu=gpu, spec=spec)
+                if cuda:  # what the build holds counts, its passing copies (optimize's checks) not
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
                 warmups[name] = variant.build_s + warm(variant.run, warmup, cuda=cuda)
             built[name], memory[name] = variant, peaks.get("bytes")
         except Exception as exc:  # a variant that breaks is reported, the rest still run
