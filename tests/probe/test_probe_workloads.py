@@ -1,4 +1,4 @@
-"""The probe's workloads for families measured by size, layout or pass (probe/workloads.py):
+"""The probe's workloads for families measured by size, layout or pass (probe/workloads/):
 each exists for every key the cost model reads, its traced ops are the family at the size its
 key names, the sizes of one family move the same bytes, and the forward-only and patch
 convolution workloads measure what they say."""

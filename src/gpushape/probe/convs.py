@@ -15,7 +15,7 @@
    channels runs other kernels: the H200 ran ViT-B/16's at about half the stem's rate and
    ConvNeXt's at a quarter (benchmarks/results/correlate-h200/correlate-lib.json).
    `measure_patch_conv` measures one per patch side the same way, kept beside the memory
-   families as "patch_conv@<side>" (probe/workloads.py, tracing/gemm_model.py
+   families as "patch_conv@<side>" (probe/workloads/, tracing/gemm_model.py
    `small_cin_rate`). `measure_downsample_conv` measures a patch convolution on aligned
    channels (ConvNeXt's 2x2/2 downsampling: forward and both gradients) the same way, as
    "downsample_conv@<side>".
@@ -89,7 +89,7 @@ def measure_patch_conv(
     work: Any, spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0, repeats: int = 20
 ) -> dict[str, Any]:
     """A patch embedding's efficiency, as the stem's (`work.build` gives the convolution;
-    probe/workloads.py): channels_last, as the stem is measured, with the NCHW step's time
+    probe/workloads/): channels_last, as the stem is measured, with the NCHW step's time
     beside it for reference (the cost model prices NCHW as channels_last plus conversions)."""
     batch, size = (64, 224) if scale >= 0.05 else (2, 32)
     conv = work.build(scale)

@@ -1,7 +1,7 @@
 """How fast eager PyTorch kernels of each memory family move their bytes, against the copy rate.
 
 For each family of `tracing/families.py`, one training step (or forward) of a workload that is
-mostly that family (probe/workloads.py: bf16, large enough to stream from memory) is traced by
+mostly that family (probe/workloads/: bf16, large enough to stream from memory) is traced by
 gpushape on the meta device and timed on the GPU (a CUDA-graph replay: GPU time alone, what the
 cost model prices). With the step's ops costed at the copy rate (efficiency 1),
 

@@ -14,7 +14,7 @@ re-read). Where it runs depends on M and N (the normalized length):
       time = waves x M x 32 columns x 2 tensors x itemsize / (copy rate / SMs x efficiency)
   with waves = ceil(ceil(N / 32) / SMs): independent of N up to 32 x SMs columns, and the
   efficiency of "norm_weight_grad" (an SM's share of the copy rate is 1; `gpushape probe`
-  measures it, probe/workloads.py).
+  measures it, probe/workloads/).
 On the H200 BERT's 25 LayerNorms over 16384 rows spent 2.07 ms a step in this kernel
 (benchmarks/results/bench-h200/kernels-bert.json, GammaBetaBackwardCUDAKernelTemplate<...,
 32u, 32u, 256u, false>), and LayerNorms over 50176 rows of 192 (ConvNeXt-T's and Swin-T's

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._workload_modules import (
+from ._modules import (
     _batch_norm,
     _broadcast_mul,
     _copies,
@@ -49,25 +49,25 @@ class FamilyWorkload:
 
 
 def _nchw_conversion(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
-    from .convs import measure_nchw_conversion  # it imports probe/memory.py
+    from ..convs import measure_nchw_conversion  # it imports probe/memory.py
 
     return measure_nchw_conversion(work, spec, **kwargs)
 
 
 def _patch_conv(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
-    from .convs import measure_patch_conv  # it imports probe/memory.py
+    from ..convs import measure_patch_conv  # it imports probe/memory.py
 
     return measure_patch_conv(work, spec, **kwargs)
 
 
 def _weight_grad(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
-    from .memory import measure_weight_grad  # it imports this module
+    from ..memory import measure_weight_grad  # it imports this module
 
     return measure_weight_grad(work, spec, **kwargs)
 
 
 def _downsample_conv(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
-    from .convs import measure_downsample_conv  # it imports this module
+    from ..convs import measure_downsample_conv  # it imports this module
 
     return measure_downsample_conv(work, spec, **kwargs)
 

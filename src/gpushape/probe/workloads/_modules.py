@@ -1,4 +1,4 @@
-"""The small modules `gpushape probe` times its memory families on (probe/workloads.py names
+"""The small modules `gpushape probe` times its memory families on (`probe.workloads` names
 each with its family and size): a training step over tensors the module owns, mostly one
 family's op, bf16 when measured. `scale` shrinks the leading dimension, and below SMOKE the
 spatial sizes too.
@@ -48,7 +48,7 @@ def _side(scale: float, full: int) -> int:
 
 
 def _fused(kind: str, scale: float) -> nn.Module:
-    from ..kernels import BatchNormAct2d, LayerNormGELU, SoftmaxDropout
+    from ...kernels import BatchNormAct2d, LayerNormGELU, SoftmaxDropout
 
     if kind == "norm_act":
         return _Workload(
@@ -110,7 +110,7 @@ def _depthwise(scale: float, c: int, side: int, k: int, channels_last: bool) -> 
 
 
 def _layer_norm_weight_grad(scale: float) -> nn.Module:
-    from .memory import LayerNormWeightGrad  # it imports this module
+    from ..memory import LayerNormWeightGrad  # it imports this module
 
     return LayerNormWeightGrad(_rows(scale, 50176), 192)
 
