@@ -1,0 +1,144 @@
+"""Why is an eager step slower than both its host and its GPU? For each variant of `gpushape
+bench`: the places in one step that make the host wait for the GPU (CUDA's sync debug mode,
+with the Python stack that called them), the time the host spends waiting in CUDA runtime calls
+(torch.profiler), the GPU's busy time, and its idle gaps with the CPU op that was running.
+
+    python benchmarks/steps/host_sync.py hf:bert --batch 32 --vs eager,optimize --out $OUT/h.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from gpushape.bench import write_results
+from gpushape.models import resolve_model
+from gpushape.steps import synthetic_batch
+from gpushape.steps.variants import Spec, build_variant
+
+STEPS = 5
+WAITS = ("Synchronize", "cudaMemcpy", "cudaStreamWait", "cudaEventSynchronize", "cudaFree")
+
+
+def sync_sites(run) -> list[dict]:
+    """Where one step synchronises: each site once, with how often and the stack below it."""
+    sites: Counter = Counter()
+    stacks: dict[str, str] = {}
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-2] if "warnings" not in f.filename]
+        key = f"{filename}:{lineno}"
+        sites[key] += 1
+        stacks.setdefault(key, "".join(traceback.format_list(frames[-8:])))
+
+    torch.cuda.synchronize()
+    old = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        warnings.showwarning = old
+    torch.cuda.synchronize()
+    return [{"site": k, "count": n, "stack": stacks[k]} for k, n in sites.most_common()]
+
+
+def timeline(run, steps: int = STEPS) -> dict:
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        run()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / steps
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    kernels, waits, cpu_ops = [], defaultdict(float), []
+    for e in prof.events():
+        start, end = e.time_range.start, e.time_range.end
+        if e.device_type.name == "CUDA":
+            kernels.append((start, end))
+        elif any(w in e.name for w in WAITS):
+            waits[e.name] += (end - start) / 1e3
+        elif e.name.startswith("aten::") or "Backward" in e.name or "step" in e.name:
+            cpu_ops.append((start, end, e.name))
+    kernels.sort()
+    busy, gaps, cursor = 0.0, [], None
+    for start, end in kernels:
+        if cursor is not None and start > cursor:
+            gaps.append((start - cursor, cursor, start))
+        cursor = end if cursor is None else max(cursor, end)
+    if kernels:
+        first = kernels[0][0]
+        busy = (cursor - first - sum(g[0] for g in gaps)) / 1e3
+    gaps.sort(reverse=True)
+    top_gaps = []
+    for length, lo, hi in gaps[:12]:
+        during = [n for s, e, n in cpu_ops if s <= hi and e >= lo]
+        top_gaps.append({"us": length, "cpu_ops": Counter(during).most_common(4)})
+    return {
+        "wall_ms": wall * 1e3,
+        "gpu_busy_ms": busy / steps,
+        "gpu_idle_ms": sum(g[0] for g in gaps) / 1e3 / steps,
+        "gaps_over_50us_per_step": sum(1 for g in gaps if g[0] > 50) / steps,
+        "host_wait_ms": {k: v / steps for k, v in sorted(waits.items(), key=lambda kv: -kv[1])},
+        "top_gaps": top_gaps,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--vs", default="eager,optimize")
+    p.add_argument("--batch", type=int)
+    p.add_argument("--optimizer", default="adamw-fused")
+    p.add_argument("--out", default="host_sync.json")
+    args = p.parse_args()
+    resolved = resolve_model(args.model, batch=args.batch, dtype=torch.bfloat16, device="cuda")
+    batch = synthetic_batch(resolved.model, resolved.example_inputs)
+    results = {}
+    for name in args.vs.split(","):
+        variant = build_variant(
+            name, resolved.model, batch, optimizer=args.optimizer, spec=Spec.of(name)
+        )
+        for _ in range(3):
+            variant.run()
+        sites = sync_sites(variant.run)
+        r = timeline(variant.run)
+        results[name] = {"sync_sites": sites, **r}
+        print(
+            f"== {name}: wall {r['wall_ms']:.2f} ms, GPU busy {r['gpu_busy_ms']:.2f} ms, "
+            f"idle {r['gpu_idle_ms']:.2f} ms, {len(sites)} sync site(s)"
+        )
+        for s in sites:
+            print(f"  sync x{s['count']} at {s['site']}\n{s['stack']}")
+        for k, v in list(r["host_wait_ms"].items())[:6]:
+            print(f"  host waits {v:8.3f} ms in {k}")
+        for g in r["top_gaps"][:6]:
+            print(f"  gap {g['us']:8.0f} us during {g['cpu_ops']}")
+        del variant
+        torch.cuda.empty_cache()
+    write_results(args.out, {"model": args.model, "batch": args.batch, "results": results})
+
+
+if __name__ == "__main__":
+    main()
