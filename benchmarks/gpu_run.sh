@@ -94,6 +94,10 @@ for spec in "$@"; do
     kernels-bert) run kernels-bert "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:bert --batch 32 --optimizer adamw-fused --vs "${VS:-optimize}" --rounds 3 --kernels 30 -o "$OUT/bench-h200/kernels-bert.json"' ;;
     # where an eager step makes the host wait for the GPU, and the GPU's idle gaps
     host-sync) run host-sync "$secs" python3 benchmarks/steps/host_sync.py "${MODEL:-hf:bert}" --batch "${BATCH:-32}" --vs "${VS:-eager,optimize}" --out "$OUT/host_sync.json" ;;
+    # does an op's host cost grow with its size? (BERT's ops at 1,024 and 16,384 rows)
+    host-size) run host-size "$secs" python3 benchmarks/steps/host_by_size.py --out "$OUT/host_by_size.json" ;;
+    # what host-side changes buy a host-bound eager step: transform sets, gc frozen
+    host-fixes) run host-fixes "$secs" python3 benchmarks/steps/host_fixes.py "${MODEL:-hf:bert}" --batch "${BATCH:-32}" --sets "${SETS:-pad-channels,fuse-norm-act,masked-lm-head;pad-channels,fuse-norm-act,masked-lm-head,fuse-qkv;pad-channels,masked-lm-head}" --out "$OUT/host_fixes.json" ;;
     host-gpt2) run host-gpt2 "$secs" python3 benchmarks/steps/host_profile.py hf:gpt2 --vs "${VS:-eager,optimize}" --out "$OUT/host-gpt2.json" ;;
     # the host's dispatch rates into the shipped profile, then the host model against real steps
     calib-host) run calib-host "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts host -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
