@@ -85,8 +85,40 @@ def ops(rows: int) -> dict:
     return {"forward": forward, "forward+backward": backward}
 
 
+def norm_chain(rows: int, sites: int = 24) -> dict:
+    """Host seconds per site of `sites` residual-add + LayerNorm sites in a chain, forward and
+    forward with one backward for the chain: PyTorch's add and layer_norm against gpushape's
+    AddLayerNorm (what fuse-norm-act puts in a BERT layer)."""
+    from gpushape.kernels import AddLayerNorm
+
+    h, dev, dt = 768, "cuda", torch.bfloat16
+    x = torch.randn(rows, h, device=dev, dtype=dt, requires_grad=True)
+    natives = [torch.nn.LayerNorm(h, device=dev, dtype=dt) for _ in range(sites)]
+    fused = [AddLayerNorm(h, device=dev, dtype=dt) for _ in range(sites)]
+
+    def native():
+        y = x
+        for ln in natives:
+            y = ln(y + x)
+        return y
+
+    def gpushape():
+        y = x
+        for ln in fused:
+            y, _ = ln(y, x)
+        return y
+
+    out = {}
+    for name, chain in (("add + layer_norm", native), ("AddLayerNorm", gpushape)):
+        with torch.no_grad():
+            fwd = host_seconds(chain, calls=5)
+        both = host_seconds(lambda chain=chain: chain().sum().backward(), calls=5)
+        out[name] = {"forward": fwd / sites, "forward+backward": both / sites}
+    return out
+
+
 def measure(sizes: list[int]) -> dict:
-    return {str(m): ops(m) for m in sizes}
+    return {str(m): {**ops(m), "norm chain": norm_chain(m)} for m in sizes}
 
 
 def main() -> None:
@@ -115,6 +147,12 @@ def main() -> None:
             for op in by_size[str(sizes[0])][part]:
                 cells = " ".join(f"{by_size[str(m)][part][op] * 1e6:10.1f}us" for m in sizes)
                 print(f"{path[:34]:34} {(part[:3] + ' ' + op)[:24]:24} {cells}")
+        for name in by_size[str(sizes[0])]["norm chain"]:
+            for part in ("forward", "forward+backward"):
+                cells = " ".join(
+                    f"{by_size[str(m)]['norm chain'][name][part] * 1e6:10.1f}us" for m in sizes
+                )
+                print(f"{path[:34]:34} {(part[:3] + ' site ' + name)[:24]:24} {cells}")
 
 
 if __name__ == "__main__":
