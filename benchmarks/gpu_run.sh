@@ -98,6 +98,7 @@ for spec in "$@"; do
     host-size) run host-size "$secs" python3 benchmarks/steps/host_by_size.py --out "$OUT/host_by_size.json" ;;
     # what host-side changes buy a host-bound eager step: transform sets, gc frozen
     host-fixes) run host-fixes "$secs" python3 benchmarks/steps/host_fixes.py "${MODEL:-hf:bert}" --batch "${BATCH:-32}" --sets "${SETS:-pad-channels,fuse-norm-act,masked-lm-head;pad-channels,fuse-norm-act,masked-lm-head,fuse-qkv;pad-channels,masked-lm-head}" --out "$OUT/host_fixes.json" ;;
+    gputests-graph) run gputests-graph "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/transforms/test_graph_layers_gpu.py ;;
     host-gpt2) run host-gpt2 "$secs" python3 benchmarks/steps/host_profile.py hf:gpt2 --vs "${VS:-eager,optimize}" --out "$OUT/host-gpt2.json" ;;
     # the host's dispatch rates into the shipped profile, then the host model against real steps
     calib-host) run calib-host "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts host -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;

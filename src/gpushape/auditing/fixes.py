@@ -28,6 +28,8 @@ FIXES: dict[str, str] = {
     "masked-lm-head": "compute a masked LM's head and its loss only on a fixed quarter of the "
     "positions, those that carry a label first (the logits then hold those rows)",
     "fold-conv-bias": "drop a convolution's bias that the following BatchNorm cancels",
+    "graph-layers": "replay each repeated layer's forward and backward from CUDA graphs while "
+    "the training loop stays eager (kept by optimize where a timed step says it pays)",
     "cuda-graphs": "capture the step in a CUDA graph (or torch.compile mode='reduce-overhead')",
     "fused-optimizer": "construct the optimizer with fused=True (or foreach=True where no fused "
     "implementation exists)",

@@ -118,6 +118,7 @@ def load_transforms() -> dict[str, TransformInfo]:
         fuse_activation,
         fuse_norm_act,
         fuse_qkv,
+        graph_layers,
         masked_lm_head,
         pad_channels,
         sdpa,

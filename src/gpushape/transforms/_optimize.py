@@ -55,6 +55,9 @@ ORDER = (
     "autocast-bf16",
 )
 CHECKPOINT = "activation-checkpoint"  # last: it plans on the model the others left
+# after all of them, in eager mode on a GPU, and only where a timed step says it pays: the
+# model's layers replayed from CUDA graphs, which removes the host's dispatch from their time
+GRAPH_LAYERS = "graph-layers"
 
 
 @dataclass(kw_only=True)
@@ -74,6 +77,9 @@ class OptimizeReport:
     predicted_saving_s: dict[str, float] = field(default_factory=dict)
     """Per transform: what the audit's findings for its fix predicted, each fix priced alone
     (`before.combined` has what the fixes save together)."""
+    measured: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per transform kept on a timing (graph-layers): (seconds without, seconds with) of a
+    forward and backward of the model on the example inputs, on its GPU."""
     before: Any = None
     """The audit of the model as given (`gpushape.auditing.report.Report`)."""
     after: Any = None
@@ -106,6 +112,7 @@ class OptimizeReport:
                 for k, v in self.verified.items()
             },
             "predicted_saving_s": self.predicted_saving_s,
+            "measured_s": {k: list(v) for k, v in self.measured.items()},
         }
 
 
@@ -195,9 +202,41 @@ def optimize(
         picked.append(CHECKPOINT)  # a budget asks for it, with or without a finding
     for tid in picked:
         model = _apply_one(model, tid, ctx, ref, out, guard if transforms is None else None)
+    if transforms is None and mode == "eager" and train and checked:
+        model = _measured(model, GRAPH_LAYERS, ctx, out)
     flags = audit_flags(model)
     out.after = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode, flags=flags)
     return model, out
+
+
+def _measured(model: nn.Module, tid: str, ctx: TransformContext, out) -> nn.Module:
+    """Apply `tid` (which checks itself) and keep it only if a timed forward and backward of
+    the model on the example inputs is at least 3% shorter with it (graph-layers: host-bound
+    steps gain, GPU-bound ones do not, and the host model cannot tell them apart well)."""
+    from . import graph_layers
+
+    outcome = get_transform(tid).apply(model, ctx)
+    out.refused += outcome.refusals
+    if not outcome.changes:
+        return model
+    try:
+        eager_s, graphed_s = graph_layers.measured_gain(model, ctx.example_inputs)
+    except Exception as exc:  # a timing that fails keeps the model as it was
+        undo(outcome.changes)
+        reason = f"timing failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        out.rolled_back.append(Refusal(transform=tid, module="", reason=reason))
+        return model
+    timed = f"forward + backward timed {eager_s * 1e3:,.2f} -> {graphed_s * 1e3:,.2f} ms"
+    if graphed_s > eager_s * graph_layers.KEEP_IF_FASTER:
+        undo(outcome.changes)
+        out.rolled_back.append(
+            Refusal(transform=tid, module="", reason=f"{timed}: not 3% faster on this GPU")
+        )
+        return model
+    out.measured[tid] = (eager_s, graphed_s)
+    remember(model, outcome.changes)
+    out.applied += outcome.changes
+    return model
 
 
 def _as_tuple(inputs: Any) -> tuple:

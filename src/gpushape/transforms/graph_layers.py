@@ -1,0 +1,351 @@
+"""graph-layers: the repeated layers of a model replay their forward and backward from CUDA graphs,
+while the training loop stays eager.
+
+An eager training step costs the host a few tens of microseconds per op (dispatch, launch, the
+autograd engine's bookkeeping in backward). Where the GPU runs the step faster than the host
+issues it (BERT-base at 32 x 512 on an H200 once its vocabulary GEMM and masked-LM head are
+fixed: ~29 ms of kernels, ~35 ms of host), every microsecond of host time is wall time. A layer
+replayed from a CUDA graph costs the host one launch per pass, whatever it runs. This is
+PyTorch's `torch.cuda.make_graphed_callables` (what Megatron-LM and Transformer Engine do for
+their layers), applied to the layers of a model nobody wrote for it:
+
+- Found from the model, not from names: a ModuleList (or Sequential) of two or more children of
+  one class, each called once per forward. The model runs once on the example inputs (on their
+  CUDA device, in train mode) with hooks that note each layer's arguments: a tensor argument
+  becomes a graph input (its shape, dtype and requires_grad are fixed), every other argument
+  (None, a flag, a number) must be the same at each call.
+- Each layer's forward is replaced on the instance: a call whose arguments match what was
+  captured, in train mode, with autograd on, outside torch.compile, autocast and stream capture,
+  replays the graphs; any other call (evaluation, another shape, a padding mask where none was
+  captured) runs the layer's own forward. The module tree, the parameters (the same objects) and
+  the state_dict are unchanged; an optimizer made before or after works alike.
+- One memory pool for all layers, captured in order; random numbers (dropout) come from
+  PyTorch's graph-safe generator, so a seed replays the same masks as eager code.
+
+Caveats a user must know (the change's detail says them): a layer's outputs live in the graph's
+memory and are overwritten by its next replay (a training step uses them before that; keep a copy
+of a hidden state you hold across steps); a copy of the model (deepcopy, pickle) runs eagerly;
+the first call after `optimize` is as fast as any other (capture happens inside it).
+
+It pays only where the host sets the pace, so `optimize()` applies it last in eager mode and only
+when a timed forward and backward of the model on its GPU says it is faster (`measured_gain`);
+asked for by name, it is applied as asked. Not in compile mode (torch.compile's reduce-overhead
+mode does this itself) nor in graph mode (the whole step is one graph already).
+
+Checked before it is kept: the model's forward and backward on the example inputs, eager and
+replayed from the graphs from the same random state, give the same outputs and gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
+from ._graph_check import Bypass as _Bypass
+from ._graph_check import measured_gain, self_check
+
+ID = "graph-layers"
+MARK = "_gpushape_graph_layers"  # the per-layer state, in the layer's __dict__
+MIN_LAYERS = 2
+KEEP_IF_FASTER = 0.97  # optimize keeps it when the timed step is at least 3% shorter
+
+
+TENSOR = object()  # where a tensor leaf is, among a call's constants
+
+
+@dataclass
+class _Call:
+    """What one layer was called with: the argument structure and its non-tensor leaves, and
+    each tensor leaf's (shape, dtype, device, requires_grad)."""
+
+    spec: Any
+    constants: list  # TENSOR where the leaf is a tensor
+    tensors: list[tuple]
+
+    @classmethod
+    def of(cls, args: tuple, kwargs: dict) -> _Call:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        tensors = [_meta(t) for t in leaves if isinstance(t, torch.Tensor)]
+        constants = [TENSOR if isinstance(t, torch.Tensor) else t for t in leaves]
+        return cls(spec, constants, tensors)
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return (t.shape, t.dtype, t.device, t.requires_grad)
+
+
+class _State:
+    """A graphed layer: what it was captured with, the graphed callable, the output structure.
+    A copy (deepcopy, pickle) is stale: the copied layer runs its own forward."""
+
+    def __init__(self, call: _Call | None, graphed: Callable | None, out_spec: Any = None):
+        self.call, self.graphed, self.out_spec = call, graphed, out_spec
+        self.out_constants: list = []
+
+    def __deepcopy__(self, memo):
+        return _State(None, None)
+
+    def __reduce__(self):
+        return (_State, (None, None))
+
+
+class _Positional(nn.Module):
+    """The layer as make_graphed_callables needs it: tensors in, a tuple of tensors out. Holds
+    the layer as its child so that make_graphed_callables sees its parameters."""
+
+    def __init__(self, layer: nn.Module, call: _Call, state: _State):
+        super().__init__()
+        self.layer, self.call, self.state = layer, call, state
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        it = iter(tensors)
+        leaves = [next(it) if c is TENSOR else c for c in self.call.constants]
+        args, kwargs = pytree.tree_unflatten(leaves, self.call.spec)
+        out = type(self.layer).forward(self.layer, *args, **kwargs)
+        out_leaves, self.state.out_spec = pytree.tree_flatten(out)
+        self.state.out_constants = [TENSOR if isinstance(t, torch.Tensor) else t for t in out_leaves]
+        return tuple(t for t in out_leaves if isinstance(t, torch.Tensor))
+
+
+class _GraphedForward:
+    """A graphed layer's forward, set on the instance. Copies and pickles of the layer get one
+    too, bound to the copy, whose state is stale: the copy runs its own forward."""
+
+    def __init__(self, layer: nn.Module):
+        self.layer = layer
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _forward(self.layer, *args, **kwargs)
+
+
+def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    state: _State = self.__dict__[MARK]
+    tensors = _matching(self, state, args, kwargs)
+    if tensors is None:
+        return type(self).forward(self, *args, **kwargs)
+    outs = iter(state.graphed(*tensors))
+    leaves = [next(outs) if c is TENSOR else c for c in state.out_constants]
+    return pytree.tree_unflatten(leaves, state.out_spec)
+
+
+def _matching(layer, state: _State, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
+    """The call's tensors when it can replay the graphs, else None."""
+    call = state.call
+    if (
+        call is None
+        or _Bypass.on
+        or not layer.training
+        or not torch.is_grad_enabled()
+        or torch.compiler.is_compiling()
+        or torch.is_autocast_enabled("cuda")
+        or torch.cuda.is_current_stream_capturing()
+    ):
+        return None
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    if spec != call.spec:
+        return None
+    tensors, i = [], 0
+    for leaf, const in zip(leaves, call.constants):
+        if isinstance(leaf, torch.Tensor):
+            if (
+                const is not TENSOR
+                or type(leaf) is not torch.Tensor
+                or _meta(leaf) != call.tensors[i]
+            ):
+                return None
+            tensors.append(leaf)
+            i += 1
+        elif const is not leaf and (
+            const is TENSOR or type(const) is not type(leaf) or const != leaf
+        ):
+            return None
+    return tensors
+
+
+def is_graphed(layer: nn.Module) -> bool:
+    state = layer.__dict__.get(MARK)
+    return isinstance(state, _State) and state.graphed is not None
+
+
+# ---- finding the layers ------------------------------------------------------------------------
+def layer_stacks(model: nn.Module) -> list[tuple[str, list[tuple[str, nn.Module]]]]:
+    """(container name, [(layer name, layer)]) for each ModuleList / Sequential holding two or
+    more children of one class (the repeated blocks of a transformer, the stages of a convnet)."""
+    stacks = []
+    for name, m in model.named_modules():
+        if not isinstance(m, (nn.ModuleList, nn.Sequential)) or len(m) < MIN_LAYERS:
+            continue
+        children = list(m.named_children())
+        kinds = {type(c) for _, c in children}
+        if (
+            name
+            and len(kinds) == 1
+            and not isinstance(children[0][1], (nn.ModuleList, nn.Sequential))
+        ):
+            stacks.append((name, [(f"{name}.{n}", c) for n, c in children]))
+    # a stack inside another stack's layer is graphed with it
+    return [s for s in stacks if not any(s[0].startswith(o[0] + ".") for o in stacks)]
+
+
+def _observe(model: nn.Module, layers: dict[str, nn.Module], inputs: tuple) -> dict[str, list]:
+    """Each layer's calls in one forward of the model (train mode, autograd on)."""
+    calls: dict[str, list] = {name: [] for name in layers}
+    handles = [
+        layer.register_forward_pre_hook(
+            lambda _m, a, k, name=name: calls[name].append(_Call.of(a, k)), with_kwargs=True
+        )
+        for name, layer in layers.items()
+    ]
+    try:
+        with torch.enable_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def _sample(call: _Call) -> tuple[torch.Tensor, ...]:
+    out = []
+    for shape, dtype, device, grad in call.tensors:
+        t = (
+            torch.randn(shape, dtype=dtype, device=device)
+            if dtype.is_floating_point
+            else torch.zeros(shape, dtype=dtype, device=device)
+        )
+        out.append(t.requires_grad_(grad))
+    return tuple(out)
+
+
+# ---- the transform -----------------------------------------------------------------------------
+def _refuse(out: Outcome, module: str, reason: str) -> Outcome:
+    out.refusals.append(Refusal(transform=ID, module=module, reason=reason))
+    return out
+
+
+def _why_not(model: nn.Module, ctx: TransformContext) -> str | None:
+    if ctx.mode != "eager":
+        return (
+            "graph mode captures the whole step already"
+            if ctx.mode == "graph"
+            else "torch.compile's reduce-overhead mode graphs the compiled layers itself"
+        )
+    if not ctx.train:
+        return "graphs a training step's forward and backward; inference replays nothing here"
+    params = list(model.parameters())
+    if not params or any(p.device.type != "cuda" for p in params):
+        return "needs the model on a CUDA GPU (it captures CUDA graphs)"
+    leaves = [t for t in pytree.tree_leaves(ctx.example_inputs) if isinstance(t, torch.Tensor)]
+    if not leaves or any(t.device.type != "cuda" for t in leaves):
+        return "needs example inputs on the model's GPU (the graphs are captured for their shapes)"
+    if not model.training:
+        return "the model is in eval mode; the graphs replay only the mode they were captured in"
+    return None
+
+
+@register_transform(ID, pays_under_compile=False)
+def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
+    out = Outcome()
+    stacks = layer_stacks(model)
+    if not stacks:
+        return out
+    why = _why_not(model, ctx)
+    if why is not None:
+        return _refuse(out, stacks[0][0], why)
+    layers: dict[str, nn.Module] = {}
+    for _container, members in stacks:
+        for name, layer in members:
+            if is_graphed(layer) or not ctx.allows(layer, name):
+                continue
+            reason = (
+                "it has hooks, which a replay would skip"
+                if has_hooks(layer)
+                else "its forward is already replaced on the instance"
+                if "forward" in layer.__dict__
+                else "a buffer requires grad"
+                if any(b.requires_grad for b in layer.buffers())
+                else None
+            )
+            if reason:
+                _refuse(out, name, reason)
+            else:
+                layers[name] = layer
+    if not layers:
+        return out
+    try:
+        calls = _observe(model, layers, ctx.example_inputs)
+    except Exception as exc:  # a model this cannot run is refused, never raised
+        return _refuse(out, "", f"the model failed to run: {type(exc).__name__}: {exc}"[:300])
+    picked = {}
+    for name, layer in layers.items():
+        seen = calls[name]
+        if len(seen) != 1:
+            _refuse(out, name, f"called {len(seen)} times in one forward (graphed: exactly once)")
+        elif not seen[0].tensors:
+            _refuse(out, name, "takes no tensor")
+        else:
+            picked[name] = (layer, seen[0])
+    if not picked:
+        return out
+    error = _capture(picked)
+    if error is None:
+        error = self_check(model, ctx.example_inputs)
+    if error is not None:
+        for layer, _ in picked.values():
+            _remove(layer)
+        return _refuse(out, next(iter(picked)), error)
+    for name, (layer, call) in picked.items():
+        out.changes.append(
+            Change(
+                transform=ID,
+                module=name,
+                detail=(
+                    f"forward and backward replayed from CUDA graphs for {len(call.tensors)} "
+                    "input tensor(s) of the shapes captured (other calls run eagerly); outputs "
+                    "live in the graphs' memory until the next step; copies of the model run "
+                    "eagerly"
+                ),
+                undo=lambda layer=layer: _remove(layer),
+            )
+        )
+    return out
+
+
+def _capture(picked: dict[str, tuple[nn.Module, _Call]]) -> str | None:
+    """Capture every picked layer in one make_graphed_callables call (one memory pool)."""
+    adapters, samples, states = [], [], []
+    for layer, call in picked.values():
+        state = _State(call, None)
+        adapters.append(_Positional(layer, call, state))
+        samples.append(_sample(call))
+        states.append(state)
+    try:
+        graphed = torch.cuda.make_graphed_callables(
+            tuple(adapters), tuple(samples), allow_unused_input=True
+        )
+    except Exception as exc:
+        return f"capture failed: {type(exc).__name__}: {_first_line(exc)}"
+    for (layer, _), adapter, state in zip(picked.values(), graphed, states):
+        state.graphed = adapter.forward  # the graphed forward, without Module.__call__
+        layer.__dict__[MARK] = state
+        layer.forward = _GraphedForward(layer)
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:240] if text else "(no message)"
+
+
+def _remove(layer: nn.Module) -> None:
+    layer.__dict__.pop(MARK, None)
+    layer.__dict__.pop("forward", None)
+
+
+__all__ = ["apply", "is_graphed", "layer_stacks", "measured_gain"]
