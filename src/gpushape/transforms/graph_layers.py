@@ -109,7 +109,9 @@ class _Positional(nn.Module):
         args, kwargs = pytree.tree_unflatten(leaves, self.call.spec)
         out = type(self.layer).forward(self.layer, *args, **kwargs)
         out_leaves, self.state.out_spec = pytree.tree_flatten(out)
-        self.state.out_constants = [TENSOR if isinstance(t, torch.Tensor) else t for t in out_leaves]
+        self.state.out_constants = [
+            TENSOR if isinstance(t, torch.Tensor) else t for t in out_leaves
+        ]
         return tuple(t for t in out_leaves if isinstance(t, torch.Tensor))
 
 
