@@ -80,13 +80,20 @@ def _meta(t: torch.Tensor) -> tuple:
     return (t.shape, t.dtype, t.device, t.requires_grad)
 
 
+STATIC = "_gpushape_graph_grad"  # marks a .grad that is the graph's own gradient buffer
+
+
 class _State:
-    """A graphed layer: what it was captured with, the graphed callable, the output structure.
-    A copy (deepcopy, pickle) is stale: the copied layer runs its own forward."""
+    """A graphed layer: what it was captured with, the graphed callable, the output structure,
+    its parameters and their gradient hooks. A copy (deepcopy, pickle) is stale: the copied
+    layer runs its own forward."""
 
     def __init__(self, call: _Call | None, graphed: Callable | None, out_spec: Any = None):
         self.call, self.graphed, self.out_spec = call, graphed, out_spec
         self.out_constants: list = []
+        self.params: list[nn.Parameter] = []
+        self.none_before: list[bool] = []
+        self.hooks: list = []
 
     def __deepcopy__(self, memo):
         return _State(None, None)
@@ -131,9 +138,32 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     tensors = _matching(self, state, args, kwargs)
     if tensors is None:
         return type(self).forward(self, *args, **kwargs)
+    _own_gradients(state)
     outs = iter(state.graphed(*tensors))
     leaves = [next(outs) if c is TENSOR else c for c in state.out_constants]
     return pytree.tree_unflatten(leaves, state.out_spec)
+
+
+def _own_gradients(state: _State) -> None:
+    """Before a replay: a parameter whose .grad is still the graph's gradient buffer (kept from
+    the last backward by zeroing in place, or by accumulating over micro-batches) gets a copy,
+    which the replay's backward then adds to; otherwise the replay would overwrite it.
+
+    make_graphed_callables hands each parameter's gradient to autograd as a view of the graph's
+    buffer, and autograd keeps that view as .grad when .grad was None. With the gradients set to
+    None between steps (zero_grad's default) nothing is copied."""
+    none_before = state.none_before
+    for i, p in enumerate(state.params):
+        g = p.grad
+        if g is not None and getattr(g, STATIC, False):
+            p.grad = g.clone()
+        none_before[i] = p.grad is None
+
+
+def _mark_static(state: _State, i: int, p: torch.Tensor) -> None:
+    """After backward put a gradient into p.grad: one set where .grad was None is the graph's."""
+    if state.none_before[i] and p.grad is not None:
+        setattr(p.grad, STATIC, True)
 
 
 def _matching(layer, state: _State, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
@@ -335,6 +365,14 @@ def _capture(picked: dict[str, tuple[nn.Module, _Call]]) -> str | None:
         return f"capture failed: {type(exc).__name__}: {_first_line(exc)}"
     for (layer, _), adapter, state in zip(picked.values(), graphed, states):
         state.graphed = adapter.forward  # the graphed forward, without Module.__call__
+        state.params = [p for p in layer.parameters() if p.requires_grad]
+        state.none_before = [True] * len(state.params)
+        state.hooks = [
+            p.register_post_accumulate_grad_hook(
+                lambda p, state=state, i=i: _mark_static(state, i, p)
+            )
+            for i, p in enumerate(state.params)
+        ]
         layer.__dict__[MARK] = state
         layer.forward = _GraphedForward(layer)
     return None
@@ -346,6 +384,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _remove(layer: nn.Module) -> None:
+    state = layer.__dict__.get(MARK)
+    for h in getattr(state, "hooks", ()):
+        h.remove()
     layer.__dict__.pop(MARK, None)
     layer.__dict__.pop("forward", None)
 
