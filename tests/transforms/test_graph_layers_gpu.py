@@ -98,12 +98,11 @@ def test_optimize_keeps_it_only_on_a_timing():
     model, ids = _bert()
     model, report = optimize(model, (ids,), train=True)
     kept = any(c.transform == "graph-layers" for c in report.applied)
-    rolled = [r for r in report.rolled_back if r.transform == "graph-layers"]
-    assert kept != bool(rolled)
+    why = [r.reason for r in report.refused + report.rolled_back if r.transform == "graph-layers"]
     if kept:  # a tiny model is host-bound: the graphs pay
         eager_s, graphed_s = report.measured["graph-layers"]
         assert graphed_s < eager_s
+        revert(model)
+        assert not any(graph_layers.is_graphed(layer) for layer in model.bert.encoder.layer)
     else:
-        assert "timed" in rolled[0].reason
-    revert(model)
-    assert not any(graph_layers.is_graphed(layer) for layer in model.bert.encoder.layer)
+        assert any("GPU-bound" in r or "no faster" in r for r in why), why

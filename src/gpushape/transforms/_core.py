@@ -56,6 +56,8 @@ class Outcome:
     refusals: list[Refusal] = field(default_factory=list)
     root: nn.Module | None = None
     """The new root when a transform had to replace it (an FX rewrite of the root module)."""
+    measured: tuple[float, float] | None = None
+    """(seconds before, seconds after) of what the transform timed on the GPU, where it did."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +72,9 @@ class TransformContext:
     filter_fn: FilterFn | None = None
     memory_budget: int | None = None
     """Bytes of activations kept for backward that the step must fit (activation-checkpoint)."""
+    measure: bool = False
+    """Apply only what a measurement on the model's GPU says pays (graph-layers: only a stack of
+    layers whose eager forward and backward is host-bound is captured)."""
 
     def allows(self, module: nn.Module, fqn: str) -> bool:
         return self.filter_fn is None or bool(self.filter_fn(module, fqn))

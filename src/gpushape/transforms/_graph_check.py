@@ -3,13 +3,12 @@ graphs bypassed), from the same random state, and a forward + backward timed bot
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
 CHECK_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # else 2e-2 (16-bit floats)
+HOST_BOUND = 1.05  # the layers are host-bound when their wall clock exceeds GPU busy by 5%
 
 
 class Bypass:
@@ -85,45 +84,43 @@ def self_check(model: nn.Module, inputs: tuple) -> str | None:
     return None
 
 
-def measured_gain(model: nn.Module, inputs: tuple, rounds: int = 3, block: int = 5) -> tuple:
-    """(eager seconds, graphed seconds): a forward and a backward of the model on `inputs` as a
-    training step runs them (gradients set to None, then accumulated by backward), timed with
-    CUDA events, blocks alternated between the graphs bypassed and replayed. The parameters'
-    gradients are put back as they were."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    saved = [p.grad for p in params]
-    weights = None
+def layers_run(calls: list, samples: list):
+    """One forward and backward of the layers alone, each on its own sample inputs: what
+    graph-layers replaces (`calls`: the layers' positional adapters, eager or graphed)."""
 
-    def step():
-        nonlocal weights
-        for p in params:
-            p.grad = None
-        out = model(*inputs)
-        if hasattr(out, "to_tuple"):
-            out = out.to_tuple()
-        outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        outs = [t for t in outs if t.is_floating_point() and t.requires_grad]
-        if weights is None:
-            weights = [torch.randn_like(t, dtype=torch.float32) for t in outs]
-        sum((t.float() * w).sum() for t, w in zip(outs, weights)).backward()
+    def run():
+        loss = 0.0
+        for call, sample in zip(calls, samples):
+            outs = [t for t in call(*sample) if t.is_floating_point() and t.requires_grad]
+            loss = loss + sum(t.float().mean() for t in outs)
+        loss.backward()
+        for sample in samples:
+            for t in sample:
+                t.grad = None
 
-    times: dict[bool, list[float]] = {True: [], False: []}
-    try:
-        for bypass in (True, False, True, False):  # warm-up
-            Bypass.on = bypass
-            step()
-        for _ in range(rounds):
-            for bypass in (True, False):
-                Bypass.on = bypass
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
-                start.record()
-                for _ in range(block):
-                    step()
-                end.record()
-                end.synchronize()
-                times[bypass].append(start.elapsed_time(end) / 1e3 / block)
-    finally:
-        Bypass.on = False
-        for p, g in zip(params, saved):
-            p.grad = g
-    return statistics.median(times[True]), statistics.median(times[False])
+    return run
+
+
+def wall_seconds(run, block: int = 5) -> float:
+    """Seconds per call of `run`, CUDA events over `block` calls after one warm-up call."""
+    run()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(block):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / block
+
+
+def busy_seconds(run, block: int = 5) -> float:
+    """The GPU's busy seconds per call of `run` (torch.profiler's kernel times)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(block):
+            run()
+        torch.cuda.synchronize()
+    return sum(e.device_time for e in prof.events() if e.device_type.name == "CUDA") * 1e-6 / block

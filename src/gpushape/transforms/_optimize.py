@@ -13,6 +13,7 @@ but cannot be checked numerically: the report says so.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,8 +79,8 @@ class OptimizeReport:
     """Per transform: what the audit's findings for its fix predicted, each fix priced alone
     (`before.combined` has what the fixes save together)."""
     measured: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Per transform kept on a timing (graph-layers): (seconds without, seconds with) of a
-    forward and backward of the model on the example inputs, on its GPU."""
+    """Per transform kept on a timing (graph-layers): (seconds without, seconds with) of what
+    it changes (the layers' forward and backward), timed on the model's GPU."""
     before: Any = None
     """The audit of the model as given (`gpushape.auditing.report.Report`)."""
     after: Any = None
@@ -210,30 +211,24 @@ def optimize(
 
 
 def _measured(model: nn.Module, tid: str, ctx: TransformContext, out) -> nn.Module:
-    """Apply `tid` (which checks itself) and keep it only if a timed forward and backward of
-    the model on the example inputs is at least 3% shorter with it (graph-layers: host-bound
-    steps gain, GPU-bound ones do not, and the host model cannot tell them apart well)."""
+    """Apply `tid` where a measurement on the model's GPU says it pays: graph-layers captures
+    only a stack of layers whose eager forward and backward is host-bound (the host model
+    cannot yet tell host- from GPU-bound steps well enough), and is kept only if the layers'
+    forward and backward, timed eager and replayed, is faster replayed."""
     from . import graph_layers
 
-    outcome = get_transform(tid).apply(model, ctx)
+    outcome = get_transform(tid).apply(model, dataclasses.replace(ctx, measure=True))
     out.refused += outcome.refusals
     if not outcome.changes:
         return model
-    try:
-        eager_s, graphed_s = graph_layers.measured_gain(model, ctx.example_inputs)
-    except Exception as exc:  # a timing that fails keeps the model as it was
+    eager_s, graphed_s = outcome.measured
+    if graphed_s >= eager_s * graph_layers.SLOWER:
         undo(outcome.changes)
-        reason = f"timing failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        timed = f"{eager_s * 1e3:,.2f} -> {graphed_s * 1e3:,.2f} ms"
+        reason = f"the layers' forward + backward timed {timed}: no faster"
         out.rolled_back.append(Refusal(transform=tid, module="", reason=reason))
         return model
-    timed = f"forward + backward timed {eager_s * 1e3:,.2f} -> {graphed_s * 1e3:,.2f} ms"
-    if graphed_s > eager_s * graph_layers.KEEP_IF_FASTER:
-        undo(outcome.changes)
-        out.rolled_back.append(
-            Refusal(transform=tid, module="", reason=f"{timed}: not 3% faster on this GPU")
-        )
-        return model
-    out.measured[tid] = (eager_s, graphed_s)
+    out.measured[tid] = outcome.measured
     remember(model, outcome.changes)
     out.applied += outcome.changes
     return model

@@ -28,8 +28,9 @@ of a hidden state you hold across steps); a copy of the model (deepcopy, pickle)
 the first call after `optimize` is as fast as any other (capture happens inside it).
 
 It pays only where the host sets the pace, so `optimize()` applies it last in eager mode and only
-when a timed forward and backward of the model on its GPU says it is faster (`measured_gain`);
-asked for by name, it is applied as asked. Not in compile mode (torch.compile's reduce-overhead
+where a measurement on the model's GPU says so: the layers alone, run eagerly forward and
+backward, take longer than the GPU is busy (torch.profiler), and replayed they are faster; asked
+for by name, it is applied as asked. Not in compile mode (torch.compile's reduce-overhead
 mode does this itself) nor in graph mode (the whole step is one graph already).
 
 Checked before it is kept: the model's forward and backward on the example inputs, eager and
@@ -47,13 +48,13 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
+from ._graph_check import HOST_BOUND, busy_seconds, layers_run, self_check, wall_seconds
 from ._graph_check import Bypass as _Bypass
-from ._graph_check import measured_gain, self_check
 
 ID = "graph-layers"
 MARK = "_gpushape_graph_layers"  # the per-layer state, in the layer's __dict__
 MIN_LAYERS = 2
-KEEP_IF_FASTER = 0.97  # optimize keeps it when the timed step is at least 3% shorter
+SLOWER = 1.0  # optimize rolls it back when the graphed layers are not faster than eager
 
 
 TENSOR = object()  # where a tensor leaf is, among a call's constants
@@ -325,7 +326,7 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
             picked[name] = (layer, seen[0])
     if not picked:
         return out
-    error = _capture(picked)
+    error, out.measured = _capture(picked, ctx.measure)
     if error is None:
         error = self_check(model, ctx.example_inputs)
     if error is not None:
@@ -349,20 +350,33 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     return out
 
 
-def _capture(picked: dict[str, tuple[nn.Module, _Call]]) -> str | None:
-    """Capture every picked layer in one make_graphed_callables call (one memory pool)."""
+def _capture(picked: dict[str, tuple[nn.Module, _Call]], measure: bool) -> tuple:
+    """Capture every picked layer in one make_graphed_callables call (one memory pool): (None,
+    None), or why not; with `measure`, only if the layers' eager forward and backward is
+    host-bound, and then (None, (their eager seconds, their graphed seconds))."""
     adapters, samples, states = [], [], []
     for layer, call in picked.values():
         state = _State(call, None)
         adapters.append(_Positional(layer, call, state))
         samples.append(_sample(call))
         states.append(state)
+    eager_s = None
+    if measure:
+        run = layers_run(adapters, samples)
+        eager_s, busy = wall_seconds(run), busy_seconds(run)
+        for adapter in adapters:  # the parameter gradients these passes left
+            adapter.zero_grad(set_to_none=True)
+        if eager_s < busy * HOST_BOUND:
+            return (
+                f"the layers' eager forward + backward is GPU-bound (wall {eager_s * 1e3:,.2f} "
+                f"ms, GPU busy {busy * 1e3:,.2f} ms): graphs would save nothing"
+            ), None
     try:
         graphed = torch.cuda.make_graphed_callables(
             tuple(adapters), tuple(samples), allow_unused_input=True
         )
     except Exception as exc:
-        return f"capture failed: {type(exc).__name__}: {_first_line(exc)}"
+        return f"capture failed: {type(exc).__name__}: {_first_line(exc)}", None
     for (layer, _), adapter, state in zip(picked.values(), graphed, states):
         state.graphed = adapter.forward  # the graphed forward, without Module.__call__
         state.params = [p for p in layer.parameters() if p.requires_grad]
@@ -375,7 +389,14 @@ def _capture(picked: dict[str, tuple[nn.Module, _Call]]) -> str | None:
         ]
         layer.__dict__[MARK] = state
         layer.forward = _GraphedForward(layer)
-    return None
+    if eager_s is None:
+        return None, None
+    run = layers_run([state.graphed for state in states], samples)
+    graphed_s = wall_seconds(run)
+    for state in states:
+        for p in state.params:
+            p.grad = None
+    return None, (eager_s, graphed_s)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -391,4 +412,4 @@ def _remove(layer: nn.Module) -> None:
     layer.__dict__.pop("forward", None)
 
 
-__all__ = ["apply", "is_graphed", "layer_stacks", "measured_gain"]
+__all__ = ["apply", "is_graphed", "layer_stacks"]
