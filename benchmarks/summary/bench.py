@@ -176,23 +176,65 @@ def host_bound() -> list[str]:
     )
     e, o = bert["eager"], bert["optimize"]
     ee, eo, ec = effnet["eager"], effnet["optimize"], effnet["channels-last"]
+    sets = _host_fixes("host_fixes-sets.json")
+    single = _host_fixes("host_fixes-single.json")
+    chain = json.loads((RESULTS / "steps-h200/host_by_size.json").read_text())["results"]
+    chain = chain["cublaslt"]["16384"]["norm chain"]
+    native, fused = (
+        chain[k]["forward+backward"] * 1e6 for k in ("add + layer_norm", "AddLayerNorm")
+    )
+    layers = json.loads((RESULTS / FOLDER / "bert.json").read_text())["optimize"]["optimize"]
+    graphed = layers.get("measured_s", {}).get("graph-layers")
+    loop = json.loads((RESULTS / FOLDER / "loop-bert.json").read_text())["fixes"]
+    fna_gpu = next(f["measured_gpu_s"] for f in loop if f["fix"] == "fuse-norm-act") * 1e3
+    mlh = "pad-channels+masked-lm-head"
+    fna = "pad-channels+fuse-norm-act+masked-lm-head"
     return [
         "Where the host sets the pace. The host of this machine takes tens of milliseconds to "
         "issue an eager training step whatever the batch: forward, loss and backward at batch "
         f"2 ({link('steps-h200/host_validate.json', 'host_validate.json')}, "
         f"`benchmarks/steps/host_validate.py`; predicted by the host model from the probe's "
         f"per-class rates in brackets): {issue}. So fixes that shorten the GPU's work stop "
-        f"paying once the GPU's time falls below that: BERT's optimized step (padding, add + "
-        f"LayerNorm fused, masked-lm-head) cut GPU busy time from {busy(e)} to {busy(o)} ms "
-        f"but the step from {e['median_s'] * 1e3:.1f} to {o['median_s'] * 1e3:.1f} ms only "
-        f"(host-bound); EfficientNet-B0 at batch 64 went {ee['median_s'] * 1e3:.1f} ms eager, "
+        "paying once the GPU's time falls below that. BERT-base at 32 x 512, each set of "
+        "transforms timed against eager in one run "
+        f"({link('steps-h200/host_fixes-sets.json', 'host_fixes-sets.json')}, "
+        f"{link('steps-h200/host_fixes-single.json', 'host_fixes-single.json')}, "
+        "`benchmarks/steps/host_fixes.py`): eager "
+        f"{sets['eager']:.1f} ms; masked-lm-head alone {single['masked-lm-head']:.1f}; with "
+        f"the vocabulary padded {sets[mlh]:.1f}; adding fuse-norm-act makes it slower, "
+        f"{sets[fna]:.1f} ms, though it takes {fna_gpu:.1f} ms off the GPU's work "
+        f"({link('bench-h200/loop-bert.json', 'loop-bert.json')}), because gpushape's "
+        f"AddLayerNorm costs the host {fused:.0f} us a site forward and backward against "
+        f"{native:.0f} us for PyTorch's add and layer_norm "
+        f"({link('steps-h200/host_by_size.json', 'host_by_size.json')}, a chain of 24 sites "
+        "at 16,384 x 768). graph-layers takes the layers' host cost away: optimize captures "
+        "BERT's 12 layers where their eager forward and backward is host-bound"
+        + (
+            f" (timed by optimize on the GPU: {graphed[0] * 1e3:.1f} ms eager, "
+            f"{graphed[1] * 1e3:.1f} ms replayed)"
+            if graphed
+            else ""
+        )
+        + f", and the optimized step takes {o['median_s'] * 1e3:.1f} ms against "
+        f"{e['median_s'] * 1e3:.1f} eager with the GPU busy {busy(o)} ms of it "
+        f"({o['busy_fraction']:.0%}, GPU-bound). EfficientNet-B0 at batch 64 went "
+        f"{ee['median_s'] * 1e3:.1f} ms eager, "
         f"{ec['median_s'] * 1e3:.1f} channels-last (GPU busy {busy(ec)} ms), "
         f"{eo['median_s'] * 1e3:.1f} optimized (GPU busy {busy(eo)} ms): gpushape's fused "
         "BatchNorm kernels cost the host more per call than PyTorch's, which a host-bound step "
-        "pays for. The audit's eager step now takes the longer of the GPU's time and the "
-        "host's, and optimize rolls back a rewrite predicted to lengthen the wall clock.",
+        "pays for. The audit's eager step takes the longer of the GPU's time and the host's, "
+        "and optimize rolls back a rewrite predicted to lengthen the wall clock.",
+        "",
+        "Peak memory of a variant that replays CUDA graphs (`graph`, `compile-graphs`, and "
+        "`optimize` where graph-layers was kept) counts only the tensors alive outside the "
+        "graphs' private memory pools, so it reads low.",
         "",
     ]
+
+
+def _host_fixes(name: str) -> dict[str, float]:
+    data = json.loads((RESULTS / "steps-h200" / name).read_text())["results"]["variants"]
+    return {k: v["median_ms"] for k, v in data.items()}
 
 
 def bench_section() -> list[str]:
