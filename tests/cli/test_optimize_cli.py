@@ -83,3 +83,23 @@ def test_bench_times_the_original_against_a_copy_it_optimizes():
     assert {c.transform for c in report.applied} >= {"fuse-norm-act"}
     assert bench["original_ms"] > 0 and bench["optimized_ms"] > 0 and bench["samples"] == 2
     assert not any(type(m).__name__ == "BatchNormAct2d" for m in model.modules())  # a copy
+
+
+def test_a_transform_kept_on_a_timing_shows_it(capsys):
+    """graph-layers is kept by a timing on the GPU, not by the audit: the plan says so."""
+    from rich.console import Console
+
+    from gpushape.cli.optimize import render
+    from gpushape.models import resolve_model
+    from gpushape.transforms import optimize
+    from gpushape.transforms._core import Change
+
+    r = resolve_model("resnet50", batch=2)
+    _, report = optimize(r.model, r.example_inputs, "h200", transforms=["channels-last"])
+    report.applied.append(Change(transform="graph-layers", module="layer1.0", detail="replayed",
+                                 undo=lambda: None))  # fmt: skip
+    report.measured["graph-layers"] = (0.0517, 0.0289)
+    render(report, None, "resnet50", Console(width=200))
+    out = capsys.readouterr().out
+    assert "timed on this GPU: 51.70 -> 28.90 ms" in out
+    assert "checked against eager from one seed" in out

@@ -125,8 +125,13 @@ def render(report, bench: dict | None, name: str, console: Console | None = None
     for tid, changes in by_transform.items():
         check = report.verified.get(tid)
         checked = "checked: outputs and gradients within the gate" if check else "not checked"
+        if tid in report.measured:  # kept on a timing of what it changes (graph-layers)
+            checked = "checked against eager from one seed"
         saving = report.predicted_saving_s.get(tid)
         predicted = f"; predicted {saving * 1e3:,.3f} ms a step" if saving else ""
+        if tid in report.measured:
+            before_s, after_s = report.measured[tid]
+            predicted = f"; timed on this GPU: {before_s * 1e3:,.2f} -> {after_s * 1e3:,.2f} ms"
         what = f"applied at {len(changes)} place(s); {checked}{predicted}\n{changes[0].detail}"
         table.add_row(tid, escape(what), escape(_modules([c.module for c in changes])))
     for label, items in (
