@@ -18,7 +18,8 @@
    and a fix's predicted saving is the difference from the stage before (the optimizer's fix
    is priced by its finding; masked-lm-head, which acts on the labels the trace has no values
    for, by its finding in the audit of the stage before; skip-attention-mask, whose cost the
-   eager trace does not have, by its finding, added to the stages before it; a CUDA graph by
+   eager trace does not have, by its finding, added to the stages before it; a CUDA graph, and
+   graph-layers, which optimize keeps on a timing of the layers rather than on a finding, by
    the audit's graph mode).
 """
 
@@ -47,6 +48,7 @@ FROM_FINDINGS = ("masked-lm-head",)
 # finding's saving, the fix's stage that less the saving, later stages their audit.
 HIDDEN_BEFORE = ("skip-attention-mask",)
 GIVEN = "as given"
+GRAPH_LAYERS = "graph-layers"  # kept by optimize on a timing; its stage priced in graph mode
 
 
 @dataclass
@@ -252,7 +254,9 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
             unseen_gpu_s += gpu_s
         else:
-            run_mode = "graph" if spec.runner == "graph" else mode
+            # graph-layers replays the layers from CUDA graphs: priced as the audit's graph mode
+            graphed = spec.runner == "graph" or fix == GRAPH_LAYERS
+            run_mode = "graph" if graphed else mode
             stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                                  train=True, mode=run_mode)  # fmt: skip
             gpu_s, wall_s = _step_of(stage_report, unseen_gpu_s)
