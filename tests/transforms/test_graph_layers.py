@@ -221,3 +221,53 @@ def test_optimize_asked_by_name_and_revert(fake_graphs):
     assert sum(c.transform == "graph-layers" for c in report.applied) == 3
     revert(model)
     assert not any(graph_layers.is_graphed(b) for b in model.layers)
+
+
+@pytest.mark.parametrize(
+    "kind, size",
+    [
+        ("bert", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                      intermediate_size=128)),
+        ("gpt2", dict(n_layer=2, n_embd=64, n_head=4)),
+        ("llama", dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=128)),
+    ],
+)  # fmt: skip
+def test_hugging_face_layers_route_their_calls(fake_graphs, kind, size):
+    """Hugging Face calls its layers with keyword arguments (masks, position embeddings as a
+    tuple of tensors, cache positions): each layer's call replays, and the outputs and every
+    gradient equal the model's own."""
+    pytest.importorskip("transformers")
+    from gpushape.models.library import hf_model
+
+    model, _ = hf_model(kind, device="cpu", dtype=torch.float32, vocab_size=256, **size)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    model.train()
+    if kind != "bert":  # decoders build a key/value cache each forward unless told not to
+        (why,) = {r.reason for r in _apply(model, ids).refusals}
+        assert "DynamicCache" in why and "use_cache=False" in why
+        model.config.use_cache = False
+    torch.manual_seed(0)
+    for p in model.parameters():
+        p.data = torch.randn_like(p) * 0.05
+    model.train()
+    for m in model.modules():  # dropout off: the stand-in capture runs eagerly, unseeded
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    if hasattr(model.config, "attention_dropout"):
+        model.config.attention_dropout = 0.0
+    ref = copy.deepcopy(model)
+    out = _apply(model, ids)
+    assert len(out.changes) == 2, out.refusals
+    fake_graphs.clear()
+    logits = model(ids).logits
+    assert len(fake_graphs) == 2
+    expected = ref(ids).logits
+    torch.testing.assert_close(logits, expected)
+    logits.sum().backward()
+    expected.sum().backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        if q.grad is None:
+            assert p.grad is None, n
+        else:
+            torch.testing.assert_close(p.grad, q.grad, msg=n)

@@ -77,6 +77,15 @@ class _Call:
         return cls(spec, constants, tensors)
 
 
+PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+def _plain(value: Any) -> bool:
+    """A non-tensor argument a replay can stand for: a value compared by equality (None, a
+    flag, a number, a string, a dtype), or the tensor marker."""
+    return value is TENSOR or type(value) in PLAIN
+
+
 def _meta(t: torch.Tensor) -> tuple:
     return (t.shape, t.dtype, t.device, t.requires_grad)
 
@@ -318,10 +327,15 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     picked = {}
     for name, layer in layers.items():
         seen = calls[name]
+        odd = [c for c in seen[0].constants if not _plain(c)] if len(seen) == 1 else []
         if len(seen) != 1:
             _refuse(out, name, f"called {len(seen)} times in one forward (graphed: exactly once)")
         elif not seen[0].tensors:
             _refuse(out, name, "takes no tensor")
+        elif odd:
+            kind = type(odd[0]).__name__
+            why = f"each call passes it a {kind}, which a replay would not update"
+            _refuse(out, name, f"{why} (a key/value cache: train with use_cache=False)")
         else:
             picked[name] = (layer, seen[0])
     if not picked:
