@@ -4,13 +4,12 @@ compile mode. The audit needs no GPU (a meta trace priced on the H200's shipped 
 this runs anywhere and says how many `gpushape bench MODEL --optimize --mode M` runs the GPU
 has to do, and which (a model with no such finding in a mode has nothing to time there).
 
-    python benchmarks/audit/survey_findings.py --out survey.json
+    python benchmarks/audit/survey_findings.py --out $OUT/survey_findings.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from gpushape.auditing import audit  # noqa: E402
+from gpushape.bench import write_results  # noqa: E402
 from gpushape.models import resolve_model  # noqa: E402
 
 MODELS = (
@@ -54,13 +54,13 @@ def survey(models, modes, gpu: str = "h200-sxm") -> list[dict]:
                     "findings": [
                         {
                             "rule": f.rule,
-                            "severity": f.severity,
+                            "severity": str(getattr(f.severity, "name", f.severity)).lower(),
                             "module": f.module,
                             "fix": f.fix,
                             "saving_s": f.est_saving_s,
                         }
                         for f in report.findings
-                        if f.severity in SEVERE
+                        if str(getattr(f.severity, "name", f.severity)).lower() in SEVERE
                     ],
                 }
             )
@@ -75,7 +75,7 @@ def main() -> None:
     args = p.parse_args()
     models = args.models.split(",")
     rows = survey(models, args.modes.split(","))
-    Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    write_results(args.out, rows, gpu_profile="h200-sxm", modes=args.modes.split(","))
     for row in rows:
         if "error" in row:
             print(f"{row['model']}: {row['error']}")
