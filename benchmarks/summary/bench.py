@@ -226,8 +226,9 @@ def host_bound() -> list[str]:
         "and optimize rolls back a rewrite predicted to lengthen the wall clock.",
         "",
         "Peak memory of a variant that replays CUDA graphs (`graph`, `compile-graphs`, and "
-        "`optimize` where graph-layers was kept) counts only the tensors alive outside the "
-        "graphs' private memory pools, so it reads low.",
+        "`optimize` where graph-layers was kept) in these runs counts only the tensors alive "
+        "outside the graphs' private memory pools, so it reads low; `gpushape bench` now adds "
+        "the pools' working memory (their free bytes between replays).",
         "",
     ]
 

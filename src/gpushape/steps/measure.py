@@ -169,19 +169,44 @@ def peak_memory(cuda: bool | None = None) -> Iterator[dict[str, int]]:
     """The most CUDA memory allocated inside the block beyond what was allocated before it,
     as `{"bytes": n}` once the block ends (empty without CUDA). Around a variant's build and
     warm-up this is all it needs: its copy of the weights, optimizer state, gradients,
-    activations and workspaces, a CUDA graph's pool, but not the other variants' memory. A
-    reset of the peak inside the block (after the build) leaves out what the build held only
-    for a while (optimize's numeric checks) while keeping what it still holds."""
+    activations and workspaces, but not the other variants' memory. A reset of the peak inside
+    the block (after the build) leaves out what the build held only for a while (optimize's
+    numeric checks) while keeping what it still holds. CUDA graphs captured in the block keep
+    their working memory in private pools that the allocator counts as free between replays
+    (a replay allocates nothing): the free bytes of the private pools the block created are
+    added, so a graphed step's figure holds its activations too."""
     result: dict[str, int] = {}
     if not (_cuda() if cuda is None else cuda):
         yield result
         return
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
+    pools_before = set(_private_pool_free(_snapshot()))
     torch.cuda.reset_peak_memory_stats()
     yield result
     torch.cuda.synchronize()
-    result["bytes"] = int(torch.cuda.max_memory_allocated() - before)
+    new_pools = _private_pool_free(_snapshot())
+    graphs = sum(free for pool, free in new_pools.items() if pool not in pools_before)
+    result["bytes"] = int(torch.cuda.max_memory_allocated() - before + graphs)
+
+
+def _snapshot() -> list[dict]:
+    try:
+        return torch.cuda.memory_snapshot()
+    except Exception:  # an allocator without snapshots: no pools to add
+        return []
+
+
+def _private_pool_free(segments: list[dict]) -> dict[tuple, int]:
+    """Bytes reserved and not allocated in each private memory pool (a CUDA graph's), by pool
+    id; the default pool, (0, 0), left out."""
+    free: dict[tuple, int] = {}
+    for seg in segments:
+        pool = tuple(seg.get("segment_pool_id") or (0, 0))
+        if pool != (0, 0):
+            unused = int(seg.get("total_size", 0)) - int(seg.get("allocated_size", 0))
+            free[pool] = free.get(pool, 0) + max(unused, 0)
+    return free
 
 
 def kernel_profile(
