@@ -271,3 +271,35 @@ def test_hugging_face_layers_route_their_calls(fake_graphs, kind, size):
             assert p.grad is None, n
         else:
             torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return x + torch.relu(self.bn(self.conv(x)))
+
+
+def test_channels_last_inputs_and_running_statistics(fake_graphs):
+    """A channels_last layer is captured channels_last (a contiguous call runs eagerly), and
+    the runs the transform makes (observing, capturing, checking) leave BatchNorm's running
+    statistics as they were."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 1), nn.Sequential(ConvBlock(), ConvBlock())).train()
+    model = model.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    stats = {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "num_b" in k}
+    out = _apply(model, x)
+    assert [c.module for c in out.changes] == ["1.0", "1.1"]
+    for k, v in stats.items():
+        assert torch.equal(model.state_dict()[k], v), k
+    (call,) = [model[1][0].__dict__[graph_layers.MARK].call]
+    h = model[0](x)
+    assert call.tensors[0][1] == h.stride() != h.contiguous().stride()
+    fake_graphs.clear()
+    model[1](h)
+    assert len(fake_graphs) == 2
+    fake_graphs.clear()
+    model[1](h.contiguous())
+    assert not fake_graphs

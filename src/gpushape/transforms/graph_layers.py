@@ -39,8 +39,8 @@ replayed from the graphs from the same random state, give the same outputs and g
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,46 +48,13 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
+from ._graph_calls import TENSOR, Call, layer_stacks, meta, observe, plain, sample
 from ._graph_check import HOST_BOUND, busy_seconds, layers_run, self_check, wall_seconds
 from ._graph_check import Bypass as _Bypass
 
 ID = "graph-layers"
 MARK = "_gpushape_graph_layers"  # the per-layer state, in the layer's __dict__
-MIN_LAYERS = 2
 SLOWER = 1.0  # optimize rolls it back when the graphed layers are not faster than eager
-
-
-TENSOR = object()  # where a tensor leaf is, among a call's constants
-
-
-@dataclass
-class _Call:
-    """What one layer was called with: the argument structure and its non-tensor leaves, and
-    each tensor leaf's (shape, dtype, device, requires_grad)."""
-
-    spec: Any
-    constants: list  # TENSOR where the leaf is a tensor
-    tensors: list[tuple]
-
-    @classmethod
-    def of(cls, args: tuple, kwargs: dict) -> _Call:
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        tensors = [_meta(t) for t in leaves if isinstance(t, torch.Tensor)]
-        constants = [TENSOR if isinstance(t, torch.Tensor) else t for t in leaves]
-        return cls(spec, constants, tensors)
-
-
-PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
-
-
-def _plain(value: Any) -> bool:
-    """A non-tensor argument a replay can stand for: a value compared by equality (None, a
-    flag, a number, a string, a dtype), or the tensor marker."""
-    return value is TENSOR or type(value) in PLAIN
-
-
-def _meta(t: torch.Tensor) -> tuple:
-    return (t.shape, t.dtype, t.device, t.requires_grad)
 
 
 STATIC = "_gpushape_graph_grad"  # marks a .grad that is the graph's own gradient buffer
@@ -98,7 +65,7 @@ class _State:
     its parameters and their gradient hooks. A copy (deepcopy, pickle) is stale: the copied
     layer runs its own forward."""
 
-    def __init__(self, call: _Call | None, graphed: Callable | None, out_spec: Any = None):
+    def __init__(self, call: Call | None, graphed: Callable | None, out_spec: Any = None):
         self.call, self.graphed, self.out_spec = call, graphed, out_spec
         self.out_constants: list = []
         self.params: list[nn.Parameter] = []
@@ -116,7 +83,7 @@ class _Positional(nn.Module):
     """The layer as make_graphed_callables needs it: tensors in, a tuple of tensors out. Holds
     the layer as its child so that make_graphed_callables sees its parameters."""
 
-    def __init__(self, layer: nn.Module, call: _Call, state: _State):
+    def __init__(self, layer: nn.Module, call: Call, state: _State):
         super().__init__()
         self.layer, self.call, self.state = layer, call, state
 
@@ -198,7 +165,7 @@ def _matching(layer, state: _State, args: tuple, kwargs: dict) -> list[torch.Ten
             if (
                 const is not TENSOR
                 or type(leaf) is not torch.Tensor
-                or _meta(leaf) != call.tensors[i]
+                or meta(leaf) != call.tensors[i]
             ):
                 return None
             tensors.append(leaf)
@@ -213,56 +180,6 @@ def _matching(layer, state: _State, args: tuple, kwargs: dict) -> list[torch.Ten
 def is_graphed(layer: nn.Module) -> bool:
     state = layer.__dict__.get(MARK)
     return isinstance(state, _State) and state.graphed is not None
-
-
-# ---- finding the layers ------------------------------------------------------------------------
-def layer_stacks(model: nn.Module) -> list[tuple[str, list[tuple[str, nn.Module]]]]:
-    """(container name, [(layer name, layer)]) for each ModuleList / Sequential holding two or
-    more children of one class (the repeated blocks of a transformer, the stages of a convnet)."""
-    stacks = []
-    for name, m in model.named_modules():
-        if not isinstance(m, (nn.ModuleList, nn.Sequential)) or len(m) < MIN_LAYERS:
-            continue
-        children = list(m.named_children())
-        kinds = {type(c) for _, c in children}
-        if (
-            name
-            and len(kinds) == 1
-            and not isinstance(children[0][1], (nn.ModuleList, nn.Sequential))
-        ):
-            stacks.append((name, [(f"{name}.{n}", c) for n, c in children]))
-    # a stack inside another stack's layer is graphed with it
-    return [s for s in stacks if not any(s[0].startswith(o[0] + ".") for o in stacks)]
-
-
-def _observe(model: nn.Module, layers: dict[str, nn.Module], inputs: tuple) -> dict[str, list]:
-    """Each layer's calls in one forward of the model (train mode, autograd on)."""
-    calls: dict[str, list] = {name: [] for name in layers}
-    handles = [
-        layer.register_forward_pre_hook(
-            lambda _m, a, k, name=name: calls[name].append(_Call.of(a, k)), with_kwargs=True
-        )
-        for name, layer in layers.items()
-    ]
-    try:
-        with torch.enable_grad():
-            model(*inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    return calls
-
-
-def _sample(call: _Call) -> tuple[torch.Tensor, ...]:
-    out = []
-    for shape, dtype, device, grad in call.tensors:
-        t = (
-            torch.randn(shape, dtype=dtype, device=device)
-            if dtype.is_floating_point
-            else torch.zeros(shape, dtype=dtype, device=device)
-        )
-        out.append(t.requires_grad_(grad))
-    return tuple(out)
 
 
 # ---- the transform -----------------------------------------------------------------------------
@@ -320,14 +237,36 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
                 layers[name] = layer
     if not layers:
         return out
+    with _state_kept(model):  # the runs below leave running statistics and the RNG as found
+        return _apply_to(model, layers, ctx, out)
+
+
+@contextlib.contextmanager
+def _state_kept(model: nn.Module):
+    """Observing, capturing (with make_graphed_callables' warm-up), timing and checking all run
+    the model in train mode: BatchNorm's running statistics (in place, so the graphs keep
+    updating the same memory) and the CUDA generator are put back as they were."""
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    rng = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
     try:
-        calls = _observe(model, layers, ctx.example_inputs)
+        yield
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        if rng is not None:
+            torch.cuda.set_rng_state(rng)
+
+
+def _apply_to(model: nn.Module, layers: dict, ctx: TransformContext, out: Outcome) -> Outcome:
+    try:
+        calls = observe(model, layers, ctx.example_inputs)
     except Exception as exc:  # a model this cannot run is refused, never raised
         return _refuse(out, "", f"the model failed to run: {type(exc).__name__}: {exc}"[:300])
     picked = {}
     for name, layer in layers.items():
         seen = calls[name]
-        odd = [c for c in seen[0].constants if not _plain(c)] if len(seen) == 1 else []
+        odd = [c for c in seen[0].constants if not plain(c)] if len(seen) == 1 else []
         if len(seen) != 1:
             _refuse(out, name, f"called {len(seen)} times in one forward (graphed: exactly once)")
         elif not seen[0].tensors:
@@ -364,7 +303,7 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     return out
 
 
-def _capture(picked: dict[str, tuple[nn.Module, _Call]], measure: bool) -> tuple:
+def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
     """Capture every picked layer in one make_graphed_callables call (one memory pool): (None,
     None), or why not; with `measure`, only if the layers' eager forward and backward is
     host-bound, and then (None, (their eager seconds, their graphed seconds))."""
@@ -372,7 +311,7 @@ def _capture(picked: dict[str, tuple[nn.Module, _Call]], measure: bool) -> tuple
     for layer, call in picked.values():
         state = _State(call, None)
         adapters.append(_Positional(layer, call, state))
-        samples.append(_sample(call))
+        samples.append(sample(call))
         states.append(state)
     eager_s = None
     if measure:
