@@ -4,8 +4,9 @@ cost the CPU (seconds each), as `tracing/host.py` prices a traced step.
 Each is a loop of many calls on tiny tensors, so the GPU's work is negligible and the time is
 the host's: PyTorch's Python binding, the dispatcher, autograd's recording, a library's
 per-call setup (cuDNN's descriptors and heuristics, cuBLAS's), the launch. Per op class
-(`op`: elementwise; `gemm`, `conv`, `batch_norm`, `layer_norm`, `attention`, and `gpushape`:
-gpushape's own fused ops, as its BatchNormAct2d, on CUDA only): a chain
+(`op`: elementwise; `gemm`, `conv`, `batch_norm`, `layer_norm`, `attention`, and gpushape's
+own fused ops, on CUDA only: `gpushape`, as its BatchNormAct2d, and `gpushape_norm`, its row
+norms, as AddLayerNorm): a chain
 y = f(y) of calls on a tensor that needs a gradient, in bf16 on CUDA: the forward's seconds per
 link, and its backward's (`backward_op`, `<class>/backward`: the engine runs one node a link;
 the chain's forward not timed). `view`: `x.view(-1)`; `module`: an `nn.Module` whose forward
@@ -80,6 +81,10 @@ def _chains(dev: torch.device, dtype: torch.dtype) -> dict[str, tuple[Callable, 
             _gpushape_link(dev, dtype) if dev.type == "cuda" else (lambda y: y),
             "gpushape's BatchNormAct2d (training, ReLU) on 2x8x4x4 channels_last, per traced op",
         ),
+        "gpushape_norm": (
+            _norm_link(dev, dtype) if dev.type == "cuda" else (lambda y: y),
+            "gpushape's AddLayerNorm on 4x16 (the sum's input twice)",
+        ),
     }
 
 
@@ -99,6 +104,13 @@ def _gpushape_link(dev: torch.device, dtype: torch.dtype) -> Callable:
 
     bn = BatchNormAct2d(8).to(dev, dtype)
     return lambda y: bn(y.contiguous(memory_format=torch.channels_last))
+
+
+def _norm_link(dev: torch.device, dtype: torch.dtype) -> Callable:
+    from ..kernels import AddLayerNorm
+
+    norm = AddLayerNorm(16).to(dev, dtype)
+    return lambda y: norm(y, y)[0]
 
 
 def _chain_rates(link: Callable, x: torch.Tensor, calls: int, repeats: int) -> tuple[float, float]:

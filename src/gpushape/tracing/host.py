@@ -10,9 +10,9 @@ measured on the H200's host, a Hugging Face BERT step spends several times that.
     host_s = sum over forward ops of host[class] + over backward ops of host[class/backward]
              + views (both passes) x host["view"] + module calls x host["module"]
 
-a class being an op's kind as the host sees it (`CLASSES`: gpushape's own fused ops,
-convolutions, batch norm, layer norm, GEMMs, attention; any other op is "op", its backward
-"backward_op"), each rate measured
+a class being an op's kind as the host sees it (`CLASSES`: gpushape's own fused row norms and
+its other fused ops, convolutions, batch norm, layer norm, GEMMs, attention; any other op is
+"op", its backward "backward_op"), each rate measured
 by `gpushape probe` on the machine (probe/host.py: chains of calls on tiny tensors, so the GPU
 never sets the pace; a class it did not measure falls back to "op"). Module calls are the
 modules the trace saw running ops (and their parents), once each. What the model misses:
@@ -35,7 +35,9 @@ KEYS = ("op", "view", "backward_op", "module")
 # op names that belong to them, forward and backward; other ops are "op".
 CLASSES = {
     # gpushape's own fused ops (Triton kernels launched from Python, an autograd.Function
-    # whose backward runs Python in autograd's worker thread): checked first
+    # whose backward runs Python in autograd's worker thread): checked first; its row norms
+    # (AddLayerNorm, LayerNormGELU, RMSNorm) apart from its BatchNormAct2d, which launches more
+    "gpushape_norm": ("gpushape.add_layer_norm", "gpushape.layer_norm_gelu", "gpushape.rms_norm"),
     "gpushape": ("gpushape.",),
     "conv": ("convolution", "cudnn_convolution"),
     "batch_norm": ("batch_norm",),
@@ -53,7 +55,14 @@ def op_class(op: str) -> str:
     return "op"
 
 
+# A class a profile has not measured takes this one's rate (profiles from before the class
+# existed measured gpushape's fused ops as one class), else the plain op's.
+FALLBACK = {"gpushape_norm": "gpushape"}
+
+
 def _rate(rates, cls: str, backward: bool) -> float:
+    while cls not in rates and cls in FALLBACK:
+        cls = FALLBACK[cls]
     if backward:
         return rates.get(f"{cls}/backward", rates["backward_op"])
     return rates.get(cls, rates["op"])
