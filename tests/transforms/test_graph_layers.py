@@ -303,3 +303,21 @@ def test_channels_last_inputs_and_running_statistics(fake_graphs):
     fake_graphs.clear()
     model[1](h.contiguous())
     assert not fake_graphs
+
+
+def test_a_gradient_still_in_the_graphs_buffer_is_copied_before_a_replay():
+    """A replay's backward writes the graph's gradient buffers: a .grad that is one of them
+    (kept by zeroing in place, or accumulating) becomes a copy first; other gradients and None
+    are left alone."""
+    from gpushape.transforms.graph_layers import _own_gradients, _State
+
+    a, b, c = (nn.Parameter(torch.zeros(4)) for _ in range(3))
+    buffer = torch.ones(4)
+    a.grad, b.grad = buffer, torch.full((4,), 2.0)  # a's is the "graph's buffer"
+    state = _State(None, None)
+    state.params, state.static = [a, b, c], {buffer.data_ptr()}
+    kept = b.grad
+    _own_gradients(state)
+    assert a.grad is not buffer and a.grad.data_ptr() != buffer.data_ptr()
+    assert torch.equal(a.grad, buffer)
+    assert b.grad is kept and c.grad is None

@@ -57,20 +57,16 @@ MARK = "_gpushape_graph_layers"  # the per-layer state, in the layer's __dict__
 SLOWER = 1.0  # optimize rolls it back when the graphed layers are not faster than eager
 
 
-STATIC = "_gpushape_graph_grad"  # marks a .grad that is the graph's own gradient buffer
-
-
 class _State:
     """A graphed layer: what it was captured with, the graphed callable, the output structure,
-    its parameters and their gradient hooks. A copy (deepcopy, pickle) is stale: the copied
-    layer runs its own forward."""
+    its parameters and the addresses of their gradient buffers. A copy (deepcopy, pickle) is
+    stale: the copied layer runs its own forward."""
 
     def __init__(self, call: Call | None, graphed: Callable | None, out_spec: Any = None):
         self.call, self.graphed, self.out_spec = call, graphed, out_spec
         self.out_constants: list = []
         self.params: list[nn.Parameter] = []
-        self.none_before: list[bool] = []
-        self.hooks: list = []
+        self.static: set[int] = set()  # addresses of the graph's gradient buffers
 
     def __deepcopy__(self, memo):
         return _State(None, None)
@@ -128,19 +124,13 @@ def _own_gradients(state: _State) -> None:
 
     make_graphed_callables hands each parameter's gradient to autograd as a view of the graph's
     buffer, and autograd keeps that view as .grad when .grad was None. With the gradients set to
-    None between steps (zero_grad's default) nothing is copied."""
-    none_before = state.none_before
-    for i, p in enumerate(state.params):
+    None between steps (zero_grad's default) nothing is copied. Checked here, on the calling
+    thread, by address: no hook runs in autograd's worker thread, where Python is slow."""
+    static = state.static
+    for p in state.params:
         g = p.grad
-        if g is not None and getattr(g, STATIC, False):
+        if g is not None and g.data_ptr() in static:
             p.grad = g.clone()
-        none_before[i] = p.grad is None
-
-
-def _mark_static(state: _State, i: int, p: torch.Tensor) -> None:
-    """After backward put a gradient into p.grad: one set where .grad was None is the graph's."""
-    if state.none_before[i] and p.grad is not None:
-        setattr(p.grad, STATIC, True)
 
 
 def _matching(layer, state: _State, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
@@ -333,23 +323,32 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
     for (layer, _), adapter, state in zip(picked.values(), graphed, states):
         state.graphed = adapter.forward  # the graphed forward, without Module.__call__
         state.params = [p for p in layer.parameters() if p.requires_grad]
-        state.none_before = [True] * len(state.params)
-        state.hooks = [
-            p.register_post_accumulate_grad_hook(
-                lambda p, state=state, i=i: _mark_static(state, i, p)
-            )
-            for i, p in enumerate(state.params)
-        ]
         layer.__dict__[MARK] = state
         layer.forward = _GraphedForward(layer)
+    run = layers_run([state.graphed for state in states], samples)
+    _learn_gradient_buffers(states, run)
     if eager_s is None:
         return None, None
-    run = layers_run([state.graphed for state in states], samples)
     graphed_s = wall_seconds(run)
     for state in states:
         for p in state.params:
             p.grad = None
     return None, (eager_s, graphed_s)
+
+
+def _learn_gradient_buffers(states: list[_State], run) -> None:
+    """One replayed forward and backward with every .grad None: the gradients autograd keeps
+    are the graphs' buffers (where it copied one instead, the address is a freed copy's, which
+    costs at most one needless copy later). The parameters' gradients are put back."""
+    saved = [[p.grad for p in state.params] for state in states]
+    for state in states:
+        for p in state.params:
+            p.grad = None
+    run()
+    for state, grads in zip(states, saved):
+        state.static = {p.grad.data_ptr() for p in state.params if p.grad is not None}
+        for p, g in zip(state.params, grads):
+            p.grad = g
 
 
 def _first_line(exc: BaseException) -> str:
@@ -358,9 +357,6 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _remove(layer: nn.Module) -> None:
-    state = layer.__dict__.get(MARK)
-    for h in getattr(state, "hooks", ()):
-        h.remove()
     layer.__dict__.pop(MARK, None)
     layer.__dict__.pop("forward", None)
 
