@@ -7,6 +7,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ..bench.timer import kernel_times, time_fn
+
 CHECK_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # else 2e-2 (16-bit floats)
 HOST_BOUND = 1.05  # the layers are host-bound when their wall clock exceeds GPU busy by 5%
 
@@ -102,25 +104,10 @@ def layers_run(calls: list, samples: list):
 
 
 def wall_seconds(run, block: int = 5) -> float:
-    """Seconds per call of `run`, CUDA events over `block` calls after one warm-up call."""
-    run()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(block):
-        run()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / block
+    """Seconds per call of `run` (CUDA events, median of `block` calls after one warm-up)."""
+    return time_fn(run, warmup=1, repeats=block, device="cuda").median_s
 
 
 def busy_seconds(run, block: int = 5) -> float:
     """The GPU's busy seconds per call of `run` (torch.profiler's kernel times)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(block):
-            run()
-        torch.cuda.synchronize()
-    return sum(e.device_time for e in prof.events() if e.device_type.name == "CUDA") * 1e-6 / block
+    return sum(us for _, us in kernel_times(run, calls=block, warmup=0)) * 1e-6
