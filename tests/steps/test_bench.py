@@ -156,3 +156,25 @@ def test_compile_graphs_runner_starts_a_graph_step_each_call(monkeypatch):
     assert steps == [1, 1]
     with pytest.raises(GpushapeError, match="names 2 runners"):
         parse_variant("compile+compile-graphs")
+
+
+def test_caller_backward_runs_the_backward_with_multithreading_off():
+    """caller-backward keeps the backward on the calling thread: the flag autograd's engine
+    reads is off while it runs (a gradient hook sees it), and back on after."""
+    from gpushape.steps import synthetic_batch
+    from gpushape.steps.variants import Spec, build_variant
+
+    seen = []
+    model = ConvNet()
+    model.register_full_backward_hook(lambda *_: seen.append(torch._C._is_multithreading_enabled()))
+    batch = synthetic_batch(model, (torch.zeros(2, 3, 16, 16),))
+    spec = Spec.of("fused-optimizer+caller-backward")
+    assert spec.caller_backward and spec.fused_optimizer
+    variant = build_variant("caller-backward", model, batch, optimizer="sgd", spec=spec)
+    variant.run()
+    assert seen == [False] and torch._C._is_multithreading_enabled()
+    assert "backward on the calling thread" in variant.notes
+    plain = build_variant("eager", model, batch, optimizer="sgd")
+    seen.clear()
+    plain.run()
+    assert seen == [True]

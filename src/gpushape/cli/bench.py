@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--vs",
         metavar="V[,V...]",
         help="variants to time against the baseline: eager, channels-last, optimize, "
-        "optimize-compile, fused-optimizer, compile, compile-max-autotune, compile-graphs, graph, "
+        "optimize-compile, fused-optimizer, caller-backward, compile, compile-max-autotune, "
+        "compile-graphs, graph, "
         "or several "
         "joined by '+' (optimize+graph)",
     )

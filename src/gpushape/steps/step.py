@@ -46,6 +46,9 @@ class TrainingStep:
     optimizer: torch.optim.Optimizer
     forward: Callable[..., Any] | None = None
     """What runs the forward: the model, or a compiled version of it."""
+    caller_backward: bool = False
+    """Run the backward on the calling thread (`torch.autograd.set_multithreading_enabled(False)`)
+    rather than on autograd's per-device worker thread."""
 
     def __post_init__(self) -> None:
         if self.forward is None:
@@ -59,7 +62,11 @@ class TrainingStep:
         """Forward, backward, optimizer step, with no zeroing (what a CUDA graph captures:
         gradients it allocates are overwritten by each replay)."""
         loss = self.loss()
-        loss.backward()
+        if self.caller_backward:
+            with torch.autograd.set_multithreading_enabled(False):
+                loss.backward()
+        else:
+            loss.backward()
         self.optimizer.step()
         return loss
 

@@ -6,7 +6,9 @@ order written, model rewrites apply first, then the optimizer's, then how the st
   `optimize` (`gpushape.optimize` for eager mode, or for graph mode with the `graph` runner:
   the audit's fixes, each checked numerically), `optimize-compile` (the fixes that still pay
   under torch.compile);
-- optimizer: `fused-optimizer` (the same optimizer with fused=True);
+- step: `fused-optimizer` (the same optimizer with fused=True), `caller-backward` (the
+  backward on the calling thread, `torch.autograd.set_multithreading_enabled(False)`, instead
+  of autograd's per-device worker thread, where Python runs several times slower);
 - runner: `compile` (torch.compile of the model, optimizer eager), `compile-max-autotune`,
   `compile-graphs` (torch.compile's "reduce-overhead" mode: Inductor replays the compiled
   forward and backward from CUDA graphs; the optimizer eager),
@@ -32,7 +34,7 @@ from .batch import Batch
 from .step import TrainingStep, build_step
 
 MODEL_PARTS = ("eager", "channels-last", "optimize", "optimize-compile")
-OPTIMIZER_PARTS = ("fused-optimizer",)
+OPTIMIZER_PARTS = ("fused-optimizer", "caller-backward")
 RUNNER_PARTS = ("compile", "compile-max-autotune", "compile-graphs", "graph")
 PARTS = MODEL_PARTS + OPTIMIZER_PARTS + RUNNER_PARTS
 CHECK_SAMPLES = 2  # optimize() checks each rewrite on this many samples of the batch
@@ -77,6 +79,8 @@ class Spec:
     transforms: tuple[str, ...] | None = None
     """The transforms optimize may apply (None: the ones the findings name)."""
     fused_optimizer: bool = False
+    caller_backward: bool = False
+    """The backward on the calling thread, not autograd's per-device worker thread."""
     runner: str = "eager"
     """eager, compile, compile-max-autotune, compile-graphs or graph."""
 
@@ -93,6 +97,7 @@ class Spec:
             channels_last="channels-last" in parts,
             optimize_mode=mode,
             fused_optimizer="fused-optimizer" in parts,
+            caller_backward="caller-backward" in parts,
             runner=runner,
         )
 
@@ -121,6 +126,9 @@ def build_variant(
     step = build_step(model, batch, optimizer)
     if spec.fused_optimizer:
         notes.append(_fuse(step))
+    if spec.caller_backward:
+        step.caller_backward = True
+        notes.append("backward on the calling thread")
     run: Any = step
     if spec.runner in ("compile", "compile-max-autotune"):
         mode = "max-autotune" if spec.runner == "compile-max-autotune" else None
