@@ -137,7 +137,7 @@ def test_optimize_on_the_cpu_leaves_the_model_alone():
     state = copy.deepcopy(model.state_dict())
     model, report = optimize(model, (x,), "h200", train=True)
     assert not any(c.transform == "graph-layers" for c in report.applied)
-    assert any(r.transform == "graph-layers" and "CUDA" in r.reason for r in report.refused)
+    assert not any(r.transform == "graph-layers" for r in report.refused)  # not tried: no GPU
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
 
 

@@ -203,7 +203,7 @@ def optimize(
         picked.append(CHECKPOINT)  # a budget asks for it, with or without a finding
     for tid in picked:
         model = _apply_one(model, tid, ctx, ref, out, guard if transforms is None else None)
-    if transforms is None and mode == "eager" and train and checked:
+    if transforms is None and mode == "eager" and train and checked and _on_cuda(model):
         model = _measured(model, GRAPH_LAYERS, ctx, out)
     flags = audit_flags(model)
     out.after = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode, flags=flags)
@@ -232,6 +232,12 @@ def _measured(model: nn.Module, tid: str, ctx: TransformContext, out) -> nn.Modu
     remember(model, outcome.changes)
     out.applied += outcome.changes
     return model
+
+
+def _on_cuda(model: nn.Module) -> bool:
+    """graph-layers is tried only on a GPU (elsewhere it is not even reported)."""
+    params = list(model.parameters())
+    return bool(params) and all(p.is_cuda for p in params)
 
 
 def _as_tuple(inputs: Any) -> tuple:
