@@ -321,3 +321,20 @@ def test_a_gradient_still_in_the_graphs_buffer_is_copied_before_a_replay():
     assert a.grad is not buffer and a.grad.data_ptr() != buffer.data_ptr()
     assert torch.equal(a.grad, buffer)
     assert b.grad is kept and c.grad is None
+
+
+def test_blocks_rewritten_by_torch_fx_still_form_a_stack():
+    """fuse-norm-act turns a block into a torch.fx GraphModule, a class of its own per
+    instance: a stage of such blocks is still a stack (torchvision's ResNet-50 after optimize)."""
+    from gpushape.models import resolve_model
+    from gpushape.transforms import optimize
+
+    resnet = resolve_model("resnet50", batch=2, device="meta")
+    model, report = optimize(
+        resnet.model, resnet.example_inputs, "h200", transforms=["fuse-norm-act"]
+    )
+    assert any(c.transform == "fuse-norm-act" for c in report.applied)
+    assert isinstance(model.layer1[0], torch.fx.GraphModule)
+    assert [(n, len(m)) for n, m in graph_layers.layer_stacks(model)] == [
+        ("layer1", 3), ("layer2", 4), ("layer3", 6), ("layer4", 3)
+    ]  # fmt: skip

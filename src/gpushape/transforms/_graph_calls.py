@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 MIN_LAYERS = 2
@@ -48,15 +48,22 @@ def meta(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
 
 
+def _kind(m: nn.Module) -> type:
+    """A layer's class; every torch.fx GraphModule (a block fuse-norm-act rewrote: torch.fx
+    makes a class per instance) counts as one kind."""
+    return fx.GraphModule if isinstance(m, fx.GraphModule) else type(m)
+
+
 def layer_stacks(model: nn.Module) -> list[tuple[str, list[tuple[str, nn.Module]]]]:
     """(container name, [(layer name, layer)]) for each ModuleList / Sequential holding two or
-    more children of one class (the repeated blocks of a transformer, the stages of a convnet)."""
+    more children of one class (the repeated blocks of a transformer, the stages of a convnet;
+    blocks rewritten by torch.fx count as one class)."""
     stacks = []
     for name, m in model.named_modules():
         if not isinstance(m, (nn.ModuleList, nn.Sequential)) or len(m) < MIN_LAYERS:
             continue
         children = list(m.named_children())
-        kinds = {type(c) for _, c in children}
+        kinds = {_kind(c) for _, c in children}
         if (
             name
             and len(kinds) == 1
