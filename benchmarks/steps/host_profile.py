@@ -8,7 +8,6 @@ their ATen calls; Triton launches as the kernels' Python wrappers).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections import defaultdict
@@ -19,10 +18,9 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
+from _variants import each_variant, parser
+
 from gpushape.bench import write_results
-from gpushape.models import resolve_model
-from gpushape.steps import synthetic_batch
-from gpushape.steps.variants import Spec, build_variant
 
 STEPS = 5
 
@@ -59,20 +57,9 @@ def host_profile(run, steps: int = STEPS, top: int = 20) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("model")
-    p.add_argument("--vs", default="eager,optimize")
-    p.add_argument("--batch", type=int)
-    p.add_argument("--optimizer", default="auto")
-    p.add_argument("--out", default="host_profile.json")
-    args = p.parse_args()
-    resolved = resolve_model(args.model, batch=args.batch, dtype=torch.bfloat16, device="cuda")
-    batch = synthetic_batch(resolved.model, resolved.example_inputs)
+    args = parser("host_profile.json", optimizer="auto").parse_args()
     results = {}
-    for name in args.vs.split(","):
-        variant = build_variant(
-            name, resolved.model, batch, optimizer=args.optimizer, spec=Spec.of(name)
-        )
+    for name, variant in each_variant(args):
         r = host_profile(variant.run)
         results[name] = {**r, "notes": variant.notes}
         print(
@@ -81,8 +68,6 @@ def main() -> None:
         )
         for op, ms, calls in r["top_cpu_self"]:
             print(f"  {ms:8.3f} ms {calls:6.0f}x  {op[:90]}")
-        del variant
-        torch.cuda.empty_cache()
     write_results(args.out, {"model": args.model, "results": results})
 
 

@@ -8,7 +8,6 @@ with the Python stack that called them), the time the host spends waiting in CUD
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import traceback
@@ -21,10 +20,9 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
+from _variants import each_variant, parser
+
 from gpushape.bench import write_results
-from gpushape.models import resolve_model
-from gpushape.steps import synthetic_batch
-from gpushape.steps.variants import Spec, build_variant
 
 STEPS = 5
 WAITS = ("Synchronize", "cudaMemcpy", "cudaStreamWait", "cudaEventSynchronize", "cudaFree")
@@ -106,20 +104,9 @@ def timeline(run, steps: int = STEPS) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("model")
-    p.add_argument("--vs", default="eager,optimize")
-    p.add_argument("--batch", type=int)
-    p.add_argument("--optimizer", default="adamw-fused")
-    p.add_argument("--out", default="host_sync.json")
-    args = p.parse_args()
-    resolved = resolve_model(args.model, batch=args.batch, dtype=torch.bfloat16, device="cuda")
-    batch = synthetic_batch(resolved.model, resolved.example_inputs)
+    args = parser("host_sync.json", optimizer="adamw-fused").parse_args()
     results = {}
-    for name in args.vs.split(","):
-        variant = build_variant(
-            name, resolved.model, batch, optimizer=args.optimizer, spec=Spec.of(name)
-        )
+    for name, variant in each_variant(args):
         for _ in range(3):
             variant.run()
         sites = sync_sites(variant.run)
@@ -135,8 +122,6 @@ def main() -> None:
             print(f"  host waits {v:8.3f} ms in {k}")
         for g in r["top_gaps"][:6]:
             print(f"  gap {g['us']:8.0f} us during {g['cpu_ops']}")
-        del variant
-        torch.cuda.empty_cache()
     write_results(args.out, {"model": args.model, "batch": args.batch, "results": results})
 
 

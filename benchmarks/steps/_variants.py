@@ -1,0 +1,41 @@
+"""What the host studies share: the command line (a MODEL, --vs, --batch, --optimizer, --out)
+and each named variant of `gpushape bench` built on the GPU, one at a time."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from gpushape.models import resolve_model
+from gpushape.steps import synthetic_batch
+from gpushape.steps.variants import Spec, Variant, build_variant
+
+
+def parser(out: str, optimizer: str = "auto") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--vs", default="eager,optimize")
+    p.add_argument("--batch", type=int)
+    p.add_argument("--optimizer", default=optimizer)
+    p.add_argument("--out", default=out)
+    return p
+
+
+def each_variant(args: argparse.Namespace) -> Iterator[tuple[str, Variant]]:
+    """(name, variant) for each of --vs, built from the model at --batch in bf16 on CUDA; the
+    previous one is dropped and the cache emptied before the next is built."""
+    resolved = resolve_model(args.model, batch=args.batch, dtype=torch.bfloat16, device="cuda")
+    batch = synthetic_batch(resolved.model, resolved.example_inputs)
+    for name in args.vs.split(","):
+        variant = build_variant(
+            name, resolved.model, batch, optimizer=args.optimizer, spec=Spec.of(name)
+        )
+        yield name, variant
+        del variant
+        torch.cuda.empty_cache()
