@@ -123,3 +123,23 @@ def test_launch_claim_needs_a_graph_figure():
         ceilings={"launch_overhead_s": 6.9e-6, "graph_launch_overhead_s": 1.1e-6},
     )
     assert guide_claims.REGISTRY["launch-overhead"].measure(ctx).gain == pytest.approx(5.27, 0.01)
+
+
+def test_alignment_levels_weigh_alike_whatever_sizes_a_sweep_has():
+    """The quick and the full probe sweep different sizes around a base (the full one many more
+    odd ones): pooled per level, then averaged, both measure the same thing."""
+    from gpushape.probe.cliffs import Curve
+    from gpushape.probe.guide_claims import _pooled_levels
+
+    speed = {1: 0.2, 2: 0.4, 4: 0.6, 8: 1.0}  # relative throughput by alignment level
+
+    def curve(offsets):
+        sizes = tuple(4096 + o for o in offsets)
+        level = [min(s & -s, 8) for s in sizes]
+        return Curve(sizes, tuple(speed[v] * 100 for v in level))
+
+    few = curve((0, 1, 2, 4, 8))  # one size a level
+    many = curve((0, 1, 3, 5, 7, 9, 11, 2, 4, 8))  # six odd sizes
+    expected = (0.2 + 0.4 + 0.6) / 3
+    for c in (few, many):
+        assert abs(_pooled_levels([c], 1, 4) - expected) < 1e-9

@@ -122,8 +122,19 @@ def conv_63_vs_64(ctx: ClaimContext) -> Measured:
 
 
 def _pooled_levels(curves, lo: int, hi: int) -> float | None:
-    values = [r for c in curves for s, r in relative(c) if lo <= alignment_level(s) <= hi]
-    return statistics.median(values) if values else None
+    """Relative throughput of the sizes whose alignment level lies in [lo, hi]: the median at
+    each level, then the mean of the levels, so that each level weighs alike whatever sizes a
+    sweep has (the quick probe has fewer odd sizes than the full one, and odd sizes are the
+    slowest: pooled together, the two probes measured different things)."""
+    by_level: dict[int, list[float]] = {}
+    for c in curves:
+        for s, r in relative(c):
+            level = alignment_level(s)
+            if lo <= level <= hi:
+                by_level.setdefault(level, []).append(r)
+    if not by_level:
+        return None
+    return statistics.fmean(statistics.median(v) for v in by_level.values())
 
 
 def _align_curves(ctx: ClaimContext, dtypes=("bf16", "fp16")) -> tuple[str, list]:
