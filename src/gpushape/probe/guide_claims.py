@@ -82,7 +82,7 @@ def selected(plan: ProbePlan) -> list[Claim]:
 
 def _stage1(ctx: ClaimContext) -> tuple[int, int]:
     """(channels, height = width) of a ResNet-50 stage-1 3x3 conv; toy sizes on the CPU test."""
-    return ctx.pick(quick=(64, 56), full=(64, 56), tiny=(8, 4))
+    return ctx.pick((64, 56), tiny=(8, 4))
 
 
 def _conv(shape: ConvShape, ctx: ClaimContext, *, seed_w: torch.Tensor | None = None):
@@ -108,8 +108,8 @@ def _timed_convs(shapes: dict[str, ConvShape], ctx: ClaimContext, timer=ab_times
     claimed_gain=1 / 0.65 - 1,
 )
 def conv_63_vs_64(ctx: ClaimContext) -> Measured:
-    batch, hw = ctx.pick(quick=64, full=256, tiny=1), ctx.pick(quick=56, full=56, tiny=4)
-    cout = ctx.pick(quick=128, full=128, tiny=8)
+    batch, hw = ctx.pick(256, tiny=1), ctx.pick(56, tiny=4)
+    cout = ctx.pick(128, tiny=8)
     shapes = {
         f"cin{c}": ConvShape(batch=batch, cin=c, cout=cout, hw=hw, kernel=3) for c in (63, 64)
     }
@@ -208,7 +208,7 @@ def tensor_core_multiple_of_8(ctx: ClaimContext) -> Measured:
     claimed_gain=0.26,
 )
 def batch_127_vs_128(ctx: ClaimContext) -> Measured:
-    (c, hw), nk = _stage1(ctx), ctx.pick(quick=4096, full=4096, tiny=64)
+    (c, hw), nk = _stage1(ctx), ctx.pick(4096, tiny=64)
     shapes = {str(b): ConvShape(batch=b, cin=c, cout=c, hw=hw, kernel=3) for b in (127, 128)}
     tc = _timed_convs(shapes, ctx)
     w = torch.randn(nk, nk, device=ctx.device, dtype=BF16)
@@ -266,7 +266,7 @@ def batch_512_vs_256(ctx: ClaimContext) -> Measured:
     claimed_gain=0.18,
 )
 def stem_pad_to_32(ctx: ClaimContext) -> Measured:
-    batch, hw = ctx.pick(quick=32, full=128, tiny=2), ctx.pick(quick=224, full=224, tiny=16)
+    batch, hw = ctx.pick(128, tiny=2), ctx.pick(224, tiny=16)
     x3, w3 = conv_operands(
         ConvShape(batch=batch, cin=3, cout=64, hw=hw, kernel=7), "bf16", ctx.device
     )
@@ -296,8 +296,8 @@ def stem_pad_to_32(ctx: ClaimContext) -> Measured:
     claimed="qualitative: 64x64 faster per FLOP than 56x56",
 )
 def spatial_multiple_of_32(ctx: ClaimContext) -> Measured:
-    batch, (c, _) = ctx.pick(quick=32, full=128, tiny=2), _stage1(ctx)
-    sizes = ctx.pick(quick=(56, 64), full=(56, 64), tiny=(6, 8))
+    batch, (c, _) = ctx.pick(128, tiny=2), _stage1(ctx)
+    sizes = ctx.pick((56, 64), tiny=(6, 8))
     shapes = {str(s): ConvShape(batch=batch, cin=c, cout=c, hw=s, kernel=3) for s in sizes}
     t = _timed_convs(shapes, ctx)
     rate = {k: shapes[k].flops / t[k] for k in shapes}
@@ -316,7 +316,7 @@ def spatial_multiple_of_32(ctx: ClaimContext) -> Measured:
     claimed="qualitative: channels_last faster",
 )
 def channels_last(ctx: ClaimContext) -> Measured:
-    batch, (c, hw) = ctx.pick(quick=32, full=128, tiny=2), _stage1(ctx)
+    batch, (c, hw) = ctx.pick(128, tiny=2), _stage1(ctx)
     x, w = conv_operands(
         ConvShape(batch=batch, cin=c, cout=c, hw=hw, kernel=3, channels_last=False),
         "bf16",
@@ -350,7 +350,7 @@ def channels_last(ctx: ClaimContext) -> Measured:
     claimed="qualitative: autotuned faster",
 )
 def cudnn_benchmark(ctx: ClaimContext) -> Measured:
-    batch, (c, hw) = ctx.pick(quick=32, full=128, tiny=2), _stage1(ctx)
+    batch, (c, hw) = ctx.pick(128, tiny=2), _stage1(ctx)
     run, _, _ = _conv(ConvShape(batch=batch, cin=c, cout=c, hw=hw, kernel=3), ctx)
 
     def with_flag(flag: bool):

@@ -52,7 +52,7 @@ def lowered_ops(fn) -> list[str]:
     claimed_gain=1 / 0.6 - 1,
 )
 def pool_vs_mean(ctx: ClaimContext) -> Measured:
-    batch, channels = ctx.pick(quick=256, full=256, tiny=2), ctx.pick(quick=2048, full=2048, tiny=8)
+    batch, channels = ctx.pick(256, tiny=2), ctx.pick(2048, tiny=8)
     x = torch.randn(batch, channels, 7, 7, device=ctx.device, dtype=BF16)
     pool = lambda: F.adaptive_avg_pool2d(x, 1)
     mean = lambda: x.mean(dim=(2, 3), keepdim=True)
@@ -74,7 +74,7 @@ def pool_vs_mean(ctx: ClaimContext) -> Measured:
     claimed="qualitative: bmm faster",
 )
 def einsum_vs_bmm(ctx: ClaimContext) -> Measured:
-    b, h, i, d = ctx.pick(quick=(4, 16, 1024, 64), full=(8, 16, 1024, 64), tiny=(1, 2, 8, 4))
+    b, h, i, d = ctx.pick((8, 16, 1024, 64), tiny=(1, 2, 8, 4))
     q = torch.randn(b, h, i, d, device=ctx.device, dtype=BF16)  # (B, H, I, D)
     k = torch.randn(h, d, i, device=ctx.device, dtype=BF16)  # (H, D, J)
     einsum = lambda: torch.einsum("bhid,hdj->bhij", q, k)
@@ -100,7 +100,7 @@ def einsum_vs_bmm(ctx: ClaimContext) -> Measured:
     claimed="qualitative: one GEMM faster than three",
 )
 def qkv_fusion(ctx: ClaimContext) -> Measured:
-    tokens, width = ctx.pick(quick=(4096, 768), full=(16384, 768), tiny=(16, 8))
+    tokens, width = ctx.pick((16384, 768), tiny=(16, 8))
     x = torch.randn(tokens, width, device=ctx.device, dtype=BF16)
     ws = [torch.randn(width, width, device=ctx.device, dtype=BF16) / width**0.5 for _ in range(3)]
     w_qkv = torch.cat(ws)  # (3 * width, width)
@@ -137,7 +137,7 @@ def _room(ctx: ClaimContext, seconds: float, bytes_once: int) -> tuple[float | N
 )
 def layernorm_gelu(ctx: ClaimContext) -> Measured:
     # the full size in the quick probe too: a smaller tensor would sit in L2 and flatter eager
-    rows, width = ctx.pick(quick=(32768, 4096), full=(32768, 4096), tiny=(64, 32))
+    rows, width = ctx.pick((32768, 4096), tiny=(64, 32))
     x = torch.randn(rows, width, device=ctx.device, dtype=BF16)
     w, b = (torch.randn(width, device=ctx.device, dtype=BF16) for _ in range(2))
     seconds = per_call_s(lambda: F.gelu(F.layer_norm(x, (width,), w, b)), [()], ctx.cfg)
@@ -160,7 +160,7 @@ def layernorm_gelu(ctx: ClaimContext) -> Measured:
     claimed_gain=1.0,
 )
 def bn_relu(ctx: ClaimContext) -> Measured:
-    batch, c, hw = ctx.pick(quick=(64, 256, 56), full=(64, 256, 56), tiny=(2, 8, 4))
+    batch, c, hw = ctx.pick((64, 256, 56), tiny=(2, 8, 4))
     x = torch.randn(batch, c, hw, hw, device=ctx.device, dtype=BF16)
     x = x.contiguous(memory_format=torch.channels_last)
     mean, var, w, b = (torch.rand(c, device=ctx.device, dtype=BF16) + 0.5 for _ in range(4))
@@ -214,7 +214,7 @@ MEMORY_WALL_RULE = (
     claimed="compute takes 0.3% of the load time (memory-bound)",
 )
 def memory_wall(ctx: ClaimContext) -> Measured:
-    n = ctx.pick(quick=1024, full=1024, tiny=64)
+    n = ctx.pick(1024, tiny=64)
     a, b = (torch.randn(n, n, device=ctx.device, dtype=torch.float16) for _ in range(2))
     with math_mode("fp16"):
         seconds = per_call_s(torch.matmul, [(a, b)], ctx.cfg)
