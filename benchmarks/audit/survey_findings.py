@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from gpushape.auditing import audit  # noqa: E402
+from gpushape.auditing.finding import Severity  # noqa: E402
 from gpushape.bench import write_results  # noqa: E402
 from gpushape.models import resolve_model  # noqa: E402
 
@@ -31,7 +32,6 @@ MODELS = (
     "hf:llama?hidden_size=1024&intermediate_size=2816&num_hidden_layers=8"
     "&num_attention_heads=16&num_key_value_heads=4&vocab_size=32000",
 )
-SEVERE = ("high", "medium")
 
 
 def survey(models, modes, gpu: str = "h200-sxm") -> list[dict]:
@@ -54,13 +54,13 @@ def survey(models, modes, gpu: str = "h200-sxm") -> list[dict]:
                     "findings": [
                         {
                             "rule": f.rule,
-                            "severity": str(getattr(f.severity, "name", f.severity)).lower(),
+                            "severity": f.severity.label,
                             "module": f.module,
                             "fix": f.fix,
                             "saving_s": f.est_saving_s,
                         }
                         for f in report.findings
-                        if str(getattr(f.severity, "name", f.severity)).lower() in SEVERE
+                        if f.severity >= Severity.MEDIUM
                     ],
                 }
             )

@@ -1,14 +1,17 @@
-"""What the host studies share: the command line (a MODEL, --vs, --batch, --optimizer, --out)
-and each named variant of `gpushape bench` built on the GPU, one at a time."""
+"""What the host studies share: the command line (a MODEL, --vs, --batch, --optimizer, --out),
+each named variant of `gpushape bench` built on the GPU, one at a time, and a step's wall clock
+unprofiled followed by torch.profiler over as many steps."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
@@ -39,3 +42,21 @@ def each_variant(args: argparse.Namespace) -> Iterator[tuple[str, Variant]]:
         yield name, variant
         del variant
         torch.cuda.empty_cache()
+
+
+def wall_then_profiled(run, steps: int) -> tuple[float, profile]:
+    """(seconds per step unprofiled, torch.profiler over `steps` more with CPU and CUDA
+    activities), after three warm-up steps."""
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        run()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / steps
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    return wall, prof

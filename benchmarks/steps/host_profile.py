@@ -9,16 +9,12 @@ their ATen calls; Triton launches as the kernels' Python wrappers).
 from __future__ import annotations
 
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from _variants import each_variant, parser
+from _variants import each_variant, parser, wall_then_profiled
 
 from gpushape.bench import write_results
 
@@ -26,18 +22,7 @@ STEPS = 5
 
 
 def host_profile(run, steps: int = STEPS, top: int = 20) -> dict:
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        run()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / steps
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
+    wall, prof = wall_then_profiled(run, steps)
     cpu: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     gpu_busy = 0.0
     for e in prof.events():

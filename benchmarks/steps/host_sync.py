@@ -9,18 +9,16 @@ with the Python stack that called them), the time the host spends waiting in CUD
 from __future__ import annotations
 
 import sys
-import time
 import traceback
 import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from _variants import each_variant, parser
+from _variants import each_variant, parser, wall_then_profiled
 
 from gpushape.bench import write_results
 
@@ -58,18 +56,7 @@ def sync_sites(run) -> list[dict]:
 
 
 def timeline(run, steps: int = STEPS) -> dict:
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        run()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / steps
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
+    wall, prof = wall_then_profiled(run, steps)
     kernels, waits, cpu_ops = [], defaultdict(float), []
     for e in prof.events():
         start, end = e.time_range.start, e.time_range.end
