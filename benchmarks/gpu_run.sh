@@ -108,6 +108,8 @@ for spec in "$@"; do
     host-validate) run host-validate "$secs" python3 benchmarks/steps/host_validate.py --models "${MODELS:-hf:bert,hf:gpt2,timm:vit_base_patch16_224,timm:resnet50}" --out "$OUT/host_validate.json" ;;
     gputests-bnact) run gputests-bnact "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -k "not 2_pow_31" tests/kernels/test_batch_norm_act_gpu.py tests/kernels/test_batch_norm_act_smooth.py ;;
     bench-effnet) run bench-effnet "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench timm:efficientnet_b0 --vs "${VS:-channels-last,optimize}" --rounds "${ROUNDS:-3}" --kernels 8 --csv "$OUT/bench-h200/bench.csv" -o "$OUT/bench-h200/effnet.json"' ;;
+    # a Linear's bias gradient (column sum) by PyTorch, cuBLAS GEMV, Inductor and gpushape
+    bias-grad) run bias-grad "$secs" python3 benchmarks/kernels/probe_bias_grad.py --out "$OUT/probe_bias_grad.json" ;;
     *) echo "unknown step $name" ;;
   esac
 done

@@ -1,0 +1,1 @@
+"""Kernels for a Linear's backward: the bias gradient as a column sum."""
