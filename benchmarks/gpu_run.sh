@@ -110,6 +110,8 @@ for spec in "$@"; do
     bench-effnet) run bench-effnet "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench timm:efficientnet_b0 --vs "${VS:-channels-last,optimize}" --rounds "${ROUNDS:-3}" --kernels 8 --csv "$OUT/bench-h200/bench.csv" -o "$OUT/bench-h200/effnet.json"' ;;
     # a Linear's bias gradient (column sum) by PyTorch, cuBLAS GEMV, Inductor and gpushape
     bias-grad) run bias-grad "$secs" python3 benchmarks/kernels/probe_bias_grad.py --out "$OUT/probe_bias_grad.json" ;;
+    # is graph-layers' self-check stable? optimize built several times on one model
+    graph-check) run graph-check "$secs" python3 benchmarks/transforms/diagnose_graph_check.py "${MODEL:-hf:bert}" --batch "${BATCH:-32}" --builds "${BUILDS:-3}" --out "$OUT/diagnose_graph_check.json" ;;
     *) echo "unknown step $name" ;;
   esac
 done

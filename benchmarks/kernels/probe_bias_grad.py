@@ -20,10 +20,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from gpushape.bench import compare, copy_bandwidth_bytes_per_s, write_results  # noqa: E402
-from gpushape.kernels.linear import column_sum  # noqa: E402
+from gpushape.bench import compare, copy_bandwidth_bytes_per_s, write_results
+from gpushape.kernels.linear.column_sum import column_sum
 
 SHAPES = [(16384, 768), (16384, 3072), (16384, 2304), (8192, 768), (8192, 3072), (2458, 30528)]
+
+
+def _variants(g, ones, compiled) -> dict:
+    return {
+        "torch sum(0)": lambda: g.sum(0),
+        "gemv ones": lambda: ones @ g,
+        "compile sum(0)": lambda: compiled(g),
+        "gpushape column_sum": lambda: column_sum(g),
+    }
 
 
 def main() -> None:
@@ -36,13 +45,7 @@ def main() -> None:
     for m, n in SHAPES:
         g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         ones = torch.ones(m, device="cuda", dtype=torch.bfloat16)
-        compiled = torch.compile(lambda t: t.sum(0), dynamic=False)
-        variants = {
-            "torch sum(0)": lambda: g.sum(0),
-            "gemv ones": lambda: ones @ g,
-            "compile sum(0)": lambda: compiled(g),
-            "gpushape column_sum": lambda: column_sum(g),
-        }
+        variants = _variants(g, ones, torch.compile(lambda t: t.sum(0), dynamic=False))
         ref = g.float().sum(0)
         errors = {}
         for name, fn in variants.items():

@@ -215,6 +215,32 @@ def test_twice_equals_once_and_revert(fake_graphs):
                for b in model.layers)  # fmt: skip
 
 
+def test_a_failed_check_refuses_and_frees_the_graphs(fake_graphs, monkeypatch):
+    """The refusal drops what the capture made (the stand-in's forward closes over its adapter,
+    a cycle like make_graphed_callables'), so no graph outlives it; revert frees them too."""
+    import weakref
+
+    adapters = []
+    capture = torch.cuda.make_graphed_callables
+
+    def kept(callables, samples, **kw):
+        out = capture(callables, samples, **kw)
+        adapters.extend(weakref.ref(c) for c in out)
+        return out
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", kept)
+    monkeypatch.setattr(graph_layers, "self_check", lambda m, i: "output 0 differs (max error 1)")
+    model, x = Net().train(), torch.randn(2, 16)
+    out = _apply(model, x)
+    assert not out.changes and "max error 1" in out.refusals[0].reason
+    assert adapters and all(ref() is None for ref in adapters)
+    assert not any(graph_layers.is_graphed(b) for b in model.layers)
+    monkeypatch.setattr(graph_layers, "self_check", lambda m, i: None)
+    adapters.clear()
+    _core.undo(_apply(model, x).changes)
+    assert adapters and all(ref() is None for ref in adapters)
+
+
 def test_optimize_asked_by_name_and_revert(fake_graphs):
     model, x = Net().train(), torch.randn(2, 16)
     model, report = optimize(model, (x,), "h200", train=True, transforms=["graph-layers"])

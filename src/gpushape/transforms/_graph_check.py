@@ -47,14 +47,19 @@ FLOOR = 1e-2  # a gradient near zero (BERT's key bias: softmax ignores it) is he
 # fraction of the largest gradient's scale: it is rounding noise, summed in another order
 
 
-def _close(a: torch.Tensor | None, b: torch.Tensor | None, floor: float = 0.0) -> bool:
+def _mismatch(a: torch.Tensor | None, b: torch.Tensor | None, floor: float = 0.0) -> str | None:
+    """None when `a` equals the reference `b` within the check's tolerance, else by how much
+    it misses."""
     if a is None or b is None:
-        return a is None and b is None
+        return None if a is None and b is None else "one of the two is None"
     if a.shape != b.shape:
-        return False
+        return f"shape {tuple(a.shape)} against {tuple(b.shape)}"
     rtol = CHECK_RTOL.get(b.dtype, 2e-2)
     scale = max(b.float().abs().max().item(), floor)
-    return (a.float() - b.float()).abs().max().item() <= rtol * scale + 1e-12
+    error = (a.float() - b.float()).abs().max().item()
+    if error <= rtol * scale + 1e-12:
+        return None
+    return f"max error {error:.3g}, allowed {rtol:g} of its scale {scale:.3g}"
 
 
 def self_check(model: nn.Module, inputs: tuple) -> str | None:
@@ -75,14 +80,16 @@ def self_check(model: nn.Module, inputs: tuple) -> str | None:
         torch.cuda.set_rng_state(state)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     for i, (a, b) in enumerate(zip(out, ref_out)):
-        if not _close(a, b):
-            return f"output {i} differs from the eager model's"
+        miss = _mismatch(a, b)
+        if miss:
+            return f"output {i} {tuple(b.shape)} differs from the eager model's ({miss})"
     floor = FLOOR * max(
         (g.float().abs().max().item() for g in ref_grads if g is not None), default=0
     )
     for name, a, b in zip(names, grads, ref_grads):
-        if not _close(a, b, floor):
-            return f"the gradient of {name} differs from the eager model's"
+        miss = _mismatch(a, b, floor)
+        if miss:
+            return f"the gradient of {name} differs from the eager model's ({miss})"
     return None
 
 

@@ -40,6 +40,7 @@ replayed from the graphs from the same random state, give the same outputs and g
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +68,16 @@ class _State:
         self.out_constants: list = []
         self.params: list[nn.Parameter] = []
         self.static: set[int] = set()  # addresses of the graph's gradient buffers
+        self.adapter: nn.Module | None = None  # what make_graphed_callables captured
+
+    def release(self) -> None:
+        """Drop the graphs. make_graphed_callables sets the graphed forward on the adapter,
+        a closure over the adapter itself: only the garbage collector would free that cycle,
+        with the graphs' memory pool and the autograd nodes their capture made (on the capture's
+        side stream, where they make every later backward wait across streams)."""
+        if self.adapter is not None:
+            self.adapter.__dict__.pop("forward", None)
+        self.adapter = self.graphed = None
 
     def __deepcopy__(self, memo):
         return _State(None, None)
@@ -274,7 +285,8 @@ def _apply_to(model: nn.Module, layers: dict, ctx: TransformContext, out: Outcom
         error = self_check(model, ctx.example_inputs)
     if error is not None:
         for layer, _ in picked.values():
-            _remove(layer)
+            _remove(layer, collect=False)
+        gc.collect()
         return _refuse(out, next(iter(picked)), error)
     for name, (layer, call) in picked.items():
         out.changes.append(
@@ -300,7 +312,8 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
     adapters, samples, states = [], [], []
     for layer, call in picked.values():
         state = _State(call, None)
-        adapters.append(_Positional(layer, call, state))
+        state.adapter = _Positional(layer, call, state)
+        adapters.append(state.adapter)
         samples.append(sample(call))
         states.append(state)
     eager_s = None
@@ -310,6 +323,7 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
         for adapter in adapters:  # the parameter gradients these passes left
             adapter.zero_grad(set_to_none=True)
         if eager_s < busy * HOST_BOUND:
+            _release(states)
             return (
                 f"the layers' eager forward + backward is GPU-bound (wall {eager_s * 1e3:,.2f} "
                 f"ms, GPU busy {busy * 1e3:,.2f} ms): graphs would save nothing"
@@ -319,6 +333,7 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
             tuple(adapters), tuple(samples), allow_unused_input=True
         )
     except Exception as exc:
+        _release(states)
         return f"capture failed: {type(exc).__name__}: {_first_line(exc)}", None
     for (layer, _), adapter, state in zip(picked.values(), graphed, states):
         state.graphed = adapter.forward  # the graphed forward, without Module.__call__
@@ -356,9 +371,18 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:240] if text else "(no message)"
 
 
-def _remove(layer: nn.Module) -> None:
-    layer.__dict__.pop(MARK, None)
+def _remove(layer: nn.Module, collect: bool = True) -> None:
+    state = layer.__dict__.pop(MARK, None)
     layer.__dict__.pop("forward", None)
+    if state is not None:
+        _release([state], collect)
+
+
+def _release(states: list[_State], collect: bool = True) -> None:
+    for state in states:
+        state.release()
+    if collect:  # the graphed autograd Functions are classes: cycles by nature
+        gc.collect()  # the cycles make_graphed_callables leaves, now broken, with their graphs
 
 
 __all__ = ["apply", "is_graphed", "layer_stacks"]

@@ -51,13 +51,17 @@ if triton is not None:
         tl.store(part_ptr + band * n + cols, tl.sum(acc, axis=0), mask=col_ok)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _bands(m: int, n: int, device: torch.device) -> int:
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
     else:
         sms = 4
-    col_blocks = -(-n // BLOCK_N)
-    row_blocks = -(-m // BLOCK_M)
+    col_blocks = _cdiv(n, BLOCK_N)
+    row_blocks = _cdiv(m, BLOCK_M)
     return max(1, min(row_blocks, (PROGRAMS_PER_SM * sms) // col_blocks))
 
 
@@ -72,11 +76,10 @@ def column_sum(g: torch.Tensor) -> torch.Tensor:
         return g.sum(0)
     if g.stride(1) != 1:
         g = g.contiguous()
-    bands = _bands(m, n, g.device)
-    rows_per_band = -(-(-(-m // bands)) // BLOCK_M) * BLOCK_M
-    bands = -(-m // rows_per_band)
+    rows_per_band = _cdiv(_cdiv(m, _bands(m, n, g.device)), BLOCK_M) * BLOCK_M
+    bands = _cdiv(m, rows_per_band)
     part = torch.empty(bands, n, device=g.device, dtype=torch.float32)
-    grid = (-(-n // BLOCK_N), bands)
+    grid = (_cdiv(n, BLOCK_N), bands)
     _column_sum_partial[grid](
         g, part, m, n, g.stride(0), rows_per_band, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N
     )
