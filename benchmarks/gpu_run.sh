@@ -98,7 +98,7 @@ for spec in "$@"; do
     host-size) run host-size "$secs" python3 benchmarks/steps/host_by_size.py --out "$OUT/host_by_size.json" ;;
     # what host-side changes buy a host-bound eager step: transform sets, gc frozen
     host-fixes) run host-fixes "$secs" python3 benchmarks/steps/host_fixes.py "${MODEL:-hf:bert}" --batch "${BATCH:-32}" --sets "${SETS:-pad-channels,fuse-norm-act,masked-lm-head;pad-channels,fuse-norm-act,masked-lm-head,fuse-qkv;pad-channels,masked-lm-head}" --out "$OUT/host_fixes.json" ;;
-    gputests-graph) run gputests-graph "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/transforms/test_graph_layers_gpu.py ;;
+    gputests-graph) run gputests-graph "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/transforms/test_graph_layers_gpu.py tests/transforms/test_bias_grad.py ;;
     # issue #15's loop on the library models with high or medium findings
     # (benchmarks/results/audit-cpu/survey_findings.json): MODE=eager (6 models) or compile (4)
     loops-lib) run loops-lib "$secs" bash -c 'mkdir -p "$OUT/bench-h200"; mode=${MODE:-eager}; if [ "$mode" = eager ]; then def="timm:mobilenetv3_large_100 timm:efficientnet_b0 timm:vit_base_patch16_224 timm:swin_tiny_patch4_window7_224 hf:gpt2 hf:bert"; else def="timm:mobilenetv3_large_100 timm:efficientnet_b0 timm:swin_tiny_patch4_window7_224 hf:bert"; fi; for m in ${MODELS:-$def}; do s=$(echo "$m" | tr ":/?&=" "_____"); extra=""; [ "$m" = hf:bert ] && extra="--batch 32 --optimizer adamw-fused"; echo "== $m ($mode)"; python3 -m gpushape bench "$m" $extra --optimize --mode "$mode" --rounds "${ROUNDS:-4}" --csv "$OUT/bench-h200/loop-lib.csv" -o "$OUT/bench-h200/loop-$s-$mode.json" 2>&1 | tail -n 25; done' ;;

@@ -5,12 +5,16 @@
 BERT-base's optimized training step spends ~2.4 ms of 28.6 in PyTorch's `reduce_kernel`, the
 bias gradients of its Linears (`grad.sum(0)` over 16,384 rows in bf16). This times, on the
 shapes BERT and GPT-2 give it, each way of taking that sum: PyTorch's `sum(0)`, a GEMV against
-a vector of ones (cuBLAS), torch.compile's reduction, and gpushape's Triton column sum under
-several launch tunings. Each is checked against an fp32 reference first. Two timings: "eager"
-calls back to back (host launch cost included where it is the larger), and "graph", 20 calls
-replayed from one CUDA graph (GPU time alone: what a graphed layer pays). GB/s counts the
-matrix read once; the copy rate is measured in the same run. Variants alternate round by
-round (gpushape.bench.compare, CUDA events, medians).
+a vector of ones (cuBLAS) and torch.compile's reduction. Each is checked against an fp32
+reference first. Two timings: "eager", calls back to back (the host's launch cost included where
+it is the larger), and "graph", 20 calls replayed from one CUDA graph (GPU time alone: what a
+graphed layer pays). GB/s counts the matrix read once; the copy rate is measured in the same
+run. Variants alternate round by round (gpushape.bench.compare, CUDA events, medians).
+
+The run committed on 2026-12-02 also timed a Triton column sum (banded fp32 partial sums and a
+finishing pass, six launch tunings; commit 066762f). From a CUDA graph its best tuning took
+1.1-1.5x the GEMV's time on the shapes up to 3,072 wide, so gpushape uses the GEMV
+(transforms/_bias_grad.py) and the kernel was removed.
 """
 
 from __future__ import annotations
@@ -24,29 +28,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from gpushape.bench import compare, copy_bandwidth_bytes_per_s, cuda_graph, write_results
-from gpushape.kernels.linear.column_sum import ColumnSumTuning, column_sum
 
 SHAPES = [(16384, 768), (16384, 3072), (16384, 2304), (8192, 768), (8192, 3072), (2458, 30528)]
-TUNINGS = {
-    "32x256/4": ColumnSumTuning(32, 256, 4, 4),
-    "32x128/4": ColumnSumTuning(32, 128, 4, 4),
-    "64x128/8": ColumnSumTuning(64, 128, 8, 4),
-    "16x256/8": ColumnSumTuning(16, 256, 8, 4),
-    "64x256/2w8": ColumnSumTuning(64, 256, 2, 8),
-    "32x512/4w8": ColumnSumTuning(32, 512, 4, 8),
-}
 CALLS = 20  # per timed call of a graph
 
 
 def _variants(g, ones, compiled) -> dict:
-    out = {
+    return {
         "torch sum(0)": lambda: g.sum(0),
         "gemv ones": lambda: ones @ g,
         "compile sum(0)": lambda: compiled(g),
     }
-    for name, t in TUNINGS.items():
-        out[f"column_sum {name}"] = lambda t=t: column_sum(g, t)
-    return out
 
 
 def _graphed(fn):

@@ -241,6 +241,18 @@ def test_a_failed_check_refuses_and_frees_the_graphs(fake_graphs, monkeypatch):
     assert adapters and all(ref() is None for ref in adapters)
 
 
+def test_the_graphs_take_16_bit_bias_gradients_by_a_gemv(fake_graphs, monkeypatch):
+    from gpushape.transforms import _bias_grad
+
+    monkeypatch.setattr(_bias_grad, "MIN_ROWS", 4)
+    model, x = Net().to(torch.bfloat16).train(), torch.randn(8, 16, dtype=torch.bfloat16)
+    changes = _apply(model, x).changes
+    assert len(changes) == 3 and all("1 Linear bias gradient(s) by a cuBLAS GEMV" in c.detail
+                                     for c in changes)  # fmt: skip
+    model32 = Net().train()
+    assert not any("GEMV" in c.detail for c in _apply(model32, torch.randn(8, 16)).changes)
+
+
 def test_optimize_asked_by_name_and_revert(fake_graphs):
     model, x = Net().train(), torch.randn(2, 16)
     model, report = optimize(model, (x,), "h200", train=True, transforms=["graph-layers"])

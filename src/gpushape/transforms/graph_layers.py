@@ -48,6 +48,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ._bias_grad import gemv_bias_grads
 from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
 from ._graph_calls import TENSOR, Call, layer_stacks, meta, observe, plain, sample
 from ._graph_check import HOST_BOUND, busy_seconds, layers_run, self_check, wall_seconds
@@ -69,6 +70,7 @@ class _State:
         self.params: list[nn.Parameter] = []
         self.static: set[int] = set()  # addresses of the graph's gradient buffers
         self.adapter: nn.Module | None = None  # what make_graphed_callables captured
+        self.gemv_biases = 0  # Linears whose bias gradient the graphs take by a GEMV
 
     def release(self) -> None:
         """Drop the graphs. make_graphed_callables sets the graphed forward on the adapter,
@@ -289,6 +291,7 @@ def _apply_to(model: nn.Module, layers: dict, ctx: TransformContext, out: Outcom
         gc.collect()
         return _refuse(out, next(iter(picked)), error)
     for name, (layer, call) in picked.items():
+        gemv = layer.__dict__[MARK].gemv_biases
         out.changes.append(
             Change(
                 transform=ID,
@@ -298,6 +301,7 @@ def _apply_to(model: nn.Module, layers: dict, ctx: TransformContext, out: Outcom
                     "input tensor(s) of the shapes captured (other calls run eagerly); outputs "
                     "live in the graphs' memory until the next step; copies of the model run "
                     "eagerly"
+                    + (f"; {gemv} Linear bias gradient(s) by a cuBLAS GEMV" if gemv else "")
                 ),
                 undo=lambda layer=layer: _remove(layer),
             )
@@ -328,16 +332,20 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
                 f"the layers' eager forward + backward is GPU-bound (wall {eager_s * 1e3:,.2f} "
                 f"ms, GPU busy {busy * 1e3:,.2f} ms): graphs would save nothing"
             ), None
+    rerouted = gemv_bias_grads()
     try:
-        graphed = torch.cuda.make_graphed_callables(
-            tuple(adapters), tuple(samples), allow_unused_input=True
-        )
+        with rerouted:  # the graphs take Linear bias gradients by a GEMV (_bias_grad.py)
+            graphed = torch.cuda.make_graphed_callables(
+                tuple(adapters), tuple(samples), allow_unused_input=True
+            )
     except Exception as exc:
         _release(states)
         return f"capture failed: {type(exc).__name__}: {_first_line(exc)}", None
     for (layer, _), adapter, state in zip(picked.values(), graphed, states):
         state.graphed = adapter.forward  # the graphed forward, without Module.__call__
         state.params = [p for p in layer.parameters() if p.requires_grad]
+        state.gemv_biases = sum(id(m.weight) in rerouted.weights for m in layer.modules()
+                                if isinstance(m, nn.Linear))  # fmt: skip
         layer.__dict__[MARK] = state
         layer.forward = _GraphedForward(layer)
     run = layers_run([state.graphed for state in states], samples)

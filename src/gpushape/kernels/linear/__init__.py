@@ -1,1 +1,0 @@
-"""Kernels for a Linear's backward: the bias gradient as a column sum."""
