@@ -7,10 +7,9 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..bench.timer import kernel_times, time_fn
+from ..bench.timer import time_fn
 
 CHECK_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # else 2e-2 (16-bit floats)
-HOST_BOUND = 1.05  # the layers are host-bound when their wall clock exceeds GPU busy by 5%
 
 
 class Bypass:
@@ -113,8 +112,3 @@ def layers_run(calls: list, samples: list):
 def wall_seconds(run, block: int = 5) -> float:
     """Seconds per call of `run` (CUDA events, median of `block` calls after one warm-up)."""
     return time_fn(run, warmup=1, repeats=block, device="cuda").median_s
-
-
-def busy_seconds(run, block: int = 5) -> float:
-    """The GPU's busy seconds per call of `run` (torch.profiler's kernel times)."""
-    return sum(us for _, us in kernel_times(run, calls=block, warmup=0)) * 1e-6

@@ -27,11 +27,11 @@ memory and are overwritten by its next replay (a training step uses them before 
 of a hidden state you hold across steps); a copy of the model (deepcopy, pickle) runs eagerly;
 the first call after `optimize` is as fast as any other (capture happens inside it).
 
-It pays only where the host sets the pace, so `optimize()` applies it last in eager mode and only
-where a measurement on the model's GPU says so: the layers alone, run eagerly forward and
-backward, take longer than the GPU is busy (torch.profiler), and replayed they are faster; asked
-for by name, it is applied as asked. Not in compile mode (torch.compile's reduce-overhead
-mode does this itself) nor in graph mode (the whole step is one graph already).
+It pays where the host sets the pace, so `optimize()` applies it last in eager mode and keeps it
+only where a measurement on the model's GPU says so: the layers alone, forward and backward,
+are faster replayed than run eagerly (CUDA events); asked for by name, it is applied as asked.
+Not in compile mode (torch.compile's reduce-overhead mode does this itself) nor in graph mode
+(the whole step is one graph already).
 
 Checked before it is kept: the model's forward and backward on the example inputs, eager and
 replayed from the graphs from the same random state, give the same outputs and gradients.
@@ -51,8 +51,8 @@ from torch.utils import _pytree as pytree
 from ._bias_grad import gemv_bias_grads
 from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
 from ._graph_calls import TENSOR, Call, layer_stacks, meta, observe, plain, sample
-from ._graph_check import HOST_BOUND, busy_seconds, layers_run, self_check, wall_seconds
 from ._graph_check import Bypass as _Bypass
+from ._graph_check import layers_run, self_check, wall_seconds
 
 ID = "graph-layers"
 MARK = "_gpushape_graph_layers"  # the per-layer state, in the layer's __dict__
@@ -311,8 +311,8 @@ def _apply_to(model: nn.Module, layers: dict, ctx: TransformContext, out: Outcom
 
 def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
     """Capture every picked layer in one make_graphed_callables call (one memory pool): (None,
-    None), or why not; with `measure`, only if the layers' eager forward and backward is
-    host-bound, and then (None, (their eager seconds, their graphed seconds))."""
+    None), or why not; with `measure`, (None, (the layers' eager forward and backward in
+    seconds, and the same replayed)), which optimize keeps only if replayed is faster."""
     adapters, samples, states = [], [], []
     for layer, call in picked.values():
         state = _State(call, None)
@@ -321,17 +321,11 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
         samples.append(sample(call))
         states.append(state)
     eager_s = None
-    if measure:
-        run = layers_run(adapters, samples)
-        eager_s, busy = wall_seconds(run), busy_seconds(run)
+    if measure:  # no profiler: eager against replayed decides, and the user's process is
+        # spared a profiler session (suspected of slowing later launches, not proven)
+        eager_s = wall_seconds(layers_run(adapters, samples))
         for adapter in adapters:  # the parameter gradients these passes left
             adapter.zero_grad(set_to_none=True)
-        if eager_s < busy * HOST_BOUND:
-            _release(states)
-            return (
-                f"the layers' eager forward + backward is GPU-bound (wall {eager_s * 1e3:,.2f} "
-                f"ms, GPU busy {busy * 1e3:,.2f} ms): graphs would save nothing"
-            ), None
     rerouted = gemv_bias_grads()
     try:
         with rerouted:  # the graphs take Linear bias gradients by a GEMV (_bias_grad.py)
