@@ -101,8 +101,8 @@ def test_optimize_keeps_it_only_on_a_timing():
     why = [r.reason for r in report.refused + report.rolled_back if r.transform == "graph-layers"]
     if kept:  # a tiny model is host-bound: the graphs pay
         eager_s, graphed_s = report.measured["graph-layers"]
-        assert graphed_s < eager_s
+        assert graphed_s <= eager_s * graph_layers.FASTER
         revert(model)
         assert not any(graph_layers.is_graphed(layer) for layer in model.bert.encoder.layer)
     else:
-        assert any("GPU-bound" in r or "no faster" in r for r in why), why
+        assert any("not 3% faster" in r for r in why), why
