@@ -143,3 +143,32 @@ def test_alignment_levels_weigh_alike_whatever_sizes_a_sweep_has():
     expected = (0.2 + 0.4 + 0.6) / 3
     for c in (few, many):
         assert abs(_pooled_levels([c], 1, 4) - expected) < 1e-9
+
+
+@pytest.mark.parametrize("claim_id", ["batch-127-vs-128", "batch-512-vs-256"])
+def test_batch_claims_report_their_spread(claim_id):
+    """Both batch claims are per-sample ratios of two timings; without a spread their verdict
+    flipped between the quick and the full probe (2026-12-02: batch-512-vs-256 read +0.05 and
+    -0.04) with nothing to say it was noise."""
+    ctx = ClaimContext(cfg=MeasureConfig(device="cpu"), mode="tiny", spec=get_gpu("h200"))
+    measured = guide_claims.REGISTRY[claim_id].measure(ctx)
+    lo, hi = measured.numbers["gain_spread"]
+    assert lo <= hi and measured.gain is not None
+
+
+def test_the_quick_and_the_full_probe_time_claims_in_as_many_rounds(monkeypatch):
+    from gpushape.probe import claim_check
+
+    seen = []
+
+    def compare(loops, rounds, repeats_per_round, **kw):
+        seen.append(rounds)
+        n = rounds * repeats_per_round
+        return {name: claim_check.time_fn(fn, repeats=n) for name, fn in loops.items()}
+
+    monkeypatch.setattr(claim_check, "compare", compare)
+    x = torch.randn(8, 8)
+    for mode in ("quick", "full"):
+        ctx = ClaimContext(cfg=MeasureConfig(device="cpu"), mode=mode, spec=get_gpu("h200"))
+        claim_check.ab_rounds({"a": lambda: x @ x, "b": lambda: x + x}, ctx)
+    assert seen[0] == seen[1]

@@ -144,7 +144,9 @@ def ab_rounds(
         inner = max(1, min(cfg.max_inner, round(cfg.target_s / max(one, 1e-9))))
         loops[name] = lambda fn=fn, inner=inner: [fn() for _ in range(inner)]
         inners[name] = inner
-    rounds = {"quick": 3, "full": 5}.get(ctx.mode, 2)  # the quick probe: fewer rounds
+    # the same rounds in the quick and the full probe: a spread over more rounds is wider, and
+    # the quick probe's narrower one had called 'holds' what the full one called 'within noise'
+    rounds = 5 if ctx.mode in ("quick", "full") else 2
     per_round = max(2, cfg.repeats // 2)
     timings = compare(loops, rounds=rounds, repeats_per_round=per_round, warmup=1,
                       device=cfg.device)  # fmt: skip

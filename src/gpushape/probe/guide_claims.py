@@ -27,6 +27,7 @@ from .claim_check import (
     ClaimContext,
     Measured,
     ab_gain,
+    ab_rounds,
     ab_times,
     check_same,
     claim,
@@ -210,13 +211,15 @@ def tensor_core_multiple_of_8(ctx: ClaimContext) -> Measured:
 def batch_127_vs_128(ctx: ClaimContext) -> Measured:
     (c, hw), nk = _stage1(ctx), ctx.pick(4096, tiny=64)
     shapes = {str(b): ConvShape(batch=b, cin=c, cout=c, hw=hw, kernel=3) for b in (127, 128)}
-    tc = _timed_convs(shapes, ctx)
+    tc, rc = _timed_convs(shapes, ctx, timer=ab_rounds)
     w = torch.randn(nk, nk, device=ctx.device, dtype=BF16)
     xs = {str(m): torch.randn(m, nk, device=ctx.device, dtype=BF16) for m in (127, 128)}
-    tg = ab_times({m: (lambda x=x: F.linear(x, w)) for m, x in xs.items()}, ctx)
-    per_sample = {
-        k: (128 / t["128"]) / (127 / t["127"]) - 1 for k, t in (("conv", tc), ("gemm", tg))
-    }
+    tg, rg = ab_rounds({m: (lambda x=x: F.linear(x, w)) for m, x in xs.items()}, ctx)
+    per_sample = {k: _per_sample_gain(t, 127, 128) for k, t in (("conv", tc), ("gemm", tg))}
+    by_round = [
+        max(_per_sample_gain(a, 127, 128), _per_sample_gain(b, 127, 128))
+        for a, b in zip(_rounds(rc), _rounds(rg))
+    ]
     return Measured(
         gain=max(per_sample.values()),
         numbers={
@@ -226,11 +229,23 @@ def batch_127_vs_128(ctx: ClaimContext) -> Measured:
             "gemm_m128_ms": ms(tg["128"]),
             "conv_gain": per_sample["conv"],
             "gemm_gain": per_sample["gemm"],
+            "gain_spread": [round(min(by_round), 4), round(max(by_round), 4)],
         },
         how=f"samples/s at batch 127 and 128: a ResNet-50 stage-1 3x3 conv {c}->{c} at "
         f"{hw}x{hw} and a Linear {nk}->{nk} over M tokens (the larger gain "
         "counts; the full ResNet-50 is not run here)",
     )
+
+
+def _per_sample_gain(seconds: dict[str, float], slow: int, fast: int) -> float:
+    """How much faster per sample batch `fast` runs than batch `slow` (keys: the batches)."""
+    return (fast / seconds[str(fast)]) / (slow / seconds[str(slow)]) - 1
+
+
+def _rounds(by_round: dict[str, list[float]]) -> list[dict[str, float]]:
+    """ab_rounds' per-round medians as one {variant: seconds} per round."""
+    names = list(by_round)
+    return [dict(zip(names, values)) for values in zip(*(by_round[n] for n in names))]
 
 
 @claim(
@@ -243,8 +258,13 @@ def batch_127_vs_128(ctx: ClaimContext) -> Measured:
 def batch_512_vs_256(ctx: ClaimContext) -> Measured:
     c, hw = _stage1(ctx)
     shapes = {str(b): ConvShape(batch=b, cin=c, cout=c, hw=hw, kernel=3) for b in (256, 512)}
-    t = _timed_convs(shapes, ctx)
-    numbers = {"b256_ms": ms(t["256"]), "b512_ms": ms(t["512"])}
+    t, by_round = _timed_convs(shapes, ctx, timer=ab_rounds)
+    gains = [_per_sample_gain(r, 512, 256) for r in _rounds(by_round)]
+    numbers = {
+        "b256_ms": ms(t["256"]),
+        "b512_ms": ms(t["512"]),
+        "gain_spread": [round(min(gains), 4), round(max(gains), 4)],
+    }
     sweep = {
         r["size"]: r["flops_per_s"]
         for r in ctx.sweeps.get("conv_batch", [])
@@ -252,7 +272,7 @@ def batch_512_vs_256(ctx: ClaimContext) -> Measured:
     }
     numbers.update({f"sweep_b{b}_tflops": sweep[b] / 1e12 for b in (256, 384, 512) if b in sweep})
     return Measured(
-        gain=(256 / t["256"]) / (512 / t["512"]) - 1,
+        gain=_per_sample_gain(t, 512, 256),
         numbers=numbers,
         how=f"samples/s of a 3x3 conv {c}->{c} at {hw}x{hw}, batch 256 against 512",
     )
