@@ -126,12 +126,16 @@ def _bert_compiled() -> str:
         return f"{v[name]['samples'] / v[name]['median_s']:,.0f} seq/s"
 
     graphs = "optimize-compile+compile-graphs"
-    return (
+    text = (
         f"torch.compile alone {ms('compile')} ({rate('compile')}), eager {ms('eager')}; "
         f"`optimize-compile+compile` (skip-attention-mask and masked-lm-head, then "
-        f"torch.compile) {ms('optimize-compile+compile')}, and with torch.compile's CUDA graphs "
-        f"(`compile-graphs`) {ms(graphs)} ({rate(graphs)}, GPU busy "
-        f"{v[graphs]['gpu_busy_s'] * 1e3:.1f} ms)."
+        f"torch.compile) {ms('optimize-compile+compile')}"
+    )
+    if graphs not in v:  # the run timed no compile-graphs variant
+        return text + "."
+    return (
+        f"{text}, and with torch.compile's CUDA graphs (`compile-graphs`) {ms(graphs)} "
+        f"({rate(graphs)}, GPU busy {v[graphs]['gpu_busy_s'] * 1e3:.1f} ms)."
     )
 
 

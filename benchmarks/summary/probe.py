@@ -14,6 +14,7 @@ def ceilings() -> list[str]:
 
     full = load("probe-h200/h200-sxm.json")
     quick = load("probe-h200-quick/h200-sxm.json")
+    shipped = json.loads(PROFILE.read_text())
     spec = get_gpu(full["gpu"])
     fc, qc = full["ceilings"], quick["ceilings"]
 
@@ -74,10 +75,9 @@ def ceilings() -> list[str]:
         "## The probe: ceilings and cliffs",
         "",
         f"`gpushape probe` on the H200: the full run ({link('probe-h200/probe-report.md')}, "
-        f"profile {link('probe-h200/h200-sxm.json', 'h200-sxm.json')}, plots beside it) and a "
-        f"quick run on another machine later that day "
-        f"({link('probe-h200-quick/probe-report.md')}), which also measured the eager "
-        "kernels' families and the attention kernels (the full run predates them). The "
+        f"profile {link('probe-h200/h200-sxm.json', 'h200-sxm.json')}, plots beside it; "
+        f"{full['measured_at']}) and the quick run "
+        f"({link('probe-h200-quick/probe-report.md')}; {quick['measured_at']}). The "
         "datasheet column is gpushape's catalog entry.",
         "",
         *md_table(
@@ -127,9 +127,10 @@ def ceilings() -> list[str]:
         f"{full['cliffs']['batch']['conv_batch']['evidence']} (convolution batch). Wave "
         f"quantization: {full['wave_quantization']['evidence']}.",
         "",
-        "The shipped profile, which `gpushape audit --gpu h200` applies by default, is the full "
-        "run's profile with the families and attention rates measured later added "
-        f"(`{full['probe']['memory_efficiency_command']}` and the commands recorded in the "
+        "The shipped profile, which `gpushape audit --gpu h200` applies by default, is the "
+        f"profile of the full probe run {shipped['measured_at']}, with the families and "
+        "attention rates measured later added "
+        f"(`{shipped['probe']['memory_efficiency_command']}` and the commands recorded in the "
         "shipped profile's `probe` section).",
         "",
     ]
@@ -244,8 +245,12 @@ def claims() -> list[str]:
     rows = []
     for c in full["guide_claims"]:
         gain = "-" if c.get("gain") is None else f"{c['gain']:+.2f}"
-        q = quick.get(c["id"], {}).get("verdict", "-")
-        rows.append((f"`{c['id']}`", c["says"], c["claimed"], numbers(c), gain, c["verdict"], q))
+        q = quick.get(c["id"], {})
+        q_gain = "-" if q.get("gain") is None else f"{q['gain']:+.2f}"
+        rows.append(
+            (f"`{c['id']}`", c["says"], c["claimed"], numbers(c), gain, c["verdict"], q_gain,
+             q.get("verdict", "-"))
+        )  # fmt: skip
     return [
         "## The design guide's rules of thumb on this H200",
         "",
@@ -255,12 +260,14 @@ def claims() -> list[str]:
         "(+1.00 = twice as fast). Verdict: holds if the gain is at least half the claimed "
         "one; holds only partly if smaller but above 3%; does not hold at 3% or less (a claim "
         "without a number is taken as a 20% gain; a claim with its own rule states it in "
-        f"the report). Full run: {link('probe-h200/probe-report.md')}; the last column is "
-        "the quick run's verdict. docs/design.md discusses them.",
+        "the report); within noise when the gains of single rounds (`gain_spread`) lie on "
+        f"both sides of one of those lines. Full run: {link('probe-h200/probe-report.md')}; "
+        "the last two columns are the quick run's. docs/design.md discusses them.",
         "",
         *md_table(
-            ("claim", "the guide says", "claimed", "measured", "gain", "verdict", "quick run"),
+            ("claim", "the guide says", "claimed", "measured", "gain", "verdict", "quick gain",
+             "quick verdict"),
             rows,
-        ),
+        ),  # fmt: skip
         "",
     ]
