@@ -272,7 +272,56 @@ def bench_section() -> list[str]:
         "",
         *loop_table(),
         "",
+        *other_runs(),
         *why_bert_compile(),
         *compile_pad(),
         *host_bound(),
     ]
+
+
+OTHER_RUNS = (
+    ("bert-compile-graphs.json", "BERT-base MLM, an earlier run (before the GEMV bias gradients)"),
+    ("bert-caller-backward.json", "BERT-base MLM, with the backward on the calling thread"),
+    ("resnet50-caller-backward.json", "ResNet-50, with the backward on the calling thread"),
+    (
+        "resnet50-graph-layers.json",
+        "ResNet-50, graph-layers kept by optimize (since then it needs 3%)",
+    ),
+)
+
+
+def other_runs() -> list[str]:
+    """The same day's other runs of the case studies: each variant's median and p10-p90, and
+    what graph-layers measured or why it was refused (bench-h200/*.json beside the table's)."""
+    out = [
+        "Other runs of the same cases that day, each a separate process (median ms, p10-p90 in "
+        "brackets, x its own eager step); they show how far an eager step's median moves from "
+        "one run to the next on this host:",
+        "",
+    ]
+    for name, what in OTHER_RUNS:
+        data = json.loads((RESULTS / FOLDER / name).read_text())
+        v = data["variants"]
+        eager = v["eager"]["median_s"]
+        cells = [
+            f"`{k}` {r['median_s'] * 1e3:.2f} ({r['p10_s'] * 1e3:.2f}-{r['p90_s'] * 1e3:.2f}, "
+            f"{eager / r['median_s']:.2f}x)"
+            for k, r in v.items()
+            if k != "eager"
+        ]
+        report = (data.get("optimize") or {}).get("optimize") or {}
+        layers = report.get("measured_s", {}).get("graph-layers")
+        why = [r["reason"] for r in report.get("refused", []) if r["transform"] == "graph-layers"]
+        note = (
+            f"; graph-layers timed the layers {layers[0] * 1e3:.2f} ms eager, "
+            f"{layers[1] * 1e3:.2f} replayed"
+            if layers
+            else f"; graph-layers refused: {why[0]}"
+            if why
+            else ""
+        )
+        out.append(
+            f"- {what} ({link(f'{FOLDER}/{name}', name)}, {data['environment']['date_utc']}): "
+            f"eager {eager * 1e3:.2f}; {'; '.join(cells)}{note}."
+        )
+    return [*out, ""]

@@ -265,8 +265,16 @@ def claims() -> list[str]:
         "the last two columns are the quick run's. docs/design.md discusses them.",
         "",
         *md_table(
-            ("claim", "the guide says", "claimed", "measured", "gain", "verdict", "quick gain",
-             "quick verdict"),
+            (
+                "claim",
+                "the guide says",
+                "claimed",
+                "measured",
+                "gain",
+                "verdict",
+                "quick gain",
+                "quick verdict",
+            ),
             rows,
         ),  # fmt: skip
         "",
