@@ -247,10 +247,8 @@ def claims() -> list[str]:
         gain = "-" if c.get("gain") is None else f"{c['gain']:+.2f}"
         q = quick.get(c["id"], {})
         q_gain = "-" if q.get("gain") is None else f"{q['gain']:+.2f}"
-        rows.append(
-            (f"`{c['id']}`", c["says"], c["claimed"], numbers(c), gain, c["verdict"], q_gain,
-             q.get("verdict", "-"))
-        )  # fmt: skip
+        row = (f"`{c['id']}`", c["says"], c["claimed"], numbers(c), gain, c["verdict"])
+        rows.append((*row, q_gain, q.get("verdict", "-")))
     return [
         "## The design guide's rules of thumb on this H200",
         "",
@@ -276,6 +274,6 @@ def claims() -> list[str]:
                 "quick verdict",
             ),
             rows,
-        ),  # fmt: skip
+        ),
         "",
     ]
