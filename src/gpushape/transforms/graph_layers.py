@@ -324,7 +324,8 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
         states.append(state)
     eager_s = None
     if measure:  # no profiler: eager against replayed decides, and the user's process is
-        # spared a profiler session (suspected of slowing later launches, not proven)
+        # spared a profiler session, which can leave CUPTI attached and later launches slower
+        # (pytorch/pytorch#144455; ResNet-50's eager optimize ran erratically after one)
         eager_s = wall_seconds(layers_run(adapters, samples))
         for adapter in adapters:  # the parameter gradients these passes left
             adapter.zero_grad(set_to_none=True)
