@@ -7,9 +7,10 @@ Each variant is built (its warm-up timed: compile, capture, autotuning), then al
 together in alternating rounds (`measure.time_blocks`), then each is profiled once for its
 kernels, GPU busy time and peak memory. Profiling comes last on purpose: a finished
 torch.profiler session can leave CUPTI attached and every later launch slower
-(pytorch/pytorch#144455), which an eager step would pay in its timing. FLOPs come from gpushape's trace of the model as given
-(forward and backward; the optimizer's few FLOPs not counted), so MFU is model FLOPs per second
-over the chip's dense datasheet peak for the model's dtype.
+(pytorch/pytorch#144455), which an eager step would pay in its timing. FLOPs come from
+gpushape's trace of the model as given (forward and backward; the optimizer's few FLOPs not
+counted), so MFU is model FLOPs per second over the chip's dense datasheet peak for the model's
+dtype.
 """
 
 from __future__ import annotations
