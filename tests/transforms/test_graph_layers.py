@@ -253,6 +253,30 @@ def test_the_graphs_take_16_bit_bias_gradients_by_a_gemv(fake_graphs, monkeypatc
     assert not any("GEMV" in c.detail for c in _apply(model32, torch.randn(8, 16)).changes)
 
 
+def test_a_check_that_fails_once_is_retried_on_a_fresh_capture(fake_graphs, monkeypatch):
+    import weakref
+
+    adapters, verdicts = [], iter(["output 0 differs (max error 1)", None])
+    capture = torch.cuda.make_graphed_callables
+
+    def kept(callables, samples, **kw):
+        out = capture(callables, samples, **kw)
+        adapters.append([weakref.ref(c) for c in out])
+        return out
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", kept)
+    monkeypatch.setattr(graph_layers, "self_check", lambda m, i: next(verdicts))
+    model, x = Net().train(), torch.randn(2, 16)
+    out = _apply(model, x)
+    assert len(out.changes) == 3 and not out.refusals and len(adapters) == 2
+    assert all(ref() is None for ref in adapters[0])  # the first capture's graphs are gone
+    assert all(ref() is not None for ref in adapters[1])
+    monkeypatch.setattr(graph_layers, "self_check", lambda m, i: "still differs")
+    _core.undo(out.changes)
+    refused = _apply(model, x).refusals
+    assert "still differs; a first capture too: still differs" in refused[0].reason
+
+
 def test_optimize_asked_by_name_and_revert(fake_graphs):
     model, x = Net().train(), torch.randn(2, 16)
     model, report = optimize(model, (x,), "h200", train=True, transforms=["graph-layers"])

@@ -34,7 +34,8 @@ applied as asked. Not in compile mode (torch.compile's reduce-overhead mode does
 nor in graph mode (the whole step is one graph already).
 
 Checked before it is kept: the model's forward and backward on the example inputs, eager and
-replayed from the graphs from the same random state, give the same outputs and gradients.
+replayed from the graphs from the same random state, give the same outputs and gradients. A
+capture that fails the check is dropped and made once more; failing again, it is refused.
 """
 
 from __future__ import annotations
@@ -287,10 +288,17 @@ def _apply_to(model: nn.Module, layers: dict, ctx: TransformContext, out: Outcom
     error, out.measured = _capture(picked, ctx.measure)
     if error is None:
         error = self_check(model, ctx.example_inputs)
+        if error is not None:  # once more, from a fresh capture: on the H200 (2026-12-02) one
+            # build of BERT failed its check where the next build passed, cause unknown; graphs
+            # are kept only when their own check passes
+            _drop(picked)
+            first = error
+            error, _ = _capture(picked, False)
+            error = error or self_check(model, ctx.example_inputs)
+            if error is not None:
+                error = f"{error}; a first capture too: {first}"
     if error is not None:
-        for layer, _ in picked.values():
-            _remove(layer, collect=False)
-        gc.collect()
+        _drop(picked)
         return _refuse(out, next(iter(picked)), error)
     for name, (layer, call) in picked.items():
         gemv = layer.__dict__[MARK].gemv_biases
@@ -374,6 +382,12 @@ def _learn_gradient_buffers(states: list[_State], run) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:240] if text else "(no message)"
+
+
+def _drop(picked: dict) -> None:
+    for layer, _ in picked.values():
+        _remove(layer, collect=False)
+    gc.collect()
 
 
 def _remove(layer: nn.Module, collect: bool = True) -> None:
