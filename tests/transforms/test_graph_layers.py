@@ -59,35 +59,6 @@ class Nested(nn.Module):
         return self.stages(x)
 
 
-@pytest.fixture
-def fake_graphs(monkeypatch):
-    """Capture without a GPU: make_graphed_callables returns the adapters as they are (their
-    forward runs the layer eagerly), each counting its calls; the GPU-only checks pass."""
-    calls = []
-
-    def fake(callables, samples, **_):
-        for c, s in zip(callables, samples):
-            c(*s)  # the capture runs each layer once (it fills the output structure)
-
-        def counted(c):
-            original = c.forward
-
-            def forward(*tensors):
-                calls.append(c.layer)
-                return original(*tensors)
-
-            c.forward = forward
-            return c
-
-        return tuple(counted(c) for c in callables)
-
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake)
-    monkeypatch.setattr(graph_layers, "_why_not", lambda model, ctx: None)
-    monkeypatch.setattr(graph_layers, "self_check", lambda model, inputs: None)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    return calls
-
-
 def _ctx(x, **kw):
     return TransformContext(example_inputs=(x,), **kw)
 
@@ -215,68 +186,6 @@ def test_twice_equals_once_and_revert(fake_graphs):
                for b in model.layers)  # fmt: skip
 
 
-def test_a_failed_check_refuses_and_frees_the_graphs(fake_graphs, monkeypatch):
-    """The refusal drops what the capture made (the stand-in's forward closes over its adapter,
-    a cycle like make_graphed_callables'), so no graph outlives it; revert frees them too."""
-    import weakref
-
-    adapters = []
-    capture = torch.cuda.make_graphed_callables
-
-    def kept(callables, samples, **kw):
-        out = capture(callables, samples, **kw)
-        adapters.extend(weakref.ref(c) for c in out)
-        return out
-
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", kept)
-    monkeypatch.setattr(graph_layers, "self_check", lambda m, i: "output 0 differs (max error 1)")
-    model, x = Net().train(), torch.randn(2, 16)
-    out = _apply(model, x)
-    assert not out.changes and "max error 1" in out.refusals[0].reason
-    assert adapters and all(ref() is None for ref in adapters)
-    assert not any(graph_layers.is_graphed(b) for b in model.layers)
-    monkeypatch.setattr(graph_layers, "self_check", lambda m, i: None)
-    adapters.clear()
-    _core.undo(_apply(model, x).changes)
-    assert adapters and all(ref() is None for ref in adapters)
-
-
-def test_the_graphs_take_16_bit_bias_gradients_by_a_gemv(fake_graphs, monkeypatch):
-    from gpushape.transforms import _bias_grad
-
-    monkeypatch.setattr(_bias_grad, "MIN_ROWS", 4)
-    model, x = Net().to(torch.bfloat16).train(), torch.randn(8, 16, dtype=torch.bfloat16)
-    changes = _apply(model, x).changes
-    assert len(changes) == 3 and all("1 Linear bias gradient(s) by a cuBLAS GEMV" in c.detail
-                                     for c in changes)  # fmt: skip
-    model32 = Net().train()
-    assert not any("GEMV" in c.detail for c in _apply(model32, torch.randn(8, 16)).changes)
-
-
-def test_a_check_that_fails_once_is_retried_on_a_fresh_capture(fake_graphs, monkeypatch):
-    import weakref
-
-    adapters, verdicts = [], iter(["output 0 differs (max error 1)", None])
-    capture = torch.cuda.make_graphed_callables
-
-    def kept(callables, samples, **kw):
-        out = capture(callables, samples, **kw)
-        adapters.append([weakref.ref(c) for c in out])
-        return out
-
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", kept)
-    monkeypatch.setattr(graph_layers, "self_check", lambda m, i: next(verdicts))
-    model, x = Net().train(), torch.randn(2, 16)
-    out = _apply(model, x)
-    assert len(out.changes) == 3 and not out.refusals and len(adapters) == 2
-    assert all(ref() is None for ref in adapters[0])  # the first capture's graphs are gone
-    assert all(ref() is not None for ref in adapters[1])
-    monkeypatch.setattr(graph_layers, "self_check", lambda m, i: "still differs")
-    _core.undo(out.changes)
-    refused = _apply(model, x).refusals
-    assert "still differs; a first capture too: still differs" in refused[0].reason
-
-
 def test_optimize_asked_by_name_and_revert(fake_graphs):
     model, x = Net().train(), torch.randn(2, 16)
     model, report = optimize(model, (x,), "h200", train=True, transforms=["graph-layers"])
@@ -371,15 +280,15 @@ def test_a_gradient_still_in_the_graphs_buffer_is_copied_before_a_replay():
     """A replay's backward writes the graph's gradient buffers: a .grad that is one of them
     (kept by zeroing in place, or accumulating) becomes a copy first; other gradients and None
     are left alone."""
-    from gpushape.transforms.graph_layers import _own_gradients, _State
+    from gpushape.transforms._graph_replay import LayerState, own_gradients
 
     a, b, c = (nn.Parameter(torch.zeros(4)) for _ in range(3))
     buffer = torch.ones(4)
     a.grad, b.grad = buffer, torch.full((4,), 2.0)  # a's is the "graph's buffer"
-    state = _State(None, None)
+    state = LayerState(None, None)
     state.params, state.static = [a, b, c], {buffer.data_ptr()}
     kept = b.grad
-    _own_gradients(state)
+    own_gradients(state)
     assert a.grad is not buffer and a.grad.data_ptr() != buffer.data_ptr()
     assert torch.equal(a.grad, buffer)
     assert b.grad is kept and c.grad is None

@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
@@ -51,141 +49,14 @@ from torch.utils import _pytree as pytree
 
 from ._bias_grad import gemv_bias_grads
 from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
-from ._graph_calls import TENSOR, Call, layer_stacks, meta, observe, plain, sample
-from ._graph_check import Bypass as _Bypass
+from ._graph_calls import Call, layer_stacks, observe, plain, sample
 from ._graph_check import layers_run, self_check, wall_seconds
+from ._graph_replay import MARK, GraphedForward, LayerState, Positional, is_graphed
 
 ID = "graph-layers"
-MARK = "_gpushape_graph_layers"  # the per-layer state, in the layer's __dict__
 FASTER = 0.97  # optimize keeps the graphs only if the layers replay in 97% of their eager time
 # or less: a GPU-bound stack (ResNet-50 at batch 256 on an H200: 49.7 -> 49.4 ms) gains within
 # noise, and its graphs' memory pool (8 GB there) is not worth it
-
-
-class _State:
-    """A graphed layer: what it was captured with, the graphed callable, the output structure,
-    its parameters and the addresses of their gradient buffers. A copy (deepcopy, pickle) is
-    stale: the copied layer runs its own forward."""
-
-    def __init__(self, call: Call | None, graphed: Callable | None, out_spec: Any = None):
-        self.call, self.graphed, self.out_spec = call, graphed, out_spec
-        self.out_constants: list = []
-        self.params: list[nn.Parameter] = []
-        self.static: set[int] = set()  # addresses of the graph's gradient buffers
-        self.adapter: nn.Module | None = None  # what make_graphed_callables captured
-        self.gemv_biases = 0  # Linears whose bias gradient the graphs take by a GEMV
-
-    def release(self) -> None:
-        """Drop the graphs. make_graphed_callables sets the graphed forward on the adapter,
-        a closure over the adapter itself: only the garbage collector would free that cycle,
-        with the graphs' memory pool and the autograd nodes their capture made (on the capture's
-        side stream, where they make every later backward wait across streams)."""
-        if self.adapter is not None:
-            self.adapter.__dict__.pop("forward", None)
-        self.adapter = self.graphed = None
-
-    def __deepcopy__(self, memo):
-        return _State(None, None)
-
-    def __reduce__(self):
-        return (_State, (None, None))
-
-
-class _Positional(nn.Module):
-    """The layer as make_graphed_callables needs it: tensors in, a tuple of tensors out. Holds
-    the layer as its child so that make_graphed_callables sees its parameters."""
-
-    def __init__(self, layer: nn.Module, call: Call, state: _State):
-        super().__init__()
-        self.layer, self.call, self.state = layer, call, state
-
-    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        it = iter(tensors)
-        leaves = [next(it) if c is TENSOR else c for c in self.call.constants]
-        args, kwargs = pytree.tree_unflatten(leaves, self.call.spec)
-        out = type(self.layer).forward(self.layer, *args, **kwargs)
-        out_leaves, self.state.out_spec = pytree.tree_flatten(out)
-        self.state.out_constants = [
-            TENSOR if isinstance(t, torch.Tensor) else t for t in out_leaves
-        ]
-        return tuple(t for t in out_leaves if isinstance(t, torch.Tensor))
-
-
-class _GraphedForward:
-    """A graphed layer's forward, set on the instance. Copies and pickles of the layer get one
-    too, bound to the copy, whose state is stale: the copy runs its own forward."""
-
-    def __init__(self, layer: nn.Module):
-        self.layer = layer
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _forward(self.layer, *args, **kwargs)
-
-
-def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    state: _State = self.__dict__[MARK]
-    tensors = _matching(self, state, args, kwargs)
-    if tensors is None:
-        return type(self).forward(self, *args, **kwargs)
-    _own_gradients(state)
-    outs = iter(state.graphed(*tensors))
-    leaves = [next(outs) if c is TENSOR else c for c in state.out_constants]
-    return pytree.tree_unflatten(leaves, state.out_spec)
-
-
-def _own_gradients(state: _State) -> None:
-    """Before a replay: a parameter whose .grad is still the graph's gradient buffer (kept from
-    the last backward by zeroing in place, or by accumulating over micro-batches) gets a copy,
-    which the replay's backward then adds to; otherwise the replay would overwrite it.
-
-    make_graphed_callables hands each parameter's gradient to autograd as a view of the graph's
-    buffer, and autograd keeps that view as .grad when .grad was None. With the gradients set to
-    None between steps (zero_grad's default) nothing is copied. Checked here, on the calling
-    thread, by address: no hook runs in autograd's worker thread, where Python is slow."""
-    static = state.static
-    for p in state.params:
-        g = p.grad
-        if g is not None and g.data_ptr() in static:
-            p.grad = g.clone()
-
-
-def _matching(layer, state: _State, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
-    """The call's tensors when it can replay the graphs, else None."""
-    call = state.call
-    if (
-        call is None
-        or _Bypass.on
-        or not layer.training
-        or not torch.is_grad_enabled()
-        or torch.compiler.is_compiling()
-        or torch.is_autocast_enabled("cuda")
-        or torch.cuda.is_current_stream_capturing()
-    ):
-        return None
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    if spec != call.spec:
-        return None
-    tensors, i = [], 0
-    for leaf, const in zip(leaves, call.constants):
-        if isinstance(leaf, torch.Tensor):
-            if (
-                const is not TENSOR
-                or type(leaf) is not torch.Tensor
-                or meta(leaf) != call.tensors[i]
-            ):
-                return None
-            tensors.append(leaf)
-            i += 1
-        elif const is not leaf and (
-            const is TENSOR or type(const) is not type(leaf) or const != leaf
-        ):
-            return None
-    return tensors
-
-
-def is_graphed(layer: nn.Module) -> bool:
-    state = layer.__dict__.get(MARK)
-    return isinstance(state, _State) and state.graphed is not None
 
 
 # ---- the transform -----------------------------------------------------------------------------
@@ -325,8 +196,8 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
     seconds, and the same replayed)), which optimize keeps only if replayed is faster."""
     adapters, samples, states = [], [], []
     for layer, call in picked.values():
-        state = _State(call, None)
-        state.adapter = _Positional(layer, call, state)
+        state = LayerState(call, None)
+        state.adapter = Positional(layer, call, state)
         adapters.append(state.adapter)
         samples.append(sample(call))
         states.append(state)
@@ -352,7 +223,7 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
         state.gemv_biases = sum(id(m.weight) in rerouted.weights for m in layer.modules()
                                 if isinstance(m, nn.Linear))  # fmt: skip
         layer.__dict__[MARK] = state
-        layer.forward = _GraphedForward(layer)
+        layer.forward = GraphedForward(layer)
     run = layers_run([state.graphed for state in states], samples)
     _learn_gradient_buffers(states, run)
     if eager_s is None:
@@ -364,7 +235,7 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
     return None, (eager_s, graphed_s)
 
 
-def _learn_gradient_buffers(states: list[_State], run) -> None:
+def _learn_gradient_buffers(states: list[LayerState], run) -> None:
     """One replayed forward and backward with every .grad None: the gradients autograd keeps
     are the graphs' buffers (where it copied one instead, the address is a freed copy's, which
     costs at most one needless copy later). The parameters' gradients are put back."""
@@ -397,7 +268,7 @@ def _remove(layer: nn.Module, collect: bool = True) -> None:
         _release([state], collect)
 
 
-def _release(states: list[_State], collect: bool = True) -> None:
+def _release(states: list[LayerState], collect: bool = True) -> None:
     for state in states:
         state.release()
     if collect:  # the graphed autograd Functions are classes: cycles by nature
