@@ -68,3 +68,14 @@ def test_the_graphs_take_16_bit_bias_gradients_by_a_gemv(fake_graphs, monkeypatc
                                      for c in changes)  # fmt: skip
     model32 = Net().train()
     assert not any("GEMV" in c.detail for c in _apply(model32, torch.randn(8, 16)).changes)
+
+
+def test_the_check_says_by_how_much_a_tensor_misses():
+    from gpushape.transforms._graph_check import _mismatch
+
+    ref = torch.tensor([1.0, -4.0], dtype=torch.bfloat16)
+    assert _mismatch(ref + 0.01, ref) is None  # within 2% of the scale (4)
+    assert _mismatch(ref + 0.5, ref) == "max error 0.5, allowed 0.02 of its scale 4"
+    assert _mismatch(None, None) is None and _mismatch(ref, None) == "one of the two is None"
+    assert _mismatch(ref[:1], ref) == "shape (1,) against (2,)"
+    assert _mismatch(ref * 0, ref * 0, floor=1.0) is None
