@@ -10,12 +10,14 @@ the second run finds nothing left to change.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..auditing.fixes import FIXES
@@ -207,3 +209,26 @@ def has_hooks(module: nn.Module) -> bool:
         or module._backward_hooks
         or getattr(module, "_backward_pre_hooks", None)
     )
+
+
+@contextlib.contextmanager
+def state_restored(model: nn.Module, inputs: tuple = ()):
+    """The model's buffers (BatchNorm's running statistics, copied back in place, so that memory
+    a CUDA graph updates stays the same) and the random generators (CPU and the CUDA devices of
+    the model and inputs) as they were, whatever the runs inside did to them."""
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    tensors = [*model.parameters(), *inputs]
+    devices = sorted(
+        {
+            t.device.index or 0
+            for t in tensors
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda"
+        }
+    )
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for buffer, saved in buffers:
+                    buffer.copy_(saved)

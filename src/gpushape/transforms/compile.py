@@ -16,7 +16,6 @@ functions in the process compile again on their next call. `explain=False` skips
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._core import TransformError
+from ._core import TransformError, state_restored
 
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -109,29 +108,8 @@ def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else "?"
 
 
-@contextlib.contextmanager
-def _restored(model: nn.Module, inputs: tuple):
-    """Buffers and random generators as they were, whatever the forward did to them."""
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    tensors = [*model.parameters(), *inputs]
-    devices = sorted(
-        {
-            t.device.index or 0
-            for t in tensors
-            if isinstance(t, torch.Tensor) and t.device.type == "cuda"
-        }
-    )
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for buffer, saved in buffers:
-                    buffer.copy_(saved)
-
-
 def _explain(model: nn.Module, inputs: tuple, report: CompileReport) -> None:
-    with _restored(model, inputs):
+    with state_restored(model, inputs):
         try:
             out = torch._dynamo.explain(model)(*inputs)
         except Exception as exc:

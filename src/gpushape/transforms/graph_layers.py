@@ -40,7 +40,6 @@ capture that fails the check is dropped and made once more; failing again, it is
 
 from __future__ import annotations
 
-import contextlib
 import gc
 
 import torch
@@ -48,7 +47,15 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ._bias_grad import gemv_bias_grads
-from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
+from ._core import (
+    Change,
+    Outcome,
+    Refusal,
+    TransformContext,
+    has_hooks,
+    register_transform,
+    state_restored,
+)
 from ._graph_calls import Call, layer_stacks, observe, plain, sample
 from ._graph_check import layers_run, self_check, wall_seconds
 from ._graph_replay import MARK, GraphedForward, LayerState, Positional, is_graphed
@@ -114,25 +121,10 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
                 layers[name] = layer
     if not layers:
         return out
-    with _state_kept(model):  # the runs below leave running statistics and the RNG as found
+    # observing, capturing (make_graphed_callables' warm-up), timing and checking run the model
+    # in train mode: they leave its running statistics and the random generators as found
+    with state_restored(model, ctx.example_inputs):
         return _apply_to(model, layers, ctx, out)
-
-
-@contextlib.contextmanager
-def _state_kept(model: nn.Module):
-    """Observing, capturing (with make_graphed_callables' warm-up), timing and checking all run
-    the model in train mode: BatchNorm's running statistics (in place, so the graphs keep
-    updating the same memory) and the CUDA generator are put back as they were."""
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    rng = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
-        if rng is not None:
-            torch.cuda.set_rng_state(rng)
 
 
 def _apply_to(model: nn.Module, layers: dict, ctx: TransformContext, out: Outcome) -> Outcome:
