@@ -210,7 +210,9 @@ def kernel_times(
 ) -> list[tuple[str, float]]:
     """The CUDA kernels one call of `fn` launches, in launch order, each with its device time
     in microseconds (the mean over `calls` calls under torch.profiler, after `warmup` calls).
-    For finding where a step's time goes; time with `time_fn` / `cuda_graph`."""
+    For finding where a step's time goes; time with `time_fn` / `cuda_graph`, and before this:
+    a finished profiler session can leave CUPTI attached and every later launch in the process
+    slower (pytorch/pytorch#144455; Kineto detaches it when TEARDOWN_CUPTI=1)."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(warmup):
