@@ -75,6 +75,7 @@ def timeline(run, steps: int = STEPS) -> dict:
     if kernels:
         first = kernels[0][0]
         busy = (cursor - first - sum(g[0] for g in gaps)) / 1e3
+    by_op, by_phase = _idle_by_op(gaps, cpu_ops)
     gaps.sort(reverse=True)
     top_gaps = []
     for length, lo, hi in gaps[:12]:
@@ -87,7 +88,34 @@ def timeline(run, steps: int = STEPS) -> dict:
         "gaps_over_50us_per_step": sum(1 for g in gaps if g[0] > 50) / steps,
         "host_wait_ms": {k: v / steps for k, v in sorted(waits.items(), key=lambda kv: -kv[1])},
         "top_gaps": top_gaps,
+        "idle_by_phase_ms": {k: v / 1e3 / steps for k, v in by_phase.most_common()},
+        "idle_by_op_ms": {k: v / 1e3 / steps for k, v in by_op.most_common(15)},
     }
+
+
+def _phase(name: str) -> str:
+    if "Optimizer" in name or name.endswith(".step") or "_foreach" in name:
+        return "optimizer"
+    return "backward" if "Backward" in name or "backward" in name else "forward"
+
+
+def _idle_by_op(gaps: list, cpu_ops: list) -> tuple[Counter, Counter]:
+    """Idle microseconds by the outermost CPU op running when each gap began (the op the
+    host was busy with while the GPU waited), and by phase (forward, backward, optimizer)."""
+    ops = sorted(cpu_ops)
+    by_op: Counter = Counter()
+    by_phase: Counter = Counter()
+    for length, lo, _hi in gaps:
+        during = [(s, e, n) for s, e, n in ops if s <= lo <= e]
+        if during:
+            outer = min(during, key=lambda o: o[0])[2]
+            inner = max(during, key=lambda o: o[0])[2]
+            by_op[f"{outer} > {inner}" if outer != inner else outer] += length
+            by_phase[_phase(" ".join(n for _s, _e, n in during))] += length
+        else:
+            by_op["(no op)"] += length
+            by_phase["between ops"] += length
+    return by_op, by_phase
 
 
 def main() -> None:
@@ -107,6 +135,12 @@ def main() -> None:
             print(f"  sync x{s['count']} at {s['site']}\n{s['stack']}")
         for k, v in list(r["host_wait_ms"].items())[:6]:
             print(f"  host waits {v:8.3f} ms in {k}")
+        print(
+            "  idle by phase: "
+            + ", ".join(f"{k} {v:.2f} ms" for k, v in r["idle_by_phase_ms"].items())
+        )
+        for k, v in list(r["idle_by_op_ms"].items())[:10]:
+            print(f"  idle {v:7.3f} ms while host in {k}")
         for g in r["top_gaps"][:6]:
             print(f"  gap {g['us']:8.0f} us during {g['cpu_ops']}")
     write_results(args.out, {"model": args.model, "batch": args.batch, "results": results})
