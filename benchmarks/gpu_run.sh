@@ -93,7 +93,7 @@ for spec in "$@"; do
     correlate-lib) run correlate-lib "$secs" python3 benchmarks/trace/correlate.py --stem correlate-lib --models "${MODELS:-timm:mobilenetv3_large_100,timm:efficientnet_b0,timm:convnext_tiny,timm:vit_base_patch16_224,timm:swin_tiny_patch4_window7_224,hf:gpt2,hf:bert,hf:llama?hidden_size=1024&intermediate_size=2816&num_hidden_layers=8&num_attention_heads=16&num_key_value_heads=4&vocab_size=32000}" ;;
     kernels-bert) run kernels-bert "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:bert --batch 32 --optimizer adamw-fused --vs "${VS:-optimize}" --rounds 3 --kernels 30 -o "$OUT/bench-h200/kernels-bert.json"' ;;
     # where an eager step makes the host wait for the GPU, and the GPU's idle gaps
-    host-sync) run host-sync "$secs" python3 benchmarks/steps/host_sync.py "${MODEL:-hf:bert}" --batch "${BATCH:-32}" --vs "${VS:-eager,optimize}" --out "$OUT/host_sync.json" ;;
+    host-sync) run host-sync "$secs" python3 benchmarks/steps/host_sync.py "${MODEL:-hf:bert}" $([ -n "${INPUT:-}" ] && echo --input "$INPUT" || echo --batch "${BATCH:-32}") --vs "${VS:-eager,optimize}" --out "$OUT/host_sync.json" ;;
     # does an op's host cost grow with its size? (BERT's ops at 1,024 and 16,384 rows)
     host-size) run host-size "$secs" python3 benchmarks/steps/host_by_size.py --out "$OUT/host_by_size.json" ;;
     # what host-side changes buy a host-bound eager step: transform sets, gc frozen

@@ -25,6 +25,9 @@ def parser(out: str, optimizer: str = "auto") -> argparse.ArgumentParser:
     p.add_argument("model")
     p.add_argument("--vs", default="eager,optimize")
     p.add_argument("--batch", type=int)
+    p.add_argument(
+        "--input", action="append", help="an input shape, e.g. 256x3x224x224 (repeatable)"
+    )
     p.add_argument("--optimizer", default=optimizer)
     p.add_argument("--out", default=out)
     return p
@@ -33,7 +36,13 @@ def parser(out: str, optimizer: str = "auto") -> argparse.ArgumentParser:
 def each_variant(args: argparse.Namespace) -> Iterator[tuple[str, Variant]]:
     """(name, variant) for each of --vs, built from the model at --batch in bf16 on CUDA; the
     previous one is dropped and the cache emptied before the next is built."""
-    resolved = resolve_model(args.model, batch=args.batch, dtype=torch.bfloat16, device="cuda")
+    resolved = resolve_model(
+        args.model,
+        batch=args.batch,
+        dtype=torch.bfloat16,
+        device="cuda",
+        inputs=getattr(args, "input", None),
+    )
     batch = synthetic_batch(resolved.model, resolved.example_inputs)
     for name in args.vs.split(","):
         variant = build_variant(

@@ -65,11 +65,49 @@ def test_every_site_fused_and_verified(optimized):
     _, _, model, report = optimized
     fused = _fused_modules(model, BatchNormAct2d)
     assert sorted(fused) == sorted(
-        ["bn", *(f"blocks.{i}.bn{j}" for i in range(2) for j in (1, 2, 3))]
+        [
+            "bn",
+            *(f"blocks.{i}.bn{j}" for i in range(2) for j in (1, 2, 3)),
+            "blocks.1.downsample.1",  # the shortcut's BatchNorm, on the kernel
+        ]
     )
     assert report.verified["fuse-norm-act"].passed and not report.rolled_back
-    residual = [c.module for c in report.applied if "residual" in c.detail]
+    residual = [c.module for c in report.applied if "residual add +" in c.detail]
     assert sorted(residual) == ["blocks.0.bn3", "blocks.1.bn3"]
+    branch = model.get_submodule("blocks.1.downsample.1")
+    assert branch.activation == "none"
+
+
+def test_the_shortcut_norm_runs_on_the_kernel_and_reverts(convnet):
+    """The BatchNorm2d whose output is a fused site's residual (ResNet's downsample branch)
+    moves onto the kernel with no activation: same outputs and running stats, its own undo."""
+    original = copy.deepcopy(convnet)
+    norm = convnet.blocks[1].downsample[1]
+    model, outcome = _apply(convnet)
+    swapped = [c for c in outcome.changes if c.module == "blocks.1.downsample.1"]
+    assert len(swapped) == 1 and "no activation" in swapped[0].detail
+    new = model.get_submodule("blocks.1.downsample.1")
+    assert type(new) is BatchNormAct2d and new.weight is norm.weight
+    assert new.running_mean is norm.running_mean
+    x = _images()
+    torch.testing.assert_close(model(x), original(x))
+    torch.testing.assert_close(norm.running_var, original.blocks[1].downsample[1].running_var)
+    assert revert(model) is convnet and convnet.blocks[1].downsample[1] is norm
+
+
+@pytest.mark.parametrize("where", ["norm", "branch"])
+def test_a_hooked_shortcut_norm_stays(convnet, where):
+    target = convnet.blocks[1].downsample
+    (target[1] if where == "norm" else target).register_forward_hook(lambda *a: None)
+    model, outcome = _apply(convnet)
+    assert type(model.get_submodule("blocks.1.downsample.1")) is nn.BatchNorm2d
+    assert "blocks.1.bn3" in [c.module for c in outcome.changes]
+
+
+def test_filter_fn_can_keep_the_shortcut_norm(convnet):
+    model, _ = _apply(convnet, filter_fn=lambda m, fqn: "downsample" not in fqn)
+    assert type(model.get_submodule("blocks.1.downsample.1")) is nn.BatchNorm2d
+    assert type(model.get_submodule("blocks.1.bn3")) is BatchNormAct2d
 
 
 def test_picked_from_the_findings_and_cleared_from_the_audit(optimized):
@@ -120,7 +158,7 @@ def test_a_training_run_tracks_the_original(optimized):
 def test_revert_restores_the_original_exactly(convnet):
     blocks = list(convnet.blocks)
     model, outcome = _apply(convnet)
-    assert len(outcome.changes) == 7 and applied(model)
+    assert len(outcome.changes) == 8 and applied(model)  # seven sites, one shortcut norm
     restored = revert(model)
     assert restored is convnet and list(restored.blocks) == blocks
     assert not _fused_modules(restored, BatchNormAct2d) and not applied(restored)

@@ -8,6 +8,11 @@ Patterns, in the forward of the module that calls the norm (its parent):
 - LayerNorm   -> GELU                   -> LayerNormGELU (same approximation)
 - add(a, b)   -> LayerNorm               -> AddLayerNorm(a, b), which also returns the sum for
   its other users (BERT's `LayerNorm(hidden + input)`, a pre-norm block's residual stream)
+- the residual of a fused BatchNorm2d site, when it is the output of a BatchNorm2d (a child
+  of the parent, or the last module of a child nn.Sequential: ResNet's `downsample` branch)
+  -> BatchNormAct2d(activation="none"). Nothing is fused there: gpushape's kernel is the
+  faster BatchNorm (on the H200, PyTorch's channels_last statistics kernel reads at about a
+  third of copy bandwidth; see docs/optimize.md), and this branch is as large as the block's.
 The activation may be a module (PyTorch's, or one whose forward is just the function: timm's
 GELU), the function (`F.relu`, `torch.relu`, `F.silu`, `F.gelu`, `F.hardswish`) or the tensor
 method (`_norm_act_match.py`); the add may be `+`, `+=` or `torch.add`. The data flow comes from
@@ -152,6 +157,43 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
     return sites
 
 
+def _residual_norm(site: dict, parent: nn.Module, fqn: str) -> tuple | None:
+    """(holder, attribute, BatchNorm2d, its name) when a fused site's residual is the output
+    of a plain BatchNorm2d: a child of the parent, or the last module of a child Sequential."""
+    node = site.get("residual")
+    if node is None or node.op != "call_module":
+        return None
+    branch = parent.get_submodule(node.target)
+    prefix = f"{fqn}.{node.target}" if fqn else node.target
+    if type(branch) is nn.BatchNorm2d:
+        holder, attr, name = parent, node.target, prefix
+    elif type(branch) is nn.Sequential and len(branch) and type(branch[-1]) is nn.BatchNorm2d:
+        if has_hooks(branch):
+            return None
+        holder, attr = branch, list(branch._modules)[-1]
+        name = f"{prefix}.{attr}"
+    else:
+        return None
+    norm = getattr(holder, attr)
+    return None if has_hooks(norm) else (holder, attr, norm, name)
+
+
+def _swap_residual_norms(found: list[tuple], model: nn.Module, ctx, out: Outcome) -> None:
+    """Each residual-branch BatchNorm2d (see the module docstring) onto gpushape's kernel."""
+    holders = module_holders(model)
+    for _, _, norm, name in found:
+        holder, attr = parent_of(model, name)  # the rewritten parent, where it holds the norm
+        if getattr(holder, attr, None) is not norm or not ctx.allows(norm, name):
+            continue
+        if len(holders[id(norm)]) > 1:
+            out.refusals.append(_refusal(name, "the module is held in more than one place"))
+            continue
+        setattr(holder, attr, BatchNormAct2d.from_batchnorm(norm, "none"))
+        undo = lambda h=holder, a=attr, o=norm: setattr(h, a, o)
+        detail = "BatchNorm2d feeding a fused residual add, on the fused kernel (no activation)"
+        out.changes.append(Change(transform=ID, module=name, detail=detail, undo=undo))
+
+
 def _fused(site: dict, parent: nn.Module) -> nn.Module:
     norm = site["norm"]
     if site["kind"] == "bn":
@@ -208,8 +250,11 @@ def _refusal(fqn: str, reason: str) -> Refusal:
     return Refusal(transform=ID, module=fqn, reason=reason)
 
 
-def _fuse_in(parent: nn.Module, fqn: str, ctx: TransformContext, out: Outcome) -> nn.Module | None:
-    """The rewritten parent (a GraphModule) or None when nothing there was fused."""
+def _fuse_in(
+    parent: nn.Module, fqn: str, ctx: TransformContext, out: Outcome, residual_norms: list
+) -> nn.Module | None:
+    """The rewritten parent (a GraphModule) or None when nothing there was fused; the
+    residual-branch norms of its fused sites are added to `residual_norms`."""
     try:
         graph = _ChildrenAsLeaves(parent).trace(parent)
     except Exception as exc:  # FX cannot trace data-dependent control flow: refuse, say why
@@ -230,6 +275,9 @@ def _fuse_in(parent: nn.Module, fqn: str, ctx: TransformContext, out: Outcome) -
     if not fused:
         return None
     for site in fused:
+        found = _residual_norm(site, parent, fqn)
+        if found is not None:
+            residual_norms.append(found)
         _rewrite(site, parent, graph)
     graph.lint()
     rewritten = fx.GraphModule(parent, graph, class_name=f"Fused{type(parent).__name__}")
@@ -309,7 +357,8 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
         if not ctx.allows(parent, fqn):
             continue
         before = len(out.changes)
-        rewritten = _fuse_in(parent, fqn, ctx, out)
+        residual_norms: list = []
+        rewritten = _fuse_in(parent, fqn, ctx, out, residual_norms)
         if rewritten is None:
             continue
         if "forward" in parent.__dict__:  # fx traced the class's forward: it would be dropped
@@ -329,4 +378,5 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
         out.changes[before] = Change(
             transform=ID, module=first.module, detail=first.detail, undo=undo
         )
+        _swap_residual_norms(residual_norms, model, ctx, out)
     return out
