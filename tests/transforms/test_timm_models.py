@@ -176,8 +176,10 @@ def test_resnet_fuses_the_stem_and_every_block_s_first_and_residual_norm():
     fused = {c.module for c in outcome.changes}
     blocks = {f"layer{i}.0.bn{j}" for i in range(1, 5) for j in (1, 3)}
     assert fused >= {"bn1", *blocks}
-    residual = {c.module for c in outcome.changes if "residual" in c.detail}
+    residual = {c.module for c in outcome.changes if "residual add +" in c.detail}
     assert residual == {f"layer{i}.0.bn3" for i in range(1, 5)}
+    shortcut = {c.module for c in outcome.changes if "no activation" in c.detail}
+    assert shortcut == {f"layer{i}.0.downsample.1" for i in range(1, 5)}
 
 
 @pytest.mark.xfail(
