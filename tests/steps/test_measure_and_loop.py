@@ -1,5 +1,6 @@
 """peak_memory counts a CUDA graph's private pool (its free bytes between replays are the
-graph's working memory, which the allocator's counters leave out); the loop's stage order."""
+graph's working memory, which the allocator's counters leave out); the loop's stage order;
+busy time counts copies."""
 
 from __future__ import annotations
 
@@ -36,3 +37,43 @@ def test_the_loop_times_graph_layers_first():
     )  # fmt: skip
     assert _applied_order(report) == ["graph-layers", "pad-channels", "fuse-norm-act"]
     assert _applied_order(None) == []
+
+
+def test_busy_time_counts_copies_but_the_kernel_count_does_not(monkeypatch):
+    """graph-layers copies into its graphs' input buffers: device-to-device copies the GPU is
+    busy with, so they count as busy time; they are not kernels."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.profiler
+
+    from gpushape.steps.measure import kernel_profile
+
+    def event(name, us, kind="CUDA"):
+        return SimpleNamespace(name=name, device_time=us, device_type=SimpleNamespace(name=kind))
+
+    events = [
+        event("conv_kernel", 300.0),
+        event("Memcpy DtoD (Device -> Device)", 100.0),
+        event("Memset (Device)", 10.0),
+        event("aten::conv2d", 999.0, kind="CPU"),
+    ]
+
+    class FakeProfile:
+        def __init__(self, **_):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *_):
+            return False
+
+        def events(self):
+            return events
+
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    kernels, busy, top = kernel_profile(lambda: None, calls=1, cuda=True)
+    assert kernels == 1 and [name for name, _ in top] == ["conv_kernel"]
+    assert abs(busy - 410e-6) < 1e-12

@@ -213,9 +213,11 @@ def kernel_profile(
     step: Callable[[], object], calls: int = 3, *, cuda: bool | None = None, top: int = 12
 ) -> tuple[int | None, float | None, tuple[tuple[str, float], ...]]:
     """(kernels per step, GPU busy seconds per step, the `top` kernels by GPU seconds per step)
-    from torch.profiler over `calls` steps; (None, None, ()) without CUDA. A CUDA graph's replay
-    shows as the kernels it ran (CUPTI sees them) when the driver reports them, else as none:
-    then busy time is unknown too."""
+    from torch.profiler over `calls` steps; (None, None, ()) without CUDA. Busy time counts
+    copies and memsets as well as kernels (graph-layers' copies into its graphs' input buffers
+    are device-to-device copies: left out, they read as idle GPU); the kernel count and the top
+    list are kernels only. A CUDA graph's replay shows as the kernels it ran (CUPTI sees them)
+    when the driver reports them, else as none: then busy time is unknown too."""
     if not (_cuda() if cuda is None else cuda):
         return None, None, ()
     from torch.profiler import ProfilerActivity, profile
@@ -225,14 +227,11 @@ def kernel_profile(
         for _ in range(calls):
             step()
         torch.cuda.synchronize()
-    kernels = [
-        e
-        for e in prof.events()
-        if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))
-    ]
+    device = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    kernels = [e for e in device if not e.name.startswith(("Memcpy", "Memset"))]
     if not kernels:
         return None, None, ()
-    busy = sum(e.device_time for e in kernels) * 1e-6  # device_time is in microseconds
+    busy = sum(e.device_time for e in device) * 1e-6  # device_time is in microseconds
     return len(kernels) // calls, busy / calls, top_by_time(kernels, calls, top)
 
 
