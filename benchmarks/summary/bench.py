@@ -282,7 +282,17 @@ def bench_section() -> list[str]:
 OTHER_RUNS = (
     ("bert-compile-graphs.json", "BERT-base MLM, an earlier run (before the GEMV bias gradients)"),
     ("bert-caller-backward.json", "BERT-base MLM, with the backward on the calling thread"),
-    ("resnet50-caller-backward.json", "ResNet-50, with the backward on the calling thread"),
+    (
+        "resnet50-caller-backward.json",
+        "ResNet-50, with the backward on the calling thread (before the shortcut BatchNorms "
+        "ran on the kernel)",
+    ),
+    (
+        "resnet50-slow-host.json",
+        "ResNet-50 on a slower host (the optimized step's Python took 1.7x as long), before "
+        "graph-layers timed its layers without a loss",
+    ),
+    ("gpt2-slow-host.json", "GPT-2 on that slower host"),
     (
         "resnet50-graph-layers.json",
         "ResNet-50, graph-layers kept by optimize (since then it needs 3%)",
