@@ -8,6 +8,8 @@ import json
 
 from .common import PROFILE, link, load, md_table, ms, ratio
 
+NOISE = "within noise"  # the probe's verdict when single rounds straddle a line
+
 
 def ceilings() -> list[str]:
     from gpushape.hardware import get_gpu
@@ -242,10 +244,17 @@ def claims() -> list[str]:
                 parts.append(f"{k} {v}")
         return "; ".join(parts)
 
-    rows = []
+    rows, same, noise, differ = [], 0, [], []
     for c in full["guide_claims"]:
         gain = "-" if c.get("gain") is None else f"{c['gain']:+.2f}"
         q = quick.get(c["id"], {})
+        verdicts = (c["verdict"], q.get("verdict"))
+        if verdicts[0] == verdicts[1]:
+            same += 1
+        elif NOISE in verdicts:
+            noise.append(f"`{c['id']}`")
+        elif q:
+            differ.append(f"`{c['id']}` ({verdicts[0]} against {verdicts[1]})")
         q_gain = "-" if q.get("gain") is None else f"{q['gain']:+.2f}"
         row = (f"`{c['id']}`", c["says"], c["claimed"], numbers(c), gain, c["verdict"])
         rows.append((*row, q_gain, q.get("verdict", "-")))
@@ -274,6 +283,14 @@ def claims() -> list[str]:
                 "quick verdict",
             ),
             rows,
+        ),
+        "",
+        f"The two runs agree on {same} of {len(rows)} claims; "
+        + (f"one of them says within noise for {', '.join(noise)}; " if noise else "")
+        + (
+            f"they disagree on {', '.join(differ)}."
+            if differ
+            else "no verdict of one run contradicts the other's."
         ),
         "",
     ]
