@@ -213,3 +213,47 @@ def test_a_failing_check_rolls_back(convnet, monkeypatch):
     assert model is convnet and not report.applied and not applied(model)
     assert report.rolled_back[0].reason == "forced"
     assert not _fused_modules(model, BatchNormAct2d)
+
+
+class _ShortcutChild(nn.Module):
+    """A block whose shortcut BatchNorm2d is its own child, not inside a Sequential."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+        self.proj = nn.Conv2d(c, c, 1, bias=False)
+        self.bn_proj = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)) + self.bn_proj(self.proj(x)))
+
+
+def test_a_shortcut_norm_held_by_the_block_itself():
+    """bn(a) + bn_proj(b) -> ReLU: the first norm takes the add and the activation (once: the
+    add is not claimed twice), the second runs on the kernel with no activation."""
+    torch.manual_seed(0)
+    block = _ShortcutChild()
+    original = copy.deepcopy(block)
+    x = torch.randn(2, 8, 6, 6)
+    ctx = TransformContext(example_inputs=(x,))
+    outcome = get_transform("fuse-norm-act").apply(block, ctx)
+    model = outcome.root
+    remember(model, outcome.changes)
+    assert [c.module for c in outcome.changes] == ["bn", "bn_proj"]
+    assert type(model.bn_proj) is BatchNormAct2d and model.bn_proj.activation == "none"
+    torch.testing.assert_close(model(x), original(x))
+    restored = revert(model)
+    assert restored is block and type(block.bn_proj) is nn.BatchNorm2d
+
+
+class _ShortcutTwice(_ShortcutChild):
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)) + self.bn_proj(self.proj(x))) + self.bn_proj(x)
+
+
+def test_a_shortcut_norm_called_twice_stays():
+    block = _ShortcutTwice()
+    ctx = TransformContext(example_inputs=(torch.randn(2, 8, 6, 6),))
+    outcome = get_transform("fuse-norm-act").apply(block, ctx)
+    assert "bn_proj" not in [c.module for c in outcome.changes]

@@ -118,7 +118,7 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
     for node in graph.nodes:
         if node.op == "call_module":
             calls[node.target] = calls.get(node.target, 0) + 1
-    sites = []
+    sites, taken = [], set()  # taken: the adds a residual site absorbs (bn(a) + bn(b): once)
     for node in graph.nodes:
         norm = _callee(node, parent) if node.op == "call_module" else None
         if type(norm) is nn.BatchNorm2d:
@@ -130,9 +130,12 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
         site = {"node": node, "norm": norm, "kind": kind, "calls": calls[node.target]}
         user = _only_user(node)
         residual = _residual_add(node, parent) if kind == "bn" else None
+        if residual is not None and residual[0] in taken:
+            continue  # the other operand's norm fused this add; this norm is its residual
         if residual is not None and _only_user(residual[0]) is not None:
             act = _only_user(residual[0])
             if _act_of(act, parent, kind):
+                taken.add(residual[0])
                 sites.append(
                     {
                         **site,
@@ -164,6 +167,8 @@ def _residual_norm(site: dict, parent: nn.Module, fqn: str) -> tuple | None:
     node = site.get("residual")
     if node is None or node.op != "call_module":
         return None
+    if sum(n.op == "call_module" and n.target == node.target for n in node.graph.nodes) > 1:
+        return None  # the branch runs twice: its norm sees two batches
     branch = parent.get_submodule(node.target)
     prefix = f"{fqn}.{node.target}" if fqn else node.target
     if type(branch) is nn.BatchNorm2d:
@@ -179,7 +184,9 @@ def _residual_norm(site: dict, parent: nn.Module, fqn: str) -> tuple | None:
     return None if has_hooks(norm) else (holder, attr, norm, name)
 
 
-def _swap_residual_norms(found: list[tuple], model: nn.Module, ctx, out: Outcome) -> None:
+def _swap_residual_norms(
+    found: list[tuple], model: nn.Module, ctx: TransformContext, out: Outcome
+) -> None:
     """Each residual-branch BatchNorm2d (see the module docstring) onto gpushape's kernel."""
     holders = module_holders(model)
     for _, _, norm, name in found:
