@@ -257,3 +257,37 @@ def test_a_shortcut_norm_called_twice_stays():
     ctx = TransformContext(example_inputs=(torch.randn(2, 8, 6, 6),))
     outcome = get_transform("fuse-norm-act").apply(block, ctx)
     assert "bn_proj" not in [c.module for c in outcome.changes]
+
+
+class _DropBetween(nn.Module):
+    """timm's order: norm, an nn.Identity standing in for drop_block, activation."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+        self.drop = nn.Identity()
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.drop(self.bn(self.conv(x)))) * 2
+
+
+def test_an_identity_between_norm_and_activation_is_stepped_over():
+    torch.manual_seed(0)
+    block = _DropBetween()
+    original = copy.deepcopy(block)
+    x = torch.randn(2, 8, 6, 6)
+    outcome = get_transform("fuse-norm-act").apply(block, TransformContext(example_inputs=(x,)))
+    model = outcome.root
+    assert [c.module for c in outcome.changes] == ["bn"]
+    assert type(model.bn) is BatchNormAct2d and model.bn.activation == "relu"
+    assert type(model.drop) is nn.Identity  # kept, after the fused call
+    torch.testing.assert_close(model(x), original(x))
+
+
+def test_a_hooked_identity_between_keeps_the_site():
+    block = _DropBetween()
+    block.drop.register_forward_hook(lambda *a: None)
+    ctx = TransformContext(example_inputs=(torch.randn(2, 8, 6, 6),))
+    assert not get_transform("fuse-norm-act").apply(block, ctx).changes

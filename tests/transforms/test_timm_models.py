@@ -60,7 +60,7 @@ MODELS = {
         "vit_tiny_patch16_224",  # width 100 and 10 classes: off the alignment of 8
         dict(img_size=32, patch_size=8, embed_dim=100, depth=2, num_heads=2),
         32,
-        {"pad-channels", "sdpa", "channels-last"},
+        {"pad-channels", "sdpa", "fuse-norm-act", "channels-last"},
     ),
 }
 # The finding each transform clears.
@@ -182,14 +182,9 @@ def test_resnet_fuses_the_stem_and_every_block_s_first_and_residual_norm():
     assert shortcut == {f"layer{i}.0.downsample.1" for i in range(1, 5)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fuse-norm-act fuses a norm whose only user is the activation (or the residual add); "
-    "timm's Bottleneck calls drop_block, an nn.Identity unless drop_block_rate is set, between "
-    "bn2 and act2 (BasicBlock: between bn1 and act1), so that site is neither fused nor "
-    "refused, and the audit's unfused-norm-act still names layer*.0.bn2",
-)
 def test_resnet_norm_before_drop_block_is_fused():
+    """timm's Bottleneck calls drop_block, an nn.Identity unless drop_block_rate is set,
+    between bn2 and act2: the norm and the activation fuse, the Identity stays after them."""
     model, x = _build("resnet")
     model, outcome = _apply("fuse-norm-act", model, x)
     fused = {c.module for c in outcome.changes}
@@ -221,14 +216,12 @@ def test_mobilenetv3_channels_last_leaves_no_nchw_convolution():
     assert not [f.module for f in _audit(model, x).findings if f.rule == "nchw-conv"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fuse-norm-act matches type(norm) is nn.LayerNorm; timm's ViT blocks hold "
-    "timm.layers.LayerNorm (a subclass, the same F.layer_norm unless timm's fast norm is on), "
-    "so the residual add -> norm2 the audit's unfused-norm-act names (blocks.*.norm2) is "
-    "neither fused nor refused",
-)
 def test_vit_residual_add_and_norm_fused():
+    """timm's ViT blocks hold timm.layers.LayerNorm, a subclass that is F.layer_norm unless
+    timm's fast norm is on: its residual add -> norm2 fuses, and the audit stops naming it."""
     model, x = _build("vit")
+    before = {f.module for f in _audit(model, x).findings if f.rule == "unfused-norm-act"}
     model, outcome = _apply("fuse-norm-act", model, x)
     assert {c.module for c in outcome.changes} >= {"blocks.0.norm2", "blocks.1.norm2"}
+    after = [f for f in _audit(model, x).findings if f.rule == "unfused-norm-act"]
+    assert before and not after

@@ -101,6 +101,51 @@ def activation(node: fx.Node, parent: nn.Module) -> str | None:
     return None
 
 
+# ---- library LayerNorms that are nn.LayerNorm's function (timm's LayerNorm) ----
+
+_LN_ARGS = ("input", "normalized_shape", "weight", "bias", "eps")
+
+
+def is_plain_layer_norm(m: nn.Module) -> bool:
+    """nn.LayerNorm, or a subclass that computes exactly what it does: no parameters or
+    buffers of its own beyond weight and bias, no children, no hooks, and a traced forward that
+    is one F.layer_norm of its input with its own normalized_shape, weight, bias and eps
+    (timm's LayerNorm unless its fast norm is on)."""
+    if type(m) is nn.LayerNorm:
+        return True
+    if not isinstance(m, nn.LayerNorm) or any(True for _ in m.children()) or has_hooks(m):
+        return False
+    if set(dict(m.named_parameters())) - {"weight", "bias"} or any(True for _ in m.buffers()):
+        return False
+    try:
+        graph = ChildrenAsLeaves(m).trace(m)
+    except Exception:  # not traceable: not recognised
+        return False
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    calls = [n for n in graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    if len(inputs) != 1 or len(calls) != 1 or calls[0].target is not F.layer_norm:
+        return False
+    (ln,) = calls
+    bound = dict(zip(_LN_ARGS, ln.args)) | dict(ln.kwargs)
+    for name in ("weight", "bias"):
+        arg = bound.get(name)
+        own = getattr(m, name)
+        if own is None and arg is not None:
+            return False
+        if own is not None and not (isinstance(arg, fx.Node) and arg.op == "get_attr"):
+            return False
+        if own is not None and arg.target != name:
+            return False
+    shape = bound.get("normalized_shape")
+    return (
+        bound.get("input") is inputs[0]
+        and shape is not None
+        and tuple(shape) == tuple(m.normalized_shape)
+        and bound.get("eps", 1e-5) == m.eps
+        and [u.op for u in ln.users] == ["output"]
+    )
+
+
 # ---- library modules that pair BatchNorm2d with an activation (timm's BatchNormAct2d) ----
 
 _BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum")

@@ -2,7 +2,8 @@
 them) become one of gpushape's fused kernels, found from the data flow.
 
 Patterns, in the forward of the module that calls the norm (its parent):
-- BatchNorm2d -> act                    -> BatchNormAct2d(activation=act)
+- BatchNorm2d -> act                    -> BatchNormAct2d(activation=act); an nn.Identity
+  between them (timm's drop_block with no drop rate) stays, after the fused call
 - BatchNorm2d -> add(., residual) -> act -> BatchNormAct2d(activation=act), residual passed in
   (act: ReLU, SiLU, GELU (erf or tanh) or Hardswish)
 - LayerNorm   -> GELU                   -> LayerNormGELU (same approximation)
@@ -58,6 +59,7 @@ from ._norm_act_match import (
     LAYER_NORM_ACTS,
     activation,
     is_norm_act_module,
+    is_plain_layer_norm,
     norm_act_activation,
 )
 from ._norm_act_match import ChildrenAsLeaves as _ChildrenAsLeaves
@@ -84,6 +86,19 @@ def _act_of(node: fx.Node, parent: nn.Module, kind: str) -> str | None:
 def _only_user(node: fx.Node) -> fx.Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None
+
+
+def _through_identity(node: fx.Node, module: nn.Module) -> fx.Node | None:
+    """The node's only user when it is a call of a plain nn.Identity without hooks, called
+    once (timm's `drop_block` between a norm and its activation when no drop rate is set)."""
+    user = _only_user(node)
+    if user is None or user.op != "call_module":
+        return None
+    m = _callee(user, module)
+    if type(m) is not nn.Identity or has_hooks(m):
+        return None
+    calls = sum(n.op == "call_module" and n.target == user.target for n in node.graph.nodes)
+    return user if calls == 1 else None
 
 
 def _residual_add(node: fx.Node, module: nn.Module) -> tuple[fx.Node, fx.Node] | None:
@@ -123,7 +138,7 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
         norm = _callee(node, parent) if node.op == "call_module" else None
         if type(norm) is nn.BatchNorm2d:
             kind = "bn"
-        elif type(norm) is nn.LayerNorm:
+        elif isinstance(norm, nn.LayerNorm) and is_plain_layer_norm(norm):
             kind = "ln"
         else:
             continue
@@ -146,8 +161,13 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
                     }
                 )
                 continue
+        through = _through_identity(node, parent)
+        after = _only_user(through) if through is not None else None
         if user is not None and _act_of(user, parent, kind):
             sites.append({**site, "act": user, "act_name": _act_of(user, parent, kind)})
+        elif after is not None and _act_of(after, parent, kind):
+            act_name = _act_of(after, parent, kind)
+            sites.append({**site, "act": after, "act_name": act_name, "through": through})
         elif kind == "ln" and _summed(node, parent) is not None:
             sites.append({**site, "kind": "add_ln", "add": _summed(node, parent)})
         elif any(_act_of(u, parent, kind) for u in node.users):
@@ -240,8 +260,8 @@ def _rewrite(site: dict, parent: nn.Module, graph: fx.Graph) -> None:
         act.replace_all_uses_with(node)
         graph.erase_node(act)
         graph.erase_node(site["add"])
-    else:
-        act.replace_all_uses_with(node)
+    else:  # an Identity between norm and act stays, after the fused call (a no-op either way)
+        act.replace_all_uses_with(site.get("through", node))
         graph.erase_node(act)
 
 
@@ -315,7 +335,7 @@ def _parents(model: nn.Module) -> list[str]:
     names = {
         fqn.rpartition(".")[0]
         for fqn, m in model.named_modules()
-        if fqn and type(m) in (nn.BatchNorm2d, nn.LayerNorm)
+        if fqn and (type(m) is nn.BatchNorm2d or isinstance(m, nn.LayerNorm))
     }
     return sorted(names, key=lambda n: -n.count(".") if n else 1)
 
