@@ -50,3 +50,27 @@ def test_revert_and_twice_equals_once():
     assert not model._forward_pre_hooks
     big = [c.weight for c in _convs(model) if c.kernel_size != (1, 1)]
     assert all(w.is_contiguous() and not w.is_contiguous(memory_format=CL) for w in big)
+
+
+def test_a_1x1_weight_contiguous_both_ways_gets_channels_last_strides_and_reverts():
+    """(C_out, C_in, 1, 1) with strides (C_in, 1, 1, 1) passes is_contiguous in both formats;
+    PyTorch runs such a convolution NCHW, so the weight is restrided, and revert puts the
+    original strides back exactly."""
+    from torch import nn
+
+    from gpushape.transforms import TransformContext, get_transform
+    from gpushape.transforms._core import remember
+
+    model = nn.Sequential(nn.Conv2d(16, 8, 1))
+    weight = model[0].weight
+    assert weight.stride() == (16, 1, 1, 1)
+    assert weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(2, 16, 1, 1)
+    expected = model(x)
+    ctx = TransformContext(example_inputs=(x,))
+    outcome = get_transform("channels-last").apply(model, ctx)
+    remember(model, outcome.changes)
+    assert model[0].weight is weight and weight.stride() == (16, 1, 16, 16)
+    torch.testing.assert_close(model(x), expected)  # the channels_last kernel now runs
+    revert(model)
+    assert weight.stride() == (16, 1, 1, 1)

@@ -9,8 +9,9 @@ gate in training (outputs and every original parameter's gradient, `transforms/_
 the rewritten model passes it again in eval mode on other inputs; the original state_dict loads
 with strict=True and the rewritten model saves in the original layout; a second optimize
 changes nothing; revert gives the original model back exactly; the audit of the rewritten model
-no longer raises what was fixed. Where a transform leaves alone what the audit names on these
-models, an xfail(strict=True) test says what and why.
+no longer raises what was fixed, including what timm writes its own way (timm's LayerNorm
+subclass, its drop_block Identity between norm and activation, 1x1 squeeze-excite convolutions
+whose weights are contiguous both ways).
 
 The ResNet's fused BatchNorms run as CI runs every kernel on the CPU, in Triton's interpreter
 (with TRITON_INTERPRET=1); the other models' run their plain-PyTorch reference, as without
@@ -200,16 +201,10 @@ def test_mobilenetv3_refuses_timm_s_linear_head_with_the_reason():
     assert "not a plain nn.Linear" in refusal.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="channels-last skips a 1x1 convolution's weight because "
-    "is_contiguous(memory_format=torch.channels_last) is already True for it, leaving strides "
-    "(C_in, 1, 1, 1) that PyTorch's choice of memory format reads as NCHW (model.to("
-    "memory_format=torch.channels_last) restrides it to (C_in, 1, C_in, C_in)); MobileNetV3's "
-    "squeeze-excite convolutions, whose inputs are pooled to N x C x 1 x 1, then run NCHW and "
-    "the audit of the rewritten model still raises nchw-conv for blocks.*.*.se.conv_*",
-)
 def test_mobilenetv3_channels_last_leaves_no_nchw_convolution():
+    """A 1x1 weight (C_out, C_in, 1, 1) with strides (C_in, 1, 1, 1) is contiguous both ways
+    and PyTorch runs it NCHW: channels-last gives it (C_in, 1, C_in, C_in), so MobileNetV3's
+    squeeze-excite convolutions on pooled N x C x 1 x 1 inputs run channels_last too."""
     model, x = _build("mobilenetv3")
     model, outcome = _apply("channels-last", model, x)
     assert outcome.changes

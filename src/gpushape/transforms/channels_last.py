@@ -21,17 +21,28 @@ ID = "channels-last"
 CONVS = (nn.Conv2d, nn.ConvTranspose2d)
 
 
-def _to_channels_last(t: torch.Tensor) -> bool:
-    """Restride a 4-D tensor in place (same object); True when it changed."""
-    if t.dim() != 4 or t.is_contiguous(memory_format=torch.channels_last):
-        return False
-    t.data = t.data.contiguous(memory_format=torch.channels_last)
-    return True
+def _channels_last_strides(t: torch.Tensor) -> tuple[int, ...]:
+    return torch.empty(t.shape, device="meta", memory_format=torch.channels_last).stride()
 
 
-def _restore(tensors: list[torch.Tensor]) -> None:
-    for t in tensors:
-        t.data = t.data.contiguous()
+def _to_channels_last(t: torch.Tensor) -> tuple[int, ...] | None:
+    """Restride a 4-D tensor in place (same object) to channels_last's own strides; its old
+    strides when it changed, else None. A 1x1 weight (C_out, C_in, 1, 1) with strides
+    (C_in, 1, 1, 1) is contiguous both ways, and PyTorch then runs its convolution NCHW
+    (MobileNetV3's squeeze-excite convolutions, on pooled N x C x 1 x 1 inputs): it gets
+    (C_in, 1, C_in, C_in), as `model.to(memory_format=torch.channels_last)` gives it."""
+    if t.dim() != 4 or t.stride() == _channels_last_strides(t):
+        return None
+    old = t.stride()
+    new = torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=torch.channels_last)
+    t.data = new.copy_(t.data)
+    return old
+
+
+def _restore(tensors: list[tuple[torch.Tensor, tuple[int, ...]]]) -> None:
+    """Each tensor back to the strides it had."""
+    for t, stride in tensors:
+        t.data = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t.data)
 
 
 def _channels_last_inputs(module: nn.Module, args: tuple, kwargs: dict):
@@ -58,7 +69,8 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     for fqn, module in model.named_modules():
         if not isinstance(module, CONVS) or not ctx.allows(module, fqn):
             continue
-        changed = [p for p in (module.weight,) if _to_channels_last(p)]
+        old = _to_channels_last(module.weight)
+        changed = [] if old is None else [(module.weight, old)]
         if changed:
             out.changes.append(
                 Change(
