@@ -34,6 +34,7 @@ refused too: torch.fx traces the class's forward, and the rewrite would drop the
 The fused modules share the norm's parameters and buffers (same objects, same names), so the
 state_dict, its keys and the optimizer's state are unchanged. A rewritten parent becomes an
 fx.GraphModule holding the same children under the same names; undo puts the original back.
+The module swaps (timm's BatchNormAct2d, the residual's BatchNorm2d) are in _norm_act_swaps.py.
 """
 
 from __future__ import annotations
@@ -47,10 +48,8 @@ from ..kernels import AddLayerNorm, BatchNormAct2d, LayerNormGELU
 from ._core import (
     Change,
     Outcome,
-    Refusal,
     TransformContext,
     has_hooks,
-    module_holders,
     parent_of,
     register_transform,
 )
@@ -58,23 +57,20 @@ from ._norm_act_match import (
     BATCH_NORM_ACTS,
     LAYER_NORM_ACTS,
     activation,
-    is_norm_act_module,
     is_plain_layer_norm,
-    norm_act_activation,
 )
 from ._norm_act_match import ChildrenAsLeaves as _ChildrenAsLeaves
 from ._norm_act_match import callee as _callee
+from ._norm_act_swaps import (
+    ACT_NAMES,
+    ID,
+    fuse_library_modules,
+    refusal,
+    residual_norm,
+    swap_residual_norms,
+)
 
-ID = "fuse-norm-act"
 ADD = {operator.add, operator.iadd, torch.add, "add", "add_"}
-# the kernels' activation names, as a report says them
-ACT_NAMES = {
-    "relu": "ReLU",
-    "silu": "SiLU",
-    "gelu": "GELU",
-    "gelu_tanh": "GELU (tanh)",
-    "hardswish": "Hardswish",
-}
 
 
 def _act_of(node: fx.Node, parent: nn.Module, kind: str) -> str | None:
@@ -181,47 +177,6 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
     return sites
 
 
-def _residual_norm(site: dict, parent: nn.Module, fqn: str) -> tuple | None:
-    """(holder, attribute, BatchNorm2d, its name) when a fused site's residual is the output
-    of a plain BatchNorm2d: a child of the parent, or the last module of a child Sequential."""
-    node = site.get("residual")
-    if node is None or node.op != "call_module":
-        return None
-    if sum(n.op == "call_module" and n.target == node.target for n in node.graph.nodes) > 1:
-        return None  # the branch runs twice: its norm sees two batches
-    branch = parent.get_submodule(node.target)
-    prefix = f"{fqn}.{node.target}" if fqn else node.target
-    if type(branch) is nn.BatchNorm2d:
-        holder, attr, name = parent, node.target, prefix
-    elif type(branch) is nn.Sequential and len(branch) and type(branch[-1]) is nn.BatchNorm2d:
-        if has_hooks(branch):
-            return None
-        holder, attr = branch, list(branch._modules)[-1]
-        name = f"{prefix}.{attr}"
-    else:
-        return None
-    norm = getattr(holder, attr)
-    return None if has_hooks(norm) else (holder, attr, norm, name)
-
-
-def _swap_residual_norms(
-    found: list[tuple], model: nn.Module, ctx: TransformContext, out: Outcome
-) -> None:
-    """Each residual-branch BatchNorm2d (see the module docstring) onto gpushape's kernel."""
-    holders = module_holders(model)
-    for _, _, norm, name in found:
-        holder, attr = parent_of(model, name)  # the rewritten parent, where it holds the norm
-        if getattr(holder, attr, None) is not norm or not ctx.allows(norm, name):
-            continue
-        if len(holders[id(norm)]) > 1:
-            out.refusals.append(_refusal(name, "the module is held in more than one place"))
-            continue
-        setattr(holder, attr, BatchNormAct2d.from_batchnorm(norm, "none"))
-        undo = lambda h=holder, a=attr, o=norm: setattr(h, a, o)
-        detail = "BatchNorm2d feeding a fused residual add, on the fused kernel (no activation)"
-        out.changes.append(Change(transform=ID, module=name, detail=detail, undo=undo))
-
-
 def _fused(site: dict, parent: nn.Module) -> nn.Module:
     norm = site["norm"]
     if site["kind"] == "bn":
@@ -274,10 +229,6 @@ def _keep_order(rewritten: nn.Module, parent: nn.Module) -> None:
         setattr(rewritten, attr, {k: mine[k] for k in order})
 
 
-def _refusal(fqn: str, reason: str) -> Refusal:
-    return Refusal(transform=ID, module=fqn, reason=reason)
-
-
 def _fuse_in(
     parent: nn.Module, fqn: str, ctx: TransformContext, out: Outcome, residual_norms: list
 ) -> nn.Module | None:
@@ -287,23 +238,23 @@ def _fuse_in(
         graph = _ChildrenAsLeaves(parent).trace(parent)
     except Exception as exc:  # FX cannot trace data-dependent control flow: refuse, say why
         reason = f"torch.fx cannot trace its forward ({type(exc).__name__}: {exc})".split("\n")[0]
-        out.refusals.append(_refusal(fqn, reason[:200]))
+        out.refusals.append(refusal(fqn, reason[:200]))
         return None
     fused = []
     for site in _sites(parent, graph):
         name = f"{fqn}.{site['node'].target}" if fqn else site["node"].target
         if "refuse" in site:
-            out.refusals.append(_refusal(name, site["refuse"]))
+            out.refusals.append(refusal(name, site["refuse"]))
         elif site["calls"] > 1:
-            out.refusals.append(_refusal(name, "the norm module is called more than once"))
+            out.refusals.append(refusal(name, "the norm module is called more than once"))
         elif has_hooks(site["norm"]) or has_hooks(parent):
-            out.refusals.append(_refusal(name, "a hook is registered: it would see other values"))
+            out.refusals.append(refusal(name, "a hook is registered: it would see other values"))
         elif ctx.allows(site["norm"], name):
             fused.append(site)
     if not fused:
         return None
     for site in fused:
-        found = _residual_norm(site, parent, fqn)
+        found = residual_norm(site, parent, fqn)
         if found is not None:
             residual_norms.append(found)
         _rewrite(site, parent, graph)
@@ -315,7 +266,7 @@ def _fuse_in(
     _keep_order(rewritten, parent)
     keys = set(parent.state_dict())
     if set(rewritten.state_dict()) != keys:
-        out.refusals.append(_refusal(fqn, "the rewrite would change the state_dict's keys"))
+        out.refusals.append(refusal(fqn, "the rewrite would change the state_dict's keys"))
         return None
     for site in fused:
         name = f"{fqn}.{site['node'].target}" if fqn else site["node"].target
@@ -340,46 +291,10 @@ def _parents(model: nn.Module) -> list[str]:
     return sorted(names, key=lambda n: -n.count(".") if n else 1)
 
 
-def _library_refusal(m: nn.Module, holders: list) -> str | None:
-    if has_hooks(m) or has_hooks(m.drop) or has_hooks(m.act):
-        return "a hook is registered: it would see other values"
-    if len(holders) > 1:
-        return "the module is held in more than one place"
-    return None
-
-
-def _fuse_library_modules(model: nn.Module, ctx: TransformContext, out: Outcome) -> nn.Module:
-    """timm's BatchNormAct2d (see the module docstring) swapped for gpushape's in its holder;
-    returns the root (the swapped module itself when it is the root)."""
-    holders = module_holders(model)
-    for fqn, m in list(model.named_modules()):
-        if not is_norm_act_module(m) or not ctx.allows(m, fqn):
-            continue
-        name, reason = norm_act_activation(m)
-        reason = reason or (_library_refusal(m, holders[id(m)]) if name else None)
-        fused = BatchNormAct2d.from_batchnorm(m, name) if name and not reason else None
-        if fused is not None and list(fused.state_dict()) != list(m.state_dict()):
-            reason, fused = "the swap would change the state_dict's keys", None
-        if reason is not None:
-            out.refusals.append(_refusal(fqn, reason))
-        if fused is None:
-            continue
-        if fqn:
-            holder, attr = parent_of(model, fqn)
-            setattr(holder, attr, fused)
-            undo = lambda h=holder, a=attr, o=m: setattr(h, a, o)
-        else:
-            out.root = model = fused
-            undo = lambda o=m: o
-        detail = f"{type(m).__name__} (BatchNorm2d + {ACT_NAMES[name]}) fused"
-        out.changes.append(Change(transform=ID, module=fqn, detail=detail, undo=undo))
-    return model
-
-
 @register_transform(ID, pays_under_compile=False)
 def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
-    model = _fuse_library_modules(model, ctx, out)
+    model = fuse_library_modules(model, ctx, out)
     for fqn in _parents(model):
         parent = model.get_submodule(fqn)
         if not ctx.allows(parent, fqn):
@@ -392,7 +307,7 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
         if "forward" in parent.__dict__:  # fx traced the class's forward: it would be dropped
             del out.changes[before:]
             why = "its forward is replaced on the instance (autocast, a checkpoint): fx drops it"
-            out.refusals.append(_refusal(fqn, why))
+            out.refusals.append(refusal(fqn, why))
             continue
         if fqn:
             holder, name = parent_of(model, fqn)
@@ -406,5 +321,5 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
         out.changes[before] = Change(
             transform=ID, module=first.module, detail=first.detail, undo=undo
         )
-        _swap_residual_norms(residual_norms, model, ctx, out)
+        swap_residual_norms(residual_norms, model, ctx, out)
     return out
