@@ -200,6 +200,19 @@ def parent_of(model: nn.Module, fqn: str) -> tuple[nn.Module, str]:
     return (model.get_submodule(parent_name) if parent_name else model), name
 
 
+def install(model: nn.Module, fqn: str, new: nn.Module, out: Outcome) -> tuple[nn.Module, Callable]:
+    """`new` in place of the module at `fqn` (the root when fqn is "": then `out.root`);
+    (the model's root now, the undo, which puts the old module back)."""
+    if not fqn:
+        old_root = model
+        out.root = new
+        return new, lambda: old_root
+    holder, attr = parent_of(model, fqn)
+    old = getattr(holder, attr)
+    setattr(holder, attr, new)
+    return model, lambda: setattr(holder, attr, old)
+
+
 def has_hooks(module: nn.Module) -> bool:
     """Whether forward or backward hooks are registered on the module (a rewrite would skip
     or change what they see)."""

@@ -15,6 +15,7 @@ from ._core import (
     Refusal,
     TransformContext,
     has_hooks,
+    install,
     module_holders,
     parent_of,
 )
@@ -70,8 +71,7 @@ def swap_residual_norms(
         if len(holders[id(norm)]) > 1:
             out.refusals.append(refusal(name, "the module is held in more than one place"))
             continue
-        setattr(holder, attr, BatchNormAct2d.from_batchnorm(norm, "none"))
-        undo = lambda h=holder, a=attr, o=norm: setattr(h, a, o)
+        _, undo = install(model, name, BatchNormAct2d.from_batchnorm(norm, "none"), out)
         detail = "BatchNorm2d feeding a fused residual add, on the fused kernel (no activation)"
         out.changes.append(Change(transform=ID, module=name, detail=detail, undo=undo))
 
@@ -100,13 +100,7 @@ def fuse_library_modules(model: nn.Module, ctx: TransformContext, out: Outcome) 
             out.refusals.append(refusal(fqn, reason))
         if fused is None:
             continue
-        if fqn:
-            holder, attr = parent_of(model, fqn)
-            setattr(holder, attr, fused)
-            undo = lambda h=holder, a=attr, o=m: setattr(h, a, o)
-        else:
-            out.root = model = fused
-            undo = lambda o=m: o
+        model, undo = install(model, fqn, fused, out)
         detail = f"{type(m).__name__} (BatchNorm2d + {ACT_NAMES[name]}) fused"
         out.changes.append(Change(transform=ID, module=fqn, detail=detail, undo=undo))
     return model

@@ -21,20 +21,18 @@ ID = "channels-last"
 CONVS = (nn.Conv2d, nn.ConvTranspose2d)
 
 
-def _channels_last_strides(t: torch.Tensor) -> tuple[int, ...]:
-    return torch.empty(t.shape, device="meta", memory_format=torch.channels_last).stride()
-
-
 def _to_channels_last(t: torch.Tensor) -> tuple[int, ...] | None:
     """Restride a 4-D tensor in place (same object) to channels_last's own strides; its old
     strides when it changed, else None. A 1x1 weight (C_out, C_in, 1, 1) with strides
     (C_in, 1, 1, 1) is contiguous both ways, and PyTorch then runs its convolution NCHW
     (MobileNetV3's squeeze-excite convolutions, on pooled N x C x 1 x 1 inputs): it gets
     (C_in, 1, C_in, C_in), as `model.to(memory_format=torch.channels_last)` gives it."""
-    if t.dim() != 4 or t.stride() == _channels_last_strides(t):
+    if t.dim() != 4:
+        return None
+    new = torch.empty_like(t.data, memory_format=torch.channels_last)
+    if new.stride() == t.stride():
         return None
     old = t.stride()
-    new = torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=torch.channels_last)
     t.data = new.copy_(t.data)
     return old
 
@@ -70,8 +68,8 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
         if not isinstance(module, CONVS) or not ctx.allows(module, fqn):
             continue
         old = _to_channels_last(module.weight)
-        changed = [] if old is None else [(module.weight, old)]
-        if changed:
+        if old is not None:
+            changed = [(module.weight, old)]
             out.changes.append(
                 Change(
                     transform=ID,

@@ -50,7 +50,7 @@ from ._core import (
     Outcome,
     TransformContext,
     has_hooks,
-    parent_of,
+    install,
     register_transform,
 )
 from ._norm_act_match import (
@@ -309,13 +309,7 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
             why = "its forward is replaced on the instance (autocast, a checkpoint): fx drops it"
             out.refusals.append(refusal(fqn, why))
             continue
-        if fqn:
-            holder, name = parent_of(model, fqn)
-            setattr(holder, name, rewritten)
-            undo = lambda h=holder, n=name, p=parent: setattr(h, n, p)
-        else:
-            out.root = model = rewritten
-            undo = lambda p=parent: p
+        model, undo = install(model, fqn, rewritten, out)
         # one undo for the parent's rewrite, carried by its first change
         first = out.changes[before]
         out.changes[before] = Change(
