@@ -10,12 +10,19 @@
 # wheels on its disk for Python 3.11: pip installs them in about a minute; a CUDA build,
 # 5.6 GB in the venv, that runs on the CPU). A reused torch without torchvision is kept as it
 # is: the timm tests then skip (installing the extra would replace that torch).
-# `make TORCH_PIN=torch==2.13.0` gives the small CPU-only venv, without timm.
+# That pair needs disk: with less than TORCH_FULL_FREE_GB free where the venv goes, the
+# Makefile takes the CPU-only torch==2.13.0 instead (about 1 GB; timm and its tests skip) and
+# says so. A CI run once failed with "No space left on device" halfway through the large pair.
+# `make TORCH_PIN=torch==2.13.0` asks for the small CPU-only venv, without timm, whatever the disk.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gpushape-installed
-TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
+TORCH_PIN ?= auto
+TORCH_FULL  := torch==2.14.1 torchvision==0.29.1
+TORCH_SMALL := torch==2.13.0
+TORCH_FULL_FREE_GB ?= 12
+PIP_INSTALL := -m pip install -q --no-cache-dir
 PYTEST_WORKERS ?= 2
 # One intra-op thread per pytest worker: the workers already fill the cores, and torch's
 # default of a thread per core in each of them makes its OpenMP threads spin waiting for one
@@ -55,14 +62,21 @@ $(PY):
 	  > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_gpushape_host.pth"
 
 $(STAMP): $(PY) pyproject.toml
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(foreach r,$(TORCH_PIN),"$(r)")
-	@$(PY) -c "import triton, numpy" 2>/dev/null || $(PY) -m pip install -q triton numpy
+	@$(PY) -c "import torch" 2>/dev/null || { pin="$(TORCH_PIN)"; \
+	  if [ "$$pin" = auto ]; then pin="$(TORCH_FULL)"; \
+	    if ! $(PY) -c "import shutil, sys; sys.exit(shutil.disk_usage('.').free < $(TORCH_FULL_FREE_GB) * 2**30)"; then \
+	      pin="$(TORCH_SMALL)"; \
+	      echo "less than $(TORCH_FULL_FREE_GB) GB free here: installing $$pin (CPU-only; timm and its tests skip)"; \
+	    fi; \
+	  fi; \
+	  echo "$(PY) $(PIP_INSTALL) $$pin"; $(PY) $(PIP_INSTALL) $$pin; }
+	@$(PY) -c "import triton, numpy" 2>/dev/null || $(PY) $(PIP_INSTALL) triton numpy
 	@# timm only beside a torchvision that imports with this torch (see the top of this file)
 	@if $(PY) -c "import torchvision" 2>/dev/null; then extras=test,hf,timm; else \
 	  extras=test,hf; echo "torchvision does not import here: timm not installed, its tests skip"; \
 	fi; \
-	echo "$(PY) -m pip install -q --no-build-isolation -e .[$$extras]"; \
-	$(PY) -m pip install -q --no-build-isolation -e ".[$$extras]"
+	echo "$(PY) $(PIP_INSTALL) --no-build-isolation -e .[$$extras]"; \
+	$(PY) $(PIP_INSTALL) --no-build-isolation -e ".[$$extras]"
 	@touch $(STAMP)
 
 clean:
