@@ -1,0 +1,174 @@
+"""Where the host's time goes in a real eager step, op by op, against the host model's rates.
+
+host_validate.py found the host model (tracing/host.py) right on BERT and short by 1.5-2.1x
+on GPT-2, ViT and ResNet-50 at a small batch. For each MODEL, at --batch (small: the host sets
+the pace), bf16 on CUDA: the seconds Python takes to issue the forward (with the loss) and the
+backward, unprofiled, medians of --repeats; then torch.profiler (CPU only) over --steps steps:
+every top-level op of the forward (an ATen call not inside another) and every node the
+autograd engine ran in the backward, by name, calls and inclusive microseconds a step; and
+the meta trace's ops by host class with the rates the shipped profile prices them at. The
+profiler inflates every op by its own bookkeeping: the unprofiled issue times say by how much.
+
+    python benchmarks/steps/host_by_op.py --models timm:resnet50,hf:gpt2 --out $OUT/host_by_op.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+import gpushape
+from gpushape.bench import write_results
+from gpushape.hardware.profile import calibrated
+from gpushape.models import resolve_model
+from gpushape.steps import synthetic_batch
+from gpushape.tracing.host import _rate, module_calls, op_class
+
+MODELS = "timm:resnet50,timm:efficientnet_b0,hf:gpt2,timm:vit_base_patch16_224,hf:bert"
+BACKWARD = "autograd::engine::evaluate_function: "
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def issue_times(model, batch, repeats: int) -> dict[str, float]:
+    """Median seconds to issue the forward+loss and the backward, GPU synchronised before
+    each (so neither waits on the GPU)."""
+    fwd, bwd = [], []
+    for i in range(repeats + 3):
+        for p in model.parameters():
+            p.grad = None
+        _sync()
+        t0 = time.perf_counter()
+        loss = batch.loss(model(*batch.inputs, **batch.kwargs))
+        t1 = time.perf_counter()
+        _sync()
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        _sync()
+        if i >= 3:
+            fwd.append(t1 - t0)
+            bwd.append(t3 - t2)
+    return {"forward_s": statistics.median(fwd), "backward_s": statistics.median(bwd)}
+
+
+def profiled_ops(model, batch, steps: int) -> dict:
+    """Top-level forward ops and backward nodes by name: [calls, inclusive us] a step."""
+    fwd_ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    bwd_ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    spans = {"forward": 0.0, "backward": 0.0}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            for p in model.parameters():
+                p.grad = None
+            _sync()
+            with torch.profiler.record_function("gpushape::forward"):
+                loss = batch.loss(model(*batch.inputs, **batch.kwargs))
+            _sync()
+            with torch.profiler.record_function("gpushape::backward"):
+                loss.backward()
+            _sync()
+    for e in prof.events():
+        if e.name in ("gpushape::forward", "gpushape::backward"):
+            spans[e.name.split("::")[1]] += e.cpu_time_total / steps
+            continue
+        parent = e.cpu_parent
+        if e.name.startswith(BACKWARD):
+            row = bwd_ops[e.name[len(BACKWARD) :]]
+        elif parent is not None and parent.name == "gpushape::forward":
+            row = fwd_ops[e.name]
+        else:
+            continue
+        row[0] += 1 / steps
+        row[1] += e.cpu_time_total / steps
+    return {
+        "profiled_forward_us": spans["forward"],
+        "profiled_backward_us": spans["backward"],
+        "forward_ops": dict(sorted(fwd_ops.items(), key=lambda kv: -kv[1][1])),
+        "backward_nodes": dict(sorted(bwd_ops.items(), key=lambda kv: -kv[1][1])),
+    }
+
+
+def predicted(model, inputs, rates) -> dict:
+    """The meta trace's ops by host class and pass: [count, seconds at the profile's rates]."""
+    trace = gpushape.trace(model, inputs, train=True)
+    by: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for r in trace.ops:
+        if r.kind == "view":
+            row = by[f"view/{r.phase}"]
+            row[0] += 1
+            row[1] += rates["view"]
+        elif r.kind == "compute":
+            back = r.phase == "backward"
+            cls = op_class(r.op)
+            row = by[f"{cls}/backward" if back else cls]
+            row[0] += 1
+            row[1] += _rate(rates, cls, back)
+    n = module_calls(trace)
+    by["module"] = [n, n * rates["module"]]
+    ops = defaultdict(int)
+    for r in trace.ops:
+        if r.kind == "compute":
+            ops[f"{r.phase}:{r.op}"] += 1
+    return {"by_class": dict(by), "ops": dict(ops)}
+
+
+def one(spec: str, batch_size: int, rates, repeats: int, steps: int, device="cuda") -> dict:
+    real = resolve_model(spec, batch=batch_size, dtype=torch.bfloat16, device=device)
+    meta = resolve_model(spec, batch=batch_size, dtype=torch.bfloat16, device="meta")
+    batch = synthetic_batch(real.model, real.example_inputs)
+    out = {"model": spec, "batch": batch_size}
+    out.update(issue_times(real.model, batch, repeats))
+    out.update(profiled_ops(real.model, batch, steps))
+    out["predicted"] = predicted(meta.model, meta.example_inputs, rates)
+    del real, batch
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--models", default=MODELS)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--out", default="host_by_op.json")
+    p.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself")
+    args = p.parse_args()
+    rates = dict(calibrated("h200").achievable.host)
+    rows = []
+    for spec in args.models.split(","):
+        try:
+            rows.append(one(spec, args.batch, rates, args.repeats, args.steps, args.device))
+        except Exception as exc:  # one model failing leaves the others
+            rows.append({"model": spec, "error": f"{type(exc).__name__}: {exc}"})
+        write_results(args.out, {"host_rates": rates, "rows": rows})
+    print(f"{'model':<28} {'fwd ms':>7} {'bwd ms':>7} {'prof fwd':>8} {'prof bwd':>8} "
+          f"{'fwd ops':>7} {'bwd nodes':>9} {'pred ms':>7}")  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:<28} {r['error'][:100]}")
+            continue
+        pred = sum(v[1] for v in r["predicted"]["by_class"].values())
+        print(
+            f"{r['model'][:28]:<28} {r['forward_s'] * 1e3:>7.2f} {r['backward_s'] * 1e3:>7.2f} "
+            f"{r['profiled_forward_us'] / 1e3:>8.2f} {r['profiled_backward_us'] / 1e3:>8.2f} "
+            f"{sum(v[0] for v in r['forward_ops'].values()):>7.0f} "
+            f"{sum(v[0] for v in r['backward_nodes'].values()):>9.0f} {pred * 1e3:>7.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
