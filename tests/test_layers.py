@@ -16,7 +16,7 @@ ALLOWED = {
     "kernels": {"errors"},
     "bench": {"hardware", "errors"},
     "data": {"bench", "hardware", "errors"},
-    "probe": {"bench", "tracing", "kernels", "hardware", "errors"},
+    "probe": {"bench", "tracing", "kernels", "models", "hardware", "errors"},
     "auditing": {"tracing", "models", "data", "hardware", "errors"},
     "transforms": {"auditing", "tracing", "kernels", "models", "bench", "hardware", "errors"},
     "steps": {"transforms", "auditing", "tracing", "models", "bench", "hardware", "errors"},

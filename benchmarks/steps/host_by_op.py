@@ -15,9 +15,7 @@ profiler inflates every op by its own bookkeeping: the unprofiled issue times sa
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -30,6 +28,7 @@ import gpushape
 from gpushape.bench import write_results
 from gpushape.hardware.profile import calibrated
 from gpushape.models import resolve_model
+from gpushape.probe.host_glue import issue_seconds
 from gpushape.steps import synthetic_batch
 from gpushape.tracing.host import _rate, module_calls, op_class
 
@@ -40,28 +39,6 @@ BACKWARD = "autograd::engine::evaluate_function: "
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def issue_times(model, batch, repeats: int) -> dict[str, float]:
-    """Median seconds to issue the forward+loss and the backward, GPU synchronised before
-    each (so neither waits on the GPU)."""
-    fwd, bwd = [], []
-    for i in range(repeats + 3):
-        for p in model.parameters():
-            p.grad = None
-        _sync()
-        t0 = time.perf_counter()
-        loss = batch.loss(model(*batch.inputs, **batch.kwargs))
-        t1 = time.perf_counter()
-        _sync()
-        t2 = time.perf_counter()
-        loss.backward()
-        t3 = time.perf_counter()
-        _sync()
-        if i >= 3:
-            fwd.append(t1 - t0)
-            bwd.append(t3 - t2)
-    return {"forward_s": statistics.median(fwd), "backward_s": statistics.median(bwd)}
 
 
 def profiled_ops(model, batch, steps: int) -> dict:
@@ -130,7 +107,9 @@ def one(spec: str, batch_size: int, rates, repeats: int, steps: int, device="cud
     meta = resolve_model(spec, batch=batch_size, dtype=torch.bfloat16, device="meta")
     batch = synthetic_batch(real.model, real.example_inputs)
     out = {"model": spec, "batch": batch_size}
-    out.update(issue_times(real.model, batch, repeats))
+    out["forward_s"], out["backward_s"] = issue_seconds(
+        real.model, batch.inputs, repeats, kwargs=batch.kwargs, loss=batch.loss
+    )
     out.update(profiled_ops(real.model, batch, steps))
     out["predicted"] = predicted(meta.model, meta.example_inputs, rates)
     del real, batch

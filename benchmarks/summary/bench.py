@@ -237,6 +237,50 @@ def host_bound() -> list[str]:
     ]
 
 
+def host_model() -> list[str]:
+    """The host model against real models' eager steps, before and after the two rates fitted
+    on them (steps-h200/host_by_op.json, host_glue_fit.json)."""
+    fit = json.loads((RESULTS / "steps-h200/host_glue_fit.json").read_text())["results"]
+    glue, acc = fit["rates"]["module_glue"], fit["rates"]["accumulate_grad"]
+    by_op = [r for r in fit["rows"] if r["host"] == "host_by_op"]
+    other = [r for r in fit["rows"] if r["host"] == "host_validate"]
+
+    def span(rows: list[dict], key: str) -> str:
+        values = [r[key] for r in rows]
+        return f"{min(values):.2f}-{max(values):.2f}"
+
+    per = ", ".join(f"{k} {v * 1e6:.0f}" for k, v in glue["per_model"].items())
+    return [
+        "The host model on real models. Timed op by op on the H200's host "
+        f"({link('steps-h200/host_by_op.json', 'host_by_op.json')}, "
+        "`benchmarks/steps/host_by_op.py`, batch 2, forward and backward apart), the "
+        "forwards of library models issued slower than their ops priced at the probe's rates: "
+        f"predicted / measured {span(by_op, 'forward_before')}. What the bare rates miss is "
+        "each module's own Python (attribute lookups, shape "
+        "arithmetic, a library's argument handling) and the engine's node per parameter: "
+        f"fitted on these models ({link('steps-h200/host_glue_fit.json', 'host_glue_fit.json')}, "
+        f"`benchmarks/steps/fit_host_glue.py`), a module call costs {glue['seconds'] * 1e6:.1f} "
+        f"us beyond its ops (per model, us: {per}) and a gradient leaf "
+        f"{acc['seconds'] * 1e6:.1f} us. With both, the forwards come to "
+        f"{span(by_op, 'forward_after')} (each model's forward with the rate fitted on the "
+        f"other four: {span(by_op, 'forward_left_out')}) and whole steps from "
+        f"{span(by_op, 'step_before')} to {span(by_op, 'step_after')}; the small-batch steps "
+        f"timed on another lease's host (host_validate.json) go from {span(other, 'step_before')}"
+        f" to {span(other, 'step_after')}. The same model's step issued up to "
+        f"{_host_spread(by_op, other):.1f}x faster on one lent host than on the other, which "
+        "bounds what any one set of rates can promise; `gpushape probe` measures both rates "
+        "on the machine it runs on.",
+        "",
+    ]
+
+
+def _host_spread(by_op: list[dict], other: list[dict]) -> float:
+    here = {r["model"]: r["step_ms"] for r in by_op}
+    ratios = [max(here[r["model"]], r["step_ms"]) / min(here[r["model"]], r["step_ms"])
+              for r in other if r["model"] in here]  # fmt: skip
+    return max(ratios)
+
+
 def _host_fixes(name: str) -> dict[str, float]:
     data = json.loads((RESULTS / "steps-h200" / name).read_text())["results"]["variants"]
     return {k: v["median_ms"] for k, v in data.items()}
@@ -276,6 +320,7 @@ def bench_section() -> list[str]:
         *why_bert_compile(),
         *compile_pad(),
         *host_bound(),
+        *host_model(),
     ]
 
 

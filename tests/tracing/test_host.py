@@ -64,7 +64,7 @@ def test_the_eager_step_is_host_bound_when_dispatch_outlasts_the_gpu():
 
 def test_the_probe_measures_every_rate_and_the_profile_reads_them():
     rows = measure_host("cpu", calls=50, repeats=2)
-    assert set(rows) == set(RATES)
+    assert set(rows) == {*RATES, "accumulate_grad"}
     assert all(r["seconds"] >= 0 and r["workload"] for r in rows.values())
     assert rows["op"]["seconds"] > 0 and rows["backward_op"]["seconds"] > 0
     spec = apply_profile(get_gpu("h200"), {"host": rows})
@@ -106,3 +106,33 @@ def test_fused_row_norms_are_their_own_class_priced_as_before_until_measured():
     new = {**old, "gpushape_norm": 50e-6, "gpushape_norm/backward": 200e-6}
     assert _rate(new, "gpushape_norm", True) == 200e-6
     assert _rate(RATES, "gpushape_norm", False) == RATES["op"]  # neither measured
+
+
+def test_the_trace_counts_gradient_leaves_and_each_costs_the_accumulate_rate():
+    model, inputs = _mlp()  # two Linears: two weights, two biases
+    trace = gpushape.trace(model, inputs, train=True)
+    assert trace.grad_leaves == 4 and trace.to_dict()["grad_leaves"] == 4
+    assert gpushape.trace(model, inputs, train=False).grad_leaves == 0
+    model[0].weight.requires_grad_(False)  # frozen: no gradient, no node
+    assert gpushape.trace(model, inputs, train=True).grad_leaves == 3
+    model[0].weight.requires_grad_(True)
+    base = host_cost(trace, _gpu())
+    grown = host_cost(trace, _gpu({**RATES, "accumulate_grad": 1e-3}))
+    assert grown.grad_leaves == 4
+    assert abs(grown.seconds - base.seconds - 4 * 1e-3) < 1e-12
+
+
+def test_module_glue_replaces_the_bare_call_rate_where_fitted():
+    from gpushape.tracing.host import forward_seconds
+
+    model, inputs = _mlp()
+    trace = gpushape.trace(model, inputs, train=True)
+    base = host_cost(trace, _gpu())
+    glued = host_cost(trace, _gpu({**RATES, "module_glue": 5e-4}))
+    assert abs(glued.seconds - base.seconds - 4 * (5e-4 - RATES["module"])) < 1e-12
+    bare = forward_seconds(trace, RATES, glue=False)
+    assert abs(forward_seconds(trace, RATES) - bare - 4 * RATES["module"]) < 1e-12
+    forward = [r for r in trace.ops if r.phase == "forward"]
+    ops = sum(r.kind == "compute" for r in forward) * RATES["op"]
+    views = sum(r.kind == "view" for r in forward) * RATES["view"]
+    assert abs(bare - ops - views) < 1e-12

@@ -362,6 +362,15 @@ def _library(prefix: str) -> ModuleType:
     ) from cause
 
 
+def library_missing(spec: str) -> str | None:
+    """None where the library behind `spec` (hf:..., timm:...) imports, else why not."""
+    try:
+        _library(str(spec).partition(":")[0])
+    except MissingLibraryError as exc:
+        return str(exc)
+    return None
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or "(no message)"
 

@@ -10,7 +10,9 @@ norms, as AddLayerNorm): a chain
 y = f(y) of calls on a tensor that needs a gradient, in bf16 on CUDA: the forward's seconds per
 link, and its backward's (`backward_op`, `<class>/backward`: the engine runs one node a link;
 the chain's forward not timed). `view`: `x.view(-1)`; `module`: an `nn.Module` whose forward
-returns its input, called, less the same plain function called (what `Module.__call__` adds).
+returns its input, called, less the same plain function called (what `Module.__call__` adds);
+`accumulate_grad`: the backward's node per gradient leaf. The Python a real module's forward
+runs beyond its ops (`module_glue`) is fitted on real models: probe/host_glue.py.
 Medians over `repeats` runs after a warm-up.
 """
 
@@ -200,4 +202,35 @@ def measure_host(
         "workload": "nn.Module returning its input, less a plain function",
         "calls": calls,
     }
+    out["accumulate_grad"] = {
+        "seconds": _accumulate_rate(dev, dtype, links, repeats),
+        "workload": f"backward of torch.stack of {links} leaf tensors, less of {links // 4}, "
+        "a leaf",
+        "calls": links,
+    }
     return out
+
+
+def _accumulate_rate(dev: torch.device, dtype: torch.dtype, leaves: int, repeats: int) -> float:
+    """Seconds autograd's engine spends handing one leaf its gradient (an AccumulateGrad node,
+    the gradient stolen, as a parameter's from its GEMM's backward): the backward of
+    `torch.stack(leaves).sum()` at two numbers of leaves, the difference per leaf (one
+    StackBackward node either way; its per-leaf view is counted in)."""
+
+    def backward_s(n: int) -> float:
+        ps = [torch.zeros(4, 16, device=dev, dtype=dtype, requires_grad=True) for _ in range(n)]
+        times = []
+        for i in range(repeats + 1):
+            loss = torch.stack(ps).float().sum()
+            for p in ps:
+                p.grad = None
+            _sync(dev)
+            t0 = time.perf_counter()
+            loss.backward()
+            _sync(dev)
+            if i:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    few = max(leaves // 4, 1)
+    return max(backward_s(leaves) - backward_s(few), 0.0) / (leaves - few)

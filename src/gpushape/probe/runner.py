@@ -30,6 +30,7 @@ from . import attention as probe_attention
 from . import convs as probe_convs
 from . import guide_claims
 from . import host as probe_host
+from . import host_glue as probe_glue
 from . import memory as probe_memory
 from . import profile as probe_profile
 from .measure import (
@@ -141,6 +142,10 @@ def run_probe(
         t0 = time.perf_counter()
         ceilings = _ceilings(plan, cfg)
         host = probe_host.measure_host(cfg.device, calls=plan.launch_kernels * 2)
+        bar.update(job, description="host: module calls' Python, on real models")
+        glue = probe_glue.measure_glue(cfg.device, _seconds(host), quick=plan.mode != "full")
+        if glue:
+            host["module_glue"] = glue
         actual_s["ceilings"] = time.perf_counter() - t0
         bar.advance(job)
         for task in tasks:
@@ -220,6 +225,10 @@ def _memory_efficiency(
         out[work.family] = {**row[work.family], "wall_s": round(time.perf_counter() - t0, 2)}
         bar.advance(job)
     return out
+
+
+def _seconds(rows: dict[str, Any]) -> dict[str, float]:
+    return {k: v["seconds"] for k, v in rows.items() if isinstance(v, dict) and "seconds" in v}
 
 
 def _on_attention(bar: Progress, job: Any, cfg: probe_attention.AttentionConfig) -> None:

@@ -8,17 +8,24 @@ the wall clock. The kernels' launch overhead alone (`launch_overhead_s` x kernel
 measured on the H200's host, a Hugging Face BERT step spends several times that.
 
     host_s = sum over forward ops of host[class] + over backward ops of host[class/backward]
-             + views (both passes) x host["view"] + module calls x host["module"]
+             + views (both passes) x host["view"] + module calls x host["module_glue"]
+             + gradient leaves x host["accumulate_grad"]
 
 a class being an op's kind as the host sees it (`CLASSES`: gpushape's own fused row norms and
 its other fused ops, convolutions, batch norm, layer norm, GEMMs, attention; any other op is
 "op", its backward "backward_op"), each rate measured
 by `gpushape probe` on the machine (probe/host.py: chains of calls on tiny tensors, so the GPU
 never sets the pace; a class it did not measure falls back to "op"). Module calls are the
-modules the trace saw running ops (and their parents), once each. What the model misses:
-Python in a module's forward beyond the ops it dispatches (a library's argument handling, mask
-building), the optimizer's step, the allocator's slow paths. None when the profile measured
-no host rates.
+modules the trace saw running ops (and their parents), once each. `module_glue` is what a
+module call costs beyond the ops it dispatches: `Module.__call__` and the Python of its forward
+(a library's argument handling, shape arithmetic, mask building), fitted on real models' eager
+forwards (probe/host_glue.py); a profile without it prices a call at `module`, the bare
+`__call__` of a module that returns its input, which on Hugging Face and timm models left
+their forwards 1.3-2.1x short. `accumulate_grad`: the engine's node that hands a parameter
+its gradient, one per gradient leaf (`Trace.grad_leaves`); not priced where unmeasured. What
+the model misses: the optimizer's step, the allocator's slow paths, and the spread between
+hosts (the same model's eager step issued 1.8x faster on one lent H200 host than on another).
+None when the profile measured no host rates.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ class HostCost:
     backward_ops: int
     module_calls: int
     seconds: float
+    grad_leaves: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -100,6 +108,23 @@ def host_cost(trace: Trace, gpu: Any) -> HostCost | None:
     computes = [r for r in trace.ops if r.kind == "compute"]
     ops = sum(r.phase == "forward" for r in computes)
     modules = module_calls(trace)
-    seconds = views * rates["view"] + modules * rates["module"]
+    seconds = views * rates["view"] + modules * module_rate(rates)
     seconds += sum(_rate(rates, op_class(r.op), r.phase == "backward") for r in computes)
-    return HostCost(ops, views, len(computes) - ops, modules, seconds)
+    seconds += trace.grad_leaves * rates.get("accumulate_grad", 0.0)
+    return HostCost(ops, views, len(computes) - ops, modules, seconds, trace.grad_leaves)
+
+
+def module_rate(rates) -> float:
+    """Seconds a module call costs beyond its ops: the fitted glue where measured."""
+    return rates.get("module_glue", rates["module"])
+
+
+def forward_seconds(trace: Trace, rates, *, glue: bool = True) -> float:
+    """The forward's share of `host_cost`: its ops, its views and (with `glue`) its module
+    calls; the part of the step that `module_glue` is fitted against."""
+    seconds = sum(
+        rates["view"] if r.kind == "view" else _rate(rates, op_class(r.op), False)
+        for r in trace.ops
+        if r.phase == "forward" and r.kind in ("view", "compute")
+    )
+    return seconds + (module_calls(trace) * module_rate(rates) if glue else 0.0)

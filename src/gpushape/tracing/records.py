@@ -169,7 +169,9 @@ class Trace:
     """Every aten op one forward (and, with `train`, one backward) pass dispatched.
 
     `modules` maps each module path to its type name, in `named_modules()` order ("" is the
-    root). `device` is where tensors lived while tracing ("meta": shapes only).
+    root). `device` is where tensors lived while tracing ("meta": shapes only). `grad_leaves`:
+    the tensors a training step's backward accumulates gradients into (the parameters that
+    require grad, and inputs that do); 0 without `train`.
     """
 
     model: str
@@ -177,6 +179,7 @@ class Trace:
     device: str
     ops: list[OpRecord]
     modules: dict[str, str]
+    grad_leaves: int = 0
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -209,5 +212,6 @@ class Trace:
             "train": self.train,
             "device": self.device,
             "modules": dict(self.modules),
+            "grad_leaves": self.grad_leaves,
             "ops": [op.to_dict() for op in self.ops],
         }

@@ -53,6 +53,7 @@ def trace(
     stack = ModuleStack(model)
     recorder = Recorder(stack, module_types, param_modules, target.type)
     was_training = model.training
+    leaves: list[torch.Tensor] = []
     model.train(train)
     try:
         with contextlib.ExitStack() as scope:
@@ -62,7 +63,8 @@ def trace(
             scope.enter_context(recorder)
             out = _forward(model, args, kwargs, stand_ins, train, stack, target.type)
             if train:
-                _backward(out, _grad_leaves(tensors.values(), (args, kwargs)), recorder)
+                leaves = _grad_leaves(tensors.values(), (args, kwargs))
+                _backward(out, leaves, recorder)
     finally:
         model.train(was_training)
     return Trace(
@@ -71,6 +73,7 @@ def trace(
         device=target.type,
         ops=recorder.ops,
         modules=module_types,
+        grad_leaves=len(leaves),
     )
 
 
