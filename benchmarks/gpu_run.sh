@@ -94,6 +94,8 @@ for spec in "$@"; do
     kernels-bert) run kernels-bert "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:bert --batch 32 --optimizer adamw-fused --vs "${VS:-optimize}" --rounds 3 --kernels 30 -o "$OUT/bench-h200/kernels-bert.json"' ;;
     # where an eager step makes the host wait for the GPU, and the GPU's idle gaps
     host-sync) run host-sync "$secs" python3 benchmarks/steps/host_sync.py "${MODEL:-hf:bert}" $([ -n "${INPUT:-}" ] && echo --input "$INPUT" || echo --batch "${BATCH:-32}") --vs "${VS:-eager,optimize}" --out "$OUT/host_sync.json" ;;
+    # a real eager step's host time by forward op and backward node (then fit_host_glue.py, on any machine)
+    host-by-op) run host-by-op "$secs" python3 benchmarks/steps/host_by_op.py --models "${MODELS:-timm:resnet50,hf:gpt2,timm:vit_base_patch16_224,timm:efficientnet_b0,hf:bert}" --out "$OUT/host_by_op.json" ;;
     # does an op's host cost grow with its size? (BERT's ops at 1,024 and 16,384 rows)
     host-size) run host-size "$secs" python3 benchmarks/steps/host_by_size.py --out "$OUT/host_by_size.json" ;;
     # what host-side changes buy a host-bound eager step: transform sets, gc frozen

@@ -34,11 +34,15 @@ MODELS = (
 )
 
 
+# the batches the GPU loop (benchmarks/gpu_run.sh loops-lib) times a model at, where not its own
+BATCH = {"hf:bert": 32}
+
+
 def survey(models, modes, gpu: str = "h200-sxm") -> list[dict]:
     rows = []
     for spec in models:
         try:
-            r = resolve_model(spec)
+            r = resolve_model(spec, batch=BATCH.get(spec))
         except Exception as exc:  # a library that is not installed: say so, go on
             rows.append({"model": spec, "error": f"{type(exc).__name__}: {exc}"[:200]})
             continue
@@ -48,9 +52,11 @@ def survey(models, modes, gpu: str = "h200-sxm") -> list[dict]:
             rows.append(
                 {
                     "model": spec,
+                    "batch": BATCH.get(spec),
                     "mode": mode,
                     "step_wall_s": step.wall_s if step else None,
                     "step_gpu_s": step.gpu_s if step else None,
+                    "step_host_s": step.host_s if step else None,
                     "findings": [
                         {
                             "rule": f.rule,
@@ -58,6 +64,7 @@ def survey(models, modes, gpu: str = "h200-sxm") -> list[dict]:
                             "module": f.module,
                             "fix": f.fix,
                             "saving_s": f.est_saving_s,
+                            "wall_saving_s": f.evidence.get("wall_saving_s"),
                         }
                         for f in report.findings
                         if f.severity >= Severity.MEDIUM
@@ -81,10 +88,13 @@ def main() -> None:
             print(f"{row['model']}: {row['error']}")
             continue
         found = ", ".join(
-            f"{f['severity']} {f['rule']} ({f['fix']}, {f['saving_s'] * 1e3:.2f} ms)"
+            f"{f['severity']} {f['rule']} ({f['fix']}, {f['saving_s'] * 1e3:.2f} ms GPU, "
+            f"{(f['wall_saving_s'] or 0) * 1e3:.2f} wall)"
             for f in row["findings"]
         )
-        print(f"{row['model'][:40]:40} {row['mode']:8} {found or '-'}")
+        step = (f"GPU {row['step_gpu_s'] * 1e3:.1f} host {row['step_host_s'] * 1e3:.1f}"
+                if row["step_gpu_s"] is not None else "")  # fmt: skip
+        print(f"{row['model'][:40]:40} {row['mode']:8} {step:22} {found or '-'}")
 
 
 if __name__ == "__main__":

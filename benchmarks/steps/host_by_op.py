@@ -30,7 +30,7 @@ from gpushape.hardware.profile import calibrated
 from gpushape.models import resolve_model
 from gpushape.probe.host_glue import issue_seconds
 from gpushape.steps import synthetic_batch
-from gpushape.tracing.host import _rate, module_calls, op_class
+from gpushape.tracing.host import module_calls, op_class, rate
 
 MODELS = "timm:resnet50,timm:efficientnet_b0,hf:gpt2,timm:vit_base_patch16_224,hf:bert"
 BACKWARD = "autograd::engine::evaluate_function: "
@@ -92,7 +92,7 @@ def predicted(model, inputs, rates) -> dict:
             cls = op_class(r.op)
             row = by[f"{cls}/backward" if back else cls]
             row[0] += 1
-            row[1] += _rate(rates, cls, back)
+            row[1] += rate(rates, cls, back)
     n = module_calls(trace)
     by["module"] = [n, n * rates["module"]]
     ops = defaultdict(int)

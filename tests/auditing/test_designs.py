@@ -89,7 +89,7 @@ def test_textbook_bert_draws_its_findings():
     pattern = "bert.encoder.layer.*.attention.self"
     for rule in ("manual-attention", "unfused-softmax-dropout", "separate-qkv"):
         assert by_rule[rule].module == pattern and by_rule[rule].evidence["sites"] == 12
-        assert by_rule[rule].severity > Severity.INFO and by_rule[rule].est_saving_s > 0
+        assert by_rule[rule].gpu_severity > Severity.INFO and by_rule[rule].est_saving_s > 0
     # Not launch-bound, so fusing the projections saves bytes and GEMM efficiency, not
     # launches: worth less than writing attention with SDPA.
     assert by_rule["manual-attention"].est_saving_s > by_rule["separate-qkv"].est_saving_s

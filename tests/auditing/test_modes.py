@@ -53,8 +53,11 @@ def test_a_host_bound_step_says_a_gpu_saving_is_not_a_wall_saving():
     report = _audit("resnet50", "eager", batch=2)
     assert report.step.bound == "host"
     fused = [f for f in report.findings if f.rule == "unfused-norm-act"]
-    assert fused and all(f.evidence["wall_saving_s"] == 0 for f in fused)
-    assert all("host-bound" in f.message for f in fused)
+    # gpushape's fused BatchNorm costs the host more than batch_norm and relu: the host-bound
+    # step takes longer with it, and the finding says so at info, whatever its GPU saving
+    assert fused and all(f.evidence["wall_saving_s"] < 0 for f in fused)
+    assert all("cost the host more" in f.message for f in fused)
+    assert all(f.severity == Severity.INFO < f.gpu_severity for f in fused)
     graphs = _finding(report, "launch-bound")
     assert graphs.evidence["wall_saving_s"] > 0  # a CUDA graph removes what binds the step
     graph_mode = _audit("resnet50", "graph", batch=2)

@@ -50,6 +50,20 @@ NETS = textwrap.dedent("""
         return Tokens(), (torch.zeros(2, 16, dtype=torch.long),)
 
 
+    class Vocab(nn.Module):  # a BERT-sized vocabulary: its head's GEMM sets the pace
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(30522, 768)
+            self.head = nn.Linear(768, 30522)
+
+        def forward(self, ids):
+            return self.head(self.embed(ids))
+
+
+    def vocab():
+        return Vocab(), (torch.zeros(16, 512, dtype=torch.long),)
+
+
     def bracketed():
         return Bracketed(), (torch.randn(4, 64),)
 
@@ -65,7 +79,7 @@ NETS = textwrap.dedent("""
 
 @pytest.fixture
 def nets(tmp_path) -> str:
-    """Path of a file of factories: tiny, tokens, bracketed, exits, broken."""
+    """Path of a file of factories: tiny, tokens, vocab, bracketed, exits, broken."""
     path = tmp_path / "nets.py"
     path.write_text(NETS)
     return str(path)

@@ -66,17 +66,18 @@ def test_an_explicit_format_that_agrees_or_a_neutral_extension(capsys, nets, tmp
 
 
 def test_fail_on_names_the_failing_findings(capsys, nets):
-    assert main(["audit", f"{nets}:tokens", "--format", "json", "--fail-on", "medium"]) == 1
+    assert main(["audit", f"{nets}:vocab", "--format", "json", "--fail-on", "medium"]) == 1
     captured = capsys.readouterr()
     failing = [
         f for f in json.loads(captured.out)["findings"] if f["severity"] in ("high", "medium")
     ]
     line = captured.err.strip()
     assert "\n" not in line
-    assert line.startswith(f"gpushape: {len(failing)} findings at or above medium (--fail-on): ")
+    noun = "finding" if len(failing) == 1 else "findings"
+    assert line.startswith(f"gpushape: {len(failing)} {noun} at or above medium (--fail-on): ")
     for f in failing:
         assert f"{f['rule']}@{f['module'] or '(model)'} ({f['severity']}, " in line
-    assert "tc-align@head (medium, " in line and " ms)" in line
+    assert "tc-align@head (high, " in line and " ms)" in line
 
 
 def test_no_failing_finding_no_line(capsys, nets, tmp_path):

@@ -94,18 +94,18 @@ def test_op_classes_take_their_own_rates_and_fall_back_to_op():
 
 
 def test_fused_row_norms_are_their_own_class_priced_as_before_until_measured():
-    from gpushape.tracing.host import _rate, op_class
+    from gpushape.tracing.host import op_class, rate
 
     assert op_class("gpushape.add_layer_norm.default") == "gpushape_norm"
     assert op_class("gpushape.add_layer_norm_backward.default") == "gpushape_norm"
     assert op_class("gpushape.rms_norm.default") == "gpushape_norm"
     assert op_class("gpushape.batch_norm_act.default") == "gpushape"
     old = {**RATES, "gpushape": 60e-6, "gpushape/backward": 300e-6}
-    assert _rate(old, "gpushape_norm", False) == 60e-6  # a profile from before: BatchNormAct's
-    assert _rate(old, "gpushape_norm", True) == 300e-6
+    assert rate(old, "gpushape_norm", False) == 60e-6  # a profile from before: BatchNormAct's
+    assert rate(old, "gpushape_norm", True) == 300e-6
     new = {**old, "gpushape_norm": 50e-6, "gpushape_norm/backward": 200e-6}
-    assert _rate(new, "gpushape_norm", True) == 200e-6
-    assert _rate(RATES, "gpushape_norm", False) == RATES["op"]  # neither measured
+    assert rate(new, "gpushape_norm", True) == 200e-6
+    assert rate(RATES, "gpushape_norm", False) == RATES["op"]  # neither measured
 
 
 def test_the_trace_counts_gradient_leaves_and_each_costs_the_accumulate_rate():

@@ -165,7 +165,8 @@ def test_the_audit_in_graph_mode_names_it_as_in_eager():
         for mode in ("eager", "graph")
     )
     found = [next(f for f in r.findings if f.rule == "dense-mlm-head") for r in (eager, graph)]
-    assert found[1].severity == found[0].severity and found[1].est_saving_s > 0
+    # graded alike by the GPU time they save (eager's wall clock may grade it down: host-bound)
+    assert found[1].gpu_severity == found[0].gpu_severity and found[1].est_saving_s > 0
     assert found[1].est_saving_s == pytest.approx(found[0].est_saving_s)
     rows = found[0].evidence["positions"]
     assert found[0].evidence["rows_kept"] == capacity_rows(rows) == 16  # 25% of 48, to 8s

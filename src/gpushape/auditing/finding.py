@@ -87,6 +87,13 @@ class Finding:
     def label(self) -> str:
         return f"{self.rule} @ {self.module or '(model)'}"
 
+    @property
+    def gpu_severity(self) -> Severity:
+        """The severity its GPU saving earns: `severity` unless the audited mode graded it
+        down by the wall clock (a host-bound eager step), as `evidence` then records."""
+        label = self.evidence.get("severity_by_gpu_time")
+        return Severity.parse(label) if label else self.severity
+
     def to_dict(self) -> dict[str, Any]:
         evidence = dict(self.evidence)
         if self.subsumed_by:

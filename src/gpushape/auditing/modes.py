@@ -29,6 +29,7 @@ from ..errors import GpushapeError
 from ..tracing.host import host_cost
 from .context import AuditContext
 from .finding import TIME_SHARE_THRESHOLDS, Finding, Severity, severity_for_share
+from .host_effect import host_saving_s
 
 MODES = ("eager", "compile", "graph")
 COMPILE_DOES = {
@@ -39,6 +40,9 @@ COMPILE_DOES = {
 }
 GRAPH_DOES = {"cuda-graphs": "the step already runs from a CUDA graph"}
 GRAPH_CANNOT: dict[str, str] = {}  # fix -> why a CUDA graph cannot replay its rewritten step
+# fixes to what runs after the traced forward and backward (the optimizer's step): what they
+# save comes off the wall clock whichever side binds the traced step
+OUTSIDE_STEP = {"fused-optimizer"}
 SLOWER_WALL = 0.5  # say so when a fix saves less than this share of its GPU time in wall time
 
 
@@ -91,14 +95,19 @@ def step_time(ctx: AuditContext, mode: str) -> StepTime:
 
 def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:
     """What a fix saves of the wall-clock step: its GPU saving where the GPU sets the pace,
-    less (or nothing) where the host does; a CUDA graph removes the launches instead."""
+    and in an eager step what it does to the host's dispatch too (auditing/host_effect.py:
+    negative where the fix dispatches more than it replaces and the host then sets the pace);
+    a CUDA graph removes the launches instead."""
     if f.fix == "cuda-graphs":
         graph = step_time(ctx, "graph")
         return max(step.wall_s - graph.wall_s, 0.0)
-    after = StepTime(
-        mode=step.mode, gpu_s=max(step.gpu_s - f.est_saving_s, 0.0), host_s=step.host_s
-    )
-    return max(step.wall_s - after.wall_s, 0.0)
+    if f.fix in OUTSIDE_STEP:
+        return f.est_saving_s
+    host_s = step.host_s
+    if step.mode == "eager":
+        host_s = max(host_s - host_saving_s(f, ctx), 0.0)
+    after = StepTime(mode=step.mode, gpu_s=max(step.gpu_s - f.est_saving_s, 0.0), host_s=host_s)
+    return step.wall_s - after.wall_s
 
 
 def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[Finding]:
@@ -123,15 +132,27 @@ def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[F
             out.append(f)
             continue
         wall = wall_saving_s(f, step, ctx)
-        message = f.message
-        if step.bound == "host" and wall < SLOWER_WALL * f.est_saving_s:
+        message, severity = f.message, f.severity
+        if wall < 0:
+            message += (
+                f"; but in the {mode} step its ops cost the host more than those they replace, "
+                f"and the host then sets the pace: the wall-clock step takes {-wall * 1e3:,.3f} "
+                "ms longer"
+            )
+        elif step.bound == "host" and wall < SLOWER_WALL * f.est_saving_s:
             message += (
                 f"; but the {mode} step is host-bound ({step.host_s * 1e3:,.2f} ms of launches "
                 f"against {step.gpu_s * 1e3:,.2f} ms on the GPU): this saves GPU time, "
                 f"{wall * 1e3:,.3f} ms of the wall-clock step"
             )
+        if wall < SLOWER_WALL * f.est_saving_s:
+            # graded by what the user's step gains, not by the GPU's work it takes away
+            share = wall / step.wall_s if step.wall_s > 0 else None
+            severity = min(severity, severity_for_share(share, TIME_SHARE_THRESHOLDS))
         evidence = {**f.evidence, "wall_saving_s": wall, "mode": mode}
-        out.append(dataclasses.replace(f, message=message, evidence=evidence))
+        if severity != f.severity:
+            evidence["severity_by_gpu_time"] = f.severity.label
+        out.append(dataclasses.replace(f, message=message, evidence=evidence, severity=severity))
     return out
 
 

@@ -67,7 +67,8 @@ def op_class(op: str) -> str:
 FALLBACK = {"gpushape_norm": "gpushape"}
 
 
-def _rate(rates, cls: str, backward: bool) -> float:
+def rate(rates, cls: str, backward: bool) -> float:
+    """Seconds one op of host class `cls` costs the host, forward or backward."""
     while cls not in rates and cls in FALLBACK:
         cls = FALLBACK[cls]
     if backward:
@@ -109,7 +110,7 @@ def host_cost(trace: Trace, gpu: Any) -> HostCost | None:
     ops = sum(r.phase == "forward" for r in computes)
     modules = module_calls(trace)
     seconds = views * rates["view"] + modules * module_rate(rates)
-    seconds += sum(_rate(rates, op_class(r.op), r.phase == "backward") for r in computes)
+    seconds += sum(rate(rates, op_class(r.op), r.phase == "backward") for r in computes)
     seconds += trace.grad_leaves * rates.get("accumulate_grad", 0.0)
     return HostCost(ops, views, len(computes) - ops, modules, seconds, trace.grad_leaves)
 
@@ -123,7 +124,7 @@ def forward_seconds(trace: Trace, rates, *, glue: bool = True) -> float:
     """The forward's share of `host_cost`: its ops, its views and (with `glue`) its module
     calls; the part of the step that `module_glue` is fitted against."""
     seconds = sum(
-        rates["view"] if r.kind == "view" else _rate(rates, op_class(r.op), False)
+        rates["view"] if r.kind == "view" else rate(rates, op_class(r.op), False)
         for r in trace.ops
         if r.phase == "forward" and r.kind in ("view", "compute")
     )

@@ -1,0 +1,96 @@
+"""auditing/host_effect.py: what a fix does to the host's dispatch, and so to an eager step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import gpushape
+from gpushape.auditing.finding import Severity
+from gpushape.auditing.host_effect import INSTEAD, NORM_ACT, host_saving_s
+from gpushape.hardware import get_gpu
+from gpushape.hardware.profile import calibrated
+from gpushape.models import create_model
+from gpushape.tracing.host import op_class, rate
+
+
+def _finding(report, rule):
+    return next(f for f in report.findings if f.rule == rule)
+
+
+@pytest.fixture(scope="module")
+def bert_manual():
+    model, inputs = create_model("bert-base", attention="manual", batch=8)
+    return model, inputs
+
+
+def test_sdpa_dispatches_one_op_where_manual_attention_dispatched_several(bert_manual):
+    model, inputs = bert_manual
+    gpu = calibrated("h200")
+    report = gpushape.audit(model, inputs, gpu=gpu, train=True, mode="eager")
+    f = _finding(report, "manual-attention")
+    assert report.step.bound == "host"
+    # the host's share: positive, so the host-bound step gains more than nothing
+    assert f.evidence["wall_saving_s"] > 0
+    assert f.severity > Severity.INFO
+
+
+def test_the_saving_is_the_replaced_ops_less_what_runs_instead():
+    gpu = calibrated("h200")
+    rates = gpu.achievable.host
+    model, inputs = create_model("resnet50", batch=2)
+    report = gpushape.audit(model, inputs, gpu=gpu, train=True, mode="eager")
+    fused = [f for f in report.findings if f.rule == "unfused-norm-act"]
+    assert fused
+    trace = gpushape.trace(model, inputs, train=True)
+    ctx = _Ctx(trace, gpu)
+    for f in fused:
+        ops = [trace.ops[i] for i in sorted(f.replaces)]
+        before = sum(
+            rates["view"]
+            if r.kind == "view"
+            else rate(rates, op_class(r.op), r.phase == "backward")
+            for r in ops
+            if r.kind in ("view", "compute")
+        )
+        cls, fwd, bwd = NORM_ACT["batch_norm"]
+        after = f.evidence["sites"] * (fwd * rate(rates, cls, False) + bwd * rate(rates, cls, True))
+        assert host_saving_s(f, ctx) == pytest.approx(before - after)
+        assert host_saving_s(f, ctx) < 0  # gpushape's BatchNormAct2d: more host per call
+        assert host_saving_s(f, _Ctx(trace, gpu, train=False)) > host_saving_s(f, ctx)
+
+
+def test_fixes_that_dispatch_the_same_ops_or_profiles_without_host_rates_save_nothing():
+    gpu = calibrated("h200")
+    model, inputs = create_model("resnet50", batch=64)
+    report = gpushape.audit(model, inputs, gpu=gpu, train=True, mode="eager")
+    trace = gpushape.trace(model, inputs, train=True)
+    layout = _finding(report, "nchw-conv")
+    assert layout.fix not in INSTEAD and host_saving_s(layout, _Ctx(trace, gpu)) == 0.0
+    fused = _finding(report, "unfused-norm-act")
+    bare = get_gpu("h200")  # datasheet numbers: no host rates
+    assert not bare.achievable.host
+    assert host_saving_s(fused, _Ctx(trace, bare)) == 0.0
+
+
+def test_the_optimizer_step_is_outside_the_traced_step_so_its_saving_is_wall_time():
+    from gpushape.auditing.modes import StepTime, wall_saving_s
+
+    gpu = calibrated("h200")
+    model, inputs = create_model("resnet50", batch=2)
+    trace = gpushape.trace(model, inputs, train=True)
+    step = StepTime(mode="eager", gpu_s=0.001, host_s=0.02)  # host-bound
+    f = dataclasses.replace(
+        _finding(gpushape.audit(model, inputs, gpu=gpu, train=True), "unfused-norm-act"),
+        fix="fused-optimizer",
+        est_saving_s=0.003,
+    )
+    assert wall_saving_s(f, step, _Ctx(trace, gpu)) == pytest.approx(0.003)
+
+
+@dataclasses.dataclass
+class _Ctx:  # what host_saving_s and wall_saving_s read of an AuditContext
+    trace: object
+    gpu: object
+    train: bool = True
