@@ -48,7 +48,13 @@ shape at hand. It has four parts.
          square 4100 210.9 vs 4096 736.7, model quantization 0.943 -> 0.304;     mean 0.33
        odd (2 of 16 bytes): K=1023 135.2, K=1025 136.8 -> 0.204, 0.206;
          square 4095 147.9 -> 0.201, 4097 131.8 -> 0.190 (quantization 0.942);  mean 0.20
-       quarter aligned (4 of 16 bytes): no anchor; the geometric mean of the two, 0.26.
+       quarter aligned (4 of 16 bytes): BERT's MLM decoder (N = 30522, batch 32 x 512) in
+         an eager step ran its three GEMMs as cuBLAS's align2 kernels in 3.27, 3.12 and 2.93
+         ms (benchmarks/results/bench-h200/kernels-bert.json) against 1.01, 1.00 and 1.08
+         this model predicts for N = 30528 -> 0.31, 0.32, 0.37; `gpushape probe`'s K sweep,
+         K a multiple of 2 and not 4: 0.35 of the aligned rate (h200-sxm.json, cliffs);
+         mean 0.33, as half aligned (an earlier 0.26, unanchored, overpriced padding BERT's
+         vocabulary 2.4x: 8.3 ms predicted, 3.7 ms measured)
      M alone misaligned costs nothing (M = 127/128/129 and 2047/2048/2049 run alike), which is
      why only leading dimensions count. Several misaligned dimensions cost the worst one's
      penalty, not the product (square 4095, all three dims odd, matches K=1023 alone).
@@ -94,7 +100,7 @@ SPLIT_K_DEPTH_RATIO = 4
 REFERENCE_GEMM = (8192, 8192, 8192)
 
 # Penalty by the fraction of the required 16-byte alignment a dimension reaches (see above).
-GEMM_MISALIGNED = {2: 0.33, 4: 0.26}  # 1/2 aligned, 1/4 aligned
+GEMM_MISALIGNED = {2: 0.33, 4: 0.33}  # 1/2 aligned, 1/4 aligned
 GEMM_MISALIGNED_WORST = 0.20  # 1/8 or less (odd bf16/fp16 dimensions)
 CONV_MISALIGNED = 0.70
 
