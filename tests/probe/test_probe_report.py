@@ -242,6 +242,27 @@ def test_report_has_the_attention_rates_when_the_profile_does(synthetic_profile,
     assert "| efficient attention | failed: RuntimeError: no kernel |" in md
 
 
+def test_report_has_the_host_rates_and_the_glue_per_model(synthetic_profile, tmp_path):
+    assert "## The host's side" not in write_report(synthetic_profile, tmp_path / "a").read_text()
+    profile = {
+        **synthetic_profile,
+        "host": {
+            "op": {"seconds": 1.2e-5, "workload": "y * 1.0001", "calls": 2000},
+            "conv/error": {"error": "RuntimeError: no cuDNN"},
+            "module_glue": {
+                "seconds": 2.25e-5,
+                "workload": "fitted on a, b",
+                "per_model": {"a": 1.0e-5, "b": 4.0e-5},
+            },
+        },
+    }
+    md = write_report(profile, tmp_path / "b").read_text()
+    assert "## The host's side of an eager step" in md
+    assert "| op | 12.0 | y * 1.0001 |" in md and "| module_glue | 22.5 | fitted on a, b |" in md
+    assert "| conv/error | failed | RuntimeError: no cuDNN |" in md
+    assert "model by model (us): a 10.0, b 40.0." in md
+
+
 def test_memory_section_explains_the_nchw_row_and_shows_an_unmeasured_one():
     from gpushape.probe.report import _memory
 

@@ -259,6 +259,37 @@ def _attention(profile: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _host(profile: Mapping[str, Any]) -> list[str]:
+    rows = {k: v for k, v in (profile.get("host") or {}).items() if isinstance(v, Mapping)}
+    if not rows:
+        return []
+    lines = [
+        "## The host's side of an eager step",
+        "",
+        "What one call costs this machine's CPU to dispatch (Python, the dispatcher, autograd's "
+        "recording, a library's setup, the launch), by op class, forward and backward; the "
+        "audit prices an eager step's host side with them and says whether the host or the GPU "
+        "sets the pace.",
+        "",
+        "| what | us a call | workload |",
+        "| --- | ---: | --- |",
+    ]
+    for name, row in rows.items():
+        if "error" in row:
+            lines.append(f"| {name} | failed | {row['error']} |")
+            continue
+        lines.append(f"| {name} | {row['seconds'] * 1e6:.1f} | {row.get('workload', '')} |")
+    glue = rows.get("module_glue", {}).get("per_model")
+    if glue:
+        each = ", ".join(f"{k} {v * 1e6:.1f}" for k, v in glue.items())
+        lines += [
+            "",
+            f"A module call's own Python, model by model (us): {each}. One rate serves every "
+            "model; their spread is how far it can be from any one.",
+        ]
+    return [*lines, ""]
+
+
 def _header(profile: Mapping[str, Any]) -> list[str]:
     probe, sw = profile.get("probe", {}), profile.get("software", {})
     timing = probe.get("timing", {})
@@ -309,6 +340,7 @@ def write_report(profile: Mapping[str, Any] | str | Path, out_dir: str | Path) -
         *_ceilings(profile, spec),
         *_memory(profile),
         *_attention(profile),
+        *_host(profile),
         *_gemm_cliffs(profile, spec, plots),
         *_conv_and_batch(profile, plots),
         *_claims(profile, plots),
