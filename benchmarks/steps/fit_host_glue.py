@@ -7,8 +7,10 @@ priced them at); `accumulate_grad`, the backward's node per gradient leaf, as th
 timed the AccumulateGrad nodes, scaled by each model's unprofiled / profiled backward, median
 over the models (`gpushape probe` measures it directly on a chain). Then every model's forward
 and whole step predicted before and after, the glue also fitted leaving that model out; and
-host_validate.json's small-batch steps (another lease, another host) before and after.
---write-profile puts both rates into the shipped H200 profile. Prints a table last.
+host_validate.json's small-batch steps (another lease, another host) before and after. And
+gpushape's row norms' own host rates (class gpushape_norm, priced as its BatchNormAct2d until
+measured), from host_by_size.json's chains of AddLayerNorm. --write-profile puts the rates into
+the shipped H200 profile. Prints a table last.
 
     python benchmarks/steps/fit_host_glue.py --write-profile \\
         --out benchmarks/results/steps-h200/host_glue_fit.json
@@ -58,10 +60,29 @@ def accumulate_grad_s(rows: list[dict]) -> tuple[float, dict[str, float]]:
     return statistics.median(per.values()), per
 
 
+def fused_norm_rates(path: Path) -> dict[str, dict]:
+    """gpushape's row norms (class `gpushape_norm`) as host_by_size.py timed AddLayerNorm in a
+    chain: forward, and forward+backward less forward, medians over its sizes and BLAS set-ups."""
+    data = json.loads(path.read_text())
+    chains = [by_rows["norm chain"]["AddLayerNorm"] for blas in data["results"].values()
+              for by_rows in blas.values()]  # fmt: skip
+    fwd = statistics.median(c["forward"] for c in chains)
+    bwd = statistics.median(c["forward+backward"] - c["forward"] for c in chains)
+    source = f"{path.relative_to(ROOT)} ({data['environment']['date_utc'][:10]})"
+    what = f"gpushape's AddLayerNorm in a chain of 24 sites, median of {len(chains)} runs"
+    return {
+        "gpushape_norm": {"seconds": fwd, "workload": f"{what}, forward; from {source}",
+                          "calls": len(chains)},
+        "gpushape_norm/backward": {"seconds": bwd, "calls": len(chains),
+                                   "workload": f"{what}, backward; from {source}"},
+    }  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--by-op", default=str(RESULTS / "host_by_op.json"))
     p.add_argument("--validate", default=str(RESULTS / "host_validate.json"))
+    p.add_argument("--by-size", default=str(RESULTS / "host_by_size.json"))
     p.add_argument("--out", default=str(RESULTS / "host_glue_fit.json"))
     p.add_argument("--write-profile", action="store_true")
     args = p.parse_args()
@@ -111,6 +132,7 @@ def main() -> None:
             "per_model": acc_per,
         },
     }
+    rates.update(fused_norm_rates(Path(args.by_size)))
     write_results(args.out, {"rates": rates, "rows": table})
     if args.write_profile:
         profile = json.loads(PROFILE.read_text())
@@ -120,6 +142,8 @@ def main() -> None:
         f"module_glue {glue['seconds'] * 1e6:.1f} us a module call "
         f"(per model {', '.join(f'{k} {v * 1e6:.1f}' for k, v in glue['per_model'].items())})"
     )
+    norm = rates["gpushape_norm"]["seconds"], rates["gpushape_norm/backward"]["seconds"]
+    print(f"gpushape_norm {norm[0] * 1e6:.1f} us forward, {norm[1] * 1e6:.1f} us backward")
     print(
         f"accumulate_grad {acc * 1e6:.2f} us a leaf "
         f"(per model {', '.join(f'{k} {v * 1e6:.2f}' for k, v in acc_per.items())})"
