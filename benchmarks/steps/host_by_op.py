@@ -3,7 +3,10 @@
 host_validate.py found the host model (tracing/host.py) right on BERT and short by 1.5-2.1x
 on GPT-2, ViT and ResNet-50 at a small batch. For each MODEL, at --batch (small: the host sets
 the pace), bf16 on CUDA: the seconds Python takes to issue the forward (with the loss) and the
-backward, unprofiled, medians of --repeats; then torch.profiler (CPU only) over --steps steps:
+backward, unprofiled, medians of --repeats, every model before any profiler runs in the process
+(`forward_s`, `backward_s`: a profiler session may leave the host's dispatch slower; the first
+model is timed again at the end to show whether it did), and again just before its own
+profile (`*_late_s`); then torch.profiler (CPU only) over --steps steps:
 every top-level op of the forward (an ATen call not inside another) and every node the
 autograd engine ran in the backward, by name, calls and inclusive microseconds a step; and
 the meta trace's ops by host class with the rates the shipped profile prices them at. The
@@ -102,18 +105,34 @@ def predicted(model, inputs, rates) -> dict:
     return {"by_class": dict(by), "ops": dict(ops)}
 
 
-def one(spec: str, batch_size: int, rates, repeats: int, steps: int, device="cuda") -> dict:
+def _built(spec: str, batch_size: int, device: str):
     real = resolve_model(spec, batch=batch_size, dtype=torch.bfloat16, device=device)
-    meta = resolve_model(spec, batch=batch_size, dtype=torch.bfloat16, device="meta")
-    batch = synthetic_batch(real.model, real.example_inputs)
-    out = {"model": spec, "batch": batch_size}
-    out["forward_s"], out["backward_s"] = issue_seconds(
-        real.model, batch.inputs, repeats, kwargs=batch.kwargs, loss=batch.loss
+    return real.model, synthetic_batch(real.model, real.example_inputs)
+
+
+def _issue(spec: str, batch_size: int, repeats: int, device: str) -> tuple[float, float]:
+    model, batch = _built(spec, batch_size, device)
+    out = issue_seconds(model, batch.inputs, repeats, kwargs=batch.kwargs, loss=batch.loss)
+    del model, batch
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
+def profiled(spec: str, batch_size: int, rates, repeats: int, steps: int, device: str) -> dict:
+    """The model timed again (after the profiler sessions of the models before it), then
+    profiled, and its meta trace priced."""
+    model, batch = _built(spec, batch_size, device)
+    out: dict = {}
+    out["forward_late_s"], out["backward_late_s"] = issue_seconds(
+        model, batch.inputs, repeats, kwargs=batch.kwargs, loss=batch.loss
     )
-    out.update(profiled_ops(real.model, batch, steps))
+    out.update(profiled_ops(model, batch, steps))
+    meta = resolve_model(spec, batch=batch_size, dtype=torch.bfloat16, device="meta")
     out["predicted"] = predicted(meta.model, meta.example_inputs, rates)
-    del real, batch
-    torch.cuda.empty_cache()
+    del model, batch
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return out
 
 
@@ -127,15 +146,30 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself")
     args = p.parse_args()
     rates = dict(calibrated("h200").achievable.host)
-    rows = []
-    for spec in args.models.split(","):
+    specs = args.models.split(",")
+    rows: list[dict] = []
+    # every model timed before any profiler runs in the process (`forward_s`, `backward_s`),
+    # then each timed again and profiled (`*_late_s`), then the first timed once more: the
+    # drift a profiler session leaves in the host's dispatch, if any
+    for spec in specs:
         try:
-            rows.append(one(spec, args.batch, rates, args.repeats, args.steps, args.device))
+            fwd, bwd = _issue(spec, args.batch, args.repeats, args.device)
+            rows.append({"model": spec, "batch": args.batch, "forward_s": fwd, "backward_s": bwd})
         except Exception as exc:  # one model failing leaves the others
             rows.append({"model": spec, "error": f"{type(exc).__name__}: {exc}"})
+    for row in rows:
+        if "error" not in row:
+            row.update(profiled(row["model"], args.batch, rates, args.repeats, args.steps,
+                                args.device))  # fmt: skip
         write_results(args.out, {"host_rates": rates, "rows": rows})
-    print(f"{'model':<28} {'fwd ms':>7} {'bwd ms':>7} {'prof fwd':>8} {'prof bwd':>8} "
-          f"{'fwd ops':>7} {'bwd nodes':>9} {'pred ms':>7}")  # fmt: skip
+    first = next((r for r in rows if "error" not in r), None)
+    if first is not None:
+        first["forward_again_s"], first["backward_again_s"] = _issue(
+            first["model"], args.batch, args.repeats, args.device
+        )
+        write_results(args.out, {"host_rates": rates, "rows": rows})
+    head = f"{'prof fwd':>8} {'prof bwd':>8} {'fwd ops':>7} {'bwd nodes':>9} {'pred ms':>7}"
+    print(f"{'model':<28} {'fwd ms':>7} {'bwd ms':>7} {'late':>6} {'late':>6} {head}")
     for r in rows:
         if "error" in r:
             print(f"{r['model']:<28} {r['error'][:100]}")
@@ -143,10 +177,16 @@ def main() -> None:
         pred = sum(v[1] for v in r["predicted"]["by_class"].values())
         print(
             f"{r['model'][:28]:<28} {r['forward_s'] * 1e3:>7.2f} {r['backward_s'] * 1e3:>7.2f} "
+            f"{r['forward_late_s'] * 1e3:>6.2f} {r['backward_late_s'] * 1e3:>6.2f} "
             f"{r['profiled_forward_us'] / 1e3:>8.2f} {r['profiled_backward_us'] / 1e3:>8.2f} "
             f"{sum(v[0] for v in r['forward_ops'].values()):>7.0f} "
             f"{sum(v[0] for v in r['backward_nodes'].values()):>9.0f} {pred * 1e3:>7.2f}"
         )
+    if first is not None:
+        before = first["forward_s"] + first["backward_s"]
+        again = first["forward_again_s"] + first["backward_again_s"]
+        print(f"{first['model']}: {before * 1e3:.2f} ms to issue a step before any profiler ran, "
+              f"{again * 1e3:.2f} ms after ({again / before:.2f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":
