@@ -269,7 +269,10 @@ def host_model() -> list[str]:
         f" to {span(other, 'step_after')}. The same model's step issued up to "
         f"{_host_spread(by_op, other):.1f}x faster on one lent host than on the other, which "
         "bounds what any one set of rates can promise; `gpushape probe` measures both rates "
-        "on the machine it runs on.",
+        "on the machine it runs on. Both runs timed each model after the models before it "
+        "had been profiled in the same process; whether a profiler session leaves the host's "
+        "dispatch slower is not yet measured (host_by_op.py now times every model before any "
+        "profiler runs, and the first again at the end).",
         "",
     ]
 
