@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from torch import nn
 
@@ -136,3 +137,22 @@ def test_module_glue_replaces_the_bare_call_rate_where_fitted():
     ops = sum(r.kind == "compute" for r in forward) * RATES["op"]
     views = sum(r.kind == "view" for r in forward) * RATES["view"]
     assert abs(bare - ops - views) < 1e-12
+
+
+def test_launch_bound_counts_the_host_models_dispatch_not_only_the_launches():
+    model, inputs = _mlp()
+    slow = _gpu({k: v * 100 for k, v in RATES.items()})  # the host's dispatch dwarfs the launches
+    report = audit(model, inputs, slow, train=True, mode="eager", profile=None)
+    f = next(f for f in report.findings if f.rule == "launch-bound")
+    ev = f.evidence
+    assert ev["eager_host_time_s"] == pytest.approx(report.step.host_s)
+    assert ev["eager_host_time_s"] > ev["eager_launch_time_s"]
+    assert f.est_saving_s == pytest.approx(
+        max(ev["gpu_time_s"], ev["eager_host_time_s"])
+        - max(ev["gpu_time_s"], ev["graph_launch_time_s"])
+    )
+    assert "the host takes" in f.message
+    plain = audit(model, inputs, _gpu({}), train=True, mode="eager", profile=None)
+    g = next(f for f in plain.findings if f.rule == "launch-bound")  # launches alone, as before
+    assert g.evidence["eager_host_time_s"] == g.evidence["eager_launch_time_s"]
+    assert "to launch eagerly" in g.message

@@ -145,10 +145,13 @@ def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[F
                 f"against {step.gpu_s * 1e3:,.2f} ms on the GPU): this saves GPU time, "
                 f"{wall * 1e3:,.3f} ms of the wall-clock step"
             )
+        # graded by what the user's step gains, not by the GPU's work it takes away: down
+        # where the host hides the GPU saving, up where the fix also spares the host
+        share = wall / step.wall_s if step.wall_s > 0 else None
         if wall < SLOWER_WALL * f.est_saving_s:
-            # graded by what the user's step gains, not by the GPU's work it takes away
-            share = wall / step.wall_s if step.wall_s > 0 else None
             severity = min(severity, severity_for_share(share, TIME_SHARE_THRESHOLDS))
+        elif wall > f.est_saving_s:
+            severity = max(severity, severity_for_share(share, TIME_SHARE_THRESHOLDS))
         evidence = {**f.evidence, "wall_saving_s": wall, "mode": mode}
         if severity != f.severity:
             evidence["severity_by_gpu_time"] = f.severity.label
