@@ -227,7 +227,10 @@ def test_audit_raises_fp32_math_before_and_not_after():
     model, report = optimize(model, (x,), gpu="h200", dtype=torch.float32, transforms=[ID])
     assert any(f.rule == "fp32-math" for f in report.before.findings)
     assert not any(f.rule == "fp32-math" for f in report.after.findings)
-    assert report.after.dtype == "bf16" and report.step_after_s < report.step_before_s
+    assert report.after.dtype == "bf16"
+    # the GPU's work shrinks; the wall clock of this tiny step is the host's and does not move
+    assert report.after.step.gpu_s < report.before.step.gpu_s
+    assert report.step_after_s <= report.step_before_s
     # a plain audit traces on meta, where autocast does nothing: it still prices fp32
     plain = gpushape.audit(model, (x,), gpu="h200", dtype=torch.float32)
     assert any(f.rule == "fp32-math" for f in plain.findings)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import GpushapeError
 from ..tracing.host import host_cost
@@ -72,8 +73,21 @@ class StepTime:
     def text(self) -> str:
         return (
             f"{self.mode}: {self.bound}-bound, {self.gpu_s * 1e3:,.3f} ms on the GPU, "
-            f"{self.host_s * 1e3:,.3f} ms of launches"
+            f"{self.host_s * 1e3:,.3f} ms on the host"
         )
+
+
+def predicted_step_s(report: Any) -> float:
+    """A report's predicted step, as its header shows it. Eager: kernels and launches in
+    series (the cost model's step), or the host's dispatch where that is longer (a host-bound
+    step); other modes: the wall clock of the mode, the GPU's work or the launches, whichever
+    is longer."""
+    step = getattr(report, "step", None)
+    if step is None:
+        return report.totals.roofline_time_s
+    if step.mode == "eager":
+        return max(report.totals.roofline_time_s, step.wall_s)
+    return step.wall_s
 
 
 def step_time(ctx: AuditContext, mode: str) -> StepTime:
@@ -141,7 +155,7 @@ def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[F
             )
         elif step.bound == "host" and wall < SLOWER_WALL * f.est_saving_s:
             message += (
-                f"; but the {mode} step is host-bound ({step.host_s * 1e3:,.2f} ms of launches "
+                f"; but the {mode} step is host-bound ({step.host_s * 1e3:,.2f} ms on the host "
                 f"against {step.gpu_s * 1e3:,.2f} ms on the GPU): this saves GPU time, "
                 f"{wall * 1e3:,.3f} ms of the wall-clock step"
             )

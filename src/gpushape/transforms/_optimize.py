@@ -88,11 +88,16 @@ class OptimizeReport:
 
     @property
     def step_before_s(self) -> float:
-        return self.before.totals.roofline_time_s if self.before else float("nan")
+        """The audit's predicted step (as its header shows it) before the rewrites."""
+        from ..auditing.modes import predicted_step_s
+
+        return predicted_step_s(self.before) if self.before else float("nan")
 
     @property
     def step_after_s(self) -> float:
-        return self.after.totals.roofline_time_s if self.after else float("nan")
+        from ..auditing.modes import predicted_step_s
+
+        return predicted_step_s(self.after) if self.after else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -52,12 +52,9 @@ def header_lines(report: Any) -> list[str]:
 
 
 def _predicted_s(report: Any) -> float:
-    """Eager: kernels and launches in series (the cost model's step); other modes: the wall
-    clock of the mode, the GPU's work or the launches, whichever is longer."""
-    step = getattr(report, "step", None)
-    if step is None or step.mode == "eager":
-        return report.totals.roofline_time_s
-    return step.wall_s
+    from ..modes import predicted_step_s
+
+    return predicted_step_s(report)
 
 
 def _step(report: Any) -> str:
