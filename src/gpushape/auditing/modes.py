@@ -2,9 +2,10 @@
 
 The same fix is worth different things in each mode, and advice must hold in the mode the user
 runs:
-- eager: every kernel is launched from Python. When the launches take longer than the GPU's
-  work (`StepTime.bound == "host"`), a fix that shortens the GPU's work does not shorten the
-  step: each finding says the wall-clock time it saves beside the GPU time.
+- eager: every op is dispatched from Python. When the host takes longer than the GPU's work
+  (`StepTime.bound == "host"`), a fix that shortens the GPU's work does not shorten the step:
+  each finding says the wall-clock time it saves beside the GPU time, counting what the fix
+  does to the host's dispatch (host_effect.py), and is graded by that wall-clock time.
 - compile: Inductor pads misaligned matmuls and fuses normalizations, softmax and dropout with
   their elementwise neighbours by itself. Findings whose fix it already makes are kept as info
   with a saving of zero and say so (measured on the H200: GPT-2's vocabulary padding saved
@@ -15,8 +16,8 @@ runs:
   launches cost the graph's overhead, and launch-bound's fix is already made.
 The host side is the longer of the cost model's launch count times the measured launch
 overhead and, where the profile measured the host's rates, its dispatch of every traced op,
-view and module call in eager mode (tracing/host.py); neither counts the optimizer's step or
-Python a library runs between ops.
+view, module call (with the Python of its forward) and gradient leaf in eager mode
+(tracing/host.py); neither counts the optimizer's step.
 """
 
 from __future__ import annotations
