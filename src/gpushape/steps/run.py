@@ -140,10 +140,13 @@ def measure_variants(
     progress(f"timing {len(built)} variant(s): {rounds} rounds of {block} steps")
     runs = {name: v.run for name, v in built.items()}
     times = time_blocks(runs, rounds=rounds, block=block, cuda=cuda)
+    # every variant's host issue time before any profiler runs in the process (a profiler
+    # session may leave the host's dispatch slower for what follows it)
+    issues = {name: issue_time(v.run, cuda=cuda) if profile else None for name, v in built.items()}
     stats = {}
     for name, variant in built.items():
         kernels, busy, top = kernel_profile(variant.run, cuda=cuda) if profile else (None, None, ())
-        issue = issue_time(variant.run, cuda=cuda) if profile else None
+        issue = issues[name]
         stats[name] = StepStats(
             variant=name,
             step_times_s=tuple(times[name]),
