@@ -175,3 +175,42 @@ def test_sdpa_kernel_blocks_are_obeyed(enabled, expected):
     q = meta(B, H, T, D, dtype=BF16)
     with sdpa_kernel(enabled):
         assert sdpa_backend(q, q, q) == expected
+
+
+class _Broadcast(torch.nn.Module):
+    """Multi-query attention passing one K/V head to SDPA without enable_gqa (as Hugging Face's
+    Falcon does): CUDA takes the math path, which computes half inputs in fp32."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.proj(x).view(b, t, 4, 16).transpose(1, 2)
+        kv = x[..., :16].unsqueeze(1)  # (b, 1, t, 16): one head, broadcast over the four
+        return F.scaled_dot_product_attention(q, kv, kv, is_causal=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_math_paths_ops_on_half_inputs_are_tagged(dtype):
+    import gpushape
+    from gpushape.auditing import audit
+    from gpushape.tracing.recorder import SDPA_MATH
+
+    x = torch.empty(2, 128, 64, device="meta", dtype=dtype)
+    trace = gpushape.trace(_Broadcast(dtype), (x,), train=True)
+    tagged = [r for r in trace.ops if SDPA_MATH in r.tags]
+    bmms = [r for r in trace.ops if r.phase == "forward" and "bmm" in r.op]
+    assert len(bmms) == 2  # the math path's Q K^T and @ V
+    if dtype == torch.bfloat16:
+        assert tagged and all(r.phase == "forward" for r in tagged)
+        assert {r.module for r in tagged} == {""}  # the SDPA call's module, the root
+    else:  # fp32 by the model's choice: autocast would change it, nothing tagged
+        assert not tagged
+    report = audit(_Broadcast(dtype), (x,), "h200", dtype=dtype, train=True, mode="graph")
+    fp32 = [f for f in report.findings if f.rule == "fp32-math"]
+    if dtype == torch.bfloat16:
+        assert not fp32  # the upcast is the math path's, not the model's
+    else:
+        assert "bmm" in fp32[0].evidence["op_kinds"]

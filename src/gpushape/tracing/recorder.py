@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import GpushapeError
 from .records import DTYPE_BYTES, OpRecord, TensorMeta
-from .routing import cuda_output_layout
+from .routing import cuda_output_layout, in_half_math_sdpa
 
 _ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 _VIEW_OPS = {
@@ -49,6 +49,8 @@ _VIEW_OPS = {
     "aten.set_",
 }
 # Tags differ between torch releases (Tag.inplace is newer than torch 2.11): look them up by name.
+# the tag of ops an SDPA call on half inputs ran on CUDA's math path (in fp32 there)
+SDPA_MATH = "sdpa_math"
 _KEPT_TAGS = {
     getattr(torch.Tag, name)
     for name in ("pointwise", "reduction", "nondeterministic_seeded")
@@ -260,7 +262,7 @@ class Recorder(TorchDispatchMode):
                 outputs=outputs,
                 params=params,
                 inplace=schema.inplace,
-                tags=schema.tags,
+                tags=(*schema.tags, SDPA_MATH) if in_half_math_sdpa() else schema.tags,
                 fwd_index=fwd_index,
                 grad_fn=grad_fn,
             )

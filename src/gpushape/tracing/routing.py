@@ -214,6 +214,17 @@ def route_dropout(
     return torch.ops.aten.native_dropout(input, p, True)[0]
 
 
+# Depth of SDPA calls on half inputs that CUDA too runs on its math path, which computes them
+# in fp32 whatever the model's dtype: the recorder tags their ops "sdpa_math".
+_HALF_MATH_SDPA = [0]
+
+
+def in_half_math_sdpa() -> bool:
+    """Whether the op being recorded belongs to an SDPA call on half inputs that CUDA runs
+    on its math path (upcast to fp32 there, not by the model's choice of dtype)."""
+    return _HALF_MATH_SDPA[0] > 0
+
+
 class GpuKernelRouting(TorchFunctionMode):
     """Routes F.scaled_dot_product_attention and F.dropout as CUDA would, while active."""
 
@@ -226,4 +237,11 @@ class GpuKernelRouting(TorchFunctionMode):
             out = route(*args, **kwargs)
             if out is not None:
                 return out
+        query = args[0] if args else kwargs.get("query")
+        if func is _SDPA and isinstance(query, torch.Tensor) and query.dtype in _HALF:
+            _HALF_MATH_SDPA[0] += 1
+            try:
+                return func(*args, **kwargs)
+            finally:
+                _HALF_MATH_SDPA[0] -= 1
         return func(*args, **kwargs)

@@ -8,13 +8,17 @@ flags give (its math mode). The saving is the op and its backward as priced, min
 ops at the chip's half-precision tensor-core rate (bf16, or fp16 where the chip has no bf16
 tensor cores), as autocast would run them; bytes are kept as traced (fp32), so the estimate
 is low by whatever halving the activations would add. The TF32 figure is in the evidence for
-those who must keep fp32 storage.
+those who must keep fp32 storage. The fp32 matmuls of an SDPA call on half inputs that CUDA
+runs on its math path (as it does for K/V heads that neither match the query's nor are
+grouped with `enable_gqa`) are not counted: the math path upcasts them whatever the model's
+dtype, and autocast would not change that.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ...tracing.recorder import SDPA_MATH
 from ..context import AuditContext
 from ..finding import Finding
 from ..patterns import first_modules, module_pattern
@@ -41,6 +45,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         if ctx.op_cost(r).gemms
         and ctx.op_cost(r).math == "fp32"
         and not ctx.op_cost(r).tensor_cores
+        and SDPA_MATH not in r.tags  # SDPA's math path upcasts half inputs: not the model's fp32
     ]
     if not sites:
         return
