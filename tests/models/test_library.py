@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import gpushape
 from gpushape.errors import GpushapeError
 from gpushape.models import library, resolve_model
 from gpushape.models.library import (
@@ -208,3 +209,18 @@ def test_a_library_whose_dependency_fails_says_which(monkeypatch, failure, expec
 
     monkeypatch.setattr(library, "importlib", SimpleNamespace(import_module=import_module))
     assert error_of("timm:resnet18") == expected
+
+
+def test_a_model_with_no_sdpa_path_is_built_eager_as_transformers_falls_back(transformers):
+    r = resolve_model("hf:bloom?n_layer=1&hidden_size=64&n_head=4&vocab_size=256")
+    assert r.model.config._attn_implementation == "eager"
+    with pytest.raises(GpushapeError, match=r"could not build .* with attention 'sdpa'"):
+        resolve_model("hf:bloom?n_layer=1&hidden_size=64&n_head=4&vocab_size=256&attn=sdpa")
+
+
+def test_an_encoder_decoder_gets_the_decoders_tokens_too(transformers):
+    r = resolve_model("hf:t5?num_layers=1&d_model=64&d_ff=128&num_heads=4&vocab_size=256")
+    ids, mask, decoder = r.example_inputs
+    assert mask is None and decoder.shape == ids.shape and decoder.dtype == torch.int64
+    trace = gpushape.trace(r.model, r.example_inputs, train=True)
+    assert any(rec.module.startswith("decoder.") for rec in trace.ops)

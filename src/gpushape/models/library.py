@@ -17,7 +17,8 @@ true, null), else as text.
   `architectures[0]` when it names one, else a masked-LM head where the type has one
   (BERT-likes), else a causal-LM head (decoders), else image classification, else the bare
   model. KEYs: `attn` (the attention implementation, default "sdpa", what transformers picks
-  on CUDA; "eager" is the hand-written softmax(QK^T)V),
+  on CUDA, or "eager" for a model with no SDPA path, as transformers falls back; "eager" is
+  the hand-written softmax(QK^T)V),
   `head` (causal-lm, masked-lm, image-classification, base), `seq` (sequence length); any other
   KEY overrides the config (`num_hidden_layers=2`), checked against the type's config.
   `use_cache` stays as the config has it (on for decoders: the KV cache a plain forward builds
@@ -145,27 +146,44 @@ def hf_model(
     seq: int | None = None,
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "meta",
-    attn: str = "sdpa",
+    attn: str | None = None,
     head: str | None = None,
     **config: Any,
 ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """A transformers model from a model type or a local config.json, and example inputs
-    (None for a main input other than token ids or pixels)."""
+    (None for a main input other than token ids or pixels). `attn`: the attention
+    implementation; by default "sdpa", as transformers picks on CUDA, or "eager" for a model
+    class that has no SDPA path (as transformers falls back for it)."""
     transformers = _library("hf")
     device = torch.device(device)
     with _quiet(transformers):
         cfg = _hf_config(transformers, name, config)
     cls = _hf_class(transformers, name, cfg, head)
-    kwargs = {"attn_implementation": attn, _dtype_keyword(transformers): dtype}
+    model = _hf_build(transformers, name, cls, cfg, attn, dtype, device)
+    return model, _hf_inputs(transformers, model, cfg, batch, seq, dtype, device)
+
+
+def _hf_build(transformers, name, cls, cfg, attn, dtype, device) -> nn.Module:
+    tried = attn or "sdpa"
+    kwargs = {"attn_implementation": tried, _dtype_keyword(transformers): dtype}
     with _quiet(transformers), torch.device(device):
         try:
-            model = cls.from_config(cfg, **kwargs)
+            return cls.from_config(cfg, **kwargs)
+        except Exception as exc:
+            no_sdpa = attn is None and "scaled_dot_product_attention" in str(exc)
+            if not no_sdpa:
+                raise GpushapeError(
+                    f"hf:{name}: transformers could not build {_class_name(cls)} with "
+                    f"attention {tried!r}: {_one_line(exc)}"
+                ) from exc
+        kwargs["attn_implementation"] = "eager"
+        try:
+            return cls.from_config(cfg, **kwargs)
         except Exception as exc:
             raise GpushapeError(
                 f"hf:{name}: transformers could not build {_class_name(cls)} with attention "
-                f"{attn!r}: {_one_line(exc)}"
+                f"'sdpa' (it has no SDPA path) nor 'eager': {_one_line(exc)}"
             ) from exc
-    return model, _hf_inputs(transformers, model, cfg, batch, seq, dtype, device)
 
 
 def _hf_config(transformers: ModuleType, name: str, overrides: dict[str, Any]) -> Any:
@@ -283,7 +301,11 @@ def _hf_inputs(transformers, model, cfg, batch, seq, dtype, device):
     ]
     limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     seq = seq or (min(default_seq, limit) if limit else default_seq)
-    return (make_input((batch or default_batch, seq), torch.int64, device),)
+    ids = make_input((batch or default_batch, seq), torch.int64, device)
+    if getattr(cfg, "is_encoder_decoder", False):  # T5, BART: the decoder's tokens too
+        decoder = make_input((batch or default_batch, seq), torch.int64, device)
+        return (ids, None, decoder)  # forward(input_ids, attention_mask, decoder_input_ids)
+    return (ids,)
 
 
 @contextlib.contextmanager
