@@ -33,7 +33,7 @@ from gpushape.hardware.profile import calibrated
 from gpushape.models import resolve_model
 from gpushape.probe.host_glue import issue_seconds
 from gpushape.steps import synthetic_batch
-from gpushape.tracing.host import module_calls, op_class, rate
+from gpushape.tracing.host import module_calls, rate, record_class
 
 MODELS = "timm:resnet50,timm:efficientnet_b0,hf:gpt2,timm:vit_base_patch16_224,hf:bert"
 BACKWARD = "autograd::engine::evaluate_function: "
@@ -92,7 +92,7 @@ def predicted(model, inputs, rates) -> dict:
             row[1] += rates["view"]
         elif r.kind == "compute":
             back = r.phase == "backward"
-            cls = op_class(r.op)
+            cls = record_class(r)
             row = by[f"{cls}/backward" if back else cls]
             row[0] += 1
             row[1] += rate(rates, cls, back)

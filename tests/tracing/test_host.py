@@ -156,3 +156,24 @@ def test_launch_bound_counts_the_host_models_dispatch_not_only_the_launches():
     g = next(f for f in plain.findings if f.rule == "launch-bound")  # launches alone, as before
     assert g.evidence["eager_host_time_s"] == g.evidence["eager_launch_time_s"]
     assert "to launch eagerly" in g.message
+
+
+def test_grouped_convolutions_are_their_own_class_priced_as_convolutions_until_measured():
+    from gpushape.tracing.host import rate, record_class
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 8, 1))
+    trace = gpushape.trace(model, (torch.empty(2, 8, 4, 4, device="meta"),), train=True)
+    convs = [r for r in trace.ops if "convolution" in r.op]
+    classes = sorted((r.phase, record_class(r)) for r in convs)
+    assert classes == [
+        ("backward", "conv"),
+        ("backward", "grouped_conv"),
+        ("forward", "conv"),
+        ("forward", "grouped_conv"),
+    ]
+    rates = {**RATES, "conv": 2e-5, "conv/backward": 6e-5}
+    assert rate(rates, "grouped_conv", False) == 2e-5  # unmeasured: the convolutions' rate
+    grouped = {**rates, "grouped_conv": 3e-5, "grouped_conv/backward": 9e-5}
+    grown = host_cost(trace, _gpu(grouped)).seconds - host_cost(trace, _gpu(rates)).seconds
+    assert grown == pytest.approx(1e-5 + 3e-5)

@@ -4,9 +4,9 @@ cost the CPU (seconds each), as `tracing/host.py` prices a traced step.
 Each is a loop of many calls on tiny tensors, so the GPU's work is negligible and the time is
 the host's: PyTorch's Python binding, the dispatcher, autograd's recording, a library's
 per-call setup (cuDNN's descriptors and heuristics, cuBLAS's), the launch. Per op class
-(`op`: elementwise; `gemm`, `conv`, `batch_norm`, `layer_norm`, `attention`, and gpushape's
-own fused ops, on CUDA only: `gpushape`, as its BatchNormAct2d, and `gpushape_norm`, its row
-norms, as AddLayerNorm): a chain
+(`op`: elementwise; `gemm`, `conv`, `grouped_conv` (depthwise), `batch_norm`, `layer_norm`,
+`attention`, and gpushape's own fused ops, on CUDA only: `gpushape`, as its BatchNormAct2d,
+and `gpushape_norm`, its row norms, as AddLayerNorm): a chain
 y = f(y) of calls on a tensor that needs a gradient, in bf16 on CUDA: the forward's seconds per
 link, and its backward's (`backward_op`, `<class>/backward`: the engine runs one node a link;
 the chain's forward not timed). `view`: `x.view(-1)`; `module`: an `nn.Module` whose forward
@@ -60,16 +60,21 @@ def _chains(dev: torch.device, dtype: torch.dtype) -> dict[str, tuple[Callable, 
     def param(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=g) * 0.1).to(dev, dtype).requires_grad_()
 
-    w_lin, w_conv = param(16, 16), param(8, 8, 3, 3)
+    w_lin, w_conv, w_dw = param(16, 16), param(8, 8, 3, 3), param(8, 1, 3, 3)
     with torch.no_grad():  # near identity: values stay O(1) down a long chain (no denormals)
         w_lin.add_(torch.eye(16, device=dev, dtype=dtype))
         w_conv.mul_(0.1).add_(nn.init.dirac_(torch.empty(8, 8, 3, 3)).to(dev, dtype))
+        w_dw.mul_(0.1).add_(nn.init.dirac_(torch.empty(8, 1, 3, 3), groups=8).to(dev, dtype))
     bn_w, bn_b, ln_w, ln_b = param(8), param(8), param(16), param(16)
     running = (torch.zeros(8, device=dev, dtype=dtype), torch.ones(8, device=dev, dtype=dtype))
     return {
         "op": (lambda y: y * 1.0001, "y * 1.0001"),
         "gemm": (lambda y: F.linear(y, w_lin), "F.linear on 4x16, weight 16x16"),
         "conv": (lambda y: F.conv2d(y, w_conv, padding=1), "F.conv2d 3x3 on 2x8x4x4"),
+        "grouped_conv": (
+            lambda y: F.conv2d(y, w_dw, padding=1, groups=8),
+            "F.conv2d 3x3 depthwise (groups 8) on 2x8x4x4",
+        ),
         "batch_norm": (
             lambda y: F.batch_norm(y, *running, bn_w, bn_b, training=True),
             "F.batch_norm, training, on 2x8x4x4",
@@ -92,6 +97,7 @@ def _chains(dev: torch.device, dtype: torch.dtype) -> dict[str, tuple[Callable, 
 
 SHAPES = {
     "conv": (2, 8, 4, 4),
+    "grouped_conv": (2, 8, 4, 4),
     "batch_norm": (2, 8, 4, 4),
     "attention": (1, 2, 8, 16),
     "gpushape": (2, 8, 4, 4),

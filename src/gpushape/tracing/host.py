@@ -12,8 +12,8 @@ measured on the H200's host, a Hugging Face BERT step spends several times that.
              + gradient leaves x host["accumulate_grad"]
 
 a class being an op's kind as the host sees it (`CLASSES`: gpushape's own fused row norms and
-its other fused ops, convolutions, batch norm, layer norm, GEMMs, attention; any other op is
-"op", its backward "backward_op"), each rate measured
+its other fused ops, convolutions (grouped ones apart: `record_class`), batch norm, layer
+norm, GEMMs, attention; any other op is "op", its backward "backward_op"), each rate measured
 by `gpushape probe` on the machine (probe/host.py: chains of calls on tiny tensors, so the GPU
 never sets the pace; a class it did not measure falls back to "op"). Module calls are the
 modules the trace saw running ops (and their parents), once each. `module_glue` is what a
@@ -62,9 +62,19 @@ def op_class(op: str) -> str:
     return "op"
 
 
+def record_class(rec: Any) -> str:
+    """The host-cost class of a traced op: `op_class` of its name, and a grouped convolution
+    (depthwise ones among them: cuDNN's or PyTorch's own depthwise kernels, set up apart) in
+    its own class, "grouped_conv"."""
+    cls = op_class(rec.op)
+    if cls == "conv" and int(rec.params.get("groups", 1) or 1) > 1:
+        return "grouped_conv"
+    return cls
+
+
 # A class a profile has not measured takes this one's rate (profiles from before the class
-# existed measured gpushape's fused ops as one class), else the plain op's.
-FALLBACK = {"gpushape_norm": "gpushape"}
+# existed measured gpushape's fused ops as one class, convolutions as one), else the plain op's.
+FALLBACK = {"gpushape_norm": "gpushape", "grouped_conv": "conv"}
 
 
 def rate(rates, cls: str, backward: bool) -> float:
@@ -110,7 +120,7 @@ def host_cost(trace: Trace, gpu: Any) -> HostCost | None:
     ops = sum(r.phase == "forward" for r in computes)
     modules = module_calls(trace)
     seconds = views * rates["view"] + modules * module_rate(rates)
-    seconds += sum(rate(rates, op_class(r.op), r.phase == "backward") for r in computes)
+    seconds += sum(rate(rates, record_class(r), r.phase == "backward") for r in computes)
     seconds += trace.grad_leaves * rates.get("accumulate_grad", 0.0)
     return HostCost(ops, views, len(computes) - ops, modules, seconds, trace.grad_leaves)
 
@@ -124,7 +134,7 @@ def forward_seconds(trace: Trace, rates, *, glue: bool = True) -> float:
     """The forward's share of `host_cost`: its ops, its views and (with `glue`) its module
     calls; the part of the step that `module_glue` is fitted against."""
     seconds = sum(
-        rates["view"] if r.kind == "view" else rate(rates, op_class(r.op), False)
+        rates["view"] if r.kind == "view" else rate(rates, record_class(r), False)
         for r in trace.ops
         if r.phase == "forward" and r.kind in ("view", "compute")
     )
