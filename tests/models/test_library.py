@@ -12,7 +12,7 @@ import torch
 
 import gpushape
 from gpushape.errors import GpushapeError
-from gpushape.models import library, resolve_model
+from gpushape.models import _libraries, resolve_model
 from gpushape.models.library import (
     MissingLibraryError,
     is_library_spec,
@@ -207,7 +207,7 @@ def test_a_library_whose_dependency_fails_says_which(monkeypatch, failure, expec
     def import_module(name):
         raise failure
 
-    monkeypatch.setattr(library, "importlib", SimpleNamespace(import_module=import_module))
+    monkeypatch.setattr(_libraries, "importlib", SimpleNamespace(import_module=import_module))
     assert error_of("timm:resnet18") == expected
 
 

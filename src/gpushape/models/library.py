@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib
 import json
 import re
 from collections.abc import Iterator
@@ -56,6 +55,9 @@ import torch
 from torch import nn
 
 from ..errors import GpushapeError
+from ._libraries import MissingLibraryError as MissingLibraryError  # re-exported
+from ._libraries import _library, _one_line
+from ._libraries import library_missing as library_missing  # re-exported
 from .input_spec import make_input, parse_input_spec
 
 PREFIXES = ("hf", "timm")
@@ -70,11 +72,6 @@ HF_HEADS = {  # --head: (Auto class, mapping of model type -> class name)
     ),
     "base": ("AutoModel", "MODEL_MAPPING_NAMES"),
 }
-_INSTALL = {"hf": "transformers", "timm": "timm"}
-
-
-class MissingLibraryError(GpushapeError, ImportError):
-    """hf: or timm: asked for, and the library is not importable."""
 
 
 def is_library_spec(spec: Any) -> bool:
@@ -362,41 +359,3 @@ def _timm_failure(timm: ModuleType, name: str, exc: Exception) -> str:
         hint = f"; did you mean {', '.join(near)}?" if near else ""
         return f"timm:{name}: timm {timm.__version__} has no model {name!r}{hint}"
     return f"timm:{name}: timm.create_model failed: {type(exc).__name__}: {_one_line(exc)}"
-
-
-# --- shared ------------------------------------------------------------------------------
-
-
-def _library(prefix: str) -> ModuleType:
-    """The library behind a prefix, or a one-line MissingLibraryError naming the pip extra."""
-    module = _INSTALL[prefix]
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        missing = getattr(exc, "name", None) or module
-        need = module if missing == module else f"{module} and {missing}"
-        cause = exc
-    except Exception as exc:  # a library that fails while importing (a broken torchvision)
-        need = f"{module} importable with this torch ({type(exc).__name__}: {_first(exc)})"
-        cause = exc
-    raise MissingLibraryError(
-        f"{prefix}: models need {need}: pip install 'gpushape[{prefix}]'"
-    ) from cause
-
-
-def library_missing(spec: str) -> str | None:
-    """None where the library behind `spec` (hf:..., timm:...) imports, else why not."""
-    try:
-        _library(str(spec).partition(":")[0])
-    except MissingLibraryError as exc:
-        return str(exc)
-    return None
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or "(no message)"
-
-
-def _first(exc: BaseException, limit: int = 120) -> str:
-    text = _one_line(exc)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
