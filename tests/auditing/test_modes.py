@@ -86,3 +86,17 @@ def test_a_misaligned_convolution_still_pays_under_compile():
     report = gpushape.audit(model, (x,), gpu="h200", train=True, mode="compile")
     convs = [f for f in report.findings if f.rule == "tc-align"]
     assert convs and not any("under torch.compile" in f.message for f in convs)
+
+
+def test_the_table_shows_the_wall_clock_saving_where_it_differs_from_the_gpus():
+    from gpushape.auditing.report.render import saving_text
+
+    report = _audit("resnet50", "eager", batch=2)  # host-bound: GPU savings hidden
+    fused = next(f for f in report.findings if f.rule == "unfused-norm-act")
+    text = saving_text(fused, report.totals.roofline_time_s)
+    assert text.startswith(f"{fused.est_saving_s * 1e3:,.3f} ms (")
+    assert f", wall {fused.evidence['wall_saving_s'] * 1e3:,.3f} ms" in text
+    gpu_bound = _audit("resnet50", "eager", batch=256)
+    layout = next(f for f in gpu_bound.findings if f.rule == "nchw-conv")
+    assert layout.evidence["wall_saving_s"] == pytest.approx(layout.est_saving_s)
+    assert "wall" not in saving_text(layout, gpu_bound.totals.roofline_time_s)
