@@ -54,3 +54,13 @@ def test_a_rewrite_that_saves_gpu_time_but_lengthens_a_host_bound_step_is_rolled
     after = audit(MoreOps(extra=False), (x,), "h200", dtype=torch.bfloat16, train=True)
     assert _predicted(after)[1] > _predicted(before)[1]  # a longer wall clock
     assert guard.slower(MoreOps(extra=False)) is not None
+
+
+def test_the_step_level_fix_is_named_with_where_it_lives():
+    from gpushape import optimize
+    from gpushape.models import create_model
+
+    model, inputs = create_model("resnet50", batch=8)  # host-bound: launch-bound fires
+    _, report = optimize(model, inputs, gpu="h200", train=True)
+    graphs = [r for r in report.skipped if r.transform == "cuda-graphs"]
+    assert graphs and "capture_step" in graphs[0].reason

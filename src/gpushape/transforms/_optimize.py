@@ -122,6 +122,14 @@ class OptimizeReport:
         }
 
 
+# Fixes of the training step rather than the model: optimize rewrites the model, and says where
+# the step's own fix lives.
+STEP_LEVEL = {
+    "cuda-graphs": "a fix of the training step, not the model: capture the step with "
+    "gpushape.transforms.capture_step (`gpushape bench --vs graph` times it)",
+}
+
+
 def _pick(report: Any, asked: list[str] | None, mode: str, out: OptimizeReport) -> list[str]:
     """Transform ids to apply, in ORDER: the ones asked for, or the fixes the findings name."""
     known = load_transforms()
@@ -138,7 +146,9 @@ def _pick(report: Any, asked: list[str] | None, mode: str, out: OptimizeReport) 
         if not _worth(f):
             continue
         out.predicted_saving_s[f.fix] = out.predicted_saving_s.get(f.fix, 0.0) + f.est_saving_s
-        if f.fix not in known:
+        if f.fix in STEP_LEVEL:
+            out.skipped.append(Refusal(transform=f.fix, module=f.module, reason=STEP_LEVEL[f.fix]))
+        elif f.fix not in known:
             out.skipped.append(
                 Refusal(transform=f.fix, module=f.module, reason="no transform for this fix yet")
             )
