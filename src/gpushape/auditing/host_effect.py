@@ -35,7 +35,7 @@ NORM_ACT = {"batch_norm": ("gpushape", 2, 1), "layer_norm": ("gpushape_norm", 1,
 
 def host_saving_s(f: Finding, ctx: AuditContext) -> float:
     """Seconds of host dispatch the fix takes off an eager step (negative: it adds them)."""
-    from ..tracing.host import KEYS, op_class, rate, record_class
+    from ..tracing.host import KEYS, op_class, ops_seconds, rate
 
     rates = getattr(ctx.gpu.achievable, "host", None) or {}
     if not f.replaces or not all(k in rates for k in KEYS):
@@ -44,11 +44,7 @@ def host_saving_s(f: Finding, ctx: AuditContext) -> float:
     instead = _instead(f, ops, op_class)
     if instead is None:
         return 0.0
-    before = sum(
-        rates["view"] if r.kind == "view" else rate(rates, record_class(r), r.phase == "backward")
-        for r in ops
-        if r.kind in ("view", "compute")
-    )
+    before = ops_seconds(ops, rates)
     cls, forward, backward = instead
     per_site = forward * rate(rates, cls, False)
     if ctx.train:

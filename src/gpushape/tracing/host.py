@@ -119,10 +119,19 @@ def host_cost(trace: Trace, gpu: Any) -> HostCost | None:
     computes = [r for r in trace.ops if r.kind == "compute"]
     ops = sum(r.phase == "forward" for r in computes)
     modules = module_calls(trace)
-    seconds = views * rates["view"] + modules * module_rate(rates)
-    seconds += sum(rate(rates, record_class(r), r.phase == "backward") for r in computes)
+    seconds = ops_seconds(trace.ops, rates) + modules * module_rate(rates)
     seconds += trace.grad_leaves * rates.get("accumulate_grad", 0.0)
     return HostCost(ops, views, len(computes) - ops, modules, seconds, trace.grad_leaves)
+
+
+def ops_seconds(records, rates) -> float:
+    """What dispatching `records` costs the host: each view at the view rate, each compute op
+    at its class's rate for its pass (allocations cost nothing)."""
+    return sum(
+        rates["view"] if r.kind == "view" else rate(rates, record_class(r), r.phase == "backward")
+        for r in records
+        if r.kind in ("view", "compute")
+    )
 
 
 def module_rate(rates) -> float:
@@ -133,9 +142,5 @@ def module_rate(rates) -> float:
 def forward_seconds(trace: Trace, rates, *, glue: bool = True) -> float:
     """The forward's share of `host_cost`: its ops, its views and (with `glue`) its module
     calls; the part of the step that `module_glue` is fitted against."""
-    seconds = sum(
-        rates["view"] if r.kind == "view" else rate(rates, record_class(r), False)
-        for r in trace.ops
-        if r.phase == "forward" and r.kind in ("view", "compute")
-    )
+    seconds = ops_seconds((r for r in trace.ops if r.phase == "forward"), rates)
     return seconds + (module_calls(trace) * module_rate(rates) if glue else 0.0)

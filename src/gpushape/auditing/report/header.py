@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..modes import predicted_step_s
+
 SHAPES_LISTED = 3  # input shapes spelled out when they are not images or tokens
 
 
@@ -47,14 +49,8 @@ def header_lines(report: Any) -> list[str]:
     )
     return [
         f"{', '.join(w for w in what if w)}, on {report.gpu_full_name} ({chip})",
-        f"{_predicted_s(report) * 1e3:,.3f} ms predicted{_step(report)}; {numbers}",
+        f"{predicted_step_s(report) * 1e3:,.3f} ms predicted{_step(report)}; {numbers}",
     ]
-
-
-def _predicted_s(report: Any) -> float:
-    from ..modes import predicted_step_s
-
-    return predicted_step_s(report)
 
 
 def _step(report: Any) -> str:
