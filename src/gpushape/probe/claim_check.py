@@ -28,7 +28,7 @@ import torch
 
 from ..bench.timer import compare, time_fn
 from ..hardware import GPUSpec
-from .measure import MeasureConfig
+from .measure import MeasureConfig, math_mode
 
 HOLDS, PARTLY, FAILS, NOT_MEASURED = "holds", "holds only partly", "does not hold", "not measured"
 NOISE = "within noise"
@@ -160,6 +160,30 @@ def ab_rounds(
         for name in variants
     }
     return seconds, by_round
+
+
+def split_rounds(by_round: dict[str, list[float]]) -> list[dict[str, float]]:
+    """`ab_rounds`' per-round medians as one {variant: seconds} per round."""
+    names = list(by_round)
+    return [dict(zip(names, values)) for values in zip(*(by_round[n] for n in names))]
+
+
+def rounds_both_picks(
+    make: Callable[[], Mapping[str, Callable[[], Any]]], ctx: ClaimContext
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Seconds per call of `make()`'s variants with cuDNN autotuned, and the rounds of two
+    timings: autotuned, and with cuDNN's heuristic pick (benchmark off).
+
+    Where several algorithms run a shape about as fast, the autotuner's pick differs from one
+    process to the next (2026-12-02: a 64-channel 3x3 conv at batch 512 took 0.247 ms in one
+    probe and 0.273 in the other; at batch 256 0.129 and 0.130), and rounds in one process do
+    not see it. The heuristic's pick is another algorithm such a process may get: a verdict
+    that depends on the pick spreads across a line and reads within noise."""
+    with math_mode("bf16", cudnn_benchmark=True):
+        seconds, tuned = ab_rounds(make(), ctx)
+    with math_mode("bf16", cudnn_benchmark=False):
+        _, heuristic = ab_rounds(make(), ctx)
+    return seconds, split_rounds(tuned) + split_rounds(heuristic)
 
 
 def ab_times(variants: Mapping[str, Callable[[], Any]], ctx: ClaimContext) -> dict[str, float]:
