@@ -137,7 +137,12 @@ def main() -> None:
     write_results(args.out, {"rates": rates, "rows": table})
     if args.write_profile:
         profile = json.loads(PROFILE.read_text())
-        profile["host"].update(rates)
+        # gpushape's row norms measured on their own chain (calibrate_memory_efficiency.py
+        # --parts host, or the probe: the host of this fit) are kept over host_by_size's;
+        # accumulate_grad is the fit's: the probe's chain times a stack's backward node too
+        chain = {k for k, v in profile["host"].items() if "from " not in v.get("workload", "")}
+        keep = chain & {"gpushape_norm", "gpushape_norm/backward"}
+        profile["host"].update({k: v for k, v in rates.items() if k not in keep})
         write_profile(profile, PROFILE)
     print(
         f"module_glue {glue['seconds'] * 1e6:.1f} us a module call "
