@@ -22,8 +22,8 @@ for spec in "$@"; do
   name=${spec%%:*}; secs=${spec#*:}; [ "$secs" = "$spec" ] && secs=300
   case $name in
     info) run info "$secs" bash -c 'nvidia-smi -L; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; python3 -m gpushape gpus' ;;
-    gputests) run gputests "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -n 4 tests/kernels ;;
-    gputests-attn) run gputests-attn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_softmax_dropout_gpu.py tests/kernels/test_fused_qkv.py tests/kernels/test_kv_cache.py tests/bench tests/probe tests/cli tests/hardware ;;
+    gputests) run gputests "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -n 4 tests/kernel_ops ;;
+    gputests-attn) run gputests-attn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernel_ops/test_softmax_dropout_gpu.py tests/kernel_ops/test_fused_qkv.py tests/kernel_ops/test_kv_cache.py tests/bench tests/probe tests/cli tests/hardware ;;
     gputests-k) run gputests-k "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 3 -k "not 2_31 and not 2_pow_31" tests ;;
     gputests-big) run gputests-big "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "2_31 or 2_pow_31" tests ;;
     norms) run norms "$secs" python3 benchmarks/kernels/bench_norms.py ;;
@@ -40,7 +40,7 @@ for spec in "$@"; do
     data) run data "$secs" python3 benchmarks/data/bench_input_pipeline.py --out "$OUT/input_pipeline.json" ;;
     optimize) run optimize "$secs" python3 benchmarks/transforms/bench_optimize.py --out "$OUT/bench_optimize.json" ;;
     gputests-misc) run gputests-misc "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/bench tests/probe tests/hardware tests/tracing tests/auditing tests/cli ;;
-    normgate) run normgate "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "gpu_gate or tanh_gate" tests/kernels/test_add_layer_norm.py tests/kernels/test_layer_norm_gelu.py tests/kernels/test_rms_norm.py ;;
+    normgate) run normgate "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -k "gpu_gate or tanh_gate" tests/kernel_ops/test_add_layer_norm.py tests/kernel_ops/test_layer_norm_gelu.py tests/kernel_ops/test_rms_norm.py ;;
     correlate) run correlate "$secs" python3 benchmarks/trace/correlate.py --models resnet50,bert-base,bert-base-manual ;;
     correlate-bert) run correlate-bert "$secs" python3 benchmarks/trace/correlate.py --models bert-base,bert-base-manual ;;
     correlate-nchw) run correlate-nchw "$secs" python3 benchmarks/trace/correlate.py --models resnet50,resnet50-nchw --stem correlate-nchw ;;
@@ -52,7 +52,7 @@ for spec in "$@"; do
     calib-nchw) run calib-nchw "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-batch_norm_nchw,pool_nchw,nchw_conversion}" -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     calib-attn) run calib-attn "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts attention -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     tune-norms) run tune-norms "$secs" python3 benchmarks/kernels/tune_norms.py ;;
-    gputests-bn) run gputests-bn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -k "not 2_pow_31" tests/kernels/test_batch_norm_act_gpu.py ;;
+    gputests-bn) run gputests-bn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -k "not 2_pow_31" tests/kernel_ops/test_batch_norm_act_gpu.py ;;
     tune-bn) run tune-bn "$secs" python3 benchmarks/kernels/tune_batch_norm_act.py --quick ;;
     probe-quick) run probe-quick "$secs" python3 -m gpushape probe --quick -o "$OUT/probe-h200-quick/h200-sxm.json" ;;
     probe) run probe "$secs" python3 -m gpushape probe -o "$OUT/probe-h200/h200-sxm.json" ;;
@@ -108,7 +108,7 @@ for spec in "$@"; do
     # the host's dispatch rates into the shipped profile, then the host model against real steps
     calib-host) run calib-host "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts host -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     host-validate) run host-validate "$secs" python3 benchmarks/steps/host_validate.py --models "${MODELS:-hf:bert,hf:gpt2,timm:vit_base_patch16_224,timm:resnet50}" --out "$OUT/host_validate.json" ;;
-    gputests-bnact) run gputests-bnact "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -k "not 2_pow_31" tests/kernels/test_batch_norm_act_gpu.py tests/kernels/test_batch_norm_act_smooth.py ;;
+    gputests-bnact) run gputests-bnact "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -k "not 2_pow_31" tests/kernel_ops/test_batch_norm_act_gpu.py tests/kernel_ops/test_batch_norm_act_smooth.py ;;
     bench-effnet) run bench-effnet "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench timm:efficientnet_b0 --vs "${VS:-channels-last,optimize}" --rounds "${ROUNDS:-3}" --kernels 8 --csv "$OUT/bench-h200/bench.csv" -o "$OUT/bench-h200/effnet.json"' ;;
     # a Linear's bias gradient (column sum) by PyTorch, cuBLAS GEMV, Inductor and gpushape
     bias-grad) run bias-grad "$secs" python3 benchmarks/kernels/probe_bias_grad.py --out "$OUT/probe_bias_grad.json" ;;

@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-KERNEL_TESTS = Path(__file__).parent / "kernels"
+# Not tests/kernels: pytest puts tests/ on sys.path, and a package named `kernels` there would
+# shadow the PyPI package of that name, which transformers (5.2x) imports when it is installed.
+KERNEL_TESTS = Path(__file__).parent / "kernel_ops"
 
 
 @functools.cache

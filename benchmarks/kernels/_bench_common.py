@@ -20,10 +20,10 @@ from gpushape.bench import Timing, copy_bandwidth_bytes_per_s, cuda_graph  # noq
 
 
 def load_numeric():
-    """The tests' numeric module (tests/kernels/_numeric.py): one rule for tests and
+    """The tests' numeric module (tests/kernel_ops/_numeric.py): one rule for tests and
     benchmarks. Loaded by path, so no other installed package named `tests` can stand in for
     it."""
-    path = ROOT / "tests" / "kernels" / "_numeric.py"
+    path = ROOT / "tests" / "kernel_ops" / "_numeric.py"
     spec = importlib.util.spec_from_file_location("gpushape_tests_numeric", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up here

@@ -8,7 +8,7 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.kernels._numeric import gate_forward_backward
+from tests.kernel_ops._numeric import gate_forward_backward
 from torch import nn
 
 from gpushape.transforms import _bias_grad

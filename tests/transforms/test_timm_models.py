@@ -16,7 +16,7 @@ whose weights are contiguous both ways).
 The ResNet's fused BatchNorms run as CI runs every kernel on the CPU, in Triton's interpreter
 (with TRITON_INTERPRET=1); the other models' run their plain-PyTorch reference, as without
 TRITON_INTERPRET: in the interpreter MobileNetV3's 23 fused BatchNorms alone take about 45 s, and
-tests/kernels checks the ReLU and Hardswish kernels in the interpreter on their own.
+tests/kernel_ops checks the ReLU and Hardswish kernels in the interpreter on their own.
 """
 
 from __future__ import annotations
