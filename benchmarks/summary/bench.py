@@ -7,6 +7,7 @@ import csv
 import json
 
 from .common import RESULTS, link, md_table
+from .loops_lib import loops_lib_section
 
 FOLDER = "bench-h200"
 CASES = {  # model as run -> (name, its variants file, its loop file)
@@ -319,6 +320,7 @@ def bench_section() -> list[str]:
         "",
         *loop_table(),
         "",
+        *loops_lib_section(),
         *other_runs(),
         *why_bert_compile(),
         *compile_pad(),

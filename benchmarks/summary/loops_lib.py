@@ -1,0 +1,119 @@
+"""The loop on library models (bench-h200/loop-lib.csv and the loop-<model>-<mode>.json beside
+it): every fix the audit named on timm and Hugging Face models, in eager and in compile mode,
+applied one after another and timed, its predicted wall-clock saving beside the measured one.
+
+A fix counts against the advice's target (predicted / measured wall saving within 0.5-2x, no
+measured saving <= 0) where the audit graded it high or medium: its predicted wall saving at
+least 1% of the audit's predicted step (the severities' time shares). graph-layers is kept by
+optimize on a timing, not from a finding, and is shown but not judged."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from .common import RESULTS, link, md_table
+
+FOLDER = "bench-h200"
+CSV = "loop-lib.csv"
+BAND = (0.5, 2.0)
+MEDIUM_SHARE = 0.01  # auditing/finding.py's time-share threshold for medium
+NOT_FROM_FINDINGS = ("graph-layers",)
+
+
+def _rows() -> list[dict]:
+    with (RESULTS / FOLDER / CSV).open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _stem(model: str) -> str:
+    return "".join("_" if c in ":/?&=" else c for c in model)
+
+
+def _loop(model: str, mode: str) -> dict:
+    return json.loads((RESULTS / FOLDER / f"loop-{_stem(model)}-{mode}.json").read_text())
+
+
+def judged(r: dict, step_ms: float) -> str:
+    """'meets', 'misses' or '-' (not a high or medium finding's fix) for one loop row."""
+    pred, meas = float(r["predicted_wall_ms"]), float(r["measured_wall_ms"])
+    if r["fix"] in NOT_FROM_FINDINGS or pred < MEDIUM_SHARE * step_ms:
+        return "-"
+    if meas <= 0:
+        return "misses (measured <= 0)"
+    return "meets" if BAND[0] <= pred / meas <= BAND[1] else "misses"
+
+
+def table() -> tuple[list[str], dict[str, int]]:
+    body, counts = [], {"meets": 0, "misses": 0}
+    for r in _rows():
+        loop = _loop(r["model"], r["mode"])
+        step_ms = loop["predicted_step_s"] * 1e3
+        verdict = judged(r, step_ms)
+        if verdict != "-":
+            counts["meets" if verdict == "meets" else "misses"] += 1
+        ratio = r["predicted_over_measured"]
+        body.append(
+            (
+                r["model"],
+                r["mode"],
+                f"`{r['fix']}`",
+                r["places"],
+                f"{float(r['predicted_wall_ms']):.3f}",
+                f"{float(r['measured_wall_ms']):.3f}",
+                f"{float(r['predicted_gpu_ms']):.3f}",
+                f"{float(r['measured_gpu_ms']):.3f}" if r["measured_gpu_ms"] else "-",
+                ratio if ratio not in ("", None) else "-",
+                verdict,
+            )
+        )
+    head = ("model", "mode", "fix", "places", "predicted ms", "measured ms", "GPU predicted ms")
+    return md_table((*head, "GPU measured ms", "pred/meas", "0.5-2x"), body, right=7), counts
+
+
+def stages() -> list[str]:
+    """Each stage's step: median, GPU busy and the host's issue time, which side bound it."""
+    lines, seen = [], set()
+    for r in _rows():
+        key = (r["model"], r["mode"])
+        if key in seen:
+            continue
+        seen.add(key)
+        loop = _loop(*key)
+        parts = [
+            f"{name} {s['median_s'] * 1e3:.1f} (GPU {s['gpu_busy_s'] * 1e3:.1f}, host "
+            f"{s['issue_s'] * 1e3:.1f})"
+            for name, s in loop["stages"].items()
+        ]
+        pred = loop["predicted_step_s"] * 1e3
+        lines.append(f"- {key[0]}, {key[1]} (predicted {pred:.1f} ms as given): {'; '.join(parts)}")
+    return lines
+
+
+def loops_lib_section() -> list[str]:
+    rows = _rows()
+    if not rows:
+        return []
+    env = rows[0]
+    body, counts = table()
+    return [
+        "### The loop on timm and Hugging Face models",
+        "",
+        f"`gpushape bench MODEL --optimize --mode eager|compile --rounds 3` on {env['gpu']}, "
+        f"torch {env['torch']}, triton {env['triton']} ({link(FOLDER + '/' + CSV, CSV)}, one "
+        "JSON per model and mode beside it; each row has its command): each fix the audit "
+        "named, applied on top of the ones above it, its predicted wall-clock saving beside "
+        "the measured step-time difference (bf16, SGD for timm, AdamW for GPT-2, fused AdamW "
+        "for BERT at 32 x 512; models at their default batches). The last column judges a "
+        "fix the audit priced at 1% of the step or more (a high or medium finding) against "
+        "predicted / measured within 0.5-2x and a positive measured saving.",
+        "",
+        *body,
+        "",
+        f"Of the fixes of high and medium findings timed here, {counts['meets']} meet the band "
+        f"and {counts['misses']} miss it. Each stage, ms a step (median, GPU busy, host's "
+        "issue time of one step):",
+        "",
+        *stages(),
+        "",
+    ]
