@@ -100,3 +100,59 @@ def test_the_table_shows_the_wall_clock_saving_where_it_differs_from_the_gpus():
     layout = next(f for f in gpu_bound.findings if f.rule == "nchw-conv")
     assert layout.evidence["wall_saving_s"] == pytest.approx(layout.est_saving_s)
     assert "wall" not in saving_text(layout, gpu_bound.totals.roofline_time_s)
+
+
+def _convnet(*convs: tuple[int, int, int, int]):
+    """A stack of (in, out, kernel, groups) convolutions with ReLUs, traced for training."""
+    import torch.nn as nn
+
+    layers = []
+    for cin, cout, k, groups in convs:
+        layers += [nn.Conv2d(cin, cout, k, padding=k // 2, groups=groups), nn.ReLU()]
+    model = nn.Sequential(*layers).to("meta")
+    x = torch.empty(8, convs[0][0], 28, 28, device="meta")
+    return model, x
+
+
+@pytest.mark.parametrize(
+    ("convs", "converts", "why"),
+    [
+        (((128, 128, 3, 1), (128, 128, 1, 1)), True, "layout optimization"),
+        (((128, 128, 3, 1), (128, 128, 3, 128)), True, "layout optimization"),  # depthwise
+        (((128, 128, 3, 1), (128, 128, 3, 4)), False, "more than one input channel per group"),
+        (((256, 256, 3, 1), (256, 96, 3, 1)), False, "fewer than half as many outputs"),
+        (((32, 64, 3, 1), (64, 64, 3, 1)), False, "64 channels or fewer"),
+    ],
+)
+def test_inductor_layout_optimization_follows_its_heuristic(convs, converts, why):
+    from gpushape.auditing.modes import inductor_layout_opt
+
+    model, x = _convnet(*convs)
+    got, reason = inductor_layout_opt(gpushape.trace(model, (x,), train=True))
+    assert got is converts and why in reason
+
+
+def test_nchw_conv_saves_nothing_under_compile_where_inductor_converts_the_layout():
+    """MobileNetV3 on the H200, compiled: its channels_last rewrite changed the GPU's time by
+    0.02 of 6.4 ms a step, where the audit had promised 14.8 ms (loop-lib.csv)."""
+    model, x = _convnet((128, 128, 3, 1), (128, 128, 3, 1))
+    x = torch.empty(64, 128, 56, 56, device="meta")
+    eager = gpushape.audit(model, (x,), gpu="h200", train=True, mode="eager")
+    compiled = gpushape.audit(model, (x,), gpu="h200", train=True, mode="compile")
+    assert _finding(eager, "nchw-conv").est_saving_s > 0
+    f = _finding(compiled, "nchw-conv")
+    assert f.est_saving_s == 0 and f.severity == Severity.INFO
+    assert "layout optimization" in f.message
+
+
+def test_compile_mode_prices_the_hosts_measured_cost_per_kernel(gpt2):
+    """A compiled step still issues every kernel from Python: the host side is the kernels at
+    the profile's measured rate per kernel of a compiled step, not at a bare launch's."""
+    from gpushape.auditing.modes import COMPILED_KERNEL
+    from gpushape.hardware import calibrated, get_gpu
+
+    spec = calibrated(get_gpu("h200"))
+    per_kernel = spec.achievable.host[COMPILED_KERNEL]
+    assert per_kernel > spec.achievable.launch_overhead_s
+    compiled = gpt2["compile"]
+    assert compiled.step.host_s == pytest.approx(compiled.totals.kernels * per_kernel)

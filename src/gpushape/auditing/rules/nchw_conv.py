@@ -12,7 +12,8 @@ the whole channels_last step 14.7: benchmarks/audit/diagnose_nchw.py). The cost 
 prices those ops at their NCHW families' measured efficiency (`trace.families.NCHW_VARIANTS`);
 converting the model moves them to the channels_last families, and the difference is part of
 the saving. Depthwise convolutions and convolutions off tensor cores are left out (no
-conversion there).
+conversion there). Under torch.compile Inductor converts the layout itself where its heuristic
+allows (`modes.inductor_layout_opt`): there the finding saves nothing.
 
 Checked against the H200 (benchmarks/results/baselines-h200/h200-2026-11-30.json): ResNet-50
 training, bf16, batch 256 ran 2404 img/s in NCHW and 4654 img/s in channels_last, 106.5
@@ -29,6 +30,7 @@ from ...tracing.layout import conversion_bytes_of, runs_nhwc
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding
+from ..modes import inductor_layout_opt
 from ..patterns import CONV_OPS, first_modules, module_pattern
 from ..registry import register_rule
 
@@ -85,6 +87,10 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         "modules": first_modules(r.module for r in convs),
         "first_input_shape": list(convs[0].inputs[0].shape),
     }
+    converts, why = inductor_layout_opt(ctx.trace)
+    if converts:  # under torch.compile the step already runs channels_last
+        evidence["saving_by_mode_s"] = {"compile": 0.0}
+        evidence["why_quiet"] = {"compile": why}
     also = (
         f", and {len(others)} BatchNorm/pooling ops run NCHW kernels that are slower on this chip"
         if others_s > 0
