@@ -12,8 +12,9 @@ step). Here each model is re-traced on the meta device at the batch it ran, its 
 counted by the cost model (the count the audit multiplies), and the rate is the median of
 issue seconds / kernels over the runs whose issue time is the host's own: a GPU-bound step
 issued in about its GPU time (within `THROTTLED` of it) was held back by the GPU (the launch
-queue fills, and the host waits), so its issue time says how long the GPU took, not the host. --write-profile puts it into the shipped H200 profile as
-host rate `compiled_kernel`, which auditing/modes.py uses for compile mode's host side.
+queue fills, and the host waits), so its issue time says how long the GPU took, not the host.
+--write-profile puts it into the shipped H200 profile as host rate `compiled_kernel`, which
+auditing/modes.py uses for compile mode's host side.
 
     python benchmarks/steps/fit_compile_host.py --write-profile \\
         --out benchmarks/results/steps-h200/compile_host_fit.json
