@@ -64,3 +64,38 @@ def test_the_step_level_fix_is_named_with_where_it_lives():
     _, report = optimize(model, inputs, gpu="h200", train=True)
     graphs = [r for r in report.skipped if r.transform == "cuda-graphs"]
     assert graphs and "capture_step" in graphs[0].reason
+
+
+class Elementwise(Extra):
+    """Two elementwise kernels on the hidden activations: GPU work and two ops for the host."""
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.c(self.b(h * 1.5 + 0.5))
+
+
+class Views(Extra):
+    """The elementwise ops folded away (less GPU work), and many views: host work only."""
+
+    def forward(self, x):
+        h = self.a(x)
+        for _ in range(40):
+            h = h.view(-1).view(h.shape)
+        return self.c(self.b(h))
+
+
+def test_where_graph_layers_will_be_tried_a_host_bound_rollback_is_judged_on_the_graph():
+    """graphable (eager training on a GPU, graph-layers next): a rewrite that saves GPU time
+    but dispatches more is kept where the graph mode predicts it faster; one that adds GPU
+    work is rolled back either way."""
+    x = torch.randn(256, 1024, device="meta")  # host-bound on the H200
+    before = audit(Elementwise(extra=False), (x,), "h200", dtype=torch.bfloat16, train=True)
+    assert before.step.bound == "host"
+    plain = _Guard(before, (x,), "h200", torch.bfloat16, True, "eager")
+    assert plain.slower(Views(extra=False)) is not None  # the host's dispatch grew
+    graphable = _Guard(before, (x,), "h200", torch.bfloat16, True, "eager", graphable=True,
+                       model=Elementwise(extra=False))  # fmt: skip
+    assert graphable.slower(Views(extra=False)) is None
+    more_gpu = _Guard(before, (x,), "h200", torch.bfloat16, True, "eager", graphable=True,
+                      model=Elementwise(extra=False))  # fmt: skip
+    assert more_gpu.slower(Elementwise(extra=True)) is not None
