@@ -110,8 +110,9 @@ def audit(
         measured=target.measured,
     )
     report = Report.from_cost(costed, dtype=dtype_label(dtype or model_dtype(model), flags))
-    report.findings, report.combined = combine(in_mode(run_rules(ctx, rules), ctx, mode), ctx)
-    report.step = step_time(ctx, mode)
+    found = run_rules(ctx, rules)
+    report.findings, report.combined = combine(in_mode(found, ctx, mode), ctx)
+    report.step = step_time(ctx, mode, found)
     report.calibration = target.calibration
     report.gpu_reason = target.reason
     report.inputs = describe_inputs(example_inputs)

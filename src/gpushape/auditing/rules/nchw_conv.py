@@ -91,6 +91,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     if converts:  # under torch.compile the step already runs channels_last
         evidence["saving_by_mode_s"] = {"compile": 0.0}
         evidence["why_quiet"] = {"compile": why}
+        evidence["compile_does"] = True  # the compiled step runs without what this saves
     also = (
         f", and {len(others)} BatchNorm/pooling ops run NCHW kernels that are slower on this chip"
         if others_s > 0
