@@ -156,6 +156,28 @@ def test_rule_saves_in_compile_and_graph_and_is_info_in_eager():
     assert after.findings == []
 
 
+def test_compile_prices_the_math_path_in_float32_as_pytorch_runs_half_inputs(monkeypatch):
+    """PyTorch's math path upcasts bf16 to float32 (BERT compiled on the H200: its score GEMMs
+    ran as fp32 CUDA-core kernels; priced in bf16 the fix's saving had come to half the 30.3 ms
+    measured), unless torch allows half reductions there."""
+    import gpushape.auditing.rules.materialized_attention_mask as rule
+
+    model, ids = _bert().to(torch.bfloat16), _ids(8, 64)
+
+    def priced():
+        (f,) = audit(model, (ids,), gpu="h200", train=True, mode="compile", rules=[RULE]).findings
+        return f.est_saving_s, f.evidence["time_math_masked_s"]
+
+    as_run = priced()
+    monkeypatch.setattr(rule, "_as_math_runs", lambda s: s)  # the inputs' own dtype
+    in_bf16 = priced()
+    assert as_run[1] > in_bf16[1] and as_run[0] > in_bf16[0]
+    monkeypatch.undo()
+    allowed = "fp16_bf16_reduction_math_sdp_allowed"
+    monkeypatch.setattr(torch.backends.cuda, allowed, lambda: True, raising=False)
+    assert priced() == pytest.approx(in_bf16)
+
+
 def test_optimize_picks_it_in_compile_mode_not_in_eager():
     ids = _ids(8, 64)
     _, report = optimize(_bert(), (ids,), gpu="h200", mode="compile", dtype=torch.bfloat16)

@@ -8,13 +8,14 @@ measured on the H200, torch.compile of BERT-base MLM then lowered attention to t
 (score GEMMs in fp32, softmax and dropout as separate kernels), 0.67x eager, and the captured
 GPT-2 step ran 966 kernels against eager's 611. Saving, per mode, for the traced SDPA calls
 without a mask, forward and backward, as the cost model prices them: compile, the math path
-with a mask in the trace's dtype (pricing/attention.py; a lower bound, since what ran had its
-score GEMMs in fp32) minus flash; graph, the memory-efficient kernel (what eager SDPA takes for
+with a mask (pricing/attention.py), in float32 as PyTorch's math path computes half inputs,
+minus flash; graph, the memory-efficient kernel (what eager SDPA takes for
 a masked call) minus flash. In eager mode it saves nothing, and the finding is info.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 
@@ -52,6 +53,21 @@ def _shape(rec: OpRecord, has_mask: bool) -> AttentionShape:
     )
 
 
+HALF = ("bfloat16", "float16")
+
+
+def _as_math_runs(s: AttentionShape) -> AttentionShape:
+    """The math path computes half inputs in float32 (PyTorch >= 2.5, unless
+    `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)`): its score GEMMs run in
+    fp32, on CUDA cores where TF32 is off, as measured in BERT's compiled step."""
+    import torch
+
+    allowed = getattr(torch.backends.cuda, "fp16_bf16_reduction_math_sdp_allowed", None)
+    if s.dtype in HALF and not (allowed is not None and allowed()):
+        return dataclasses.replace(s, dtype="float32")
+    return s
+
+
 @register_rule(RULE, title="an all-true attention mask under torch.compile or CUDA graphs")
 def check(ctx: AuditContext) -> Iterable[Finding]:
     model = ctx.model
@@ -65,7 +81,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     for rec in flash:
         masked = _shape(rec, True)
         fused_s += ctx.time_s(ctx.with_backward(rec))
-        math_s += ctx.price(math_records(masked, ctx.train))
+        math_s += ctx.price(math_records(_as_math_runs(masked), ctx.train))
         backend = fused_backend(masked)
         alternative = (
             fused_records(masked, ctx.train, backend)
