@@ -9,8 +9,8 @@ and autograd runs the compiled backward. `gpushape bench` records each variant's
 of host per kernel, against 6-9 us for a bare eager launch, so a compiled step the audit
 priced as GPU-bound ran host-bound (MobileNetV3 at batch 64: 6.4 ms of GPU work in a 37.8 ms
 step). Here each model is re-traced on the meta device at the batch it ran, its kernels
-counted by the cost model (the count the audit multiplies), and the rate is the median of
-issue seconds / kernels over the runs whose issue time is the host's own: a GPU-bound step
+counted as the audit counts a compiled step's (`modes.compiled_kernels`), and the rate is the
+median of issue seconds / kernels over the runs whose issue time is the host's own: a GPU-bound step
 issued in about its GPU time (within `THROTTLED` of it) was held back by the GPU (the launch
 queue fills, and the host waits), so its issue time says how long the GPU took, not the host.
 --write-profile puts it into the shipped H200 profile as host rate `compiled_kernel`, which
@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 import gpushape  # noqa: E402
+from gpushape.auditing.modes import compiled_kernels  # noqa: E402
 from gpushape.bench import write_results  # noqa: E402
 from gpushape.models import resolve_model  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
@@ -77,7 +78,7 @@ def kernels_of(model: str, batch) -> int:
     else:
         r = resolve_model(model, batch=batch)
     trace = gpushape.trace(r.model, r.example_inputs, train=True)
-    return gpushape.cost(trace, "h200-sxm").totals.kernels
+    return compiled_kernels(trace, gpushape.cost(trace, "h200-sxm"))
 
 
 def main() -> None:

@@ -19,10 +19,11 @@
    the audit of each stage's model predicts its step (GPU time and wall clock in the mode),
    and a fix's predicted saving is the difference from the stage before (the optimizer's fix
    is priced by its finding; masked-lm-head, which acts on the labels the trace has no values
-   for, by its finding in the audit of the stage before; skip-attention-mask, whose cost the
-   eager trace does not have, by its finding, added to the stages before it; a CUDA graph, and
-   graph-layers, which optimize keeps on a timing of the layers rather than on a finding, by
-   the audit's graph mode).
+   for, by its finding in the audit of the stage before; a CUDA graph, and graph-layers, which
+   optimize keeps on a timing of the layers rather than on a finding, by the audit's graph
+   mode). A cost the eager trace does not have (the all-true mask transformers builds while
+   compiling, which skip-attention-mask removes) is in each stage's audited step in that mode
+   (`evidence["cost_in_mode_s"]`), so its fix is priced like any other.
 """
 
 from __future__ import annotations
@@ -45,10 +46,6 @@ STEP_FIXES = ("fused-optimizer", "cuda-graphs")
 # Fixes that act on what the audit's trace has no values for (masked-lm-head: the labels), so
 # an audit of the rewritten model cannot see them: priced by their finding in the stage before.
 FROM_FINDINGS = ("masked-lm-head",)
-# Fixes of a cost the eager trace does not have (skip-attention-mask: the mask transformers
-# builds only while compiling or capturing): the stages before them are their audit plus the
-# finding's saving, the fix's stage that less the saving, later stages their audit.
-HIDDEN_BEFORE = ("skip-attention-mask",)
 GIVEN = "as given"
 GRAPH_LAYERS = "graph-layers"  # kept by optimize on a timing; its stage priced in graph mode
 
@@ -234,13 +231,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
     captures it)."""
     from ..auditing.api import audit
 
-    hidden = [0.0, 0.0]  # (GPU, wall) the audits miss until a HIDDEN_BEFORE fix is applied
-    for fix in HIDDEN_BEFORE:
-        if f"+ {fix}" in built:
-            gpu_s, wall_s, _ = predictions(report).get(fix, (0.0, 0.0, []))
-            hidden = [hidden[0] + gpu_s, hidden[1] + wall_s]
-    given = _step_of(report)
-    out: dict[str, tuple[float, float]] = {GIVEN: (given[0] + hidden[0], given[1] + hidden[1])}
+    out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
     reports = {GIVEN: report}
     previous = GIVEN
     unseen_gpu_s = 0.0
@@ -249,12 +240,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             continue
         step = built[stage].step
         fix = stage.removeprefix("+ ")
-        if fix in HIDDEN_BEFORE and previous in reports:
-            gpu_s, wall_s, _ = predictions(reports[previous]).get(fix, (0.0, 0.0, []))
-            out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
-            hidden = [max(hidden[0] - gpu_s, 0.0), max(hidden[1] - wall_s, 0.0)]
-            reports[stage] = reports[previous]
-        elif stage == "+ fused-optimizer":
+        if stage == "+ fused-optimizer":
             gpu_s, wall_s, _ = predicted.get("fused-optimizer", (0.0, 0.0, []))
             out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
         elif fix in FROM_FINDINGS and previous in reports:
@@ -268,7 +254,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                                  train=True, mode=run_mode)  # fmt: skip
             gpu_s, wall_s = _step_of(stage_report, unseen_gpu_s)
-            out[stage] = (gpu_s + hidden[0], wall_s + hidden[1])
+            out[stage] = (gpu_s, wall_s)
             reports[stage] = stage_report
             if spec.runner == "graph" and "+ fused-optimizer" in out:
                 fused = predicted.get("fused-optimizer", (0.0, 0.0, []))

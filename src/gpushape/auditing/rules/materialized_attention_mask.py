@@ -102,6 +102,8 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         "time_math_masked_s": math_s,
         "time_efficient_masked_s": efficient_s,
         "saving_by_mode_s": by_mode,
+        # the compiled or captured step runs the masked path: a cost on top of the traced one
+        "cost_in_mode_s": {m: s for m, s in by_mode.items() if m != "eager"},
         "why_quiet": QUIET,
     }
     message = (

@@ -1,0 +1,151 @@
+"""Re-predict the fix-by-fix loops timed on the GPU with the cost model as it is now, on this
+machine: the measured step times stay those of the GPU run, only the predictions are re-made.
+
+For each loop file (bench-h200/loop-<model>-<mode>.json, written by `gpushape bench MODEL
+--optimize --mode M`), the model is rebuilt on the meta device at the batch it ran, each stage
+rebuilt with the same transforms (optimize, transforms named, no numeric check on meta), and
+the loop's own prediction (`steps/fix_by_fix.py`: each stage's audit in the mode, the fixes the
+trace cannot see from their findings) made again. graph-layers, which captures on a GPU, is
+not rebuilt: its stage is the stage before, priced in graph mode as the loop prices it. The
+optimizer's fix is priced from its finding, as in the loop. Prints old and new prediction
+beside the measured saving; writes them to --out.
+
+    python benchmarks/steps/recheck_loops.py  # writes bench-h200/loop-lib-recheck.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shlex
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from gpushape.auditing.api import audit  # noqa: E402
+from gpushape.bench import write_results  # noqa: E402
+from gpushape.models import resolve_model  # noqa: E402
+from gpushape.steps.batch import synthetic_batch  # noqa: E402
+from gpushape.steps.fix_by_fix import (  # noqa: E402
+    GIVEN,
+    GRAPH_LAYERS,
+    _dtype,
+    _expected,
+    predictions,
+)
+from gpushape.steps.step import build_step, make_optimizer  # noqa: E402
+from gpushape.steps.variants import Spec  # noqa: E402
+from gpushape.transforms import optimize  # noqa: E402
+
+RESULTS = ROOT / "benchmarks/results/bench-h200"
+GPU = "h200-sxm"
+
+
+def _args(command: str) -> dict:
+    words = shlex.split(command)
+    out = {"model": words[words.index("bench") + 1], "batch": None, "optimizer": "auto"}
+    for flag, key in (("--batch", "batch"), ("--optimizer", "optimizer"), ("--mode", "mode")):
+        if flag in words:
+            out[key] = words[words.index(flag) + 1]
+    out["batch"] = int(out["batch"]) if out["batch"] else None
+    return out
+
+
+def _stage(model, batch, transforms: tuple[str, ...], mode: str, optimizer: str):
+    """The stage's model on meta with `transforms` applied (graph-layers left out)."""
+    import copy
+
+    model = copy.deepcopy(model)
+    wanted = [t for t in transforms if t not in (GRAPH_LAYERS, "fused-optimizer")]
+    if wanted:
+        model, _ = optimize(model, batch.inputs, gpu=GPU, dtype=_dtype(model), mode=mode,
+                            transforms=wanted)  # fmt: skip
+    return SimpleNamespace(step=build_step(model, batch, optimizer))
+
+
+def _as_the_run_had_it(data: dict):
+    """The GPU run's transformers (5.17) built an all-true mask while compiling, which later
+    releases do not: a loop that applied skip-attention-mask is re-predicted with that release's
+    behaviour emulated (tests/_hf_masks.py), else the finding it fixed would not fire here."""
+    import contextlib
+
+    if "+ skip-attention-mask" not in data["stages"]:
+        return contextlib.nullcontext()
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _hf_masks import old_masks
+
+    return old_masks()
+
+
+def recheck(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    with _as_the_run_had_it(data):
+        return _recheck(path, data)
+
+
+def _recheck(path: Path, data: dict) -> dict:
+    args = _args(data["environment"]["command"])
+    mode = data["mode"]
+    r = resolve_model(args["model"], batch=args["batch"])
+    batch = synthetic_batch(r.model, r.example_inputs)
+    report = audit(r.model, r.example_inputs, GPU, dtype=_dtype(r.model), train=True,
+                   optimizer=make_optimizer(r.model, batch, args["optimizer"]),
+                   mode=mode)  # fmt: skip
+    predicted = predictions(report)
+    names = list(data["stages"])
+    runner = "compile" if mode == "compile" else "eager"
+    specs, built, applied = {GIVEN: Spec(runner=runner)}, {}, []
+    built[GIVEN] = _stage(r.model, batch, (), mode, args["optimizer"])
+    for name in names[1:]:
+        fix = name.removeprefix("+ ")
+        applied.append(fix)
+        specs[name] = Spec(optimize_mode=mode, transforms=tuple(applied), runner=runner,
+                           fused_optimizer=fix == "fused-optimizer")  # fmt: skip
+        built[name] = _stage(r.model, batch, tuple(applied), mode, args["optimizer"])
+    expected = _expected(specs, built, report, predicted, GPU, mode)
+    rows = []
+    for before, stage, old in zip(names, names[1:], data["fixes"]):
+        a, b = data["stages"][before], data["stages"][stage]
+        new_wall = expected[before][1] - expected[stage][1]
+        new_gpu = expected[before][0] - expected[stage][0]
+        measured = a["median_s"] - b["median_s"]
+        rows.append({
+            "model": data["model"], "mode": mode, "fix": old["fix"],
+            "predicted_wall_s_then": old["predicted_wall_s"], "predicted_wall_s": new_wall,
+            "predicted_gpu_s": new_gpu, "measured_wall_s": measured,
+            "measured_gpu_s": old["measured_gpu_s"],
+            "ratio": new_wall / measured if measured > 0 else None,
+            "step_predicted_s": expected[GIVEN][1],
+        })  # fmt: skip
+    return {"file": f"bench-h200/{path.name}", "rows": rows}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--csv", default=str(RESULTS / "loop-lib.csv"))
+    p.add_argument("--out", default=str(RESULTS / "loop-lib-recheck.json"))
+    args = p.parse_args()
+    with open(args.csv, newline="") as f:
+        keys = list(dict.fromkeys((r["model"], r["mode"]) for r in csv.DictReader(f)))
+    stem = lambda m: "".join("_" if c in ":/?&=" else c for c in m)
+    checked = [recheck(RESULTS / f"loop-{stem(m)}-{mode}.json") for m, mode in keys]
+    write_results(args.out, checked, gpu_profile=GPU)
+    print(
+        f"{'model':36} {'mode':8} {'fix':22} {'then':>8} {'now':>8} {'measured':>9} {'now/meas':>9}"
+    )
+    for c in checked:
+        for r in c["rows"]:
+            ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+            print(
+                f"{r['model'][:36]:36} {r['mode']:8} {r['fix']:22} "
+                f"{r['predicted_wall_s_then'] * 1e3:8.3f} {r['predicted_wall_s'] * 1e3:8.3f} "
+                f"{r['measured_wall_s'] * 1e3:9.3f} {ratio:>9}"
+            )
+
+
+if __name__ == "__main__":
+    main()
