@@ -168,3 +168,17 @@ def test_compile_mode_takes_what_inductor_does_off_the_gpu_side(gpt2):
     taken = eager.step.gpu_s - compiled.step.gpu_s
     assert 0 < taken <= sum(f.evidence["saving_outside_mode_s"] for f in done) * (1 + 1e-9)
     assert gpt2["graph"].step.gpu_s == pytest.approx(eager.step.gpu_s)  # a graph fuses nothing
+
+
+def test_a_finding_the_measurement_keeps_at_info_is_not_graded_up_by_rounding():
+    """wave-quantization stays info where the probe found no wave pattern on the chip; its
+    wall saving equals its GPU saving on a GPU-bound step, and float rounding had graded it
+    up to medium (timm's Swin-T on the H200)."""
+    pytest.importorskip("timm")
+    from gpushape.models import resolve_model
+
+    r = resolve_model("timm:swin_tiny_patch4_window7_224")
+    report = gpushape.audit(r.model, r.example_inputs, gpu="h200", train=True)
+    waves = [f for f in report.findings if f.rule == "wave-quantization"]
+    assert waves and all(f.severity == Severity.INFO for f in waves if "probe" in f.evidence)
+    assert all("measured on this chip" in f.message for f in waves if "probe" in f.evidence)

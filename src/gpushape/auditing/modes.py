@@ -238,7 +238,7 @@ def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[F
         share = wall / step.wall_s if step.wall_s > 0 else None
         if wall < SLOWER_WALL * f.est_saving_s:
             severity = min(severity, severity_for_share(share, TIME_SHARE_THRESHOLDS))
-        elif wall > f.est_saving_s:
+        elif wall > f.est_saving_s * (1 + 1e-6):  # the host spared too (not float noise)
             severity = max(severity, severity_for_share(share, TIME_SHARE_THRESHOLDS))
         evidence = {**f.evidence, "wall_saving_s": wall, "mode": mode}
         if severity != f.severity:
