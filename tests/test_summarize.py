@@ -85,3 +85,40 @@ def test_readme_kernel_speedups_come_from_the_result_files(summarize):
         assert len(rows) == 1, f"README has no kernel-table row for {kernel}"
         assert f"{value:.2f}x" in rows[0], (kernel, f"{value:.2f}x", rows[0])
         assert rel in rows[0], (kernel, rel)
+
+
+def test_readme_headline_bench_figures_come_from_bench_csv():
+    """The README's case-study figures (speed-ups over eager, ResNet-50's graphed and compiled
+    rates and warm-ups) are the latest rows of bench-h200/bench.csv for each case."""
+    import csv
+
+    with (ROOT / "benchmarks/results/bench-h200/bench.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+
+    def row(model: str, batch: str, variant: str) -> dict:
+        found = [
+            r for r in rows if (r["model"], r["batch"], r["variant"]) == (model, batch, variant)
+        ]
+        assert found, (model, batch, variant)
+        return max(found, key=lambda r: r["date_utc"])
+
+    resnet = ("torchvision.models:resnet50", "256x3x224x224:bfloat16")
+    cases = {
+        ("hf:bert", "32x512:int64", "optimize"): "speedup",
+        ("hf:gpt2", "8x1024:int64", "optimize"): "speedup",
+        ("hf:gpt2", "8x1024:int64", "optimize-compile+compile"): "speedup",
+        (*resnet, "optimize"): "speedup",
+        (*resnet, "optimize+graph"): "rate",
+        (*resnet, "channels-last+compile"): "rate",
+    }
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for (model, batch, variant), what in cases.items():
+        r = row(model, batch, variant)
+        if what == "speedup":
+            expected = f"{float(r['speedup_vs_baseline']):.2f}x"
+        else:
+            expected = f"{float(r['samples_per_s']):,.0f}"
+        assert expected in readme, (model, variant, expected)
+    for variant in ("optimize+graph", "channels-last+compile"):
+        warmup = f"{float(row(*resnet, variant)['warmup_s']):.1f} s"
+        assert warmup in readme, (variant, warmup)
