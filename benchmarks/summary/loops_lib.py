@@ -109,12 +109,18 @@ def stages() -> list[str]:
         loop = _loop(*key)
         parts = [
             f"{name} {s['median_s'] * 1e3:.1f} (GPU {s['gpu_busy_s'] * 1e3:.1f}, host "
-            f"{s['issue_s'] * 1e3:.1f})"
+            f"{s['issue_s'] * 1e3:.1f}{_held(s)})"
             for name, s in loop["stages"].items()
         ]
         pred = loop["predicted_step_s"] * 1e3
         lines.append(f"- {key[0]}, {key[1]} (predicted {pred:.1f} ms as given): {'; '.join(parts)}")
     return lines
+
+
+def _held(stage: dict) -> str:
+    """The host's own time with the GPU held busy, where the run measured it."""
+    held = stage.get("host_s")
+    return f", {held * 1e3:.1f} with the GPU held" if held is not None else ""
 
 
 def loops_lib_section() -> list[str]:

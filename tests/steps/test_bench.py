@@ -178,3 +178,46 @@ def test_caller_backward_runs_the_backward_with_multithreading_off():
     seen.clear()
     plain.run()
     assert seen == [True]
+
+
+def test_held_issue_time_is_the_hosts_own_time_and_none_where_it_waited(monkeypatch):
+    """With the GPU held busy by a kernel queued first, a step's issue time is the host's own;
+    a step that returns only after the hold ends waited on the GPU, and gets no figure."""
+    import time
+
+    from gpushape.steps import measure
+
+    held = []
+    monkeypatch.setattr(measure.torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(measure, "_cycles_per_s", lambda: 1e9)
+    monkeypatch.setattr(measure, "_hold", lambda cycles: held.append(cycles / 1e9))
+    assert measure.held_issue_time(lambda: None, cuda=False) is None
+
+    host = measure.held_issue_time(lambda: time.sleep(0.002), calls=3, cuda=True)
+    assert host is not None and 0.002 <= host < 0.05
+    assert held and all(h >= 0.05 for h in held)  # held longer than the host took
+
+    def waits():  # as a step blocked until the hold ends would: longer than the hold
+        time.sleep(held[-1] if held else 0.06)
+
+    assert measure.held_issue_time(waits, calls=2, cuda=True) is None
+
+
+@pytest.mark.gpu
+def test_held_issue_time_on_a_gpu():
+    """A step of small kernels issues faster than the held GPU runs: a figure; a step that
+    syncs waits for the hold to end: none."""
+    x = torch.randn(256, 256, device="cuda")
+    from gpushape.steps.measure import held_issue_time
+
+    def kernels():
+        for _ in range(50):
+            x.mul_(1.0)
+
+    def syncs():
+        kernels()
+        torch.cuda.synchronize()
+
+    host = held_issue_time(kernels, cuda=True)
+    assert host is not None and host > 0
+    assert held_issue_time(syncs, cuda=True) is None

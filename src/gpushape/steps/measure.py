@@ -44,6 +44,10 @@ class StepStats:
     """Seconds the host takes to return from one step started on an idle GPU (median): its
     Python, dispatch and launches, plus any wait the step makes for the GPU (a sync); None
     without CUDA. Near the step time, the host sets the pace."""
+    host_s: float | None = None
+    """The same with the GPU held busy while the host issues the step (`held_issue_time`): the
+    host's own time, with no wait on the GPU's progress in it; None without CUDA, or where the
+    step still waited (its launches filled the queue, or it syncs)."""
     top_kernels: tuple[tuple[str, float], ...] = ()
     """The kernels that took the most GPU time in one step: (name, seconds), longest first."""
     flops: float | None = None
@@ -129,6 +133,56 @@ def issue_time(
         step()
         times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+HOLD_MAX_S = 2.0  # the longest the GPU is held busy for one measurement
+_CYCLES_PER_S: list[float] = []
+
+
+def _cycles_per_s() -> float:
+    """The GPU's clock as `torch.cuda._sleep` counts it, measured once."""
+    if not _CYCLES_PER_S:
+        cycles = 50_000_000
+        _hold(cycles // 10)  # warm
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        _hold(cycles)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_S.append(cycles / (start.elapsed_time(end) / 1e3))
+    return _CYCLES_PER_S[0]
+
+
+def _hold(cycles: int) -> None:
+    """Queue a kernel that keeps the GPU busy for `cycles` clock cycles."""
+    torch.cuda._sleep(int(cycles))
+
+
+def held_issue_time(
+    step: Callable[[], object], calls: int = 5, *, cuda: bool | None = None
+) -> float | None:
+    """Median seconds for `step()` to return while a kernel queued before it keeps the GPU busy
+    longer than the host takes: the host's own time for the step, which `issue_time` (from an
+    idle GPU) can exceed where the host waits on the GPU mid-step. None without CUDA, or where
+    the step returned only after the hold ended (it waited: the launch queue filled, or a
+    sync), so that no figure here includes a wait."""
+    if not (_cuda() if cuda is None else cuda):
+        return None
+    guess = issue_time(step, calls=1, cuda=True) or 0.0
+    hold_s = min(max(4 * guess, 0.05), HOLD_MAX_S)
+    cycles = hold_s * _cycles_per_s()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        _hold(cycles)
+        t0 = time.perf_counter()
+        step()
+        took = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        if took >= 0.9 * hold_s:
+            return None
+        times.append(took)
     return statistics.median(times)
 
 

@@ -25,7 +25,15 @@ from torch import nn
 from ..bench import environment
 from ..errors import GpushapeError
 from .batch import Batch, synthetic_batch
-from .measure import StepStats, issue_time, kernel_profile, peak_memory, time_blocks, warm
+from .measure import (
+    StepStats,
+    held_issue_time,
+    issue_time,
+    kernel_profile,
+    peak_memory,
+    time_blocks,
+    warm,
+)
 from .variants import Spec, Variant, build_variant, parse_variant
 
 
@@ -143,6 +151,9 @@ def measure_variants(
     # every variant's host issue time before any profiler runs in the process (a profiler
     # session may leave the host's dispatch slower for what follows it)
     issues = {name: issue_time(v.run, cuda=cuda) if profile else None for name, v in built.items()}
+    hosts = {
+        name: held_issue_time(v.run, cuda=cuda) if profile else None for name, v in built.items()
+    }
     stats = {}
     for name, variant in built.items():
         kernels, busy, top = kernel_profile(variant.run, cuda=cuda) if profile else (None, None, ())
@@ -158,6 +169,7 @@ def measure_variants(
             gpu_busy_s=busy,
             top_kernels=top,
             issue_s=issue,
+            host_s=hosts[name],
             flops=flops,
             peak_flops=peak,
         )
