@@ -101,9 +101,7 @@ def _timed_convs(shapes: dict[str, ConvShape], ctx: ClaimContext, timer=ab_times
         return timer({k: _conv(s, ctx)[0] for k, s in shapes.items()}, ctx)
 
 
-def _conv_rounds_both_picks(
-    shapes: dict[str, ConvShape], ctx: ClaimContext
-) -> tuple[dict[str, float], list[dict[str, float]]]:
+def _conv_rounds_both_picks(shapes: dict[str, ConvShape], ctx: ClaimContext) -> Any:
     """`rounds_both_picks` over bf16 convolutions of these shapes."""
     return rounds_both_picks(lambda: {k: _conv(s, ctx)[0] for k, s in shapes.items()}, ctx)
 
