@@ -37,9 +37,10 @@ from .finding import TIME_SHARE_THRESHOLDS, Finding, Severity, severity_for_shar
 from .host_effect import host_saving_s
 
 MODES = ("eager", "compile", "graph")
-# host seconds per kernel of a compiled step, where the profile measured it (31-57 us on the
-# H200's hosts, benchmarks/steps/fit_compile_host.py: the wrapper's buffer allocations and
-# launcher calls, ATen for extern kernels, autograd for the compiled backward)
+# host seconds per kernel of a compiled step, where the profile measured it (27-81 us over 12
+# compiled steps on the H200's hosts, median 48: benchmarks/steps/fit_compile_host.py; the
+# wrapper's buffer allocations and launcher calls, ATen for extern kernels, autograd for the
+# compiled backward, the optimizer's step)
 COMPILED_KERNEL = "compiled_kernel"
 COMPILE_DOES = {
     "pad-channels": "Inductor pads misaligned matmuls itself",  # (not convolutions)
