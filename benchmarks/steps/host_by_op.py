@@ -105,14 +105,18 @@ def predicted(model, inputs, rates) -> dict:
     return {"by_class": dict(by), "ops": dict(ops)}
 
 
+HOLD = {"s": 0.0}  # --hold: the GPU held busy while each pass is issued (0: not held)
+
+
 def _built(spec: str, batch_size: int, device: str):
-    real = resolve_model(spec, batch=batch_size, dtype=torch.bfloat16, device=device)
+    real = resolve_model(spec, batch=batch_size or None, dtype=torch.bfloat16, device=device)
     return real.model, synthetic_batch(real.model, real.example_inputs)
 
 
 def _issue(spec: str, batch_size: int, repeats: int, device: str) -> tuple[float, float]:
     model, batch = _built(spec, batch_size, device)
-    out = issue_seconds(model, batch.inputs, repeats, kwargs=batch.kwargs, loss=batch.loss)
+    out = issue_seconds(model, batch.inputs, repeats, kwargs=batch.kwargs, loss=batch.loss,
+                        hold_s=HOLD["s"])  # fmt: skip
     del model, batch
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -125,10 +129,10 @@ def profiled(spec: str, batch_size: int, rates, repeats: int, steps: int, device
     model, batch = _built(spec, batch_size, device)
     out: dict = {}
     out["forward_late_s"], out["backward_late_s"] = issue_seconds(
-        model, batch.inputs, repeats, kwargs=batch.kwargs, loss=batch.loss
+        model, batch.inputs, repeats, kwargs=batch.kwargs, loss=batch.loss, hold_s=HOLD["s"]
     )
     out.update(profiled_ops(model, batch, steps))
-    meta = resolve_model(spec, batch=batch_size, dtype=torch.bfloat16, device="meta")
+    meta = resolve_model(spec, batch=batch_size or None, dtype=torch.bfloat16, device="meta")
     out["predicted"] = predicted(meta.model, meta.example_inputs, rates)
     del model, batch
     if torch.cuda.is_available():
@@ -139,12 +143,20 @@ def profiled(spec: str, batch_size: int, rates, repeats: int, steps: int, device
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default=MODELS)
-    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--batch", type=int, default=2, help="0: each model's default batch")
+    p.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        help="seconds the GPU is held busy while each pass is issued, so that a "
+        "batch whose kernels outlast their issue cannot make the host wait",
+    )
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--out", default="host_by_op.json")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself")
     args = p.parse_args()
+    HOLD["s"] = args.hold
     rates = dict(calibrated("h200").achievable.host)
     specs = args.models.split(",")
     rows: list[dict] = []

@@ -55,3 +55,23 @@ def test_no_glue_off_cuda_and_the_zoo_stands_in_for_missing_libraries(monkeypatc
     assert host_glue._available(host_glue.MODELS) == list(host_glue.ZOO_MODELS)
     monkeypatch.setattr(library, "library_missing", lambda spec: None)
     assert host_glue._available(host_glue.QUICK_MODELS) == list(host_glue.QUICK_MODELS)
+
+
+@pytest.mark.gpu
+def test_issue_seconds_with_the_gpu_held():
+    """With the GPU held, a pass's issue time is the host's own; a loss that syncs waits for
+    the hold to end, and its median says so (NaN)."""
+    import math
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)]).cuda()
+    x = (torch.randn(16, 64, device="cuda"),)
+    fwd, bwd = issue_seconds(model, x, 3, hold_s=0.05)
+    assert 0 < fwd < 0.045 and 0 < bwd < 0.045
+
+    def syncing(out):
+        value = out.float().pow(2).mean()
+        value.item()  # waits for the GPU, held
+        return value
+
+    fwd, _ = issue_seconds(model, x, 2, loss=syncing, hold_s=0.05)
+    assert math.isnan(fwd)

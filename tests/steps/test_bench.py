@@ -189,8 +189,7 @@ def test_held_issue_time_is_the_hosts_own_time_and_none_where_it_waited(monkeypa
 
     held = []
     monkeypatch.setattr(measure.torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(measure, "_cycles_per_s", lambda: 1e9)
-    monkeypatch.setattr(measure, "_hold", lambda cycles: held.append(cycles / 1e9))
+    monkeypatch.setattr(measure, "hold_gpu", held.append)
     assert measure.held_issue_time(lambda: None, cuda=False) is None
 
     host = measure.held_issue_time(lambda: time.sleep(0.002), calls=3, cuda=True)

@@ -228,3 +228,27 @@ def kernel_times(
         (e.name[:name_chars], sum(x.device_time for x in events[i::per]) / calls)
         for i, e in enumerate(events[:per])
     ]
+
+
+_CYCLES_PER_S: list[float] = []
+
+
+def gpu_cycles_per_s() -> float:
+    """The current GPU's clock as `torch.cuda._sleep` counts it, measured once."""
+    if not _CYCLES_PER_S:
+        cycles = 50_000_000
+        torch.cuda._sleep(cycles // 10)  # warm
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_S.append(cycles / (start.elapsed_time(end) / 1e3))
+    return _CYCLES_PER_S[0]
+
+
+def hold_gpu(seconds: float) -> None:
+    """Queue a kernel that keeps the current stream busy for about `seconds`: what is queued
+    after it waits, so the host issuing that work meanwhile never waits on the GPU's progress
+    (the host's own time for it, where its launches do not fill the queue)."""
+    torch.cuda._sleep(int(seconds * gpu_cycles_per_s()))

@@ -21,6 +21,7 @@ far one rate is from any one model.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+
+from ..bench.timer import hold_gpu
 
 MODELS = (
     "timm:resnet50",
@@ -72,15 +75,21 @@ def issue_seconds(
     *,
     kwargs: dict | None = None,
     loss: Callable[[Any], torch.Tensor] = plain_loss,
+    hold_s: float = 0.0,
 ) -> tuple[float, float]:
     """(median seconds to issue the forward with its loss, median seconds to issue the
-    backward), the device synchronised before each so neither waits on it."""
+    backward), the device synchronised before each so neither waits on it. `hold_s`: on a GPU,
+    a kernel queued first keeps it busy that long (`bench.timer.hold_gpu`), so that a batch
+    whose kernels outlast their issue cannot make the host wait mid-way; a pass that still
+    took as long as the hold waited on it, and its median is NaN."""
     cuda = any(p.is_cuda for p in model.parameters())
     kwargs = kwargs or {}
 
     def sync() -> None:
         if cuda:
             torch.cuda.synchronize()
+        if cuda and hold_s > 0:
+            hold_gpu(hold_s)
 
     fwd, bwd = [], []
     for i in range(repeats + 3):
@@ -98,7 +107,14 @@ def issue_seconds(
         if i >= 3:  # warm-up: first calls, library heuristics
             fwd.append(t1 - t0)
             bwd.append(t3 - t2)
-    return statistics.median(fwd), statistics.median(bwd)
+    if cuda:
+        torch.cuda.synchronize()
+
+    def median(times: list[float]) -> float:
+        waited = hold_s > 0 and max(times) >= 0.9 * hold_s
+        return math.nan if waited else statistics.median(times)
+
+    return median(fwd), median(bwd)
 
 
 def predicted_sample(spec: str, forward_s: float, rates: dict[str, float], batch: int = 2):

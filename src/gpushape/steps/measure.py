@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..bench.timer import hold_gpu
+
 BOUND_BUSY_FRACTION = 0.85
 
 
@@ -137,26 +139,6 @@ def issue_time(
 
 
 HOLD_MAX_S = 2.0  # the longest the GPU is held busy for one measurement
-_CYCLES_PER_S: list[float] = []
-
-
-def _cycles_per_s() -> float:
-    """The GPU's clock as `torch.cuda._sleep` counts it, measured once."""
-    if not _CYCLES_PER_S:
-        cycles = 50_000_000
-        _hold(cycles // 10)  # warm
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        _hold(cycles)
-        end.record()
-        end.synchronize()
-        _CYCLES_PER_S.append(cycles / (start.elapsed_time(end) / 1e3))
-    return _CYCLES_PER_S[0]
-
-
-def _hold(cycles: int) -> None:
-    """Queue a kernel that keeps the GPU busy for `cycles` clock cycles."""
-    torch.cuda._sleep(int(cycles))
 
 
 def held_issue_time(
@@ -171,11 +153,10 @@ def held_issue_time(
         return None
     guess = issue_time(step, calls=1, cuda=True) or 0.0
     hold_s = min(max(4 * guess, 0.05), HOLD_MAX_S)
-    cycles = hold_s * _cycles_per_s()
     times = []
     for _ in range(calls):
         torch.cuda.synchronize()
-        _hold(cycles)
+        hold_gpu(hold_s)
         t0 = time.perf_counter()
         step()
         took = time.perf_counter() - t0
