@@ -224,3 +224,14 @@ def test_an_encoder_decoder_gets_the_decoders_tokens_too(transformers):
     assert mask is None and decoder.shape == ids.shape and decoder.dtype == torch.int64
     trace = gpushape.trace(r.model, r.example_inputs, train=True)
     assert any(rec.module.startswith("decoder.") for rec in trace.ops)
+
+
+def test_deberta_v2_traces_on_meta(transformers):
+    """DeBERTa-v2 checks its input ids for padding with `in`, which meta tensors cannot
+    answer; the trace reads it as absent and the model audits without weights."""
+    import gpushape
+
+    r = resolve_model("hf:deberta-v2?num_hidden_layers=1&hidden_size=64&num_attention_heads=2"
+                      "&intermediate_size=128&vocab_size=1000", batch=2)  # fmt: skip
+    t = gpushape.trace(r.model, r.example_inputs, train=True)
+    assert t.device == "meta" and t.ops

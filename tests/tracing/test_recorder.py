@@ -176,6 +176,29 @@ def test_a_model_needing_values_fails_on_meta_naming_op_and_module_and_runs_on_c
     assert t.device == "cpu" and ops_named(t, "addmm")
 
 
+def test_a_value_test_with_in_reads_as_absent_on_meta_and_runs_on_cpu():
+    """`value in tensor` needs values meta tensors lack: on meta it reads False (libraries use
+    it for warnings: transformers' padding check, which stopped DeBERTa-v2), on CPU it runs."""
+
+    class WarnsOnPadding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.seen: list[bool] = []
+
+        def forward(self, ids, x):
+            self.seen.append(0 in ids[:, [-1, 0]])
+            return self.lin(x)
+
+    model = WarnsOnPadding()
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    x = torch.randn(2, 8)
+    t = gpushape.trace(model, (ids, x))
+    assert model.seen == [False] and ops_named(t, "addmm")
+    gpushape.trace(model, (ids, x), device="cpu")
+    assert model.seen[-1] is True  # real values: the zeros are there
+
+
 def test_a_python_error_in_forward_names_the_module():
     class Bad(nn.Module):
         def forward(self, x):

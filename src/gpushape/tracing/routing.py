@@ -225,13 +225,21 @@ def in_half_math_sdpa() -> bool:
     return _HALF_MATH_SDPA[0] > 0
 
 
+_CONTAINS = torch.Tensor.__contains__
+
+
 class GpuKernelRouting(TorchFunctionMode):
-    """Routes F.scaled_dot_product_attention and F.dropout as CUDA would, while active."""
+    """Routes F.scaled_dot_product_attention and F.dropout as CUDA would, while active (a
+    trace on the meta device). Also answers `value in tensor` for a meta tensor, a test of
+    values it does not have, with False: the libraries use it for checks that change nothing
+    the GPU runs (transformers warns when input ids look padded: DeBERTa-v2)."""
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        if func is _CONTAINS and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            return False
         route = route_sdpa if func is _SDPA else route_dropout if func is _DROPOUT else None
         if route is not None:
             out = route(*args, **kwargs)
