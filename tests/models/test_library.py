@@ -235,3 +235,21 @@ def test_deberta_v2_traces_on_meta(transformers):
                       "&intermediate_size=128&vocab_size=1000", batch=2)  # fmt: skip
     t = gpushape.trace(r.model, r.example_inputs, train=True)
     assert t.device == "meta" and t.ops
+
+
+def test_encoder_decoders_build_their_seq2seq_class_and_trace_on_meta(transformers):
+    """Pegasus's causal-LM class is its decoder alone, which the encoder-decoder's inputs do
+    not fit: encoder-decoders get their seq2seq class. BART's decoder asks whether its padding
+    mask is all true, which a meta tensor cannot answer: the audit takes the mask it built
+    from none as all true."""
+    import gpushape
+
+    small = (
+        "encoder_layers=1&decoder_layers=1&d_model=64&encoder_attention_heads=2"
+        "&decoder_attention_heads=2&encoder_ffn_dim=128&decoder_ffn_dim=128&vocab_size=512"
+    )
+    for kind in ("pegasus", "bart"):
+        r = resolve_model(f"hf:{kind}?{small}", batch=2)
+        assert type(r.model).__name__.endswith("ForConditionalGeneration")
+        report = gpushape.audit(r.model, r.example_inputs, gpu="h200", train=True)
+        assert report.totals.roofline_time_s > 0

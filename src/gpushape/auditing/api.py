@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import GpushapeError
 from ..hardware import GPUSpec, dtype_key
+from ..models.hf_masks import meta_padding_masks
 from ..tracing.cost import cost
 from ..tracing.tracer import trace
 from .cast import inputs_as, model_as
@@ -92,7 +93,7 @@ def audit(
     flags = flags or BackendFlags.current()
     if dtype is not None:
         model, example_inputs = model_as(model, dtype), inputs_as(example_inputs, dtype)
-    with observe(model) as seen:
+    with observe(model) as seen, meta_padding_masks(model):
         traced = trace(
             model, example_inputs, train=train, device=device, name=name or type(model).__name__
         )

@@ -159,3 +159,35 @@ def set_implementation(model: nn.Module, name: str) -> None:
         setter(name)
     else:  # older releases: the config attribute is what the attention layers read
         model.config._attn_implementation = name
+
+
+SKIP_CHECKS = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa")
+
+
+@contextmanager
+def meta_padding_masks(model: nn.Module):
+    """For the length of the block, transformers' checks whether a padding mask is all true
+    (to pass SDPA no mask) take a mask on the meta device as none: its values are unknown, and
+    the masks models build themselves when given none are all true (BART's and Megatron-BERT's:
+    their check had stopped a trace on meta). A mask with values is checked as before."""
+    mu = _masking_utils() if is_hf_model(model) else None
+    saved = {name: getattr(mu, name, None) for name in SKIP_CHECKS} if mu is not None else {}
+    for name, check in saved.items():
+        if check is not None:
+            setattr(mu, name, _unknown_as_none(check))
+    try:
+        yield
+    finally:
+        for name, check in saved.items():
+            if check is not None:
+                setattr(mu, name, check)
+
+
+def _unknown_as_none(check: Any) -> Any:
+    @functools.wraps(check)
+    def wrapped(padding_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(padding_mask, "is_meta", False):
+            padding_mask = None
+        return check(padding_mask, *args, **kwargs)
+
+    return wrapped

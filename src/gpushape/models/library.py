@@ -15,12 +15,12 @@ true, null), else as text.
   overrides given to the config's constructor); a hub id is refused (no download). The model
   is the Auto class's `from_config` under `torch.device("meta")`; its head is the config's
   `architectures[0]` when it names one, else a masked-LM head where the type has one
-  (BERT-likes), else a causal-LM head (decoders), else image classification, else the bare
-  model. KEYs: `attn` (the attention implementation, default "sdpa", what transformers picks
-  on CUDA, or "eager" for a model with no SDPA path, as transformers falls back; "eager" is
-  the hand-written softmax(QK^T)V),
-  `head` (causal-lm, masked-lm, image-classification, base), `seq` (sequence length); any other
-  KEY overrides the config (`num_hidden_layers=2`), checked against the type's config.
+  (BERT-likes), else a seq2seq LM (encoder-decoders: T5, Pegasus), else a causal-LM head
+  (decoders), else image classification, else the bare model. KEYs: `attn` (the attention
+  implementation, default "sdpa", what transformers picks on CUDA, or "eager" for a model
+  with no SDPA path, as transformers falls back; "eager" is the hand-written softmax(QK^T)V),
+  `head` (masked-lm, seq2seq-lm, causal-lm, image-classification, base), `seq` (sequence
+  length); any other KEY overrides the config (`num_hidden_layers=2`), checked against the type's config.
   `use_cache` stays as the config has it (on for decoders: the KV cache a plain forward builds
   is part of the step; off, transformers reads position ids' values to find packed sequences,
   which a meta trace cannot: trace on cpu then).
@@ -65,6 +65,7 @@ TEXT_DEFAULTS = {"decoder": (8, 1024), "encoder": (16, 512)}  # batch, sequence 
 IMAGE_BATCH = 64
 HF_HEADS = {  # --head: (Auto class, mapping of model type -> class name)
     "masked-lm": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    "seq2seq-lm": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
     "causal-lm": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
     "image-classification": (
         "AutoModelForImageClassification",
@@ -257,8 +258,12 @@ def _hf_class(transformers: ModuleType, name: str, cfg: Any, head: str | None) -
     for arch in getattr(cfg, "architectures", None) or []:
         if hasattr(transformers, arch):
             return _FromConfig(getattr(transformers, arch))
-    for auto, names in HF_HEADS.values():
-        if cfg.model_type in getattr(mapping, names):
+    for kind, (auto, names) in HF_HEADS.items():
+        # an encoder-decoder's causal-LM class is its decoder alone (Pegasus): it would get
+        # the encoder-decoder's inputs (the decoder's tokens as encoder states)
+        if kind == "causal-lm" and getattr(cfg, "is_encoder_decoder", False):
+            continue
+        if cfg.model_type in getattr(mapping, names, {}):
             return getattr(transformers, auto)
     raise GpushapeError(f"hf:{name}: transformers has no model for type {cfg.model_type!r}")
 
