@@ -20,7 +20,8 @@ true, null), else as text.
   implementation, default "sdpa", what transformers picks on CUDA, or "eager" for a model
   with no SDPA path, as transformers falls back; "eager" is the hand-written softmax(QK^T)V),
   `head` (masked-lm, seq2seq-lm, causal-lm, image-classification, base), `seq` (sequence
-  length); any other KEY overrides the config (`num_hidden_layers=2`), checked against the type's config.
+  length); any other KEY overrides the config (`num_hidden_layers=2`), checked against the
+  type's config.
   `use_cache` stays as the config has it (on for decoders: the KV cache a plain forward builds
   is part of the step; off, transformers reads position ids' values to find packed sequences,
   which a meta trace cannot: trace on cpu then).
