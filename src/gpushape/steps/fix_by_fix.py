@@ -248,8 +248,9 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
             unseen_gpu_s += gpu_s
         else:
-            # graph-layers replays the layers from CUDA graphs: priced as the audit's graph mode
-            graphed = spec.runner == "graph" or fix == GRAPH_LAYERS
+            # graph-layers replays the layers from CUDA graphs: its stage and every stage built
+            # on it priced as the audit's graph mode (their layers' dispatch is replayed too)
+            graphed = spec.runner == "graph" or GRAPH_LAYERS in spec.transforms
             run_mode = "graph" if graphed else mode
             stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                                  train=True, mode=run_mode)  # fmt: skip
