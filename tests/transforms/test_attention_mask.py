@@ -169,7 +169,7 @@ def test_compile_prices_the_math_path_in_float32_as_pytorch_runs_half_inputs(mon
         return f.est_saving_s, f.evidence["time_math_masked_s"]
 
     as_run = priced()
-    monkeypatch.setattr(rule, "_as_math_runs", lambda s: s)  # the inputs' own dtype
+    monkeypatch.setattr(rule, "math_path_shape", lambda s: s)  # the inputs' own dtype
     in_bf16 = priced()
     assert as_run[1] > in_bf16[1] and as_run[0] > in_bf16[0]
     monkeypatch.undo()

@@ -79,6 +79,19 @@ def fused_records(
     return recs
 
 
+def math_path_shape(s: AttentionShape) -> AttentionShape:
+    """The shape as PyTorch's math path computes it: half inputs in float32 (PyTorch >= 2.5,
+    unless `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)`), so its score GEMMs
+    run in fp32, on CUDA cores where TF32 is off (measured in BERT's compiled step on the
+    H200)."""
+    import torch
+
+    allowed = getattr(torch.backends.cuda, "fp16_bf16_reduction_math_sdp_allowed", None)
+    if s.dtype in HALF and not (allowed is not None and allowed()):
+        return dataclasses.replace(s, dtype="float32")
+    return s
+
+
 def math_records(s: AttentionShape, train: bool) -> list[OpRecord]:
     """softmax(Q K^T x scale) V as PyTorch's math path runs it, op by op."""
     q, v = tensor((s.bh, s.tq, s.d), s.dtype), tensor((s.bh, s.tk, s.dv), s.dtype)

@@ -15,7 +15,6 @@ a masked call) minus flash. In eager mode it saves nothing, and the finding is i
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable
 
@@ -24,7 +23,13 @@ from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding
 from ..patterns import module_pattern
-from ..pricing.attention import AttentionShape, fused_backend, fused_records, math_records
+from ..pricing.attention import (
+    AttentionShape,
+    fused_backend,
+    fused_records,
+    math_path_shape,
+    math_records,
+)
 from ..registry import register_rule
 
 RULE = "materialized-attention-mask"
@@ -53,21 +58,6 @@ def _shape(rec: OpRecord, has_mask: bool) -> AttentionShape:
     )
 
 
-HALF = ("bfloat16", "float16")
-
-
-def _as_math_runs(s: AttentionShape) -> AttentionShape:
-    """The math path computes half inputs in float32 (PyTorch >= 2.5, unless
-    `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)`): its score GEMMs run in
-    fp32, on CUDA cores where TF32 is off, as measured in BERT's compiled step."""
-    import torch
-
-    allowed = getattr(torch.backends.cuda, "fp16_bf16_reduction_math_sdp_allowed", None)
-    if s.dtype in HALF and not (allowed is not None and allowed()):
-        return dataclasses.replace(s, dtype="float32")
-    return s
-
-
 @register_rule(RULE, title="an all-true attention mask under torch.compile or CUDA graphs")
 def check(ctx: AuditContext) -> Iterable[Finding]:
     model = ctx.model
@@ -81,7 +71,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     for rec in flash:
         masked = _shape(rec, True)
         fused_s += ctx.time_s(ctx.with_backward(rec))
-        math_s += ctx.price(math_records(_as_math_runs(masked), ctx.train))
+        math_s += ctx.price(math_records(math_path_shape(masked), ctx.train))
         backend = fused_backend(masked)
         alternative = (
             fused_records(masked, ctx.train, backend)
