@@ -100,6 +100,7 @@ for spec in "$@"; do
     # with the batch, as the library loops' steps suggested (GPT-2 at 8 x 1024 stayed at ~32 ms
     # a step while its GPU work fell to 26.9)?
     host-by-op-batch) run host-by-op-batch "$secs" python3 benchmarks/steps/host_by_op.py --batch 0 --hold "${HOLD:-0.3}" --repeats 8 --steps 2 --models "${MODELS:-timm:mobilenetv3_large_100,hf:gpt2,timm:efficientnet_b0,hf:bert}" --out "$OUT/host_by_op_batch.json" ;;
+    launch-queue) run launch-queue "$secs" python3 benchmarks/steps/launch_queue.py --out "$OUT/launch_queue.json" ;;
     host-by-op) run host-by-op "$secs" python3 benchmarks/steps/host_by_op.py --models "${MODELS:-timm:resnet50,hf:gpt2,timm:vit_base_patch16_224,timm:efficientnet_b0,hf:bert}" --out "$OUT/host_by_op.json" ;;
     # does an op's host cost grow with its size? (BERT's ops at 1,024 and 16,384 rows)
     host-size) run host-size "$secs" python3 benchmarks/steps/host_by_size.py --out "$OUT/host_by_size.json" ;;
