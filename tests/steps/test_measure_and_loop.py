@@ -77,3 +77,16 @@ def test_busy_time_counts_copies_but_the_kernel_count_does_not(monkeypatch):
     kernels, busy, top = kernel_profile(lambda: None, calls=1, cuda=True)
     assert kernels == 1 and [name for name, _ in top] == ["conv_kernel"]
     assert abs(busy - 410e-6) < 1e-12
+
+
+def test_a_fix_whose_rounds_differ_in_sign_is_within_noise():
+    from gpushape.steps.fix_by_fix import FixRow, _spread
+
+    # the stages alternate, so rounds pair up: 28-27.6, 25.9-33.7, 26.8-29.0 ms
+    spread = _spread((0.0280, 0.0259, 0.0268), (0.0276, 0.0337, 0.0290))
+    assert spread is not None and spread[0] < 0 < spread[1]
+    row = FixRow("sdpa", "+ sdpa", 12, 0.003, 0.003, -0.0022, measured_spread_s=spread)
+    assert row.within_noise and row.ratio is None and row.to_dict()["within_noise"]
+    clear = FixRow("x", "+ x", 1, 0.003, 0.003, 0.003, measured_spread_s=(0.0025, 0.0035))
+    assert not clear.within_noise and clear.ratio == 1.0
+    assert _spread((0.03,), (0.02,)) is None  # one round: no spread to tell

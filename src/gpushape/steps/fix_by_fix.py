@@ -60,6 +60,17 @@ class FixRow:
     measured_wall_s: float | None = None
     measured_gpu_s: float | None = None
     findings: list[str] = field(default_factory=list)
+    measured_spread_s: tuple[float, float] | None = None
+    """The lowest and highest saving of a single round (the stages alternate, so round i of
+    the stage before and round i of this one ran side by side)."""
+
+    @property
+    def within_noise(self) -> bool:
+        """The saving of single rounds spreads across zero: one run cannot tell its sign."""
+        if self.measured_spread_s is None:
+            return False
+        lo, hi = self.measured_spread_s
+        return lo <= 0.0 <= hi
 
     @property
     def ratio(self) -> float | None:
@@ -69,7 +80,7 @@ class FixRow:
         return self.predicted_wall_s / self.measured_wall_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "ratio": self.ratio}
+        return {**self.__dict__, "ratio": self.ratio, "within_noise": self.within_noise}
 
 
 @dataclass
@@ -283,6 +294,12 @@ def _rows(stages, expected, predicted, places) -> list[FixRow]:
                 measured_wall_s=a.median_s - b.median_s,
                 measured_gpu_s=busy,
                 findings=predicted.get(fix, (0.0, 0.0, []))[2],
+                measured_spread_s=_spread(a.step_times_s, b.step_times_s),
             )
         )
     return rows
+
+
+def _spread(before, after) -> tuple[float, float] | None:
+    saved = [x - y for x, y in zip(before, after, strict=False)]
+    return (min(saved), max(saved)) if len(saved) > 1 else None

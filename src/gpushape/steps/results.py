@@ -150,11 +150,11 @@ def kernels_table(result: BenchResult, console: Console, top: int) -> None:
 def loop_table(result: LoopResult, console: Console) -> None:
     title = f"{result.model}, {result.mode} mode: each fix, predicted beside measured"
     table = Table(title=escape(title), title_justify="left")
-    for col in ("stage", "places", "step ms", "predicted ms", "measured ms",
+    for col in ("stage", "places", "step ms", "predicted ms", "measured ms", "rounds",
                 "GPU: predicted", "GPU: measured", "pred/meas"):  # fmt: skip
         table.add_column(col, justify="left" if col == "stage" else "right")
     given = result.stages["as given"]
-    table.add_row("as given", "", f"{given.median_s * 1e3:,.2f}", "", "", "", "", "")
+    table.add_row("as given", "", f"{given.median_s * 1e3:,.2f}", "", "", "", "", "", "")
     for r in result.rows:
         table.add_row(
             escape(r.stage),
@@ -162,14 +162,16 @@ def loop_table(result: LoopResult, console: Console) -> None:
             f"{result.stages[r.stage].median_s * 1e3:,.2f}",
             _num(r.predicted_wall_s, 1e3),
             _num(r.measured_wall_s, 1e3),
+            _rounds(r),
             _num(r.predicted_gpu_s, 1e3),
             _num(r.measured_gpu_s, 1e3) or "-",
-            _num(r.ratio, 1, 2) or "-",
+            "within noise" if r.within_noise else (_num(r.ratio, 1, 2) or "-"),
         )
     console.print(table)
     console.print(
         f"all fixes: {result.speedup:.2f}x the step as given (measured; ms are per step, "
-        "savings of each fix on top of the ones above it)"
+        "savings of each fix on top of the ones above it; rounds: the lowest and highest "
+        "saving of a single round, within noise where they differ in sign)"
     )
     for stage, why in result.failed.items():
         console.print(escape(f"{stage}: failed: {why}"))
@@ -220,3 +222,10 @@ def plot_loop(result: LoopResult, path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def _rounds(r) -> str:
+    if r.measured_spread_s is None:
+        return "-"
+    lo, hi = r.measured_spread_s
+    return f"{lo * 1e3:,.2f}..{hi * 1e3:,.2f}"
