@@ -58,6 +58,12 @@ RUNS = (
      None),
     ("loop-timm_swin_tiny_patch4_window7_224-compile.json", "as given",
      "timm:swin_tiny_patch4_window7_224", None),
+    # a later lease (2026-12-05, 05:10 UTC): its host issued MobileNetV3's compiled step in
+    # 19.7 ms, where the first lease's took 37.3
+    ("../loops-h200-2/loop-timm_mobilenetv3_large_100-compile.json", "as given",
+     "timm:mobilenetv3_large_100", None),
+    ("../loops-h200-2/loop-timm_efficientnet_b0-compile.json", "as given",
+     "timm:efficientnet_b0", None),
 )  # fmt: skip
 
 
@@ -96,7 +102,7 @@ def main() -> None:
             counted[key] = kernels_of(model, batch)
         s = _stats(name, variant)
         rows.append({
-            "file": f"bench-h200/{name}", "variant": variant, "model": model,
+            "file": str(Path("bench-h200", name)).replace("bench-h200/../", ""), "variant": variant, "model": model,
             "batch": batch, "issue_s": s["issue_s"], "measured_kernels": s["kernels"],
             "predicted_kernels": counted[key], "per_kernel_s": s["issue_s"] / counted[key],
             "gpu_busy_s": s["gpu_busy_s"],

@@ -16,13 +16,18 @@ from .common import RESULTS, link, md_table
 
 FOLDER = "bench-h200"
 CSV = "loop-lib.csv"
+# later runs of the loop, each a folder holding its loop-lib.csv and JSONs: (folder, what ran)
+LATER = (("loops-h200-2", "a second lease, on the code after the first run's changes"),)
 BAND = (0.5, 2.0)
 MEDIUM_SHARE = 0.01  # auditing/finding.py's time-share threshold for medium
 NOT_FROM_FINDINGS = ("graph-layers",)
 
 
-def _rows() -> list[dict]:
-    with (RESULTS / FOLDER / CSV).open(newline="") as f:
+def _rows(folder: str = FOLDER) -> list[dict]:
+    path = RESULTS / folder / CSV
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
         return list(csv.DictReader(f))
 
 
@@ -30,8 +35,19 @@ def _stem(model: str) -> str:
     return "".join("_" if c in ":/?&=" else c for c in model)
 
 
-def _loop(model: str, mode: str) -> dict:
-    return json.loads((RESULTS / FOLDER / f"loop-{_stem(model)}-{mode}.json").read_text())
+def _loop(model: str, mode: str, folder: str = FOLDER) -> dict:
+    return json.loads((RESULTS / folder / f"loop-{_stem(model)}-{mode}.json").read_text())
+
+
+def _spread(loop: dict, fix: str) -> str:
+    """The lowest and highest saving of a single round (ms), where the run recorded them, and
+    whether they differ in sign."""
+    row = next((r for r in loop["fixes"] if r["fix"] == fix), {})
+    spread = row.get("measured_spread_s")
+    if not spread:
+        return "-"
+    lo, hi = (x * 1e3 for x in spread)
+    return f"{lo:.2f}..{hi:.2f}" + (" (within noise)" if lo <= 0 <= hi else "")
 
 
 def judged(r: dict, step_ms: float) -> str:
@@ -98,15 +114,71 @@ def table() -> tuple[list[str], dict[str, int]]:
     return md_table((*head, *tail), body, right=9), counts
 
 
-def stages() -> list[str]:
+def later_table(folder: str) -> tuple[list[str], dict[str, int]]:
+    """A later run's rows, judged as the first run's, with each fix's single-round spread."""
+    body, counts = [], {"meets": 0, "misses": 0}
+    for r in _rows(folder):
+        loop = _loop(r["model"], r["mode"], folder)
+        verdict = judged(r, loop["predicted_step_s"] * 1e3)
+        if verdict != "-":
+            counts["meets" if verdict == "meets" else "misses"] += 1
+        ratio = r["predicted_over_measured"]
+        body.append(
+            (
+                r["model"],
+                r["mode"],
+                f"`{r['fix']}`",
+                r["places"],
+                f"{float(r['predicted_wall_ms']):.3f}",
+                f"{float(r['measured_wall_ms']):.3f}",
+                _spread(loop, r["fix"]),
+                f"{float(r['predicted_gpu_ms']):.3f}",
+                f"{float(r['measured_gpu_ms']):.3f}" if r["measured_gpu_ms"] else "-",
+                ratio if ratio not in ("", None) else "-",
+                verdict,
+            )
+        )
+    head = ("model", "mode", "fix", "places", "predicted ms", "measured ms", "single rounds ms")
+    tail = ("GPU predicted ms", "GPU measured ms", "pred/meas", "0.5-2x")
+    return md_table((*head, *tail), body, right=10), counts
+
+
+def later_sections() -> list[str]:
+    out = []
+    for folder, what in LATER:
+        rows = _rows(folder)
+        if not rows:
+            continue
+        env = rows[0]
+        body, counts = later_table(folder)
+        rounds = sorted({r["command"].split("--rounds ")[1].split()[0] for r in rows})
+        out += [
+            f"The loop again, on {what} ({env['date_utc'][:10]}, {env['gpu']}, torch "
+            f"{env['torch']}, triton {env['triton']}, `--rounds {'/'.join(rounds)}`; "
+            f"{link(folder + '/' + CSV, folder + '/' + CSV)}, one JSON per model and mode "
+            "beside it). Each fix also shows the lowest and highest saving of a single round "
+            "(the stages alternate round by round, so round i of a stage and of the one "
+            "before it ran side by side): where they differ in sign, one run cannot tell "
+            f"the saving from noise. Of the fixes of high and medium findings, "
+            f"{counts['meets']} meet the band and {counts['misses']} miss it.",
+            "",
+            *body,
+            "",
+            *stages(folder),
+            "",
+        ]
+    return out
+
+
+def stages(folder: str = FOLDER) -> list[str]:
     """Each stage's step: median, GPU busy and the host's issue time, which side bound it."""
     lines, seen = [], set()
-    for r in _rows():
+    for r in _rows(folder):
         key = (r["model"], r["mode"])
         if key in seen:
             continue
         seen.add(key)
-        loop = _loop(*key)
+        loop = _loop(*key, folder)
         parts = [
             f"{name} {s['median_s'] * 1e3:.1f} (GPU {s['gpu_busy_s'] * 1e3:.1f}, host "
             f"{s['issue_s'] * 1e3:.1f}{_held(s)})"
@@ -157,4 +229,5 @@ def loops_lib_section() -> list[str]:
         "",
         *stages(),
         "",
+        *later_sections(),
     ]
