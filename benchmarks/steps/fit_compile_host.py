@@ -102,7 +102,8 @@ def main() -> None:
             counted[key] = kernels_of(model, batch)
         s = _stats(name, variant)
         rows.append({
-            "file": str(Path("bench-h200", name)).replace("bench-h200/../", ""), "variant": variant, "model": model,
+            "file": str(Path("bench-h200", name)).replace("bench-h200/../", ""),
+            "variant": variant, "model": model,
             "batch": batch, "issue_s": s["issue_s"], "measured_kernels": s["kernels"],
             "predicted_kernels": counted[key], "per_kernel_s": s["issue_s"] / counted[key],
             "gpu_busy_s": s["gpu_busy_s"],

@@ -8,9 +8,9 @@ the loop's own prediction (`steps/fix_by_fix.py`: each stage's audit in the mode
 trace cannot see from their findings) made again. graph-layers, which captures on a GPU, is
 not rebuilt: its stage is the stage before, priced in graph mode as the loop prices it. The
 optimizer's fix is priced from its finding, as in the loop. Prints old and new prediction
-beside the measured saving; writes them to --out.
+beside the measured saving; writes them to <folder>/loop-lib-recheck.json.
 
-    python benchmarks/steps/recheck_loops.py  # writes bench-h200/loop-lib-recheck.json
+    python benchmarks/steps/recheck_loops.py [--folder loops-h200-2]
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from gpushape.steps.step import build_step, make_optimizer  # noqa: E402
 from gpushape.steps.variants import Spec  # noqa: E402
 from gpushape.transforms import optimize  # noqa: E402
 
-RESULTS = ROOT / "benchmarks/results/bench-h200"
+RESULTS = ROOT / "benchmarks/results"
+FOLDER = "bench-h200"
 GPU = "h200-sxm"
 
 
@@ -121,19 +122,19 @@ def _recheck(path: Path, data: dict) -> dict:
             "ratio": new_wall / measured if measured > 0 else None,
             "step_predicted_s": expected[GIVEN][1],
         })  # fmt: skip
-    return {"file": f"bench-h200/{path.name}", "rows": rows}
+    return {"file": f"{path.parent.name}/{path.name}", "rows": rows}
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--csv", default=str(RESULTS / "loop-lib.csv"))
-    p.add_argument("--out", default=str(RESULTS / "loop-lib-recheck.json"))
+    p.add_argument("--folder", default=FOLDER, help="under benchmarks/results: the loop runs")
     args = p.parse_args()
-    with open(args.csv, newline="") as f:
+    folder = RESULTS / args.folder
+    with open(folder / "loop-lib.csv", newline="") as f:
         keys = list(dict.fromkeys((r["model"], r["mode"]) for r in csv.DictReader(f)))
     stem = lambda m: "".join("_" if c in ":/?&=" else c for c in m)
-    checked = [recheck(RESULTS / f"loop-{stem(m)}-{mode}.json") for m, mode in keys]
-    write_results(args.out, checked, gpu_profile=GPU)
+    checked = [recheck(folder / f"loop-{stem(m)}-{mode}.json") for m, mode in keys]
+    write_results(folder / "loop-lib-recheck.json", checked, gpu_profile=GPU)
     print(
         f"{'model':36} {'mode':8} {'fix':22} {'then':>8} {'now':>8} {'measured':>9} {'now/meas':>9}"
     )

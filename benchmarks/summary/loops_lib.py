@@ -17,7 +17,14 @@ from .common import RESULTS, link, md_table
 FOLDER = "bench-h200"
 CSV = "loop-lib.csv"
 # later runs of the loop, each a folder holding its loop-lib.csv and JSONs: (folder, what ran)
-LATER = (("loops-h200-2", "a second lease, on the code after the first run's changes"),)
+LATER = (
+    (
+        "loops-h200-2",
+        "a second lease, on the code after the first run's changes (the eager loops of the "
+        "other five models and the compiled loops of Swin-T and BERT ran on that lease too, "
+        "but their files did not come back: the call's own packing step overwrote them)",
+    ),
+)
 BAND = (0.5, 2.0)
 MEDIUM_SHARE = 0.01  # auditing/finding.py's time-share threshold for medium
 NOT_FROM_FINDINGS = ("graph-layers",)
@@ -116,12 +123,14 @@ def table() -> tuple[list[str], dict[str, int]]:
 
 def later_table(folder: str) -> tuple[list[str], dict[str, int]]:
     """A later run's rows, judged as the first run's, with each fix's single-round spread."""
-    body, counts = [], {"meets": 0, "misses": 0}
+    body, counts = [], {"meets": 0, "misses": 0, "within noise": 0}
     for r in _rows(folder):
         loop = _loop(r["model"], r["mode"], folder)
         verdict = judged(r, loop["predicted_step_s"] * 1e3)
+        if verdict != "-" and _spread(loop, r["fix"]).endswith("(within noise)"):
+            verdict = "within noise"
         if verdict != "-":
-            counts["meets" if verdict == "meets" else "misses"] += 1
+            counts[verdict if verdict in counts else "misses"] += 1
         ratio = r["predicted_over_measured"]
         body.append(
             (
@@ -160,7 +169,9 @@ def later_sections() -> list[str]:
             "(the stages alternate round by round, so round i of a stage and of the one "
             "before it ran side by side): where they differ in sign, one run cannot tell "
             f"the saving from noise. Of the fixes of high and medium findings, "
-            f"{counts['meets']} meet the band and {counts['misses']} miss it.",
+            f"{counts['meets']} meet the band, {counts['misses']} miss it and "
+            f"{counts['within noise']} are within noise. These predictions were made by the "
+            "run itself, with the cost model as committed before it.",
             "",
             *body,
             "",

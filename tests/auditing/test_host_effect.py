@@ -89,8 +89,72 @@ def test_the_optimizer_step_is_outside_the_traced_step_so_its_saving_is_wall_tim
     assert wall_saving_s(f, step, _Ctx(trace, gpu)) == pytest.approx(0.003)
 
 
+def test_a_foreach_optimizer_costs_the_eager_host_its_python_and_fusing_it_saves_that():
+    import torch
+
+    from gpushape.auditing.modes import StepTime, wall_saving_s
+    from gpushape.auditing.pricing.optimizer_step import FOREACH_HOST, foreach_host_s
+
+    gpu = calibrated("h200")
+    rates = gpu.achievable.host
+    per_tensor = rates[f"{FOREACH_HOST}/AdamW"]
+    assert 1e-6 < per_tensor < 1e-4  # fitted from the H200 loops: tens of microseconds
+    params = [torch.nn.Parameter(torch.zeros(4, 4)) for _ in range(10)]
+    foreach = torch.optim.AdamW(params, foreach=True)
+    assert foreach_host_s(foreach, rates) == pytest.approx(10 * per_tensor)
+    assert foreach_host_s(torch.optim.AdamW(params, fused=True), rates) == 0.0
+    assert foreach_host_s(torch.optim.AdamW(params, foreach=False), rates) == 0.0
+    assert foreach_host_s(foreach, {}) == 0.0  # a profile without host rates
+    assert foreach_host_s(object(), rates) == 0.0
+    # a rate for the class, else the optimizer-wide one
+    assert foreach_host_s(torch.optim.RMSprop(params, foreach=True), rates) == 0.0
+    assert foreach_host_s(
+        torch.optim.RMSprop(params, foreach=True), {FOREACH_HOST: 2e-6}
+    ) == pytest.approx(2e-5)
+
+    model, inputs = create_model("resnet50", batch=2)
+    trace = gpushape.trace(model, inputs, train=True)
+    f = dataclasses.replace(
+        _finding(gpushape.audit(model, inputs, gpu=gpu, train=True), "unfused-norm-act"),
+        fix="fused-optimizer",
+        est_saving_s=0.0005,
+        evidence={"time_step_s": 0.001},
+    )
+    ctx = _Ctx(trace, gpu, optimizer=foreach)
+    host = 10 * per_tensor
+    # host-bound by far: the wall saves the host's share, more than the GPU's
+    step = StepTime(mode="eager", gpu_s=0.001, host_s=0.02)
+    assert wall_saving_s(f, step, ctx) == pytest.approx(host)
+    # GPU-bound by far: the GPU's saving
+    step = StepTime(mode="eager", gpu_s=0.05, host_s=0.02)
+    assert wall_saving_s(f, step, ctx) == pytest.approx(0.0005)
+    # compile mode (its host rate is fitted on whole compiled steps): the GPU's saving
+    step = StepTime(mode="compile", gpu_s=0.001, host_s=0.02)
+    assert wall_saving_s(f, step, ctx) == pytest.approx(0.0005)
+
+
 @dataclasses.dataclass
 class _Ctx:  # what host_saving_s and wall_saving_s read of an AuditContext
     trace: object
     gpu: object
     train: bool = True
+    optimizer: object = None
+
+
+def test_the_eager_step_host_includes_a_foreach_optimizer_and_fusing_it_is_priced_on_it():
+    import torch
+
+    from gpushape.auditing.pricing.optimizer_step import foreach_host_s
+
+    gpu = calibrated("h200")
+    model, inputs = create_model("bert-base", batch=1)
+    foreach = torch.optim.AdamW(model.parameters(), foreach=True)
+    fused = torch.optim.AdamW(model.parameters(), fused=True)
+    with_foreach = gpushape.audit(model, inputs, gpu=gpu, train=True, optimizer=foreach)
+    with_fused = gpushape.audit(model, inputs, gpu=gpu, train=True, optimizer=fused)
+    extra = foreach_host_s(foreach, gpu.achievable.host)
+    assert extra > 0
+    assert with_foreach.step.host_s == pytest.approx(with_fused.step.host_s + extra)
+    f = _finding(with_foreach, "optimizer-not-fused")
+    assert with_foreach.step.bound == "host"  # batch 1: the host sets the pace
+    assert f.evidence["wall_saving_s"] > f.est_saving_s  # its Python, not only its kernels

@@ -35,6 +35,7 @@ from ..tracing.layout import conversion_passes
 from .context import AuditContext
 from .finding import TIME_SHARE_THRESHOLDS, Finding, Severity, severity_for_share
 from .host_effect import host_saving_s
+from .pricing.optimizer_step import foreach_host_s
 
 MODES = ("eager", "compile", "graph")
 # host seconds per kernel of a compiled step, where the profile measured it (27-81 us over 12
@@ -177,8 +178,8 @@ def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) ->
     host_s = kernels * per_launch
     if mode == "eager":
         dispatch = host_cost(ctx.trace, ctx.gpu)
-        if dispatch is not None:
-            host_s = max(host_s, dispatch.seconds)
+        if dispatch is not None:  # the optimizer's foreach Python on top of forward, backward
+            host_s = max(host_s, dispatch.seconds + foreach_host_s(ctx.optimizer, achievable.host))
     return StepTime(mode=mode, gpu_s=gpu_s, host_s=host_s)
 
 
@@ -193,7 +194,19 @@ def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:
             graph = StepTime(mode="graph", gpu_s=step.gpu_s, host_s=graph.host_s)
         return max(step.wall_s - graph.wall_s, 0.0)
     if f.fix in OUTSIDE_STEP:
-        return f.est_saving_s
+        host = foreach_host_s(ctx.optimizer, ctx.gpu.achievable.host)
+        if step.mode != "eager" or not host or f.fix != "fused-optimizer":
+            return f.est_saving_s
+        # eager: the optimizer's GPU work runs after the traced step's, its foreach Python on
+        # the host's side (in step_time); fused, both shrink
+        now_gpu = float(f.evidence.get("time_step_s", f.est_saving_s))
+        before = StepTime(mode="eager", gpu_s=step.gpu_s + now_gpu, host_s=step.host_s)
+        after = StepTime(
+            mode="eager",
+            gpu_s=step.gpu_s + now_gpu - f.est_saving_s,
+            host_s=max(step.host_s - host, 0.0),
+        )
+        return before.wall_s - after.wall_s
     host_s = step.host_s
     if step.mode == "eager":
         host_s = max(host_s - host_saving_s(f, ctx), 0.0)

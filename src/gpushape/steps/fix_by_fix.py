@@ -17,8 +17,9 @@
    saving the same difference of GPU busy time (torch.profiler). Fixes interact, so a fix is
    measured on top of the ones before it, as a user applies them, and predicted the same way:
    the audit of each stage's model predicts its step (GPU time and wall clock in the mode),
-   and a fix's predicted saving is the difference from the stage before (the optimizer's fix
-   is priced by its finding; masked-lm-head, which acts on the labels the trace has no values
+   and a fix's predicted saving is the difference from the stage before (every stage audited
+   with the step's optimizer, whose foreach Python an eager host pays; the optimizer's fix is
+   priced by its finding in the last audited stage; masked-lm-head, which acts on the labels the trace has no values
    for, by its finding in the audit of the stage before; a CUDA graph, and graph-layers, which
    optimize keeps on a timing of the layers rather than on a finding, by the audit's graph
    mode). A cost the eager trace does not have (the all-true mask transformers builds while
@@ -47,6 +48,7 @@ STEP_FIXES = ("fused-optimizer", "cuda-graphs")
 # an audit of the rewritten model cannot see them: priced by their finding in the stage before.
 FROM_FINDINGS = ("masked-lm-head",)
 GIVEN = "as given"
+NONE = (0.0, 0.0, [])  # no finding names the fix
 GRAPH_LAYERS = "graph-layers"  # kept by optimize on a timing; its stage priced in graph mode
 
 
@@ -251,11 +253,12 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             continue
         step = built[stage].step
         fix = stage.removeprefix("+ ")
-        if stage == "+ fused-optimizer":
-            gpu_s, wall_s, _ = predicted.get("fused-optimizer", (0.0, 0.0, []))
+        if stage == "+ fused-optimizer":  # priced on the last audited stage, as it runs there
+            last = predictions(list(reports.values())[-1])
+            gpu_s, wall_s, _ = last.get("fused-optimizer", predicted.get("fused-optimizer", NONE))
             out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
         elif fix in FROM_FINDINGS and previous in reports:
-            gpu_s, wall_s, _ = predictions(reports[previous]).get(fix, (0.0, 0.0, []))
+            gpu_s, wall_s, _ = predictions(reports[previous]).get(fix, NONE)
             out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
             unseen_gpu_s += gpu_s
         else:
@@ -264,7 +267,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             graphed = spec.runner == "graph" or GRAPH_LAYERS in spec.transforms
             run_mode = "graph" if graphed else mode
             stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
-                                 train=True, mode=run_mode)  # fmt: skip
+                                 train=True, mode=run_mode, optimizer=step.optimizer)  # fmt: skip
             gpu_s, wall_s = _step_of(stage_report, unseen_gpu_s)
             out[stage] = (gpu_s, wall_s)
             reports[stage] = stage_report
