@@ -4,6 +4,8 @@ busy time counts copies."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpushape.steps.measure import _private_pool_free, peak_memory
 
 
@@ -90,3 +92,17 @@ def test_a_fix_whose_rounds_differ_in_sign_is_within_noise():
     clear = FixRow("x", "+ x", 1, 0.003, 0.003, 0.003, measured_spread_s=(0.0025, 0.0035))
     assert not clear.within_noise and clear.ratio == 1.0
     assert _spread((0.03,), (0.02,)) is None  # one round: no spread to tell
+
+
+def test_a_compiled_stage_saves_host_time_only_for_the_kernels_its_fixes_remove():
+    from gpushape.auditing.modes import StepTime
+    from gpushape.steps.fix_by_fix import _compiled
+
+    given = StepTime(mode="compile", gpu_s=0.015, host_s=0.034, kernels=745, marginal_s=7e-6)
+    # its own audit prices 121 fewer kernels at the compiled average (46 us): 5.6 ms less
+    stage = StepTime(mode="compile", gpu_s=0.013, host_s=0.0287, kernels=624, marginal_s=7e-6)
+    gpu, wall = _compiled(given, stage, stage.gpu_s)
+    assert gpu == 0.013
+    assert wall == pytest.approx(0.034 - 121 * 7e-6)  # host-bound: ~0.85 ms saved, not 5.6
+    fast_host = StepTime(mode="compile", gpu_s=0.05, host_s=0.0287, kernels=624, marginal_s=7e-6)
+    assert _compiled(given, fast_host, 0.05) == (0.05, 0.05)  # GPU-bound: the GPU sets it

@@ -93,6 +93,13 @@ class StepTime:
     gpu_s: float
     host_s: float
     """Kernels x the launch overhead of the mode (eager's, or a CUDA graph's)."""
+    kernels: int = 0
+    """The kernels the host issues a step in this mode."""
+    marginal_s: float = 0.0
+    """Host seconds one kernel more or fewer costs: the bare launch. In compile mode `host_s`
+    prices each kernel at a compiled step's measured average, which also carries what does
+    not scale with kernels (Swin-T compiled with SDPA: 121 fewer kernels, 1.0 ms less to
+    issue, about 8 us each, against 46 on average)."""
 
     @property
     def wall_s(self) -> float:
@@ -180,7 +187,10 @@ def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) ->
         dispatch = host_cost(ctx.trace, ctx.gpu)
         if dispatch is not None:  # the optimizer's foreach Python on top of forward, backward
             host_s = max(host_s, dispatch.seconds + foreach_host_s(ctx.optimizer, achievable.host))
-    return StepTime(mode=mode, gpu_s=gpu_s, host_s=host_s)
+    marginal = (
+        achievable.graph_launch_overhead_s if mode == "graph" else achievable.launch_overhead_s
+    )
+    return StepTime(mode=mode, gpu_s=gpu_s, host_s=host_s, kernels=kernels, marginal_s=marginal)
 
 
 def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:

@@ -17,13 +17,15 @@
    saving the same difference of GPU busy time (torch.profiler). Fixes interact, so a fix is
    measured on top of the ones before it, as a user applies them, and predicted the same way:
    the audit of each stage's model predicts its step (GPU time and wall clock in the mode),
-   and a fix's predicted saving is the difference from the stage before (every stage audited
-   with the step's optimizer, whose foreach Python an eager host pays; the optimizer's fix is
-   priced by its finding in the last audited stage; masked-lm-head, which acts on the labels the trace has no values
-   for, by its finding in the audit of the stage before; a CUDA graph, and graph-layers, which
-   optimize keeps on a timing of the layers rather than on a finding, by the audit's graph
-   mode). A cost the eager trace does not have (the all-true mask transformers builds while
-   compiling, which skip-attention-mask removes) is in each stage's audited step in that mode
+   and a fix's predicted saving is the difference from the stage before. Every stage is
+   audited with the step's optimizer, whose foreach Python an eager host pays; the
+   optimizer's fix is priced by its finding in the last audited stage; masked-lm-head, which
+   acts on the labels the trace has no values for, by its finding in the audit of the stage
+   before; a CUDA graph, and graph-layers, which optimize keeps on a timing of the layers
+   rather than on a finding, by the audit's graph mode. A compiled stage's host is the step's
+   as given less the kernels its fixes removed, each at a bare launch (`_compiled`). A cost
+   the eager trace does not have (the all-true mask transformers builds while compiling,
+   which skip-attention-mask removes) is in each stage's audited step in that mode
    (`evidence["cost_in_mode_s"]`), so its fix is priced like any other.
 """
 
@@ -235,6 +237,16 @@ def _step_of(report: Any, unseen_gpu_s: float = 0.0) -> tuple[float, float]:
     return gpu_s, max(gpu_s, step.host_s)
 
 
+def _compiled(given: Any, stage: Any, gpu_s: float) -> tuple[float, float]:
+    """A compiled stage's (GPU, wall): its host is the step as given less the kernels the fixes
+    removed (or plus those they added) at the bare launch cost (`StepTime.marginal_s`), not at
+    the compiled average, which also carries what the fixes leave as it was."""
+    if given is None or stage is None or not given.kernels:
+        return gpu_s, max(gpu_s, stage.host_s if stage is not None else gpu_s)
+    host_s = given.host_s - (given.kernels - stage.kernels) * stage.marginal_s
+    return gpu_s, max(gpu_s, host_s)
+
+
 def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[float, float]]:
     """Each built stage's predicted (GPU, wall) step: the audit of its model in `mode`; the
     optimizer's fix from its findings; a fix the trace cannot see (`FROM_FINDINGS`: it acts on
@@ -269,6 +281,8 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                                  train=True, mode=run_mode, optimizer=step.optimizer)  # fmt: skip
             gpu_s, wall_s = _step_of(stage_report, unseen_gpu_s)
+            if run_mode == "compile":  # the host as given, less each kernel saved at a launch
+                gpu_s, wall_s = _compiled(report.step, stage_report.step, gpu_s)
             out[stage] = (gpu_s, wall_s)
             reports[stage] = stage_report
             if spec.runner == "graph" and "+ fused-optimizer" in out:
