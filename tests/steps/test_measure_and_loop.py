@@ -101,8 +101,9 @@ def test_a_compiled_stage_saves_host_time_only_for_the_kernels_its_fixes_remove(
     given = StepTime(mode="compile", gpu_s=0.015, host_s=0.034, kernels=745, marginal_s=7e-6)
     # its own audit prices 121 fewer kernels at the compiled average (46 us): 5.6 ms less
     stage = StepTime(mode="compile", gpu_s=0.013, host_s=0.0287, kernels=624, marginal_s=7e-6)
-    gpu, wall = _compiled(given, stage, stage.gpu_s)
+    gpu, wall = _compiled(given, stage, stage.gpu_s, stage.host_s)
     assert gpu == 0.013
     assert wall == pytest.approx(0.034 - 121 * 7e-6)  # host-bound: ~0.85 ms saved, not 5.6
     fast_host = StepTime(mode="compile", gpu_s=0.05, host_s=0.0287, kernels=624, marginal_s=7e-6)
-    assert _compiled(given, fast_host, 0.05) == (0.05, 0.05)  # GPU-bound: the GPU sets it
+    assert _compiled(given, fast_host, 0.05, 0.05) == (0.05, 0.05)  # GPU-bound: the GPU sets it
+    assert _compiled(None, stage, 0.013, 0.0287) == (0.013, 0.0287)  # no step as given

@@ -237,14 +237,13 @@ def _step_of(report: Any, unseen_gpu_s: float = 0.0) -> tuple[float, float]:
     return gpu_s, max(gpu_s, step.host_s)
 
 
-def _compiled(given: Any, stage: Any, gpu_s: float) -> tuple[float, float]:
+def _compiled(given: Any, stage: Any, gpu_s: float, wall_s: float) -> tuple[float, float]:
     """A compiled stage's (GPU, wall): its host is the step as given less the kernels the fixes
     removed (or plus those they added) at the bare launch cost (`StepTime.marginal_s`), not at
     the compiled average, which also carries what the fixes leave as it was."""
     if given is None or stage is None or not given.kernels:
-        return gpu_s, max(gpu_s, stage.host_s if stage is not None else gpu_s)
-    host_s = given.host_s - (given.kernels - stage.kernels) * stage.marginal_s
-    return gpu_s, max(gpu_s, host_s)
+        return gpu_s, wall_s
+    return gpu_s, max(gpu_s, given.host_s - (given.kernels - stage.kernels) * stage.marginal_s)
 
 
 def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[float, float]]:
@@ -282,7 +281,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
                                  train=True, mode=run_mode, optimizer=step.optimizer)  # fmt: skip
             gpu_s, wall_s = _step_of(stage_report, unseen_gpu_s)
             if run_mode == "compile":  # the host as given, less each kernel saved at a launch
-                gpu_s, wall_s = _compiled(report.step, stage_report.step, gpu_s)
+                gpu_s, wall_s = _compiled(report.step, stage_report.step, gpu_s, wall_s)
             out[stage] = (gpu_s, wall_s)
             reports[stage] = stage_report
             if spec.runner == "graph" and "+ fused-optimizer" in out:
