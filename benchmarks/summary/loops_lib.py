@@ -47,14 +47,20 @@ def _loop(model: str, mode: str, folder: str = FOLDER) -> dict:
 
 
 def _spread(loop: dict, fix: str) -> str:
-    """The lowest and highest saving of a single round (ms), where the run recorded them, and
-    whether they differ in sign."""
-    row = next((r for r in loop["fixes"] if r["fix"] == fix), {})
-    spread = row.get("measured_spread_s")
-    if not spread:
+    """The lowest and highest saving of a single round (ms), from the stages' round times,
+    and whether the rounds settle the saving's sign (the loop's sign test)."""
+    from gpushape.steps.fix_by_fix import sign_settled
+
+    names = list(loop["stages"])
+    stage = f"+ {fix}"
+    if stage not in names or names.index(stage) == 0:
         return "-"
-    lo, hi = (x * 1e3 for x in spread)
-    return f"{lo:.2f}..{hi:.2f}" + (" (within noise)" if lo <= 0 <= hi else "")
+    before = loop["stages"][names[names.index(stage) - 1]]["step_times_s"]
+    saved = [(a - b) * 1e3 for a, b in zip(before, loop["stages"][stage]["step_times_s"])]
+    if len(saved) < 2:
+        return "-"
+    noise = "" if sign_settled(saved) else " (within noise)"
+    return f"{min(saved):.2f}..{max(saved):.2f}{noise}"
 
 
 def judged(r: dict, step_ms: float) -> str:
@@ -167,8 +173,9 @@ def later_sections() -> list[str]:
             f"{link(folder + '/' + CSV, folder + '/' + CSV)}, one JSON per model and mode "
             "beside it). Each fix also shows the lowest and highest saving of a single round "
             "(the stages alternate round by round, so round i of a stage and of the one "
-            "before it ran side by side): where they differ in sign, one run cannot tell "
-            f"the saving from noise. Of the fixes of high and medium findings, "
+            "before it ran side by side), within noise where too few rounds agree in sign to "
+            "settle it (a sign test at 5%: five of five, seven of eight). Of the fixes of high "
+            "and medium findings, "
             f"{counts['meets']} meet the band, {counts['misses']} miss it and "
             f"{counts['within noise']} are within noise. These predictions were made by the "
             "run itself, with the cost model as committed before it.",

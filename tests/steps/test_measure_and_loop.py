@@ -81,17 +81,46 @@ def test_busy_time_counts_copies_but_the_kernel_count_does_not(monkeypatch):
     assert abs(busy - 410e-6) < 1e-12
 
 
-def test_a_fix_whose_rounds_differ_in_sign_is_within_noise():
-    from gpushape.steps.fix_by_fix import FixRow, _spread
+def test_a_fix_whose_rounds_do_not_settle_its_sign_is_within_noise():
+    from gpushape.steps.fix_by_fix import FixRow, _saved, sign_settled
 
-    # the stages alternate, so rounds pair up: 28-27.6, 25.9-33.7, 26.8-29.0 ms
-    spread = _spread((0.0280, 0.0259, 0.0268), (0.0276, 0.0337, 0.0290))
-    assert spread is not None and spread[0] < 0 < spread[1]
-    row = FixRow("sdpa", "+ sdpa", 12, 0.003, 0.003, -0.0022, measured_spread_s=spread)
+    # Swin-T compiled, + sdpa: the stages alternate, so rounds pair up: 28-27.6, 25.9-33.7, ...
+    rounds = _saved((0.0280, 0.0259, 0.0268), (0.0276, 0.0337, 0.0290))
+    row = FixRow("sdpa", "+ sdpa", 12, 0.003, 0.003, -0.0022, measured_rounds_s=rounds)
+    lo, hi = row.measured_spread_s
+    assert lo < 0 < hi
     assert row.within_noise and row.ratio is None and row.to_dict()["within_noise"]
-    clear = FixRow("x", "+ x", 1, 0.003, 0.003, 0.003, measured_spread_s=(0.0025, 0.0035))
-    assert not clear.within_noise and clear.ratio == 1.0
-    assert _spread((0.03,), (0.02,)) is None  # one round: no spread to tell
+    # three rounds that agree still do not settle a sign (1 time in 8 by chance)
+    three = FixRow("x", "+ x", 1, 0.003, 0.003, 0.003, measured_rounds_s=[0.0025, 0.003, 0.0035])
+    assert three.within_noise and three.ratio == 1.0
+    five = FixRow("x", "+ x", 1, 0.003, 0.003, 0.003, measured_rounds_s=[0.003] * 5)
+    assert not five.within_noise
+    assert not FixRow("x", "+ x", 1, 0.0, 0.0, 0.0).within_noise  # no rounds: nothing to say
+    assert sign_settled([1.0] * 7 + [-1.0]) and not sign_settled([1.0] * 6 + [-1.0] * 2)
+    assert sign_settled([-1.0] * 5) and not sign_settled([1.0, 1.0, 1.0, 1.0, -1.0])
+    assert not sign_settled([])
+
+
+def test_time_blocks_adds_rounds_until_settled_or_the_cap():
+    from gpushape.steps.fix_by_fix import _stages_settled
+    from gpushape.steps.measure import time_blocks
+
+    calls = {"a": 0, "b": 0}
+
+    def step(name):
+        def run():
+            calls[name] += 1
+
+        return run
+
+    steps = {"a": step("a"), "b": step("b")}
+    times = time_blocks(steps, rounds=2, block=1, cuda=False, settled=lambda t: False, max_rounds=6)
+    assert len(times["a"]) == len(times["b"]) == 6 and calls == {"a": 6, "b": 6}
+    times = time_blocks(steps, rounds=2, block=1, cuda=False, settled=lambda t: True, max_rounds=6)
+    assert len(times["a"]) == 2  # settled: the rounds asked for, no more
+    settled = _stages_settled(["as given", "+ x", "+ failed"])
+    assert settled({"as given": [0.03] * 5, "+ x": [0.02] * 5})  # the failed stage skipped
+    assert not settled({"as given": [0.03] * 3, "+ x": [0.02] * 3})
 
 
 def test_a_compiled_stage_saves_host_time_only_for_the_kernels_its_fixes_remove():

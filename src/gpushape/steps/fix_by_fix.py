@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,17 +65,20 @@ class FixRow:
     measured_wall_s: float | None = None
     measured_gpu_s: float | None = None
     findings: list[str] = field(default_factory=list)
-    measured_spread_s: tuple[float, float] | None = None
-    """The lowest and highest saving of a single round (the stages alternate, so round i of
-    the stage before and round i of this one ran side by side)."""
+    measured_rounds_s: list[float] = field(default_factory=list)
+    """The saving of each round (the stages alternate, so round i of the stage before and
+    round i of this one ran side by side)."""
+
+    @property
+    def measured_spread_s(self) -> tuple[float, float] | None:
+        """The lowest and highest saving of a single round."""
+        r = self.measured_rounds_s
+        return (min(r), max(r)) if len(r) > 1 else None
 
     @property
     def within_noise(self) -> bool:
-        """The saving of single rounds spreads across zero: one run cannot tell its sign."""
-        if self.measured_spread_s is None:
-            return False
-        lo, hi = self.measured_spread_s
-        return lo <= 0.0 <= hi
+        """The rounds do not settle the saving's sign (`sign_settled`)."""
+        return len(self.measured_rounds_s) > 1 and not sign_settled(self.measured_rounds_s)
 
     @property
     def ratio(self) -> float | None:
@@ -84,7 +88,12 @@ class FixRow:
         return self.predicted_wall_s / self.measured_wall_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "ratio": self.ratio, "within_noise": self.within_noise}
+        return {
+            **self.__dict__,
+            "measured_spread_s": self.measured_spread_s,
+            "ratio": self.ratio,
+            "within_noise": self.within_noise,
+        }
 
 
 @dataclass
@@ -192,6 +201,8 @@ def loop(
         block=block,
         warmup=warmup,
         progress=say,
+        settled=_stages_settled(list(specs)),
+        max_rounds=max(3 * rounds, 9),
     )
     say("predicting each stage's step")
     expected = _expected(specs, built, report, predicted, gpu, mode)
@@ -310,12 +321,35 @@ def _rows(stages, expected, predicted, places) -> list[FixRow]:
                 measured_wall_s=a.median_s - b.median_s,
                 measured_gpu_s=busy,
                 findings=predicted.get(fix, (0.0, 0.0, []))[2],
-                measured_spread_s=_spread(a.step_times_s, b.step_times_s),
+                measured_rounds_s=_saved(a.step_times_s, b.step_times_s),
             )
         )
     return rows
 
 
-def _spread(before, after) -> tuple[float, float] | None:
-    saved = [x - y for x, y in zip(before, after, strict=False)]
-    return (min(saved), max(saved)) if len(saved) > 1 else None
+def _saved(before, after) -> list[float]:
+    return [x - y for x, y in zip(before, after, strict=False)]
+
+
+SIGN_ALPHA = 0.05  # a sign test's one-sided level
+
+
+def sign_settled(savings: list[float], alpha: float = SIGN_ALPHA) -> bool:
+    """Whether round-by-round savings settle their sign: as many rounds saved (or lost) time
+    as a fair coin would give with probability `alpha` or less (a sign test). Three rounds
+    never settle it (all three agreeing happens 1 time in 8 by chance); five must agree;
+    seven of eight suffice."""
+    n = len(savings)
+    k = max(sum(x > 0 for x in savings), sum(x < 0 for x in savings))
+    tail = sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
+    return n > 0 and tail <= alpha
+
+
+def _stages_settled(names: list[str]) -> Any:
+    """`time_blocks`' settled(): every fix's saving (a stage against the one before) is."""
+
+    def settled(times: dict[str, list[float]]) -> bool:
+        timed = [n for n in names if n in times]  # a stage that failed to build is not timed
+        return all(sign_settled(_saved(times[a], times[b])) for a, b in itertools.pairwise(timed))
+
+    return settled

@@ -173,14 +173,21 @@ def time_blocks(
     rounds: int = 5,
     block: int = 10,
     cuda: bool | None = None,
+    settled: Callable[[dict[str, list[float]]], bool] | None = None,
+    max_rounds: int | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per step for each variant: `rounds` rounds, each variant in turn, `block`
-    steps a block; one value per block."""
+    steps a block; one value per block. With `settled`, more rounds follow, one at a time,
+    until it says the times so far settle what they are for, or `max_rounds` have run."""
     if rounds < 1 or block < 1:
         raise ValueError(f"need rounds >= 1 and block >= 1, got {rounds}, {block}")
     times: dict[str, list[float]] = {name: [] for name in steps}
     cuda = _cuda() if cuda is None else cuda
-    for _ in range(rounds):
+    done = 0
+    while done < rounds or (
+        settled is not None and done < (max_rounds or rounds) and not settled(times)
+    ):
+        done += 1
         for name, step in steps.items():
             if cuda:
                 start = torch.cuda.Event(enable_timing=True)

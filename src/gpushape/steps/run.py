@@ -115,6 +115,8 @@ def measure_variants(
     warmup: int,
     profile: bool = True,
     progress: Callable[[str], None] = lambda _: None,
+    settled: Callable[[dict[str, list[float]]], bool] | None = None,
+    max_rounds: int | None = None,
 ) -> tuple[dict[str, Variant], dict[str, StepStats], dict[str, str]]:
     """Build each variant (the first one must build: it is the baseline), warm it up, time them
     all together and profile each: (the variants, their figures, why the others failed)."""
@@ -147,7 +149,12 @@ def measure_variants(
             )
     progress(f"timing {len(built)} variant(s): {rounds} rounds of {block} steps")
     runs = {name: v.run for name, v in built.items()}
-    times = time_blocks(runs, rounds=rounds, block=block, cuda=cuda)
+    times = time_blocks(
+        runs, rounds=rounds, block=block, cuda=cuda, settled=settled, max_rounds=max_rounds
+    )
+    ran = len(next(iter(times.values()), []))
+    if ran > rounds:
+        progress(f"timed {ran} rounds: {ran - rounds} more to settle the differences")
     # every variant's host issue time before any profiler runs in the process (a profiler
     # session may leave the host's dispatch slower for what follows it)
     issues = {name: issue_time(v.run, cuda=cuda) if profile else None for name, v in built.items()}
