@@ -165,13 +165,14 @@ def loop_table(result: LoopResult, console: Console) -> None:
             _rounds(r),
             _num(r.predicted_gpu_s, 1e3),
             _num(r.measured_gpu_s, 1e3) or "-",
-            "within noise" if r.within_noise else (_num(r.ratio, 1, 2) or "-"),
+            _verdict(r),
         )
     console.print(table)
     console.print(
         f"all fixes: {result.speedup:.2f}x the step as given (measured; ms are per step, "
         "savings of each fix on top of the ones above it; rounds: the lowest and highest "
-        "saving of a single round, within noise where they differ in sign)"
+        "saving of a single round; within noise where too few rounds agree on its sign, a "
+        "sign test at 5%)"
     )
     for stage, why in result.failed.items():
         console.print(escape(f"{stage}: failed: {why}"))
@@ -229,3 +230,11 @@ def _rounds(r) -> str:
         return "-"
     lo, hi = r.measured_spread_s
     return f"{lo * 1e3:,.2f}..{hi * 1e3:,.2f}"
+
+
+def _verdict(r) -> str:
+    if r.within_noise:
+        return "within noise"
+    if r.ratio is not None:
+        return f"{r.ratio:.2f}"
+    return "slower" if (r.measured_wall_s or 0.0) < 0 else "-"
