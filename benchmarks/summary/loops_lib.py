@@ -105,26 +105,26 @@ def table() -> tuple[list[str], dict[str, int]]:
         now, now_verdict = _now(again.get((loop["model"], r["mode"], r["fix"])), step_ms)
         if now_verdict != "-":
             counts["now meets" if now_verdict == "meets" else "now misses"] += 1
-        ratio = r["predicted_over_measured"]
-        body.append(
-            (
-                r["model"],
-                r["mode"],
-                f"`{r['fix']}`",
-                r["places"],
-                f"{float(r['predicted_wall_ms']):.3f}",
-                f"{float(r['measured_wall_ms']):.3f}",
-                f"{float(r['predicted_gpu_ms']):.3f}",
-                f"{float(r['measured_gpu_ms']):.3f}" if r["measured_gpu_ms"] else "-",
-                ratio if ratio not in ("", None) else "-",
-                verdict,
-                now,
-                now_verdict,
-            )
-        )
+        body.append((*_saving_cells(r), *_gpu_cells(r), verdict, now, now_verdict))
     head = ("model", "mode", "fix", "places", "predicted ms", "measured ms", "GPU predicted ms")
     tail = ("GPU measured ms", "pred/meas", "0.5-2x", "re-predicted ms", "0.5-2x re-predicted")
     return md_table((*head, *tail), body, right=9), counts
+
+
+def _saving_cells(r: dict) -> tuple:
+    """A loop row's model, mode, fix, places, predicted and measured wall saving (ms)."""
+    pred, meas = float(r["predicted_wall_ms"]), float(r["measured_wall_ms"])
+    return r["model"], r["mode"], f"`{r['fix']}`", r["places"], f"{pred:.3f}", f"{meas:.3f}"
+
+
+def _gpu_cells(r: dict) -> tuple:
+    """Its predicted and measured GPU saving (ms), and predicted / measured wall saving."""
+    ratio = r["predicted_over_measured"]
+    return (
+        f"{float(r['predicted_gpu_ms']):.3f}",
+        f"{float(r['measured_gpu_ms']):.3f}" if r["measured_gpu_ms"] else "-",
+        ratio if ratio not in ("", None) else "-",
+    )
 
 
 def later_table(folder: str) -> tuple[list[str], dict[str, int]]:
@@ -137,22 +137,7 @@ def later_table(folder: str) -> tuple[list[str], dict[str, int]]:
             verdict = "within noise"
         if verdict != "-":
             counts[verdict if verdict in counts else "misses"] += 1
-        ratio = r["predicted_over_measured"]
-        body.append(
-            (
-                r["model"],
-                r["mode"],
-                f"`{r['fix']}`",
-                r["places"],
-                f"{float(r['predicted_wall_ms']):.3f}",
-                f"{float(r['measured_wall_ms']):.3f}",
-                _spread(loop, r["fix"]),
-                f"{float(r['predicted_gpu_ms']):.3f}",
-                f"{float(r['measured_gpu_ms']):.3f}" if r["measured_gpu_ms"] else "-",
-                ratio if ratio not in ("", None) else "-",
-                verdict,
-            )
-        )
+        body.append((*_saving_cells(r), _spread(loop, r["fix"]), *_gpu_cells(r), verdict))
     head = ("model", "mode", "fix", "places", "predicted ms", "measured ms", "single rounds ms")
     tail = ("GPU predicted ms", "GPU measured ms", "pred/meas", "0.5-2x")
     return md_table((*head, *tail), body, right=10), counts
