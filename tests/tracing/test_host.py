@@ -73,6 +73,23 @@ def test_the_probe_measures_every_rate_and_the_profile_reads_them():
     assert "host" in spec.achievable.measured
 
 
+def test_the_probe_measures_a_foreach_optimizers_host_beyond_the_fused_one():
+    from gpushape.auditing.pricing.optimizer_step import FOREACH_HOST, foreach_host_s
+
+    rows = measure_host("cpu", calls=50, repeats=3, classes=("op", "optimizer"))
+    for name in ("AdamW", "SGD"):
+        row = rows[f"{FOREACH_HOST}/{name}"]
+        assert row["seconds"] >= 0 and row["calls"] == 64 and name in row["workload"]
+    spec = apply_profile(get_gpu("h200"), {"host": rows})
+    rate = spec.achievable.host[f"{FOREACH_HOST}/AdamW"]
+    import torch
+
+    params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(3)]
+    assert foreach_host_s(torch.optim.AdamW(params, foreach=True), spec.achievable.host) == (
+        3 * rate
+    )
+
+
 def test_op_classes_take_their_own_rates_and_fall_back_to_op():
     from gpushape.tracing.host import op_class
 

@@ -11,8 +11,10 @@ y = f(y) of calls on a tensor that needs a gradient, in bf16 on CUDA: the forwar
 link, and its backward's (`backward_op`, `<class>/backward`: the engine runs one node a link;
 the chain's forward not timed). `view`: `x.view(-1)`; `module`: an `nn.Module` whose forward
 returns its input, called, less the same plain function called (what `Module.__call__` adds);
-`accumulate_grad`: the backward's node per gradient leaf. The Python a real module's forward
-runs beyond its ops (`module_glue`) is fitted on real models: probe/host_glue.py.
+`accumulate_grad`: the backward's node per gradient leaf; `optimizer_foreach_tensor/<class>`
+(AdamW, SGD; on CUDA by default): what a foreach step costs the host beyond the fused one, per
+parameter tensor. The Python a real module's forward runs beyond its ops (`module_glue`) is
+fitted on real models: probe/host_glue.py.
 Medians over `repeats` runs after a warm-up.
 """
 
@@ -208,6 +210,8 @@ def measure_host(
         "workload": "nn.Module returning its input, less a plain function",
         "calls": calls,
     }
+    if classes is None or "optimizer" in classes:
+        out.update(_optimizer_rates(dev, dtype, repeats))
     out["accumulate_grad"] = {
         "seconds": _accumulate_rate(dev, dtype, links, repeats),
         "workload": f"backward of torch.stack of {links} leaf tensors, less of {links // 4}, "
@@ -240,3 +244,56 @@ def _accumulate_rate(dev: torch.device, dtype: torch.dtype, leaves: int, repeats
 
     few = max(leaves // 4, 1)
     return max(backward_s(leaves) - backward_s(few), 0.0) / (leaves - few)
+
+
+# a foreach optimizer step against the fused one: tensors of a small model's sizes (GPT-2's
+# 148 average 0.84M numbers), so the multi-tensor kernels launch chunk by chunk as they do there
+OPTIMIZER_TENSORS = (64, 1 << 20)
+OPTIMIZERS = {
+    "AdamW": (torch.optim.AdamW, {"lr": 1e-4}),
+    "SGD": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
+}
+
+
+def _optimizer_rates(dev: torch.device, dtype: torch.dtype, repeats: int) -> dict[str, Any]:
+    """`optimizer_foreach_tensor/<class>`: seconds per parameter tensor a foreach step costs
+    the host beyond the fused step (auditing/pricing/optimizer_step.py), each step issued with
+    the GPU held busy so that the host never waits on it."""
+    from ..auditing.pricing.optimizer_step import FOREACH_HOST
+
+    n, numel = OPTIMIZER_TENSORS if dev.type == "cuda" else (OPTIMIZER_TENSORS[0], 64)
+    params = [torch.zeros(numel, device=dev, dtype=dtype, requires_grad=True) for _ in range(n)]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    out: dict[str, Any] = {}
+    for name, (cls, options) in OPTIMIZERS.items():
+        try:
+            seconds = {impl: _step_s(cls(params, **options, **{impl: True}), dev, repeats)
+                       for impl in ("foreach", "fused")}  # fmt: skip
+        except Exception as exc:  # an implementation this device lacks
+            out[f"{FOREACH_HOST}/{name}/error"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            continue
+        out[f"{FOREACH_HOST}/{name}"] = {
+            "seconds": max(seconds["foreach"] - seconds["fused"], 0.0) / n,
+            "workload": f"{name}.step() foreach less fused, {n} tensors of {numel} numbers, "
+            "a tensor",
+            "calls": n,
+        }
+    return out
+
+
+def _step_s(optimizer: torch.optim.Optimizer, dev: torch.device, repeats: int) -> float:
+    from ..bench.timer import hold_gpu
+
+    for _ in range(3):  # the state, and the kernels' first calls
+        optimizer.step()
+    times = []
+    for _ in range(repeats):
+        _sync(dev)
+        if dev.type == "cuda":
+            hold_gpu(0.05)
+        t0 = time.perf_counter()
+        optimizer.step()
+        times.append(time.perf_counter() - t0)
+    _sync(dev)
+    return statistics.median(times)
