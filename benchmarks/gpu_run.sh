@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run named steps on the GPU machine, each under its own time limit, logs and results under $OUT.
 # Usage: benchmarks/gpu_run.sh STEP[:SECONDS] ...   (steps: see the case below)
+# At the end it packs everything under $OUT into $OUT/results.tgz and deletes the rest: a device
+# call must end with it (a `tar ... results.tgz` run after it overwrites the results).
 set -u
 OUT=${OUT:-./out}
 mkdir -p "$OUT/logs"
