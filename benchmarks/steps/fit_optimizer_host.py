@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpushape.auditing.pricing.optimizer_step import FOREACH_HOST  # noqa: E402
 from gpushape.bench import write_results  # noqa: E402
 from gpushape.models import resolve_model  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
+from gpushape.tracing.host import FOREACH_HOST  # noqa: E402
 
 RESULTS = ROOT / "benchmarks/results"
 PROFILE = ROOT / "src/gpushape/hardware/profiles/h200-sxm.json"

@@ -93,7 +93,8 @@ def test_a_foreach_optimizer_costs_the_eager_host_its_python_and_fusing_it_saves
     import torch
 
     from gpushape.auditing.modes import StepTime, wall_saving_s
-    from gpushape.auditing.pricing.optimizer_step import FOREACH_HOST, foreach_host_s
+    from gpushape.auditing.pricing.optimizer_step import foreach_host_s
+    from gpushape.tracing.host import FOREACH_HOST
 
     gpu = calibrated("h200")
     rates = gpu.achievable.host

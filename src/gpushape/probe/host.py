@@ -259,7 +259,7 @@ def _optimizer_rates(dev: torch.device, dtype: torch.dtype, repeats: int) -> dic
     """`optimizer_foreach_tensor/<class>`: seconds per parameter tensor a foreach step costs
     the host beyond the fused step (auditing/pricing/optimizer_step.py), each step issued with
     the GPU held busy so that the host never waits on it."""
-    from ..auditing.pricing.optimizer_step import FOREACH_HOST
+    from ..tracing.host import FOREACH_HOST
 
     n, numel = OPTIMIZER_TENSORS if dev.type == "cuda" else (OPTIMIZER_TENSORS[0], 64)
     params = [torch.zeros(numel, device=dev, dtype=dtype, requires_grad=True) for _ in range(n)]

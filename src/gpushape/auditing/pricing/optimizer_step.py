@@ -21,6 +21,8 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...tracing.host import FOREACH_HOST
+
 
 @dataclass(frozen=True)
 class StepCost:
@@ -124,17 +126,12 @@ def fused_step(optimizer: torch.optim.Optimizer) -> StepCost:
     return StepCost("fused", len(groups) * len(copy.param_groups), read + written, len(params))
 
 
-# host rate key: seconds per parameter tensor that a foreach step costs the host beyond the
-# fused step (its per-tensor Python: bias corrections and step sizes as lists of floats), by
-# optimizer class, else for any class
-FOREACH_HOST = "optimizer_foreach_tensor"
-
-
 def foreach_host_s(optimizer: Any, rates: Mapping[str, Any] | None) -> float:
-    """Host seconds a foreach step spends beyond the fused one: parameter tensors x the
-    profile's measured rate for the optimizer's class (0.0 for other implementations, or where
-    the profile has no rate). Hugging Face GPT-2 with AdamW on the H200: its eager step issued
-    3.6 ms faster once the optimizer was fused, on two leases, for 148 tensors."""
+    """Host seconds a foreach step spends beyond the fused one (its per-tensor Python: bias
+    corrections and step sizes as lists of floats): parameter tensors x the profile's rate for
+    the optimizer's class (0.0 for other implementations, or where the profile has no rate).
+    Hugging Face GPT-2 with AdamW on the H200: its eager step issued 3.6 ms faster once the
+    optimizer was fused, on two leases, for 148 tensors."""
     if not isinstance(optimizer, torch.optim.Optimizer) or not rates:
         return 0.0
     if implementation(optimizer) != "foreach":
