@@ -158,6 +158,19 @@ def test_compile_mode_prices_the_hosts_measured_cost_per_kernel(gpt2):
     assert compiled.step.host_s == pytest.approx(compiled.totals.kernels * per_kernel)
 
 
+def test_a_profile_without_a_compiled_kernel_rate_scales_its_op_rate_as_on_the_h200():
+    from gpushape.auditing.modes import COMPILED_KERNEL, COMPILED_PER_OP, compiled_kernel_s
+    from gpushape.hardware import calibrated, get_gpu
+
+    h200 = calibrated(get_gpu("h200")).achievable.host
+    assert compiled_kernel_s(h200) == h200[COMPILED_KERNEL]  # fitted: taken as it is
+    # the ratio is the H200 profile's own, within what a refit moves it
+    assert pytest.approx(h200[COMPILED_KERNEL] / h200["op"], rel=0.1) == COMPILED_PER_OP
+    probed = {"op": 1e-5, "view": 2e-6}  # a probe's rates: measured op, no compiled steps
+    assert compiled_kernel_s(probed) == pytest.approx(COMPILED_PER_OP * 1e-5)
+    assert compiled_kernel_s({}) == 0.0  # datasheet numbers: the bare launch prices it
+
+
 def test_compile_mode_takes_what_inductor_does_off_the_gpu_side(gpt2):
     """A compiled step runs without what Inductor's own padding and fusions save (GPT-2 on the
     H200, compiled: 24.4 ms of GPU work where its eager kernels were priced at 36.1), counted

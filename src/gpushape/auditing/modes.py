@@ -38,11 +38,15 @@ from .host_effect import host_saving_s
 from .pricing.optimizer_step import foreach_host_s
 
 MODES = ("eager", "compile", "graph")
-# host seconds per kernel of a compiled step, where the profile measured it (27-81 us over 12
-# compiled steps on the H200's hosts, median 48: benchmarks/steps/fit_compile_host.py; the
+# host seconds per kernel of a compiled step, where the profile measured it (27-81 us over 14
+# compiled steps on the H200's hosts, median 46: benchmarks/steps/fit_compile_host.py; the
 # wrapper's buffer allocations and launcher calls, ATen for extern kernels, autograd for the
 # compiled backward, the optimizer's step)
 COMPILED_KERNEL = "compiled_kernel"
+# where a profile has the host's op rate but no compiled-kernel rate (a probe's: that rate is
+# fitted on timed compiled steps, which the probe does not run), the H200 profile's ratio of
+# the two scales its op rate: 46.2 us a compiled kernel against 7.96 us an eager op
+COMPILED_PER_OP = 46.2 / 7.96
 COMPILE_DOES = {
     "pad-channels": "Inductor pads misaligned matmuls itself",  # (not convolutions)
     "fuse-norm-act": "Inductor fuses the normalization with the elementwise ops around it",
@@ -145,6 +149,14 @@ def compiled_kernels(trace: Any, cost: Any) -> int:
     return kernels
 
 
+def compiled_kernel_s(rates) -> float:
+    """Host seconds a kernel of a compiled step costs: the profile's fitted rate, else its
+    eager op rate scaled as on the H200 (`COMPILED_PER_OP`), else 0 (no host rates)."""
+    if COMPILED_KERNEL in rates:
+        return float(rates[COMPILED_KERNEL])
+    return COMPILED_PER_OP * float(rates["op"]) if "op" in rates else 0.0
+
+
 def inductor_does(f: Finding) -> bool:
     """Whether torch.compile makes this finding's fix by itself (so a compiled step runs
     without the time it saves)."""
@@ -180,7 +192,7 @@ def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) ->
         achievable.graph_launch_overhead_s if mode == "graph" else achievable.launch_overhead_s
     )
     if mode == "compile":  # Inductor's wrapper issues each kernel from Python: measured
-        per_launch = max(per_launch, (achievable.host or {}).get(COMPILED_KERNEL, 0.0))
+        per_launch = max(per_launch, compiled_kernel_s(achievable.host or {}))
     kernels = compiled_kernels(ctx.trace, ctx.cost) if mode == "compile" else totals.kernels
     host_s = kernels * per_launch
     if mode == "eager":
