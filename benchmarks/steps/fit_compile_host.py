@@ -37,32 +37,34 @@ from gpushape.bench import write_results  # noqa: E402
 from gpushape.models import resolve_model  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
 
-RESULTS = ROOT / "benchmarks/results/bench-h200"
+RESULTS = ROOT / "benchmarks/results"
 PROFILE = ROOT / "src/gpushape/hardware/profiles/h200-sxm.json"
 # (result file, variant or loop stage, model, batch or --input spec)
 RUNS = (
-    ("bert.json", "compile", "hf:bert", 32),
-    ("bert-compile-graphs.json", "compile", "hf:bert", 32),
-    ("bert-caller-backward.json", "compile", "hf:bert", 32),
-    ("loop-hf_bert-compile.json", "as given", "hf:bert", 32),
-    ("gpt2.json", "compile", "hf:gpt2", 8),
-    ("gpt2-slow-host.json", "compile", "hf:gpt2", 8),
-    ("gpt2-b16.json", "compile", "hf:gpt2", 16),
-    ("gpt2-b16-compile.json", "compile", "hf:gpt2", 16),
-    ("gpt2-b32.json", "compile", "hf:gpt2", 32),
-    ("resnet50.json", "compile", "torchvision.models:resnet50", "256x3x224x224:bf16"),
-    ("resnet50-slow-host.json", "compile", "torchvision.models:resnet50", "256x3x224x224:bf16"),
-    ("resnet50-caller-backward.json", "compile", "torchvision.models:resnet50",
+    ("bench-h200/bert.json", "compile", "hf:bert", 32),
+    ("bench-h200/bert-compile-graphs.json", "compile", "hf:bert", 32),
+    ("bench-h200/bert-caller-backward.json", "compile", "hf:bert", 32),
+    ("bench-h200/loop-hf_bert-compile.json", "as given", "hf:bert", 32),
+    ("bench-h200/gpt2.json", "compile", "hf:gpt2", 8),
+    ("bench-h200/gpt2-slow-host.json", "compile", "hf:gpt2", 8),
+    ("bench-h200/gpt2-b16.json", "compile", "hf:gpt2", 16),
+    ("bench-h200/gpt2-b16-compile.json", "compile", "hf:gpt2", 16),
+    ("bench-h200/gpt2-b32.json", "compile", "hf:gpt2", 32),
+    ("bench-h200/resnet50.json", "compile", "torchvision.models:resnet50",
      "256x3x224x224:bf16"),
-    ("loop-timm_mobilenetv3_large_100-compile.json", "as given", "timm:mobilenetv3_large_100",
-     None),
-    ("loop-timm_swin_tiny_patch4_window7_224-compile.json", "as given",
+    ("bench-h200/resnet50-slow-host.json", "compile", "torchvision.models:resnet50",
+     "256x3x224x224:bf16"),
+    ("bench-h200/resnet50-caller-backward.json", "compile", "torchvision.models:resnet50",
+     "256x3x224x224:bf16"),
+    ("bench-h200/loop-timm_mobilenetv3_large_100-compile.json", "as given",
+     "timm:mobilenetv3_large_100", None),
+    ("bench-h200/loop-timm_swin_tiny_patch4_window7_224-compile.json", "as given",
      "timm:swin_tiny_patch4_window7_224", None),
     # a later lease (2026-12-05, 05:10 UTC): its host issued MobileNetV3's compiled step in
     # 19.7 ms, where the first lease's took 37.3
-    ("../loops-h200-2/loop-timm_mobilenetv3_large_100-compile.json", "as given",
+    ("loops-h200-2/loop-timm_mobilenetv3_large_100-compile.json", "as given",
      "timm:mobilenetv3_large_100", None),
-    ("../loops-h200-2/loop-timm_efficientnet_b0-compile.json", "as given",
+    ("loops-h200-2/loop-timm_efficientnet_b0-compile.json", "as given",
      "timm:efficientnet_b0", None),
 )  # fmt: skip
 
@@ -102,7 +104,7 @@ def main() -> None:
             counted[key] = kernels_of(model, batch)
         s = _stats(name, variant)
         rows.append({
-            "file": str(Path("bench-h200", name)).replace("bench-h200/../", ""),
+            "file": name,
             "variant": variant, "model": model,
             "batch": batch, "issue_s": s["issue_s"], "measured_kernels": s["kernels"],
             "predicted_kernels": counted[key], "per_kernel_s": s["issue_s"] / counted[key],
