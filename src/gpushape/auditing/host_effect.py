@@ -13,13 +13,15 @@ EfficientNet-B0's eager step went 31.4 ms channels-last to 40.9 ms with them, it
 forward, ops backward, as the trace of the rewritten module records them); a fix not in it
 (padding, a layout, a smaller head) dispatches the same ops and saves no host time. Sites are
 the finding's `evidence["sites"]`, else the modules its forward ops ran in. Views and module
-calls are left as they were. 0.0 where the profile measured no host rates.
+calls are left as they were. `fused-optimizer` saves what a foreach step's Python costs beyond
+the fused step (pricing/optimizer_step.py). 0.0 where the profile measured no host rates.
 """
 
 from __future__ import annotations
 
 from .context import AuditContext
 from .finding import Finding
+from .pricing.optimizer_step import foreach_host_s
 
 # fix -> (host class, forward ops, backward ops) a site dispatches once rewritten
 INSTEAD = {
@@ -38,6 +40,8 @@ def host_saving_s(f: Finding, ctx: AuditContext) -> float:
     from ..tracing.host import KEYS, op_class, ops_seconds, rate
 
     rates = getattr(ctx.gpu.achievable, "host", None) or {}
+    if f.fix == "fused-optimizer":  # the foreach step's Python, per parameter tensor
+        return foreach_host_s(ctx.optimizer, rates)
     if not f.replaces or not all(k in rates for k in KEYS):
         return 0.0
     ops = [ctx.trace.ops[i] for i in sorted(f.replaces)]

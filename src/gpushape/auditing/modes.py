@@ -216,7 +216,7 @@ def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:
             graph = StepTime(mode="graph", gpu_s=step.gpu_s, host_s=graph.host_s)
         return max(step.wall_s - graph.wall_s, 0.0)
     if f.fix in OUTSIDE_STEP:
-        host = foreach_host_s(ctx.optimizer, ctx.gpu.achievable.host) if step.mode == "eager" else 0
+        host = host_saving_s(f, ctx) if step.mode == "eager" else 0.0
         if not host:
             return f.est_saving_s
         # eager: the optimizer's GPU work runs after the traced step's, its foreach Python on
