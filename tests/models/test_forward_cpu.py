@@ -13,6 +13,7 @@ from gpushape.models.llama import LLAMA_TINY
 TINY_LM = dict(layers=2, hidden=32, heads=4, mlp_hidden=64, vocab_size=97, max_seq_len=24)
 TINY = {
     "resnet50": (dict(blocks=(1, 1, 1, 1), width=8, num_classes=10, image_size=32), (2, 10)),
+    "resnet50-gpu": (dict(blocks=(1, 1, 1, 1), width=8, num_classes=10, image_size=32), (2, 10)),
     "bert-base": ({**TINY_LM, "seq_len": 12}, (2, 12, 97)),
     "gpt2": ({**TINY_LM, "seq_len": 12}, (2, 12, 97)),
     "vit-b16": (

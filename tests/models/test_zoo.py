@@ -189,6 +189,37 @@ def test_resnet50_forward_is_4_09_gmacs():
     assert round(forward_gmacs("resnet50"), 2) == 4.09
 
 
+def test_resnet50_gpu_is_the_guides_stem_and_wider_3x3s_at_1_93x_the_macs():
+    model, (x,) = create_model("resnet50-gpu", batch=2)
+    assert tuple(x.shape) == (2, 3, 224, 224)  # the image as given; the model pads it
+    assert tuple(model.conv1.weight.shape) == (64, 32, 7, 7)
+    block = model.layer1[0]
+    assert tuple(block.conv2.weight.shape) == (128, 64, 3, 3)
+    assert tuple(block.conv3.weight.shape) == (256, 128, 1, 1)
+    assert tuple(model.layer4[2].conv2.weight.shape) == (1024, 512, 3, 3)
+    assert n_params(model) == 42_002_664
+    gmacs = forward_gmacs("resnet50-gpu")
+    assert round(gmacs, 2) == 7.90 and round(gmacs / forward_gmacs("resnet50"), 2) == 1.93
+
+
+def test_resnet50_gpu_pads_the_image_with_zero_channels():
+    model, _ = create_model("resnet50-gpu", batch=1, dtype=torch.float32, device="cpu")
+    model.eval()
+    x = torch.randn(1, 3, 64, 64)
+    seen = []
+    model.conv1.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    with torch.no_grad():
+        model(x)
+    assert seen[0].shape == (1, 32, 64, 64)
+    assert torch.equal(seen[0][:, :3], x) and not seen[0][:, 3:].any()
+
+
+@pytest.mark.parametrize("options", [dict(stem_in=2), dict(mid=0)])
+def test_resnet_rejects_a_stem_under_three_channels_or_no_3x3_width(options):
+    with pytest.raises(GpushapeError, match="stem_in must be at least 3 and mid at least 1"):
+        create_model("resnet50", **options)
+
+
 def test_vit_b16_forward_is_17_6_gmacs():
     assert round(forward_gmacs("vit-b16"), 1) == 17.6
 
@@ -201,7 +232,7 @@ def test_unknown_model_lists_known_names_and_suggests_one():
         create_model("resnet5")
     message = str(info.value)
     assert message.startswith("unknown model 'resnet5' (did you mean resnet50?); known: ")
-    assert "bert-base, gpt2, llama-7b, resnet50, vit-b16" in message
+    assert "bert-base, gpt2, llama-7b, resnet50, resnet50-gpu, vit-b16" in message
 
 
 def test_unknown_model_without_a_near_name_has_no_suggestion():
