@@ -5,6 +5,7 @@ fix by fix with the audit's predictions beside the measurements.
     gpushape bench hf:gpt2 --optimize --csv results/loop.csv --plot gpt2.png
     gpushape bench hf:bert --optimize --mode compile
     gpushape bench resnet50 --nproc 2 --csv results/ddp.csv     # DDP on two GPUs
+    gpushape bench resnet50 --vs optimize+graph --loss-steps 30  # does it still train?
 
 Synthetic data on the device (token ids over the vocabulary, labels for the model's task); the
 optimizer as PyTorch builds it by default (`--optimizer`). Variants run in one process,
@@ -70,6 +71,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="also print each variant's N longest kernels per step (GPU only; the JSON keeps 12)",
     )
+    p.add_argument(
+        "--loss-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first train each variant N steps from the model's weights on the fixed batch and "
+        "say whether its loss falls like the baseline's (JSON and --plot keep the curves)",
+    )
     p.add_argument("--csv", metavar="FILE", help="append a row per variant (or fix) to FILE")
     p.add_argument("--plot", metavar="FILE.png", help="write a plot of the result")
     p.add_argument("-o", "--output", metavar="FILE.json", help="write the full result as JSON")
@@ -112,6 +121,14 @@ def _check(args: argparse.Namespace) -> None:
         raise GpushapeError(
             "--optimize runs in --mode eager or compile (the loop adds cuda-graphs as a fix)"
         )
+    if args.loss_steps and args.optimize:
+        raise GpushapeError(
+            "--loss-steps compares --vs variants with the baseline; drop --optimize"
+        )
+    from ..steps.loss_check import MIN_STEPS
+
+    if args.loss_steps and args.loss_steps < MIN_STEPS:
+        raise GpushapeError(f"--loss-steps must be at least {MIN_STEPS}, got {args.loss_steps}")
     for name, value in (("--rounds", args.rounds), ("--steps", args.steps)):
         if value < 1:
             raise GpushapeError(f"{name} must be at least 1, got {value}")
@@ -152,6 +169,7 @@ def _check_ddp(args: argparse.Namespace) -> None:
         ("--optimize", args.optimize),
         ("--vs", args.vs),
         ("--plot", args.plot),
+        ("--loss-steps", args.loss_steps),
         ("--baseline", args.baseline != "eager"),
     ):
         if given:
@@ -215,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
             resolved.example_inputs,
             variants=variants,
             baseline=args.baseline,
+            loss_steps=args.loss_steps,
             **common,
         )
         with to_stdout():

@@ -130,6 +130,16 @@ def bench_table(result: BenchResult, console: Console) -> None:
         console.print(escape(f"{name}: {'; '.join(notes)}"))
     for name, why in result.failed.items():
         console.print(escape(f"{name}: failed: {why}"))
+    verdicts = result.loss_verdicts()
+    if verdicts:
+        console.print(
+            f"loss over {result.loss_steps} steps from the same weights on the fixed batch "
+            "(mean of the last 3):"
+        )
+        for v in verdicts.values():
+            console.print(escape(f"  {v.text()}"))
+        for name, why in result.loss_failed.items():
+            console.print(escape(f"  {name}: failed to train: {why}"))
 
 
 def kernels_table(result: BenchResult, console: Console, top: int) -> None:
@@ -179,6 +189,8 @@ def loop_table(result: LoopResult, console: Console) -> None:
 
 
 def plot_bench(result: BenchResult, path: str | Path) -> Path:
+    """Samples/s per variant as bars with their ratio to the baseline; with a loss check, the
+    loss curves beside them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,7 +198,12 @@ def plot_bench(result: BenchResult, path: str | Path) -> Path:
 
     names = list(result.stats)
     rates = [result.stats[n].samples_per_s for n in names]
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))
+    curves = result.loss_curves
+    height = 0.5 * len(names) + 1.5
+    if curves:
+        fig, (ax, loss_ax) = plt.subplots(1, 2, figsize=(12, max(height, 3.5)))
+    else:
+        fig, ax = plt.subplots(figsize=(7, height))
     bars = ax.barh(names, rates, color="#4c72b0")
     for bar, name in zip(bars, names, strict=True):
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
@@ -194,6 +211,16 @@ def plot_bench(result: BenchResult, path: str | Path) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("samples / s (median)")
     ax.set_title(f"{result.model}: {result.env.get('gpu') or 'CPU'}", fontsize=10)
+    if curves:
+        verdicts = result.loss_verdicts()
+        for name, c in curves.items():
+            v = verdicts.get(name)
+            label = name if v is None or v.verdict == "baseline" else f"{name} ({v.verdict})"
+            loss_ax.plot(range(c.start, c.start + len(c.losses)), c.losses, label=label)
+        loss_ax.set_xlabel("training step (same weights, fixed batch)")
+        loss_ax.set_ylabel("loss")
+        loss_ax.set_title("does each variant still train?", fontsize=10)
+        loss_ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

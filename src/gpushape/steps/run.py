@@ -25,6 +25,7 @@ from torch import nn
 from ..bench import environment
 from ..errors import GpushapeError
 from .batch import Batch, synthetic_batch
+from .loss_check import LossCurve, LossVerdict, compare, loss_curves
 from .measure import (
     StepStats,
     held_issue_time,
@@ -49,6 +50,15 @@ class BenchResult:
     """Variants that could not be built or run, with the reason (the others still ran)."""
     env: dict[str, Any] = field(default_factory=environment)
     optimize_reports: dict[str, Any] = field(default_factory=dict, repr=False)
+    loss_curves: dict[str, LossCurve] = field(default_factory=dict)
+    """`loss_steps` steps of each variant from the model's weights (empty when not asked)."""
+    loss_failed: dict[str, str] = field(default_factory=dict)
+    loss_steps: int = 0
+
+    def loss_verdicts(self) -> dict[str, LossVerdict]:
+        if self.baseline not in self.loss_curves:
+            return {}
+        return compare(self.loss_curves, self.baseline)
 
     def ratio(self, variant: str) -> float:
         """How many times faster than the baseline (step time ratio)."""
@@ -68,6 +78,21 @@ class BenchResult:
             "notes": self.notes,
             "failed": self.failed,
             "optimize": {k: r.to_dict() for k, r in self.optimize_reports.items()},
+            **(
+                {
+                    "loss_check": {
+                        "steps": self.loss_steps,
+                        "curves": {
+                            n: {"start": c.start, "losses": list(c.losses)}
+                            for n, c in self.loss_curves.items()
+                        },
+                        "verdicts": {n: v.to_dict() for n, v in self.loss_verdicts().items()},
+                        "failed": self.loss_failed,
+                    }
+                }
+                if self.loss_curves
+                else {}
+            ),
         }
 
 
@@ -197,8 +222,11 @@ def bench(
     gpu: Any = None,
     profile: bool = True,
     progress: Callable[[str], None] | None = None,
+    loss_steps: int = 0,
 ) -> BenchResult:
-    """Time `baseline` and every variant of `model`'s training step in one process."""
+    """Time `baseline` and every variant of `model`'s training step in one process. With
+    `loss_steps`, each first trains that many steps from the model's weights on the fixed
+    batch, and its loss curve is compared with the baseline's (steps/loss_check.py)."""
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     names = [baseline, *[v for v in variants if v != baseline]]
     for v in names:
@@ -207,8 +235,14 @@ def bench(
         raise GpushapeError("bench runs the model: build it on cpu or cuda, not meta")
     say = progress or (lambda _: None)
     batch = synthetic_batch(model, inputs)
+    specs = {v: Spec.of(v) for v in names}
+    curves, curves_failed = {}, {}
+    if loss_steps:
+        curves, curves_failed = loss_curves(
+            specs, model, batch, steps=loss_steps, optimizer=optimizer, gpu=gpu, progress=say
+        )
     built, stats, failed = measure_variants(
-        {v: Spec.of(v) for v in names},
+        specs,
         model,
         batch,
         optimizer=optimizer,
@@ -228,4 +262,7 @@ def bench(
         notes={v: b.notes for v, b in built.items() if b.notes},
         failed=failed,
         optimize_reports={v: b.optimize_report for v, b in built.items() if b.optimize_report},
+        loss_curves=curves,
+        loss_failed=curves_failed,
+        loss_steps=loss_steps,
     )

@@ -38,6 +38,7 @@ OPTIMIZER_PARTS = ("fused-optimizer", "caller-backward")
 RUNNER_PARTS = ("compile", "compile-max-autotune", "compile-graphs", "graph")
 PARTS = MODEL_PARTS + OPTIMIZER_PARTS + RUNNER_PARTS
 CHECK_SAMPLES = 2  # optimize() checks each rewrite on this many samples of the batch
+GRAPH_WARMUP = 3  # real steps before a whole-step capture (PyTorch's recipe, on a side stream)
 
 
 @dataclass
@@ -51,6 +52,8 @@ class Variant:
     optimize_report: Any = None
     build_s: float = 0.0
     """Seconds to build it: the copy, the rewrites and their checks, a CUDA graph's capture."""
+    steps_run: int = 0
+    """Real training steps the build took (a whole-step CUDA graph's warm-up before capture)."""
 
 
 def parse_variant(name: str) -> list[str]:
@@ -130,6 +133,7 @@ def build_variant(
         step.caller_backward = True
         notes.append("backward on the calling thread")
     run: Any = step
+    steps_run = 0
     if spec.runner in ("compile", "compile-max-autotune"):
         mode = "max-autotune" if spec.runner == "compile-max-autotune" else None
         step.forward = torch.compile(model, mode=mode)
@@ -138,9 +142,10 @@ def build_variant(
     if spec.runner == "graph":
         notes += _mask_for_capture(step.model, batch)
         run = _graphed(step)
+        steps_run = GRAPH_WARMUP
         notes.append("whole step in one CUDA graph")
         notes += _graph_warnings(step.model)
-    return Variant(name, step, run, notes, report, time.perf_counter() - t0)
+    return Variant(name, step, run, notes, report, time.perf_counter() - t0, steps_run)
 
 
 def _each_step_graphed(compiled: Any) -> Any:
@@ -222,4 +227,4 @@ def _graphed(step: TrainingStep):
     reasons = capture_reasons(step.model, step.optimizer, step.batch.tensors())
     if reasons:
         raise GpushapeError(f"graph: cannot capture this step: {reasons[0]}")
-    return capture_step(step.backward_and_update, optimizer=step.optimizer)
+    return capture_step(step.backward_and_update, optimizer=step.optimizer, warmup=GRAPH_WARMUP)
