@@ -19,9 +19,10 @@ from transforms.nets import ConvNet
 
 FAST = dict(rounds=1, block=1, warmup=1)
 FALLING = tuple(4.0 * 0.7**i for i in range(12))
+BASE = LossCurve("eager", FALLING)
 
 
-def verdict_of(other: LossCurve, base: LossCurve = LossCurve("eager", FALLING)) -> str:
+def verdict_of(other: LossCurve, base: LossCurve = BASE) -> str:
     return compare({"eager": base, other.variant: other}, "eager")[other.variant].verdict
 
 
@@ -98,9 +99,10 @@ def test_bench_keeps_the_curves_and_their_verdicts():
 
 def test_the_command_line_prints_writes_and_plots_the_check(tmp_path, capsys):
     out, plot = tmp_path / "r.json", tmp_path / "r.png"
-    code = main(["bench", "resnet50", "--device", "cpu", "--dtype", "fp32", "--input",
-                 "4x3x32x32", "--rounds", "1", "--steps", "1", "--warmup", "1", "--vs",
-                 "channels-last", "--loss-steps", "6", "-o", str(out), "--plot", str(plot)])  # fmt: skip
+    args = ["bench", "resnet50", "--device", "cpu", "--dtype", "fp32", "--input", "4x3x32x32",
+            "--rounds", "1", "--steps", "1", "--warmup", "1", "--vs", "channels-last",
+            "--loss-steps", "6", "-o", str(out), "--plot", str(plot)]  # fmt: skip
+    code = main(args)
     assert code == 0
     printed = capsys.readouterr().out
     assert "loss over 6 steps from the same weights" in printed
