@@ -122,3 +122,21 @@ def test_readme_headline_bench_figures_come_from_bench_csv():
     for variant in ("optimize+graph", "channels-last+compile"):
         warmup = f"{float(row(*resnet, variant)['warmup_s']):.1f} s"
         assert warmup in readme, (variant, warmup)
+
+
+def test_readme_case_studies_are_what_the_result_files_say(summarize):
+    """The README's case-study block is what `summarize.py readme` renders from the files."""
+    readme = (ROOT / "README.md").read_text()
+    block = summarize.readme_block()
+    assert block.rstrip("\n") in readme, (
+        "README.md's case studies are stale: run `python benchmarks/summarize.py readme --write`"
+    )
+    assert "| ResNet-50 (torchvision" in block and "| DDP on two H200s |" in block
+
+
+def test_a_case_study_command_keeps_how_it_ran_not_where_it_wrote(summarize):
+    from summary.cases import command
+
+    env = {"command": "python -m gpushape bench hf:gpt2 --batch 32 --kernels 8 --csv /o/b.csv "
+           "--plot=/o/g.png -o /o/g.json --rounds 4"}  # fmt: skip
+    assert command({"environment": env}) == "gpushape bench hf:gpt2 --batch 32 --rounds 4"
