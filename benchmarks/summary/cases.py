@@ -141,6 +141,7 @@ def _row(case: Case) -> tuple[str, ...]:
         return (case.name, target, "not run yet", "-", "-", "-")
     rel, data, name, rate = best
     base = data["variants"][case.against][case.rate]
+    warm = data["variants"][name]["warmup_s"], data["variants"][case.against]["warmup_s"]
     ratio = rate / base
     met = rate >= case.target and (case.ratio_target is None or ratio >= case.ratio_target)
     verdict = "met" if met else f"{rate / case.target:.0%} of the target"
@@ -151,9 +152,9 @@ def _row(case: Case) -> tuple[str, ...]:
     return (
         case.name,
         target,
-        f"`{name}` **{rate:,.0f}** ({data['environment']['date_utc'][:10]}, "
-        f"[json](benchmarks/results/{rel}){plot})",
-        f"`{case.against}` {base:,.0f} ({ratio:.2f}x)",
+        f"`{name}` **{rate:,.0f}**, warm-up {warm[0]:.1f} s "
+        f"({data['environment']['date_utc'][:10]}, [json](benchmarks/results/{rel}){plot})",
+        f"`{case.against}` {base:,.0f}, warm-up {warm[1]:.1f} s ({ratio:.2f}x)",
         verdict,
         f"`{command(data)}`",
     )
@@ -177,23 +178,26 @@ def ddp_row() -> tuple[str, ...]:
 
 
 def plots() -> list[str]:
-    """Each case's newest plot whose run no later run overwrote, as an image with its command."""
-    out = []
+    """Each case's newest plot whose run no later run overwrote: the images in a row, then
+    which run each shows (its JSON holds the command)."""
+    shown = []
     for case in CASES:
         owned = [(d["environment"]["date_utc"], rel, d) for rel, d in _runs(case)
                  if plot_of(rel, d)]  # fmt: skip
-        if not owned:
-            continue
-        _, rel, data = max(owned, key=lambda t: t[0])
-        png = plot_of(rel, data)
-        out += [
-            f'<img src="benchmarks/results/{png}" width="480" alt="{case.name}">',
-            "",
-            f"{case.name}, {data['environment']['date_utc'][:10]} "
-            f"([json](benchmarks/results/{rel})): `{command(data)}`",
-            "",
-        ]
-    return out
+        if owned:
+            _, rel, data = max(owned, key=lambda t: t[0])
+            shown.append((case.name.split(" (")[0], rel, data, plot_of(rel, data)))
+    if not shown:
+        return []
+    images = " ".join(
+        f'<img src="benchmarks/results/{png}" width="400" alt="{name}">'
+        for name, _, _, png in shown
+    )
+    runs = "; ".join(
+        f"{name}: [the run of {data['environment']['date_utc'][:10]}](benchmarks/results/{rel})"
+        for name, rel, data, _ in shown
+    )
+    return [images, "", f"Plots: {runs}.", ""]
 
 
 def case_studies() -> list[str]:
@@ -201,12 +205,15 @@ def case_studies() -> list[str]:
     versions = sorted({(e["gpu"], e["torch"], e["triton"]) for e in envs})
     where = "; ".join(f"{g}, torch {t}, triton {tr}" for g, t, tr in versions)
     head = ("case", "target", "best measured", "baseline in the same run", "verdict", "command")
+    # warm-up: from building the variant (rewrites, checks, compilation, capture) to the end of
+    # its first 3 steps
     return [
         BEGIN,
         "",
         f"bf16 training steps on synthetic data, {where}; each row one run of `gpushape bench` "
-        "with its baseline, variants alternated, medians (the command leaves out where the run "
-        "wrote its files). Every run of each case: "
+        "with its baseline, variants alternated, medians; warm-up counts from building the "
+        "variant (rewrites and their checks, compilation, capture) to the end of its first 3 "
+        "steps (the command leaves out where the run wrote its files). Every run of each case: "
         "[docs/results-h200.md](docs/results-h200.md#gpushape-bench).",
         "",
         *md_table(head, [*(_row(c) for c in CASES), ddp_row()]),
