@@ -220,3 +220,43 @@ def test_held_issue_time_on_a_gpu():
     host = held_issue_time(kernels, cuda=True)
     assert host is not None and host > 0
     assert held_issue_time(syncs, cuda=True) is None
+
+
+def test_mfu_is_also_given_against_the_measured_gemm_peak(monkeypatch):
+    from gpushape.hardware import calibrated, get_gpu
+    from gpushape.steps import run
+
+    model = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    monkeypatch.setattr(run, "_chip", lambda m, gpu: calibrated("h200"))
+    measured = run.measured_peak(model, "h200")
+    assert measured == pytest.approx(7.666e14, rel=1e-3)  # the shipped profile's bf16 GEMM
+    assert run.dense_peak(model, "h200") == pytest.approx(989.4e12)
+    monkeypatch.setattr(run, "_chip", lambda m, gpu: get_gpu("h100"))  # datasheet only
+    assert run.measured_peak(model, "h100") is None
+    s = StepStats(variant="x", step_times_s=(0.5,), warmup_s=1.0, samples=1, tokens=0,
+                  flops=1e14, peak_flops=1e15, measured_peak_flops=5e14)  # fmt: skip
+    assert s.mfu == pytest.approx(0.2) and s.mfu_measured == pytest.approx(0.4)
+    assert s.to_dict()["mfu_measured"] == pytest.approx(0.4)
+
+
+def test_each_variant_reports_its_own_flops():
+    result = bench(ConvNet(), (torch.zeros(2, 3, 16, 16),), variants=["channels-last"],
+                   gpu="h200", **FAST)  # fmt: skip
+    eager, cl = result.stats["eager"], result.stats["channels-last"]
+    assert eager.variant_flops == eager.flops and eager.flops > 0
+    assert cl.variant_flops == pytest.approx(eager.flops)  # a layout changes no FLOP
+
+
+def test_a_csv_from_before_a_new_column_is_rewritten_with_the_longer_header(tmp_path):
+    import csv
+
+    from gpushape.steps.results import append_csv
+
+    path = tmp_path / "b.csv"
+    append_csv(path, [{"a": 1, "b": 2}], ("a", "b"))
+    append_csv(path, [{"a": 3, "b": 4, "c": 5}], ("a", "b", "c"))
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows == [{"a": "1", "b": "2", "c": ""}, {"a": "3", "b": "4", "c": "5"}]
+    append_csv(path, [{"a": 6, "b": 7, "c": 8}], ("a", "b", "c"))  # same header: appended
+    assert path.read_text().count("a,b,c") == 1 and path.read_text().endswith("6,7,8\n")

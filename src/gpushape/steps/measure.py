@@ -56,6 +56,12 @@ class StepStats:
     """FLOPs of one step (forward and backward, from gpushape's trace)."""
     peak_flops: float | None = None
     """The chip's dense peak for the step's dtype (datasheet), for MFU."""
+    measured_peak_flops: float | None = None
+    """The largest aligned GEMM's rate `gpushape probe` measured on this chip for the step's
+    dtype (the profile's), for `mfu_measured`; None where no profile measured it."""
+    variant_flops: float | None = None
+    """FLOPs of one step of this variant's own model, from its trace (a rewrite that changes
+    the work shows here; None where the variant's model cannot be traced, a captured one)."""
 
     @property
     def median_s(self) -> float:
@@ -83,6 +89,13 @@ class StepStats:
         return self.flops / self.median_s / self.peak_flops
 
     @property
+    def mfu_measured(self) -> float | None:
+        """Model FLOPs per second over the chip's measured GEMM peak, not its datasheet's."""
+        if not self.flops or not self.measured_peak_flops:
+            return None
+        return self.flops / self.median_s / self.measured_peak_flops
+
+    @property
     def busy_fraction(self) -> float | None:
         return None if self.gpu_busy_s is None else min(self.gpu_busy_s / self.median_s, 1.0)
 
@@ -101,6 +114,7 @@ class StepStats:
             samples_per_s=self.samples_per_s,
             tokens_per_s=self.tokens_per_s,
             mfu=self.mfu,
+            mfu_measured=self.mfu_measured,
             busy_fraction=self.busy_fraction,
             bound=self.bound,
         )

@@ -18,7 +18,7 @@ BENCH_COLUMNS = (
     "date_utc", "gpu", "torch", "triton", "cuda", "model", "batch", "task", "baseline",
     "variant", "median_ms", "p10_ms", "p90_ms", "samples_per_s", "tokens_per_s",
     "speedup_vs_baseline", "warmup_s", "peak_memory_gb", "kernels_per_step", "gpu_busy_pct",
-    "mfu_pct", "bound", "notes", "command",
+    "mfu_pct", "bound", "notes", "command", "mfu_measured_pct", "gflop_per_sample",
 )  # fmt: skip
 LOOP_COLUMNS = (
     "date_utc", "gpu", "torch", "triton", "model", "mode", "fix", "places",
@@ -58,6 +58,10 @@ def bench_rows(result: BenchResult) -> list[dict[str, Any]]:
                 "kernels_per_step": "" if s.kernels is None else s.kernels,
                 "gpu_busy_pct": _num(s.busy_fraction, 100, 1),
                 "mfu_pct": _num(s.mfu, 100, 1),
+                "mfu_measured_pct": _num(s.mfu_measured, 100, 1),
+                "gflop_per_sample": _num(
+                    s.variant_flops / s.samples if s.variant_flops else None, 1e-9, 2
+                ),
                 "bound": s.bound,
                 "notes": "; ".join(result.notes.get(name, [])),
             }
@@ -85,10 +89,23 @@ def loop_rows(result: LoopResult, env: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def append_csv(path: str | Path, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> Path:
-    """Append rows (a header first when the file is new)."""
+    """Append rows (a header first when the file is new). A file written before a column was
+    added is rewritten once with the longer header, its old rows blank in the new columns."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists() or path.stat().st_size == 0
+    if not new:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            header = tuple(reader.fieldnames or ())
+            old = list(reader) if header != columns else []
+        if header != columns:
+            extra = tuple(c for c in header if c not in columns)  # kept, after ours
+            columns = columns + extra
+            with path.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+                writer.writeheader()
+                writer.writerows(old)
     with path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         if new:
@@ -101,7 +118,7 @@ def bench_table(result: BenchResult, console: Console) -> None:
     title = f"{result.model}: training step, {' '.join(result.batch_shapes)} ({result.task})"
     table = Table(title=escape(title), title_justify="left")
     for col in ("variant", "step ms", "p10-p90", "samples/s", "tokens/s", "x base", "warm-up s",
-                "peak GB", "kernels", "GPU busy", "host ms", "MFU", "bound"):  # fmt: skip
+                "peak GB", "kernels", "GPU busy", "host ms", "MFU (meas.)", "bound"):  # fmt: skip
         table.add_column(col, justify="left" if col == "variant" else "right")
     for name, s in result.stats.items():
         table.add_row(
@@ -116,10 +133,19 @@ def bench_table(result: BenchResult, console: Console) -> None:
             "-" if s.kernels is None else str(s.kernels),
             _num(s.busy_fraction, 100, 0) + "%" if s.busy_fraction is not None else "-",
             f"{s.issue_s * 1e3:,.2f}" if s.issue_s is not None else "-",
-            _num(s.mfu, 100, 1) + "%" if s.mfu is not None else "-",
+            _mfu(s),
             s.bound,
         )
     console.print(table)
+    console.print(
+        "MFU: model FLOPs a second over the chip's datasheet dense peak, and in brackets over "
+        "its measured GEMM peak (gpushape probe's)"
+        if any(s.mfu_measured for s in result.stats.values())
+        else "MFU: model FLOPs a second over the chip's datasheet dense peak"
+    )
+    work = _flops_line(result)
+    if work:
+        console.print(work)
     if any(s.issue_s is not None for s in result.stats.values()):
         console.print(
             "host ms: the time for the step's Python to return when started on an idle GPU "
@@ -140,6 +166,29 @@ def bench_table(result: BenchResult, console: Console) -> None:
             console.print(escape(f"  {v.text()}"))
         for name, why in result.loss_failed.items():
             console.print(escape(f"  {name}: failed to train: {why}"))
+
+
+def _mfu(s) -> str:
+    if s.mfu is None:
+        return "-"
+    text = f"{s.mfu * 100:.1f}%"
+    return text + (f" ({s.mfu_measured * 100:.1f}%)" if s.mfu_measured is not None else "")
+
+
+def _flops_line(result: BenchResult) -> str:
+    """Each variant's forward and backward FLOPs per sample, from its own trace, against the
+    baseline's: a rewrite that does less (or more) work than the model shows here."""
+    base = result.stats[result.baseline]
+    if not base.variant_flops:
+        return ""
+    per = base.variant_flops / base.samples / 1e9
+    cells = [f"{escape(result.baseline)} {per:,.2f} GFLOP"]
+    for name, s in result.stats.items():
+        if name == result.baseline:
+            continue
+        own = f"{s.variant_flops / base.variant_flops:.3f}x" if s.variant_flops else "not traced"
+        cells.append(f"{escape(name)} {own}")
+    return "forward+backward FLOPs a sample, each variant's own trace: " + "; ".join(cells)
 
 
 def kernels_table(result: BenchResult, console: Console, top: int) -> None:

@@ -115,17 +115,39 @@ def model_flops(model: nn.Module, inputs: tuple) -> float | None:
         return None
 
 
-def dense_peak(model: nn.Module, gpu: Any) -> float | None:
-    from ..hardware import current_gpu, get_gpu
+def _chip(model: nn.Module, gpu: Any) -> Any:
+    """The chip the step runs on, calibrated where a profile measured it: a resolved target's
+    spec (the CLI's: the bundled profile or --profile), else the named or current chip with
+    the profile shipped for it; None for a step not on a GPU."""
+    from ..hardware import calibrated, current_gpu, get_gpu
 
     if not any(p.is_cuda for p in model.parameters()):
         return None  # MFU of a GPU's peak means nothing for a step run elsewhere
-    gpu = getattr(gpu, "spec", gpu)  # a resolved target (the CLI's) or a chip
+    spec = getattr(gpu, "spec", None)
+    if spec is not None:
+        return spec
     spec = get_gpu(gpu) if gpu is not None else current_gpu()
-    if spec is None:
+    return calibrated(spec) if spec is not None else None
+
+
+def _dtype(model: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def dense_peak(model: nn.Module, gpu: Any) -> float | None:
+    """The chip's datasheet dense peak for the model's dtype."""
+    spec = _chip(model, gpu)
+    return None if spec is None else spec.peak_flops(_dtype(model))
+
+
+def measured_peak(model: nn.Module, gpu: Any) -> float | None:
+    """The largest aligned GEMM's measured rate for the model's dtype, where the chip's
+    profile measured it (`gpushape probe`: 767 TFLOP/s in bf16 on the H200, against 989 on
+    its datasheet), else None."""
+    spec = _chip(model, gpu)
+    if spec is None or "gemm_fraction" not in spec.achievable.measured:
         return None
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    return spec.peak_flops(dtype)
+    return spec.attainable_flops(_dtype(model))
 
 
 def measure_variants(
@@ -147,6 +169,7 @@ def measure_variants(
     all together and profile each: (the variants, their figures, why the others failed)."""
     cuda = any(p.is_cuda for p in model.parameters())
     flops, peak = model_flops(model, batch.inputs), dense_peak(model, gpu)
+    measured = measured_peak(model, gpu)
     built: dict[str, Variant] = {}
     warmups: dict[str, float] = {}
     memory: dict[str, int | None] = {}
@@ -204,8 +227,18 @@ def measure_variants(
             host_s=hosts[name],
             flops=flops,
             peak_flops=peak,
+            measured_peak_flops=measured,
+            variant_flops=_own_flops(variant, specs[name], flops),
         )
     return built, stats, failed
+
+
+def _own_flops(variant: Variant, spec: Spec, given: float | None) -> float | None:
+    """A variant's own FLOPs a step: its rewritten model traced, the model's as given where it
+    runs the same model (a runner or the optimizer changes no FLOP)."""
+    if not (spec.channels_last or spec.optimize_mode):
+        return given
+    return model_flops(variant.step.model, variant.step.batch.inputs)
 
 
 def bench(
