@@ -75,16 +75,23 @@ def test_two_ranks_under_torchrun(tiny, tmp_path):
     assert doc["scaling_efficiency"] == pytest.approx(
         doc["variants"]["ddp x2"]["speedup_vs_baseline"]
     )
+    # the bucket size tuned by default: every size timed, the fastest reported
+    assert set(doc["bucket_sweep"]) == {"10", "25", "50", "100"}
+    assert doc["scaling_efficiency"] == pytest.approx(max(doc["bucket_sweep"].values()))
+    assert doc["bucket_mb"] in (10, 25, 50, 100) and "bucket size tuned" in done.stdout
 
 
 @pytest.mark.slow
 def test_bf16_compression_halves_the_bytes(tiny, tmp_path):
     out = tmp_path / "ddp.json"
-    done = gpushape_bench(tiny, *FAST, "--nproc", "2", "--ddp-compress", "bf16", "-o", str(out))
+    done = gpushape_bench(tiny, *FAST, "--nproc", "2", "--ddp-compress", "bf16",
+                          "--bucket-mb", "50", "-o", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "link-bound" in done.stdout and "not over NVLink" in done.stdout
     doc = json.loads(out.read_text())
     assert doc["compress"] == "bf16" and doc["wire_bytes"] * 2 == doc["grad_bytes"]
+    assert doc["bucket_mb"] == 50 and list(doc["bucket_sweep"]) == ["50"]  # as given
+    assert "bucket size tuned" not in done.stdout
 
 
 def test_workers_rerun_the_same_command():
@@ -106,6 +113,10 @@ def test_a_workers_error_line_ends_the_relay(capsys):
     assert capsys.readouterr().err == "gpushape: building\ngpushape: error: boom\n"
     assert next(lines, None) is None  # drained: torchrun never blocks on the pipe
     assert distributed._relay(io.StringIO("W torchrun chatter\n")) is False
+    capsys.readouterr()
+    two = "gpushape: error: no file x.pygpushape: error: no file x.py\n"  # two ranks, one line
+    assert distributed._relay(iter([two])) is True
+    assert capsys.readouterr().err == "gpushape: error: no file x.py\n"
 
 
 def stats(times: tuple[float, ...]) -> StepStats:
@@ -124,6 +135,28 @@ def test_efficiency_is_the_step_alone_over_the_slowest_ranks_ddp_step():
     rows = {r["variant"]: r for r in results.bench_rows(result.as_bench())}
     assert rows["ddp x2"]["speedup_vs_baseline"] == f"{0.10 / 0.105:.3f}"
     assert any("not over NVLink" in n for n in result.notes())
+
+
+def test_auto_buckets_keep_the_size_whose_slowest_rank_is_fastest():
+    sweep = {10.0: [stats((0.110,)), stats((0.112,))], 25.0: [stats((0.104,)), stats((0.106,))],
+             50.0: [stats((0.103,)), stats((0.108,))]}  # fmt: skip
+    result = DDPResult(model="m", task="t", batch_shapes=["8x16:float32"], backend="nccl",
+                       bucket_mb=25, compress=None, grad_bytes=400, wire_bytes=400,
+                       single=[stats((0.10,)), stats((0.10,))], ddp=sweep[25.0],
+                       sweep=sweep)  # fmt: skip
+    effs = result.sweep_efficiency()
+    assert max(effs, key=effs.get) == 25.0 and effs[25.0] == pytest.approx(result.efficiency)
+    assert any(n.startswith("bucket size tuned: the fastest of 10 MB") for n in result.notes())
+    assert result.to_dict()["bucket_sweep"]["50"] == pytest.approx(0.10 / 0.108)
+
+
+def test_bucket_mb_takes_a_size_or_auto(capsys):
+    args = build_parser().parse_args(["bench", "x", "--nproc", "2", "--bucket-mb", "50"])
+    assert args.bucket_mb == 50.0
+    assert build_parser().parse_args(["bench", "x"]).bucket_mb == "auto"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "x", "--bucket-mb", "big"])
+    assert "a size in MB or auto, not 'big'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

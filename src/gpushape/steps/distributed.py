@@ -9,11 +9,13 @@ rendezvous flags and the worker command (docs/bench.md), e.g.
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 \\
         --rdzv-id bench1 -m gpushape bench resnet50 --ddp-worker --csv ddp.csv
 
-Every rank holds two copies of the model: the plain step (a GPU alone) and the step under DDP
-(gradients all-reduced in buckets of `bucket_mb` during the backward, `gradient_as_bucket_view`
-so they are not copied into the buckets). The two alternate in rounds, every block started on
-all ranks at once (a barrier), each rank on its own batch (seeded by its rank). Rank 0 reports
-the DDP step (the slowest rank's median: every step waits for the last all-reduce), total
+Every rank holds a copy of the model for the plain step (a GPU alone) and one for each step
+under DDP (gradients all-reduced in buckets of `bucket_mb` during the backward,
+`gradient_as_bucket_view` so they are not copied into the buckets): one bucket size, or with
+`bucket_mb=None` ("auto") each of BUCKET_SWEEP, the fastest kept. They alternate in rounds,
+every block started on all ranks at once (a barrier), each rank on its own batch (seeded by
+its rank). Rank 0 reports the DDP step (the slowest rank's median: every step waits for the
+last all-reduce), total
 samples/s = N x batch / that step, scaling efficiency = the step alone (every rank's blocks
 pooled) / the DDP step = total samples/s over N GPUs alone, and the gradient bytes all-reduced
 per step (halved for fp32 weights by bf16 compression, which pays only where the all-reduce
@@ -49,6 +51,7 @@ from .step import build_step
 WORKER_FLAG = "--ddp-worker"
 COMMAND_VAR = "GPUSHAPE_COMMAND"  # the user's command line, for the workers' CSV rows
 ERROR_PREFIXES = ("gpushape: error:", "gpushape: internal error:")
+BUCKET_SWEEP = (10.0, 25.0, 50.0, 100.0)  # MB: "auto" times DDP with each, keeps the fastest
 LINK_BOUND = "bf16 compression halves the bytes all-reduced: it pays only where the all-reduce \
 is link-bound (PCIe, Ethernet between hosts), not over NVLink"
 
@@ -102,6 +105,9 @@ def _worker_env(argv: list[str], nproc: int) -> dict[str, str]:
 def _relay(lines) -> bool:
     """Copy the workers' stderr to ours up to the first error line; whether there was one."""
     for line in lines:
+        if line.startswith(ERROR_PREFIXES):  # two ranks' lines written into one: the first
+            again = min((i for p in ERROR_PREFIXES if (i := line.find(p, 1)) > 0), default=0)
+            line = line[:again].rstrip("\n") + "\n" if again else line
         sys.stderr.write(line)
         sys.stderr.flush()
         if line.startswith(ERROR_PREFIXES):
@@ -155,6 +161,9 @@ class DDPResult:
     ddp: list[StepStats]
     rank: int = 0
     env: dict[str, Any] = field(default_factory=environment)
+    sweep: dict[float, list[StepStats]] = field(default_factory=dict)
+    """With bucket size "auto": every size timed (MB -> each rank's DDP step); `bucket_mb`
+    and `ddp` are the fastest's."""
 
     def __post_init__(self) -> None:
         self.env["command"] = os.environ.get(COMMAND_VAR) or self.env.get("command")
@@ -187,11 +196,20 @@ class DDPResult:
     def efficiency(self) -> float:
         return self.alone.median_s / self.total.median_s
 
+    def sweep_efficiency(self) -> dict[float, float]:
+        """Each bucket size's scaling efficiency (the slowest rank's DDP step at that size)."""
+        alone = self.alone.median_s
+        return {mb: alone / max(s.median_s for s in per_rank)
+                for mb, per_rank in self.sweep.items()}  # fmt: skip
+
     def notes(self) -> list[str]:
         sent = f"{_size(self.wire_bytes)} all-reduced per step"
         if self.wire_bytes != self.grad_bytes:
             sent += f" as bf16 ({_size(self.grad_bytes)} of gradients)"
         out = [f"{self.backend}, buckets of {self.bucket_mb:g} MB: {sent}"]
+        if len(self.sweep) > 1:
+            tried = ", ".join(f"{mb:g} MB {e:.1%}" for mb, e in self.sweep_efficiency().items())
+            out.append(f"bucket size tuned: the fastest of {tried}")
         if self.compress and self.wire_bytes == self.grad_bytes:
             out.append("bf16 compression changes nothing here: the gradients are 16-bit already")
         elif self.compress:
@@ -214,15 +232,17 @@ class DDPResult:
     def to_dict(self) -> dict[str, Any]:
         keys = ("world", "backend", "bucket_mb", "compress", "grad_bytes", "wire_bytes")
         ranks = [{"alone": s.to_dict(), "ddp": d.to_dict()} for s, d in zip(self.single, self.ddp)]
+        sweep = {f"{mb:g}": e for mb, e in self.sweep_efficiency().items()}
         return {**self.as_bench().to_dict(), **{k: getattr(self, k) for k in keys},
-                "scaling_efficiency": self.efficiency, "ranks": ranks}  # fmt: skip
+                "scaling_efficiency": self.efficiency, "bucket_sweep": sweep,
+                "ranks": ranks}  # fmt: skip
 
 
 def ddp_bench(
     model: torch.nn.Module,
     example_inputs: Any,
     *,
-    bucket_mb: float = 25,
+    bucket_mb: float | None = None,
     compress: str | None = None,
     rounds: int = 5,
     block: int = 10,
@@ -231,7 +251,9 @@ def ddp_bench(
     name: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> DDPResult:
-    """In each torchrun worker: the step alone and under DDP, alternated; every rank's result."""
+    """In each torchrun worker: the step alone and under DDP, alternated; every rank's result.
+    `bucket_mb` None: DDP timed at each size of BUCKET_SWEEP, the fastest reported."""
+    buckets = BUCKET_SWEEP if bucket_mb is None else (float(bucket_mb),)
     if compress not in (None, "bf16"):
         raise GpushapeError(f"unknown DDP compression {compress!r}: none or bf16")
     rank, world, local = ranks()
@@ -249,12 +271,14 @@ def ddp_bench(
         inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
         batch = synthetic_batch(model.to(device), inputs, seed=rank)
         steps = _steps(
-            model, batch, cuda=cuda, bucket_mb=bucket_mb, compress=compress, optimizer=optimizer
+            model, batch, cuda=cuda, buckets=buckets, compress=compress, optimizer=optimizer
         )
         warm_s = [warm(step, warmup, cuda=cuda) for step in steps]
-        say(f"timing alone and DDP alternately: {rounds} rounds of {block} steps")
+        sizes = ", ".join(f"{mb:g}" for mb in buckets)
+        say(f"timing alone and DDP (buckets of {sizes} MB) alternately: {rounds} rounds of "
+            f"{block} steps")  # fmt: skip
         times = _alternate(steps, rounds=rounds, block=block, cuda=cuda)
-        single, ddp = _gather(times, warm_s, batch, device)
+        single, *per_bucket = _gather(times, warm_s, batch, device)
         del steps  # DDP's reducer goes before its process group does
         gc.collect()
         dist.barrier()  # no rank tears down while another still talks (gloo aborts then)
@@ -266,31 +290,36 @@ def ddp_bench(
     wire = sum(p.numel() * (2 if compress else p.element_size()) for p in grads)
     backend = "nccl" if cuda else "gloo"
     model_name = name or type(model).__name__
-    return DDPResult(model_name, batch.task, _shapes(batch), backend, bucket_mb, compress,
-                     nbytes, wire, single, ddp, rank)  # fmt: skip
+    sweep = dict(zip(buckets, per_bucket, strict=True))
+    best = min(sweep, key=lambda mb: max(s.median_s for s in sweep[mb]))
+    return DDPResult(model_name, batch.task, _shapes(batch), backend, best, compress,
+                     nbytes, wire, single, sweep[best], rank, sweep=sweep)  # fmt: skip
 
 
 def _steps(
-    model, batch, *, cuda: bool, bucket_mb: float, compress: str | None, optimizer: str
+    model, batch, *, cuda: bool, buckets: tuple[float, ...], compress: str | None, optimizer: str
 ) -> list:
-    """[the plain step, the DDP step], each on its own copy of `model`."""
+    """[the plain step, the DDP step at each bucket size], each on its own copy of `model`."""
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [torch.cuda.current_device()] if cuda else None
-    wrapped = DistributedDataParallel(
-        copy.deepcopy(model),
-        device_ids=device_ids,
-        bucket_cap_mb=bucket_mb,
-        gradient_as_bucket_view=True,
-    )
-    if compress:
-        wrapped.register_comm_hook(None, _bf16_hook(cuda))
-    alone = build_step(copy.deepcopy(model), batch, optimizer)
-    return [alone, build_step(wrapped, batch, optimizer)]
+    steps = [build_step(copy.deepcopy(model), batch, optimizer)]
+    for mb in buckets:
+        wrapped = DistributedDataParallel(
+            copy.deepcopy(model),
+            device_ids=device_ids,
+            bucket_cap_mb=mb,
+            gradient_as_bucket_view=True,
+        )
+        if compress:
+            wrapped.register_comm_hook(None, _bf16_hook(cuda))
+        steps.append(build_step(wrapped, batch, optimizer))
+    return steps
 
 
-def _gather(times: list[list[float]], warm_s: list[float], batch, device) -> tuple[list, list]:
-    """Every rank's (alone, DDP) StepStats, gathered on every rank."""
+def _gather(times: list[list[float]], warm_s: list[float], batch, device) -> tuple[list, ...]:
+    """Every rank's StepStats for each step (alone, then DDP at each bucket size), gathered on
+    every rank: one list per step, a StepStats per rank."""
     mine = torch.tensor(
         [[*t, w] for t, w in zip(times, warm_s, strict=True)], dtype=torch.float64, device=device
     )
@@ -298,9 +327,9 @@ def _gather(times: list[list[float]], warm_s: list[float], batch, device) -> tup
     dist.all_gather(parts, mine)
     rows = [part.cpu().tolist() for part in parts]
     return tuple(
-        [StepStats(variant=kind, step_times_s=tuple(r[i][:-1]), warmup_s=r[i][-1],
-                   samples=batch.samples, tokens=batch.tokens) for r in rows]
-        for i, kind in enumerate(("alone", "ddp"))
+        [StepStats(variant="alone" if i == 0 else "ddp", step_times_s=tuple(r[i][:-1]),
+                   warmup_s=r[i][-1], samples=batch.samples, tokens=batch.tokens) for r in rows]
+        for i in range(len(times))
     )  # fmt: skip
 
 
