@@ -53,7 +53,7 @@ CLASSES = (  # (class, kernel-name pattern), first match wins
         "normalization",
         r"batch_norm|layer_norm|_stats_kernel|_apply_kernel|_bwd_reduce_kernel|"
         r"_bwd_apply_kernel|welford|rms_norm|GammaBeta",
-    ),  # fmt: skip
+    ),
     ("convolution", r"conv|fprop|dgrad|wgrad|implicit|nhwckrsc|winograd"),
     ("matmul", r"gemm|nvjet|cutlass|xmma|cublas|splitK"),
     ("pooling", r"pool"),
