@@ -19,6 +19,7 @@ from torch import nn
 from ..errors import GpushapeError
 from ..hardware import GPUSpec, dtype_key
 from ..models.hf_masks import meta_padding_masks
+from ..models.labels import with_labels
 from ..tracing.cost import cost
 from ..tracing.tracer import trace
 from .cast import inputs_as, model_as
@@ -91,6 +92,9 @@ def audit(
     target = resolve_target(gpu, profile)
     spec = target.spec
     flags = flags or BackendFlags.current()
+    given = example_inputs
+    if train:  # a library model computes its loss in its forward when given labels
+        example_inputs = with_labels(model, example_inputs)
     if dtype is not None:
         model, example_inputs = model_as(model, dtype), inputs_as(example_inputs, dtype)
     with observe(model) as seen, meta_padding_masks(model):
@@ -117,4 +121,5 @@ def audit(
     report.calibration = target.calibration
     report.gpu_reason = target.reason
     report.inputs = describe_inputs(example_inputs)
+    report.with_loss = example_inputs is not given
     return report

@@ -7,11 +7,12 @@ runs:
   each finding says the wall-clock time it saves beside the GPU time, counting what the fix
   does to the host's dispatch (host_effect.py), and is graded by that wall-clock time.
 - compile: Inductor pads misaligned matmuls and fuses normalizations, softmax and dropout with
-  their elementwise neighbours by itself. Findings whose fix it already makes are kept as info
-  with a saving of zero and say so (measured on the H200: GPT-2's vocabulary padding saved
-  11.7 ms a step eager but 0.5 ms compiled, `benchmarks/results/baselines-h200/
-  compile_vocab_pad.json`; gpushape's fused BatchNorm gained 0.99x under torch.compile,
-  `e2e_rn50_kernels.json` there).
+  their elementwise neighbours by itself, and a cross-entropy over the logits into two
+  kernels (pricing/loss.py: the traced loss priced as those). Findings whose fix it already
+  makes are kept as info with a saving of zero and say so (measured on the H200: GPT-2's
+  vocabulary padding saved 11.7 ms a step eager but 0.5 ms compiled,
+  `benchmarks/results/baselines-h200/compile_vocab_pad.json`; gpushape's fused BatchNorm
+  gained 0.99x under torch.compile, `e2e_rn50_kernels.json` there).
 - graph: the step is replayed from a CUDA graph (or torch.compile's reduce-overhead mode):
   launches cost the graph's overhead, and launch-bound's fix is already made.
 The host side is the longer of the cost model's launch count times the measured launch
@@ -35,6 +36,7 @@ from ..tracing.layout import conversion_passes
 from .context import AuditContext
 from .finding import TIME_SHARE_THRESHOLDS, Finding, Severity, severity_for_share
 from .host_effect import host_saving_s
+from .pricing.loss import compiled_loss_saving_s
 from .pricing.optimizer_step import foreach_host_s
 
 MODES = ("eager", "compile", "graph")
@@ -182,6 +184,8 @@ def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) ->
     gpu_s = totals.kernel_time_s + sum(
         float(f.evidence.get("cost_in_mode_s", {}).get(mode, 0.0)) for f in findings
     )
+    if mode == "compile":  # Inductor fuses a cross-entropy's kernels over the logits itself
+        gpu_s = max(gpu_s - compiled_loss_saving_s(ctx), 0.0)
     if mode == "compile" and findings:
         from .combine import combine
 

@@ -19,9 +19,9 @@
    the audit of each stage's model predicts its step (GPU time and wall clock in the mode),
    and a fix's predicted saving is the difference from the stage before. Every stage is
    audited with the step's optimizer, whose foreach Python an eager host pays; the
-   optimizer's fix is priced by its finding in the last audited stage; masked-lm-head, which
-   acts on the labels the trace has no values for, by its finding in the audit of the stage
-   before; a CUDA graph, and graph-layers, which optimize keeps on a timing of the layers
+   optimizer's fix is priced by its finding in the last audited stage (the audit traces a
+   library model with labels, so masked-lm-head's stage is audited like any other); a CUDA
+   graph, and graph-layers, which optimize keeps on a timing of the layers
    rather than on a finding, by the audit's graph mode. A compiled stage's host is the step's
    as given less the kernels its fixes removed, each at a bare launch (`_compiled`). A cost
    the eager trace does not have (the all-true mask transformers builds while compiling,
@@ -47,9 +47,6 @@ from .step import make_optimizer
 from .variants import Spec, Variant, build_variant
 
 STEP_FIXES = ("fused-optimizer", "cuda-graphs")
-# Fixes that act on what the audit's trace has no values for (masked-lm-head: the labels), so
-# an audit of the rewritten model cannot see them: priced by their finding in the stage before.
-FROM_FINDINGS = ("masked-lm-head",)
 GIVEN = "as given"
 NONE = (0.0, 0.0, [])  # no finding names the fix
 GRAPH_LAYERS = "graph-layers"  # kept by optimize on a timing; its stage priced in graph mode
@@ -238,14 +235,12 @@ def _last_report(built: dict[str, Variant]) -> Any:
     return reports[-1] if reports else None
 
 
-def _step_of(report: Any, unseen_gpu_s: float = 0.0) -> tuple[float, float]:
-    """The audited step (GPU, wall), less `unseen_gpu_s`: the GPU time of applied fixes its
-    trace cannot see (`FROM_FINDINGS`)."""
+def _step_of(report: Any) -> tuple[float, float]:
+    """The audited step (GPU, wall)."""
     step = report.step
     if step is None:
-        return (report.totals.roofline_time_s - unseen_gpu_s,) * 2
-    gpu_s = max(step.gpu_s - unseen_gpu_s, 0.0)
-    return gpu_s, max(gpu_s, step.host_s)
+        return (report.totals.roofline_time_s,) * 2
+    return step.gpu_s, max(step.gpu_s, step.host_s)
 
 
 def _compiled(given: Any, stage: Any, gpu_s: float, wall_s: float) -> tuple[float, float]:
@@ -259,30 +254,21 @@ def _compiled(given: Any, stage: Any, gpu_s: float, wall_s: float) -> tuple[floa
 
 def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[float, float]]:
     """Each built stage's predicted (GPU, wall) step: the audit of its model in `mode`; the
-    optimizer's fix from its findings; a fix the trace cannot see (`FROM_FINDINGS`: it acts on
-    the labels) as the stage before less its finding in that stage's audit, and every later
-    stage's audit less that finding's GPU time (its trace runs without labels); a CUDA graph
-    as the audit's graph mode of the stage before (masked-lm-head has no host sync, so a graph
-    captures it)."""
+    optimizer's fix from its findings; a CUDA graph as the audit's graph mode of the stage
+    before (masked-lm-head has no host sync, so a graph captures it)."""
     from ..auditing.api import audit
 
     out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
     reports = {GIVEN: report}
     previous = GIVEN
-    unseen_gpu_s = 0.0
     for stage, spec in specs.items():
         if stage == GIVEN or stage not in built:
             continue
         step = built[stage].step
-        fix = stage.removeprefix("+ ")
         if stage == "+ fused-optimizer":  # priced on the last audited stage, as it runs there
             last = predictions(list(reports.values())[-1])
             gpu_s, wall_s, _ = last.get("fused-optimizer", predicted.get("fused-optimizer", NONE))
             out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
-        elif fix in FROM_FINDINGS and previous in reports:
-            gpu_s, wall_s, _ = predictions(reports[previous]).get(fix, NONE)
-            out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
-            unseen_gpu_s += gpu_s
         else:
             # graph-layers replays the layers from CUDA graphs: its stage and every stage built
             # on it priced as the audit's graph mode (their layers' dispatch is replayed too)
@@ -290,7 +276,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             run_mode = "graph" if graphed else mode
             stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                                  train=True, mode=run_mode, optimizer=step.optimizer)  # fmt: skip
-            gpu_s, wall_s = _step_of(stage_report, unseen_gpu_s)
+            gpu_s, wall_s = _step_of(stage_report)
             if run_mode == "compile":  # the host as given, less each kernel saved at a launch
                 gpu_s, wall_s = _compiled(report.step, stage_report.step, gpu_s, wall_s)
             out[stage] = (gpu_s, wall_s)

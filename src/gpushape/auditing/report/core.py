@@ -121,6 +121,7 @@ class Report:
     calibration: str | None = None  # where measured chip numbers came from; None: datasheet
     gpu_reason: str | None = None  # why this chip: "from --gpu", "the GPU present", ...
     inputs: str | None = None  # the example inputs in words: "batch 64, 3x224x224 images"
+    with_loss: bool = False  # a library model traced with labels: its own loss in the step
     combined: Any = None  # what the non-overlapping fixes save together (auditing.combine)
     step: Any = None  # the step in the audited mode: GPU, launches, bound (auditing.modes)
     gpu_spec: Any = field(default=None, repr=False)  # the GPUSpec costed on (roofs of the plot)

@@ -39,6 +39,8 @@ def header_lines(report: Any) -> list[str]:
     """Two lines: model, inputs, dtype, step, the chip and why it was chosen; then the
     predicted time and where the chip's numbers came from."""
     step = "training step" if report.train else "forward"
+    if report.train and report.with_loss:
+        step += " with the model's own loss"
     what = [report.model, getattr(report, "inputs", None), report.dtype, step]
     reason = getattr(report, "gpu_reason", None)
     chip = f"{report.gpu}, {reason}" if reason else report.gpu

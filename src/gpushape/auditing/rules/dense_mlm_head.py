@@ -9,11 +9,13 @@ a fixed quarter of the rows, the labelled ones first (the loss and every gradien
 `logits` comes back for those rows), with no host sync: it pays in eager, compile and graph
 mode alike.
 
-The trace has no labels (the audit sees the model's inputs, not the loss), but the fix keeps
-a number of rows fixed by the shape, K = `capacity_rows(N)` of the N positions, so the saving
-is (1 - K / N) x (the head's traced ops, forward and backward, as the cost model prices them +
-the loss's passes over the logits, LOSS_PASSES reads or writes of a logits-sized tensor at the
-softmax family's measured rate). Training only; quiet for a model already rewritten.
+The fix keeps a number of rows fixed by the shape, K = `capacity_rows(N)` of the N positions
+(the audit's labels are a fixed pattern, models/labels.py, not the step's mask), so the
+saving is (1 - K / N) x (the head's traced ops, forward and backward, as the cost model
+prices them + the loss's passes over the logits, EAGER_PASSES reads or writes of a
+logits-sized tensor at the softmax family's measured rate; COMPILED_PASSES under
+torch.compile, which fuses the loss, pricing/loss.py). Training only; quiet for a model
+already rewritten.
 """
 
 from __future__ import annotations
@@ -24,13 +26,11 @@ from ...hardware.alignment import granularity, round_up
 from ...models.heads import CAPACITY, MARK, MASKED_FRACTION, capacity_rows, masked_lm_head
 from ..context import AuditContext
 from ..finding import Finding
+from ..pricing.loss import COMPILED_PASSES, EAGER_PASSES
 from ..pricing.padding import is_conv, pad_records, parse_misaligned
 from ..registry import register_rule
 
 RULE = "dense-mlm-head"
-# log_softmax forward (logits in, log-probabilities out), its backward (gradient and output
-# in, gradient out), and NLL's backward (a zero-filled logits-sized gradient): six passes.
-LOSS_PASSES = 6
 
 
 @register_rule(RULE, title="a masked LM's head computed at every position")
@@ -54,7 +54,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     logits = recs[-1].outputs[0] if recs[-1].outputs else None
     logits_bytes = logits.nbytes if logits is not None else 0
     memory_rate = ctx.gpu.achievable.memory("softmax")
-    loss_s = ctx.bytes_time_s(LOSS_PASSES * logits_bytes) / memory_rate
+    loss_s = ctx.bytes_time_s(EAGER_PASSES * logits_bytes) / memory_rate
     rows = logits.shape[0] * (logits.shape[1] if len(logits.shape) > 2 else 1) if logits else 0
     kept = capacity_rows(rows)
     share = kept / rows if rows else CAPACITY  # of the rows the head still runs on
@@ -76,7 +76,10 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     }
     if compiled_s < head_s:
         evidence["head_time_compiled_s"] = compiled_s
-        evidence["saving_by_mode_s"] = {"compile": (1.0 - share) * (compiled_s + loss_s)}
+    # Inductor also fuses the loss: COMPILED_PASSES over the logits where eager makes six
+    compiled_loss_s = loss_s * COMPILED_PASSES / EAGER_PASSES
+    compiled_saving = (1.0 - share) * (min(compiled_s, head_s) + compiled_loss_s)
+    evidence["saving_by_mode_s"] = {"compile": compiled_saving}
     message = (
         f"the masked-LM head `{spec.head_name}` computes {spec.vocab_size:,}-wide logits at "
         f"all {rows:,} positions, but the loss reads only the labelled ones (~15% in BERT-style "
