@@ -55,3 +55,39 @@ def test_under_compile_the_loss_is_priced_as_inductors_fused_kernels(monkeypatch
     fused = COMPILED_PASSES * elements * itemsize / rate
     assert 0 < fused < eager_loss
     assert unfused.step.gpu_s - compiled.step.gpu_s == pytest.approx(eager_loss - fused, rel=0.02)
+
+
+class TinyForCausalLM(torch.nn.Module):
+    """A Hugging Face-shaped causal LM whose loss counts its labels on the host (`.item()`),
+    which a meta trace cannot run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = object()
+        self.emb = torch.nn.Embedding(64, 16)
+        self.head = torch.nn.Linear(16, 64)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.head(self.emb(input_ids))
+        if labels is None:
+            return logits
+        count = int((labels != -100).sum().item())
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()) / count
+
+
+def test_a_loss_that_does_not_trace_leaves_the_step_without_it():
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    report = gpushape.audit(TinyForCausalLM(), (ids,), gpu="h200", train=True)
+    assert report.with_loss is False and report.step.gpu_s > 0
+    from gpushape.auditing.report.header import header_text
+
+    assert "own loss" not in header_text(report)
+
+
+def test_the_header_says_the_step_has_the_models_loss():
+    from gpushape.auditing.report.header import header_text
+
+    _, report = _audit(GPT2, train=True)
+    assert report.with_loss and "training step with the model's own loss" in header_text(report)
+    _, forward = _audit(GPT2, train=False)
+    assert not forward.with_loss and "own loss" not in header_text(forward)

@@ -92,15 +92,24 @@ def audit(
     target = resolve_target(gpu, profile)
     spec = target.spec
     flags = flags or BackendFlags.current()
-    given = example_inputs
-    if train:  # a library model computes its loss in its forward when given labels
-        example_inputs = with_labels(model, example_inputs)
+    # a library model computes its loss in its forward when given labels, as training does
+    labelled = with_labels(model, example_inputs) if train else example_inputs
+    with_loss = labelled is not example_inputs
     if dtype is not None:
-        model, example_inputs = model_as(model, dtype), inputs_as(example_inputs, dtype)
-    with observe(model) as seen, meta_padding_masks(model):
-        traced = trace(
-            model, example_inputs, train=train, device=device, name=name or type(model).__name__
-        )
+        model = model_as(model, dtype)
+        example_inputs, labelled = inputs_as(example_inputs, dtype), inputs_as(labelled, dtype)
+    name = name or type(model).__name__
+    traced = None
+    for inputs in (labelled, example_inputs) if with_loss else (example_inputs,):
+        try:
+            with observe(model) as seen, meta_padding_masks(model):
+                traced = trace(model, inputs, train=train, device=device, name=name)
+            example_inputs = inputs
+            break
+        except GpushapeError:
+            if inputs is example_inputs:
+                raise
+            with_loss = False  # its loss does not trace (a host sync in it): the step without
     costed = cost(traced, spec, math=flags.math_mode())
     ctx = AuditContext(
         trace=traced,
@@ -121,5 +130,5 @@ def audit(
     report.calibration = target.calibration
     report.gpu_reason = target.reason
     report.inputs = describe_inputs(example_inputs)
-    report.with_loss = example_inputs is not given
+    report.with_loss = with_loss
     return report
