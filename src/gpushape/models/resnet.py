@@ -9,7 +9,7 @@ before the 7x7 stem (the guide's "channel count a multiple of 32"), and every bo
 convolution twice as wide (64 -> 128 in the first stage, the 1x1 expansion reading 128). It
 has 42,002,664 parameters and a 1x3x224x224 forward of 7.90 GMACs, 1.93x ResNet-50's (the
 stem alone goes from 0.12 to 1.26 GMACs; tests/models/test_zoo.py counts both);
-docs/case-studies.md says what it costs and buys.
+docs/design.md ("The guide's GPU-optimized ResNet") says what it costs and buys.
 """
 
 from __future__ import annotations
