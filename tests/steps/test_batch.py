@@ -60,6 +60,27 @@ def test_hugging_face_causal_and_masked_lm_labels():
     assert "masked LM" in batch.task
 
 
+def test_a_sequence_classifier_on_token_ids_gets_a_class_per_sample():
+    """Token ids do not make a causal LM: BertForSequenceClassification's loss reads one class
+    per sample, and a token classifier's labels are not guessed (its logits take the plain
+    cross-entropy)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(
+        vocab_size=200, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, num_labels=3,
+    )  # fmt: skip
+    ids = (torch.zeros(4, 16, dtype=torch.long),)
+    model = transformers.BertForSequenceClassification(cfg)
+    batch = synthetic_batch(model, ids)
+    labels = batch.kwargs["labels"]
+    assert labels.shape == (4,) and int(labels.max()) < 3 and "classification" in batch.task
+    assert batch.loss(model(*batch.inputs, **batch.kwargs)).dim() == 0
+    tokens = transformers.BertForTokenClassification(cfg)
+    batch = synthetic_batch(tokens, ids)
+    assert "labels" not in batch.kwargs
+    assert batch.loss(tokens(*batch.inputs)).dim() == 0
+
+
 def test_a_step_trains_the_model():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(48, 3))

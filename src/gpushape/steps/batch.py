@@ -4,9 +4,10 @@ The example inputs a model comes with (`gpushape.models.resolve_model`) are shap
 of zeros, images of noise. A training step needs more: token ids spread over the vocabulary (an
 embedding's backward where every id is 0 is not the one real text runs), and a loss with the
 labels the model's task takes:
-- a Hugging Face model whose forward takes `labels`: a causal LM is given its input ids (the
-  model shifts them), a masked LM 15% of its tokens replaced by the mask id and labelled (the
-  rest -100, as BERT is trained), an image classifier a random class per sample;
+- a Hugging Face model whose forward takes `labels` (`models.labels.label_task`): a causal LM
+  is given its input ids (the model shifts them), a masked LM 15% of its tokens replaced by
+  the mask id and labelled (the rest -100, as BERT is trained), a sequence or image
+  classifier a random class per sample;
 - any other model: a classifier's logits (batch x classes) take cross-entropy against random
   classes, a language model's (batch x seq x vocab, fed token ids) against its input ids;
   anything else the mean of its first output.
@@ -14,7 +15,6 @@ labels the model's task takes:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from ..models.labels import label_task
 
 MASKED_FRACTION = 0.15
 IGNORE = -100
@@ -63,13 +65,6 @@ def vocabulary(model: nn.Module) -> int | None:
     return embedding.num_embeddings if embedding is not None else None
 
 
-def _takes_labels(model: nn.Module) -> bool:
-    try:
-        return "labels" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def synthetic_batch(model: nn.Module, example_inputs: tuple, *, seed: int = 0) -> Batch:
     """The example inputs with realistic values, labels where the task takes them, the loss."""
     gen = torch.Generator().manual_seed(seed)
@@ -83,8 +78,9 @@ def synthetic_batch(model: nn.Module, example_inputs: tuple, *, seed: int = 0) -
     samples = int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
     n_tokens = int(first.numel()) if tokens and first.dim() == 2 else 0
     batch = Batch(inputs=inputs, samples=samples, tokens=n_tokens)
-    if _takes_labels(model) and hasattr(model, "config"):
-        _library_labels(model, batch, gen)
+    task = label_task(model, inputs[0] if inputs else None)
+    if task is not None:
+        _library_labels(model, batch, gen, task)
     else:
         batch.loss, batch.task = _plain_loss(batch, vocab, gen)
     return batch
@@ -110,18 +106,18 @@ def _format_of(t: torch.Tensor) -> torch.memory_format:
     )
 
 
-def _library_labels(model: nn.Module, batch: Batch, gen: torch.Generator) -> None:
-    """Labels for a Hugging Face model's own loss (`output.loss`)."""
+def _library_labels(model: nn.Module, batch: Batch, gen: torch.Generator, task: str) -> None:
+    """Labels for a Hugging Face model's own loss (`output.loss`), by its task
+    (`models.labels.label_task`)."""
     x = batch.inputs[0]
-    name = type(model).__name__
-    if "MaskedLM" in name and not x.is_floating_point():
+    if task == "masked":
         masked = torch.rand(x.shape, generator=gen).to(x.device) < MASKED_FRACTION
         mask_id = getattr(model.config, "mask_token_id", None)
         mask_id = mask_id if mask_id is not None else min(103, (vocabulary(model) or 1) - 1)
         labels = torch.where(masked, x, torch.full_like(x, IGNORE))
         batch.inputs = (torch.where(masked, torch.full_like(x, mask_id), x), *batch.inputs[1:])
         batch.kwargs["labels"], batch.task = labels, "masked LM, 15% of tokens"
-    elif not x.is_floating_point():
+    elif task == "causal":
         batch.kwargs["labels"], batch.task = x, "causal LM (next token)"
     else:
         classes = int(getattr(model.config, "num_labels", 2))
@@ -156,7 +152,12 @@ def _plain_loss(batch: Batch, vocab: int | None, gen: torch.Generator):
             and not x.is_floating_point()
             and logits.shape[:2] == x.shape
         ):
-            return F.cross_entropy(logits.flatten(0, 1).float(), x.flatten())
+            if vocab is None or logits.shape[2] >= vocab:  # an LM's: the ids are its classes
+                return F.cross_entropy(logits.flatten(0, 1).float(), x.flatten())
+            if "tokens" not in classes:  # a tagger's: a class per token, drawn once
+                y = torch.randint(0, logits.shape[2], x.shape, generator=gen)
+                classes["tokens"] = y.to(logits.device)
+            return F.cross_entropy(logits.flatten(0, 1).float(), classes["tokens"].flatten())
         return logits.float().mean()
 
     task = "cross-entropy on the logits" if x is not None else "mean of the output"
