@@ -37,8 +37,8 @@ from .autocast import audit_flags
 
 MODES = ("eager", "compile", "graph")
 # Structural rewrites first (they change which modules exist), layouts next; masked-lm-head
-# last: it replaces the whole forward (for a labelled batch), which the later audits of
-# optimize and of the fix-by-fix loop cannot see (they trace without labels).
+# last: it replaces the whole forward (for a labelled batch; the audit traces a training step
+# with labels, models/labels.py, so the audits after it see its saving).
 ORDER = (
     "pad-channels",
     "fuse-qkv",
