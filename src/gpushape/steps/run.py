@@ -105,12 +105,15 @@ def _shapes(batch: Batch) -> list[str]:
 
 
 def model_flops(model: nn.Module, inputs: tuple) -> float | None:
-    """FLOPs of a training step's forward and backward, from gpushape's meta trace."""
+    """FLOPs of a training step's forward and backward, from gpushape's meta trace (with the
+    labels a library model's own loss reads, as the audit traces it)."""
+    from ..models.labels import with_labels
     from ..tracing.cost import cost
     from ..tracing.tracer import trace
 
     try:
-        return float(cost(trace(model, inputs, train=True), "h100").totals.flops)
+        traced = trace(model, with_labels(model, inputs), train=True)
+        return float(cost(traced, "h100").totals.flops)
     except Exception:  # a model the tracer cannot follow still benchmarks; MFU is left out
         return None
 
