@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-LIMIT_BYTES = 14_500  # 12,000 until the case-study table (commands in full) came in
+LIMIT_BYTES = 14_000  # 12,000 until the case-study table (commands in full) came in
 GPU_MARK = "# needs a GPU"
 
 

@@ -176,8 +176,8 @@ def ddp_row() -> tuple[str, ...]:
     target = "≥ 95% scaling, ResNet-50 and BERT-base"
     files = sorted(RESULTS.glob("ddp-h200*/*.json"))
     if not files:
-        return ("DDP on two H200s", target, "not run yet: no two-GPU machine lent so far", "-",
-                "-", "`gpushape bench resnet50 --nproc 2`")  # fmt: skip
+        return ("DDP on two H200s", target, "not run: no two-GPU machine yet", "-", "-",
+                "`gpushape bench resnet50 --nproc 2`")  # fmt: skip
     cells = []
     for path in files:
         data = json.loads(path.read_text())
@@ -205,11 +205,11 @@ def plots() -> list[str]:
         f'<img src="benchmarks/results/{png}" width="400" alt="{name}">'
         for name, _, _, png in shown
     )
-    runs = "; ".join(
-        f"{name}: [the run of {data['environment']['date_utc'][:10]}](benchmarks/results/{rel})"
+    runs = ", ".join(
+        f"[{name}'s of {data['environment']['date_utc'][:10]}](benchmarks/results/{rel})"
         for name, rel, data, _ in shown
     )
-    return [images, "", f"Plots: {runs}.", ""]
+    return [images, "", f"The plots' runs: {runs}.", ""]
 
 
 def case_studies() -> list[str]:
@@ -222,10 +222,9 @@ def case_studies() -> list[str]:
     return [
         BEGIN,
         "",
-        f"bf16 training steps on synthetic data, {where}; each row one run of `gpushape bench` "
-        "with its baseline, variants alternated, medians; warm-up counts from building the "
-        "variant (rewrites and their checks, compilation, capture) to the end of its first 3 "
-        "steps (the command leaves out where the run wrote its files). Every run of each case: "
+        f"bf16 training steps on synthetic data, {where}; a row is one `gpushape bench` run, "
+        "baseline and variants alternated, medians; warm-up: from building the variant to the "
+        "end of its first 3 steps. Every run: "
         "[docs/results-h200.md](docs/results-h200.md#gpushape-bench).",
         "",
         *md_table(head, [*(_row(c) for c in CASES), ddp_row()]),
