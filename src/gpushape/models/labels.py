@@ -71,8 +71,10 @@ def labels_for(task: str, first: Any) -> torch.Tensor:
         device = torch.device("meta")
     if task == "classes":
         return torch.zeros(first.shape[0], dtype=torch.long, device=device)
-    ids = first if isinstance(first, torch.Tensor) else torch.zeros(first.shape, dtype=torch.long,
-                                                                      device=device)  # fmt: skip
+    if isinstance(first, torch.Tensor):
+        ids = first
+    else:  # a TensorSpec: its shape on the meta device
+        ids = torch.zeros(tuple(first.shape), dtype=torch.long, device=device)
     if task == "causal":
         return ids
     labelled = torch.arange(ids.numel(), device=ids.device).view(ids.shape) % MASK_EVERY == 0

@@ -34,7 +34,7 @@ from ..errors import GpushapeError
 from .batch import Batch
 
 TAIL = 3  # the last losses averaged as a curve's end
-TRACKS = 0.10  # a final gap up to this share of the baseline's fall tracks it
+TRACKS = 0.10  # both gaps up to this share of the baseline's fall: the variant tracks it
 FLAT = 0.05  # a baseline falling by less than this share of its first loss has not trained
 MIN_STEPS = 2 * TAIL  # fewer steps cannot tell a start from an end
 
