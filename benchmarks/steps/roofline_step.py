@@ -49,6 +49,7 @@ from gpushape.tracing.tracer import trace
 COMPUTE = ("convolution", "matmul")
 CLASSES = (  # (class, kernel-name pattern), first match wins
     ("layout", r"nchwToNhwc|nhwcToNchw"),
+    ("optimizer", r"multi_tensor_apply|foreach|fused_sgd|FusedSgd|adam|Adam"),
     (
         "normalization",
         r"batch_norm|layer_norm|_stats_kernel|_apply_kernel|_bwd_reduce_kernel|"
@@ -57,7 +58,6 @@ CLASSES = (  # (class, kernel-name pattern), first match wins
     ("convolution", r"conv|fprop|dgrad|wgrad|implicit|nhwckrsc|winograd"),
     ("matmul", r"gemm|nvjet|cutlass|xmma|cublas|splitK"),
     ("pooling", r"pool"),
-    ("optimizer", r"multi_tensor_apply|foreach|fused_sgd|FusedSgd|adam|Adam"),
     ("elementwise", r"elementwise|vectorized|triton_|reduce_kernel|fill|copy|add|relu|mul"),
 )
 TRACE_CLASSES = {  # trace op name -> class; the rest by memory family
