@@ -68,7 +68,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model",
         metavar="MODEL",
-        help="a zoo name (resnet50, bert-base, gpt2, vit-b16, llama-7b), "
+        help="a zoo name (resnet50, resnet50-gpu, bert-base, gpt2, vit-b16, llama-7b), "
         "path/to/file.py:factory, package.module:factory, hf:<model type or config.json> "
         "or timm:<name>",
     )
