@@ -136,3 +136,33 @@ def test_a_compiled_stage_saves_host_time_only_for_the_kernels_its_fixes_remove(
     fast_host = StepTime(mode="compile", gpu_s=0.05, host_s=0.0287, kernels=624, marginal_s=7e-6)
     assert _compiled(given, fast_host, 0.05, 0.05) == (0.05, 0.05)  # GPU-bound: the GPU sets it
     assert _compiled(None, stage, 0.013, 0.0287) == (0.013, 0.0287)  # no step as given
+
+
+def test_a_compiled_loop_prices_cuda_graphs_as_reduce_overhead():
+    """In compile mode the loop's cuda-graphs stage runs torch.compile's reduce-overhead mode:
+    the compiled GPU work of the stage before, the host only the graph's launches."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from gpushape.auditing.api import audit
+    from gpushape.steps.fix_by_fix import GIVEN, _expected, predictions
+    from gpushape.steps.step import build_step
+    from gpushape.steps.variants import Spec
+    from transforms.nets import ConvNet
+
+    with torch.device("meta"):
+        model = ConvNet()
+    x = torch.empty(64, 3, 32, 32, device="meta")
+    from gpushape.steps.batch import Batch
+
+    batch = Batch(inputs=(x,), loss=lambda out: out.float().mean(), samples=64)
+    step = build_step(model, batch, "sgd")
+    built = {GIVEN: SimpleNamespace(step=step), "+ cuda-graphs": SimpleNamespace(step=step)}
+    specs = {GIVEN: Spec(runner="compile"), "+ cuda-graphs": Spec(runner="compile-graphs")}
+    report = audit(model, (x,), "h200", train=True, mode="compile", optimizer=step.optimizer)
+    out = _expected(specs, built, report, predictions(report), "h200", "compile")
+    graph = audit(model, (x,), "h200", train=True, mode="graph", optimizer=step.optimizer)
+    gpu, wall = out[GIVEN]
+    assert out["+ cuda-graphs"] == (gpu, max(gpu, graph.step.host_s))
+    assert out["+ cuda-graphs"][1] < wall  # a tiny compiled step is host-bound: graphs pay

@@ -51,3 +51,34 @@ def inputs_as(example_inputs: Any, dtype: torch.dtype) -> Any:
         return value
 
     return pytree.tree_map(cast, example_inputs)
+
+
+def channels_last_as(model: nn.Module, example_inputs: Any) -> tuple[nn.Module, Any]:
+    """A meta copy of `model` with its 4-D weights channels_last, and the 4-D floating inputs
+    channels_last (meta tensors or TensorSpecs): the model as Inductor's layout optimization
+    runs it. The model itself is not touched."""
+
+    def nhwc(t: torch.Tensor) -> torch.Tensor:
+        meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
+        if t.dim() == 4:
+            meta = meta.contiguous(memory_format=torch.channels_last)
+        if isinstance(t, nn.Parameter):
+            return nn.Parameter(meta, requires_grad=t.requires_grad)
+        return meta
+
+    memo: dict[int, Any] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        memo.setdefault(id(t), nhwc(t))
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() == 4:
+            return nhwc(value)
+        if (
+            isinstance(value, TensorSpec)
+            and value.dtype.is_floating_point
+            and len(value.shape) == 4
+        ):
+            return TensorSpec(value.shape, value.dtype, channels_last=True)
+        return value
+
+    return copy.deepcopy(model, memo), pytree.tree_map(convert, example_inputs)

@@ -9,7 +9,8 @@
    numerically, failures rolled back).
 3. Stages are built cumulatively, in the order optimize applies them: the model as given, then
    + the first applied transform, + the second, ..., then the step-level fixes the findings
-   name (fused-optimizer; cuda-graphs in eager mode). graph-layers, where optimize kept it,
+   name (fused-optimizer; cuda-graphs: the step in one CUDA graph in eager mode,
+   torch.compile's reduce-overhead mode in compile mode). graph-layers, where optimize kept it,
    comes first: it changes the host's cost, not the GPU's work, so the fixes after it are
    timed where their GPU savings reach the wall clock. In compile mode every stage runs under
    torch.compile. All stages are timed in one process, alternating (`run.bench`'s machinery).
@@ -185,8 +186,9 @@ def loop(
     last = specs[list(specs)[-1]]
     if "fused-optimizer" in predicted:
         last = specs["+ fused-optimizer"] = dataclasses.replace(last, fused_optimizer=True)
-    if "cuda-graphs" in predicted and mode == "eager":
-        specs["+ cuda-graphs"] = dataclasses.replace(last, runner="graph")
+    if "cuda-graphs" in predicted:  # compiled: torch.compile's reduce-overhead mode
+        runner = "graph" if mode == "eager" else "compile-graphs"
+        specs["+ cuda-graphs"] = dataclasses.replace(last, runner=runner)
     del plan
     built, stages, failed = measure_variants(
         specs,
@@ -255,7 +257,8 @@ def _compiled(given: Any, stage: Any, gpu_s: float, wall_s: float) -> tuple[floa
 def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[float, float]]:
     """Each built stage's predicted (GPU, wall) step: the audit of its model in `mode`; the
     optimizer's fix from its findings; a CUDA graph as the audit's graph mode of the stage
-    before (masked-lm-head has no host sync, so a graph captures it)."""
+    before (masked-lm-head has no host sync, so a graph captures it), compiled
+    (reduce-overhead) as the stage before's compiled GPU work with the graph's launches."""
     from ..auditing.api import audit
 
     out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
@@ -269,6 +272,11 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             last = predictions(list(reports.values())[-1])
             gpu_s, wall_s, _ = last.get("fused-optimizer", predicted.get("fused-optimizer", NONE))
             out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
+        elif spec.runner == "compile-graphs":  # the compiled kernels, launched from graphs
+            graphed = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
+                            train=True, mode="graph", optimizer=step.optimizer)  # fmt: skip
+            gpu_s = out[previous][0]
+            out[stage] = (gpu_s, max(gpu_s, graphed.step.host_s))
         else:
             # graph-layers replays the layers from CUDA graphs: its stage and every stage built
             # on it priced as the audit's graph mode (their layers' dispatch is replayed too)
