@@ -263,6 +263,12 @@ def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[F
             continue
         wall = wall_saving_s(f, step, ctx)
         message, severity = f.message, f.severity
+        if f.fix == "cuda-graphs" and mode == "compile":  # the rule speaks of eager launches
+            message += (
+                f"; compiled, the host issues the step in {step.host_s * 1e3:,.2f} ms (Inductor's "
+                f"wrapper) against {step.gpu_s * 1e3:,.2f} ms of GPU work: torch.compile's "
+                'mode="reduce-overhead" replays the compiled kernels from CUDA graphs'
+            )
         if wall < 0:
             message += (
                 f"; but in the {mode} step its ops cost the host more than those they replace, "

@@ -53,7 +53,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         "graph_launch_overhead_s": achievable.graph_launch_overhead_s,
     }
     dispatch = (
-        f"the host takes {host_s * 1e3:,.2f} ms to issue the step ({kernels} kernels, "
+        f"the host takes {host_s * 1e3:,.2f} ms to issue the eager step ({kernels} kernels, "
         f"{eager_s * 1e3:,.2f} ms of it their launches)"
         if host_s > eager_s
         else f"{kernels} kernels take {eager_s * 1e3:,.2f} ms to launch eagerly"
