@@ -218,3 +218,15 @@ def test_compile_mode_traces_convolutions_channels_last_where_inductor_would():
     fresh, _ = create_model("resnet50", batch=8, image_size=64)
     gpushape.audit(fresh, (x,), gpu="h200", train=True, mode="compile")
     assert fresh.conv1.weight.is_contiguous()  # the model audited is not converted
+
+
+def test_launch_bound_under_compile_names_reduce_overhead():
+    import gpushape
+    from gpushape.models import create_model
+
+    model, (x,) = create_model("resnet50", batch=8, image_size=64)
+    report = gpushape.audit(model, (x,), gpu="h200", train=True, mode="compile")
+    f = _finding(report, "launch-bound")
+    assert report.step.bound == "host" and f.evidence["wall_saving_s"] > 0
+    assert "compiled, the host issues the step in" in f.message
+    assert 'mode="reduce-overhead"' in f.message
