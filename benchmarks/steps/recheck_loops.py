@@ -103,9 +103,12 @@ def _recheck(path: Path, data: dict) -> dict:
     built[GIVEN] = _stage(r.model, batch, (), mode, args["optimizer"])
     for name in names[1:]:
         fix = name.removeprefix("+ ")
-        applied.append(fix)
-        specs[name] = Spec(optimize_mode=mode, transforms=tuple(applied), runner=runner,
-                           fused_optimizer=fix == "fused-optimizer")  # fmt: skip
+        graphed = fix == "cuda-graphs"  # a runner, not a transform: the loop's last stage
+        if not graphed:
+            applied.append(fix)
+        stage_runner = ("graph" if mode == "eager" else "compile-graphs") if graphed else runner
+        specs[name] = Spec(optimize_mode=mode, transforms=tuple(applied), runner=stage_runner,
+                           fused_optimizer="fused-optimizer" in applied)  # fmt: skip
         built[name] = _stage(r.model, batch, tuple(applied), mode, args["optimizer"])
     expected = _expected(specs, built, report, predicted, GPU, mode)
     rows = []
