@@ -133,3 +133,27 @@ def test_a_case_study_command_keeps_how_it_ran_not_where_it_wrote(summarize):
     env = {"command": "python -m gpushape bench hf:gpt2 --batch 32 --kernels 8 --csv /o/b.csv "
            "--plot=/o/g.png -o /o/g.json --rounds 4"}  # fmt: skip
     assert command({"environment": env}) == "gpushape bench hf:gpt2 --batch 32 --rounds 4"
+
+
+def test_a_plot_belongs_to_the_last_run_that_wrote_it(summarize, tmp_path, monkeypatch):
+    import json
+
+    from summary import cases
+
+    folder = tmp_path / cases.FOLDER
+    folder.mkdir()
+    (folder / "bert.png").write_bytes(b"png")
+
+    def run(name: str, date: str, plot: str) -> dict:
+        data = {"environment": {"date_utc": date, "command": f"gpushape bench hf:bert --plot "
+                                f"/o/{plot} -o /o/{name}"}}  # fmt: skip
+        (folder / name).write_text(json.dumps(data))
+        return data
+
+    early = run("early.json", "2026-12-01T00:00", "bert.png")
+    late = run("late.json", "2026-12-02T00:00", "bert.png")
+    gone = run("gone.json", "2026-12-03T00:00", "missing.png")
+    monkeypatch.setattr(cases, "RESULTS", tmp_path)
+    assert cases.plot_of(f"{cases.FOLDER}/late.json", late) == f"{cases.FOLDER}/bert.png"
+    assert cases.plot_of(f"{cases.FOLDER}/early.json", early) is None  # overwritten since
+    assert cases.plot_of(f"{cases.FOLDER}/gone.json", gone) is None  # no such file committed
