@@ -1,0 +1,55 @@
+"""The GPU scripts the next device session runs, run on the CPU with tiny shapes: they build,
+time, check and write their JSON (their numbers here say nothing about a GPU)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(monkeypatch, folder: str, module: str, argv: list[str]):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / folder))
+    mod = __import__(module)
+    monkeypatch.setattr(sys, "argv", [module, *argv])
+    return mod
+
+
+def test_guide_resnet_times_both_networks_and_counts_their_macs(monkeypatch, tmp_path):
+    out = tmp_path / "guide.json"
+    mod = _run(monkeypatch, "steps", "guide_resnet", [
+        "--device", "cpu", "--batch", "4", "--image", "32", "--rounds", "1", "--block", "1",
+        "--variant", "channels-last", "--loss-steps", "6", "--out", str(out)])  # fmt: skip
+    mod.main()
+    r = json.loads(out.read_text())["results"]
+    assert set(r["models"]) == {"resnet50", "resnet50-gpu"}
+    assert r["guide_over_resnet50"]["forward_gmacs_per_image"] == pytest.approx(1.93, abs=0.02)
+    assert all(len(m["losses"]) == 6 for m in r["models"].values())
+
+
+def test_roofline_step_classes_a_variant_and_bounds_the_step(monkeypatch, tmp_path):
+    out = tmp_path / "roof.json"
+    mod = _run(monkeypatch, "steps", "roofline_step", [
+        "resnet50", "--batch", "2", "--input", "2x3x32x32", "--device", "cpu",
+        "--vs", "channels-last", "--rounds", "1", "--target", "100", "--out", str(out)])  # fmt: skip
+    mod.main()
+    r = json.loads(out.read_text())["results"]
+    v = r["variants"]["channels-last"]
+    assert v["bounds_s"]["all at roofline"] > 0 and "convolution" in v["classes"]
+
+
+def test_probe_compile_qkv_checks_each_setting_against_eager(monkeypatch, tmp_path):
+    out = tmp_path / "qkv.json"
+    mod = _run(monkeypatch, "kernels", "probe_compile_qkv", [
+        "--device", "cpu", "--tiny", "--rounds", "1", "--out", str(out)])  # fmt: skip
+    monkeypatch.setattr(
+        mod, "CONFIGS", {"default": {}, "nd-tiling": dict(mod.CONFIGS["nd-tiling"])}
+    )
+    mod.main()
+    rows = json.loads(out.read_text())["results"]["rows"]
+    assert set(rows) == {"eager", "default", "nd-tiling"}
+    assert rows["default"]["worst_grad_error"] < 1e-3
