@@ -33,8 +33,8 @@ def test_guide_resnet_times_both_networks_and_counts_their_macs(monkeypatch, tmp
 
 def test_roofline_step_classes_a_variant_and_bounds_the_step(monkeypatch, tmp_path):
     out = tmp_path / "roof.json"
-    args = ["resnet50", "--batch", "2", "--input", "2x3x32x32", "--device", "cpu",
-            "--vs", "channels-last", "--rounds", "1", "--target", "100", "--out", str(out)]  # fmt: skip
+    args = ["resnet50", "--batch", "2", "--input", "2x3x32x32", "--device", "cpu", "--vs",
+            "channels-last", "--rounds", "1", "--target", "100", "--out", str(out)]  # fmt: skip
     mod = _run(monkeypatch, "steps", "roofline_step", args)
     mod.main()
     r = json.loads(out.read_text())["results"]
