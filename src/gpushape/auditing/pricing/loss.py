@@ -15,7 +15,6 @@ would take four times as long.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 LOSS_OPS = frozenset(
@@ -32,17 +31,17 @@ def loss_chain(trace: Any) -> tuple[list[Any], int, int]:
     softmaxes = [r for r in trace.ops if r.name == "_log_softmax" and r.inputs]
     if not softmaxes:
         return [], 0, 0
-    sizes = {(r.module, _numel(r.inputs[0])) for r in softmaxes}
+    sizes = {(r.module, r.inputs[0].numel) for r in softmaxes}
     ops = [
         r
         for r in trace.ops
         if r.name in LOSS_OPS
-        or (r.name == "_to_copy" and r.inputs and (r.module, _numel(r.inputs[0])) in sizes)
+        or (r.name == "_to_copy" and r.inputs and (r.module, r.inputs[0].numel) in sizes)
     ]
-    elements = sum(_numel(r.inputs[0]) for r in softmaxes)
+    elements = sum(r.inputs[0].numel for r in softmaxes)
     casts = [r for r in ops if r.name == "_to_copy" and r.phase == "forward"]
     source = casts[0].inputs[0] if casts else softmaxes[0].inputs[0]  # before any upcast
-    return ops, elements, _itemsize(source)
+    return ops, elements, source.itemsize
 
 
 def compiled_loss_saving_s(ctx: Any) -> float:
@@ -54,11 +53,3 @@ def compiled_loss_saving_s(ctx: Any) -> float:
     rate = ctx.gpu.achievable.memory("softmax")
     fused = ctx.bytes_time_s(COMPILED_PASSES * elements * itemsize) / rate
     return max(eager - fused, 0.0)
-
-
-def _numel(meta: Any) -> int:
-    return math.prod(int(d) for d in meta.shape)
-
-
-def _itemsize(meta: Any) -> int:
-    return int(meta.itemsize)
