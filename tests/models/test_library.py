@@ -253,3 +253,26 @@ def test_encoder_decoders_build_their_seq2seq_class_and_trace_on_meta(transforme
         assert type(r.model).__name__.endswith("ForConditionalGeneration")
         report = gpushape.audit(r.model, r.example_inputs, gpu="h200", train=True)
         assert report.totals.roofline_time_s > 0
+
+
+def test_a_decoder_without_a_cache_audits_on_meta(transformers):
+    """With use_cache=False and no padding mask transformers checks the position ids for
+    packed sequences, a value meta tensors do not have: the audit reads them as one sequence
+    a row (what the model's own positions are) and still traces the check's ops; the step
+    then has no cache copying keys and values."""
+    import gpushape
+    from gpushape.models.hf_masks import meta_padding_masks
+
+    small = "n_layer=1&n_embd=64&n_head=2&vocab_size=512&n_positions=64"
+    r = resolve_model(f"hf:gpt2?{small}&use_cache=False", batch=2)
+    with pytest.raises(GpushapeError, match="meta"):
+        gpushape.trace(r.model, r.example_inputs, train=True)
+    ops = {}
+    for cache in (True, False):
+        r = resolve_model(f"hf:gpt2?{small}&use_cache={cache}", batch=2)
+        with meta_padding_masks(r.model):
+            ops[cache] = [rec.name for rec in gpushape.trace(r.model, r.example_inputs).ops]
+        report = gpushape.audit(r.model, r.example_inputs, gpu="h200", train=True)
+        assert report.totals.roofline_time_s > 0
+    assert "cumsum" in ops[False] and "cumsum" not in ops[True]
+    assert ops[False].count("cat") < ops[True].count("cat")

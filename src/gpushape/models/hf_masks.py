@@ -162,19 +162,28 @@ def set_implementation(model: nn.Module, name: str) -> None:
 
 
 SKIP_CHECKS = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa")
+PACKED_CHECK = "find_packed_sequence_indices"
 
 
 @contextmanager
 def meta_padding_masks(model: nn.Module):
-    """For the length of the block, transformers' checks whether a padding mask is all true
-    (to pass SDPA no mask) take a mask on the meta device as none: its values are unknown, and
-    the masks models build themselves when given none are all true (BART's and Megatron-BERT's:
-    their check had stopped a trace on meta). A mask with values is checked as before."""
+    """For the length of the block, transformers' checks of values a trace on the meta device
+    does not have read the inputs as gpushape's default inputs are:
+    - whether a padding mask is all true (to pass SDPA no mask): a mask on meta is taken as
+      none. The masks models build themselves when given none are all true (BART's and
+      Megatron-BERT's: their check had stopped a trace on meta).
+    - whether position ids pack several sequences into a row (a model run with no cache and
+      no padding mask, `use_cache=False` in training): position ids on meta are one sequence
+      a row, as a model's own `arange` makes them. transformers' check still runs, so its ops
+      are traced; only its last step, a host sync on the answer, is left out.
+    Inputs with values are checked as before."""
     mu = _masking_utils() if is_hf_model(model) else None
-    saved = {name: getattr(mu, name, None) for name in SKIP_CHECKS} if mu is not None else {}
+    names = (*SKIP_CHECKS, PACKED_CHECK)
+    saved = {name: getattr(mu, name, None) for name in names} if mu is not None else {}
     for name, check in saved.items():
         if check is not None:
-            setattr(mu, name, _unknown_as_none(check))
+            wrap = _meta_as_unpacked if name == PACKED_CHECK else _unknown_as_none
+            setattr(mu, name, wrap(check))
     try:
         yield
     finally:
@@ -189,5 +198,18 @@ def _unknown_as_none(check: Any) -> Any:
         if getattr(padding_mask, "is_meta", False):
             padding_mask = None
         return check(padding_mask, *args, **kwargs)
+
+    return wrapped
+
+
+def _meta_as_unpacked(find: Any) -> Any:
+    @functools.wraps(find)
+    def wrapped(position_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(position_ids, "is_meta", False):
+            return find(position_ids, *args, **kwargs)
+        mu = _masking_utils()
+        with _tracing(mu):  # computes the packing as under compile: no check of its values
+            find(position_ids, *args, **kwargs)
+        return None
 
     return wrapped

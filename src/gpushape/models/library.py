@@ -23,8 +23,8 @@ true, null), else as text.
   length); any other KEY overrides the config (`num_hidden_layers=2`), checked against the
   type's config.
   `use_cache` stays as the config has it (on for decoders: the KV cache a plain forward builds
-  is part of the step; off, transformers reads position ids' values to find packed sequences,
-  which a meta trace cannot: trace on cpu then).
+  is part of the step; `use_cache=False` leaves it out, and the audit reads the position ids
+  transformers then checks for packed sequences as one sequence a row: hf_masks.py).
 - `timm:` NAME is a `timm.create_model` name, built with `pretrained=False`; KEYs: `attn`
   ("sdpa" sets every module's `fused_attn` on, "eager" off; default: as timm sets it, on where
   timm calls it tested, off where experimental, as in Swin, TIMM_FUSED_ATTN changing both), any
