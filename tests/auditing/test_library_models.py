@@ -87,3 +87,52 @@ def test_cli_without_transformers_is_one_line_exit_2(capsys, monkeypatch):
     assert main(["audit", "hf:gpt2", "--train"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "gpushape: error: hf: models need transformers: pip install 'gpushape[hf]'"
+
+
+def _sdpa_masks(model, inputs) -> list[bool]:
+    """Whether each SDPA call of a forward got an explicit mask."""
+    import torch.nn.functional as F
+
+    seen, sdpa = [], F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, **kwargs):
+        seen.append(attn_mask is not None)
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    F.scaled_dot_product_attention = recording
+    try:
+        model(*inputs)
+    finally:
+        F.scaled_dot_product_attention = sdpa
+    return seen
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_decoder_without_its_cache_is_told_of_the_compiled_mask(cache):
+    """With use_cache=False and no padding mask, the installed transformers is asked whether
+    it builds a causal mask while tracing (its packed-sequence check); what it answers is what
+    a forward on the CPU does with `is_tracing()` true, and the audit's finding follows: in
+    compile and graph mode it saves time with no fix (skip-attention-mask cannot remove it)
+    and says to keep the cache, eagerly it is info. (Not yet measured on a GPU.)"""
+    sys.path.insert(0, "tests")
+    from _hf_masks import tracing
+    from gpushape.models.hf_masks import packed_mask_gap
+
+    spec = SMALL["gpt2"] + f"&use_cache={cache}"
+    r = resolve_model(spec, batch=2, device="cpu")
+    with tracing():
+        masked = _sdpa_masks(r.model.train(), r.example_inputs)
+    assert masked and len(set(masked)) == 1
+    gap = packed_mask_gap(r.model) is not None and not cache
+    assert masked[0] == gap or (cache and masked[0])  # with the cache: the older releases' gap
+    r = resolve_model(spec, batch=2)
+    for mode in ("eager", "compile", "graph"):
+        report = gpushape.audit(r.model, r.example_inputs, gpu="h200", train=True, mode=mode)
+        found = [f for f in report.findings if f.rule == "materialized-attention-mask"]
+        if not gap:
+            assert all(f.fix == "skip-attention-mask" for f in found)
+            continue
+        (finding,) = found
+        assert finding.fix is None and "use_cache=True" in finding.message
+        assert finding.evidence["saving_by_mode_s"]["compile"] > 0
+        assert (finding.severity.label == "info") if mode == "eager" else finding.est_saving_s

@@ -210,3 +210,10 @@ def test_capture_warning_until_the_fix():
     _apply(model, _ids())
     assert capture_warnings(model) == []
     assert capture_warnings(torch.nn.Linear(2, 2)) == []
+
+
+def test_capture_warning_for_a_decoder_without_its_cache():
+    model = _gpt2()
+    model.config.use_cache = False
+    warnings = capture_warnings(model)
+    assert any("use_cache=True" in w for w in warnings)

@@ -102,8 +102,9 @@ def audit(
     traced = None
     for inputs in (labelled, example_inputs) if with_loss else (example_inputs,):
         try:
-            with observe(model) as seen, meta_padding_masks(model):
+            with observe(model) as seen, meta_padding_masks(model) as checks:
                 traced = trace(model, inputs, train=train, device=device, name=name)
+            seen.packing_checks = checks.packing
             example_inputs = inputs
             break
         except GpushapeError:
@@ -134,8 +135,9 @@ def audit(
         layout = in_mode(run_rules(given_ctx, ["nchw-conv"]), given_ctx, mode)
         layout = [f for f in layout if rules is None or f.rule in rules]
         model, example_inputs = channels_last_as(model, example_inputs)
-        with observe(model) as seen, meta_padding_masks(model):
+        with observe(model) as seen, meta_padding_masks(model) as checks:
             traced = trace(model, example_inputs, train=train, device=device, name=name)
+        seen.packing_checks = checks.packing
     ctx = context(traced, model, seen)
     report = Report.from_cost(ctx.cost, dtype=dtype_label(dtype or model_dtype(model), flags))
     found = run_rules(ctx, rules)

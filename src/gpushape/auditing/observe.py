@@ -61,6 +61,7 @@ class AttentionCall:
 class Observations:
     calls: list[ModuleCall] = field(default_factory=list)
     attention: list[AttentionCall] = field(default_factory=list)
+    packing_checks: int = 0  # transformers' checks for packed sequences (models/hf_masks.py)
 
     def calls_in(self, parent: str) -> list[ModuleCall]:
         """Calls of the direct children of module `parent`."""

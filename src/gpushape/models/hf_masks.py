@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 IMPLEMENTATION = "gpushape_sdpa"  # the attention implementation skip-attention-mask sets
 MASK_BUILDERS = ("create_causal_mask", "create_bidirectional_mask")
+PACKED_CHECK = "find_packed_sequence_indices"
 
 
 def _masking_utils() -> Any | None:
@@ -48,16 +51,16 @@ def is_hf_model(model: nn.Module) -> bool:
     return type(model).__module__.startswith("transformers.")
 
 
-def builds_masks_in_masking_utils(model: nn.Module) -> bool:
+def builds_masks_in_masking_utils(model: nn.Module, builders=MASK_BUILDERS) -> bool:
     """Whether the model's code makes its masks with `masking_utils` (its module, or its base
-    model's, imports `create_causal_mask` or `create_bidirectional_mask`)."""
+    model's, imports one of `builders`: `create_causal_mask`, `create_bidirectional_mask`)."""
     classes = {type(model)}
     base = getattr(model, "base_model", None)
     if isinstance(base, nn.Module):
         classes.add(type(base))
     for cls in classes:
         module = sys.modules.get(cls.__module__)
-        if module is not None and any(hasattr(module, name) for name in MASK_BUILDERS):
+        if module is not None and any(hasattr(module, name) for name in builders):
             return True
     return False
 
@@ -105,6 +108,44 @@ def traced_mask_gap(model: nn.Module) -> str | None:
         f"transformers {transformers.__version__} builds an explicit all-true attention mask "
         "while torch.compile traces or a CUDA stream captures (its `is_tracing()` check), so "
         "SDPA leaves its flash kernel there though the model is given no padding mask"
+    )
+
+
+def _packs_when_tracing() -> bool:
+    """Whether this transformers' packed-sequence check hands back a packing it could not check
+    while tracing (it then builds an explicit mask; asked of its own function)."""
+    mu = _masking_utils()
+    find = getattr(mu, PACKED_CHECK, None)
+    if find is None:
+        return False
+    import torch
+
+    try:
+        with _tracing(mu):
+            return find(torch.arange(4).unsqueeze(0)) is not None
+    except Exception:  # another signature: a release this check does not know
+        return False
+
+
+def packed_mask_gap(model: nn.Module) -> str | None:
+    """Why a model run with no key/value cache and no padding mask (a decoder trained with
+    `use_cache=False`; `meta_padding_masks` counts the calls) gets an explicit causal mask
+    under torch.compile or CUDA graph capture, or None where its transformers does not do so.
+    transformers then checks the position ids for several sequences packed into a row; while
+    tracing it cannot read them, keeps the packing it computed, and builds the full causal
+    mask, so SDPA leaves flash. skip-attention-mask cannot tell that mask from those a model
+    asks for, so it leaves it; a step that keeps the cache passes no mask."""
+    if not is_hf_model(model) or attention_implementation(model) != "sdpa":
+        return None
+    if _masking_utils() is None or not _packs_when_tracing():
+        return None
+    import transformers
+
+    return (
+        f"run with no key/value cache (use_cache=False), transformers "
+        f"{transformers.__version__} checks the position ids for packed sequences, which it "
+        "cannot read while torch.compile traces or a CUDA stream captures, so it builds an "
+        "explicit causal mask there and SDPA leaves its flash kernel"
     )
 
 
@@ -162,11 +203,18 @@ def set_implementation(model: nn.Module, name: str) -> None:
 
 
 SKIP_CHECKS = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa")
-PACKED_CHECK = "find_packed_sequence_indices"
+
+
+@dataclass
+class MaskChecks:
+    """What `meta_padding_masks` saw: how many times transformers checked position ids for
+    packed sequences (a model run with no cache and no padding mask)."""
+
+    packing: int = 0
 
 
 @contextmanager
-def meta_padding_masks(model: nn.Module):
+def meta_padding_masks(model: nn.Module) -> Iterator[MaskChecks]:
     """For the length of the block, transformers' checks of values a trace on the meta device
     does not have read the inputs as gpushape's default inputs are:
     - whether a padding mask is all true (to pass SDPA no mask): a mask on meta is taken as
@@ -176,16 +224,19 @@ def meta_padding_masks(model: nn.Module):
       no padding mask, `use_cache=False` in training): position ids on meta are one sequence
       a row, as a model's own `arange` makes them. transformers' check still runs, so its ops
       are traced; only its last step, a host sync on the answer, is left out.
-    Inputs with values are checked as before."""
+    Inputs with values are checked as before. Yields the `MaskChecks` seen."""
+    seen = MaskChecks()
     mu = _masking_utils() if is_hf_model(model) else None
     names = (*SKIP_CHECKS, PACKED_CHECK)
     saved = {name: getattr(mu, name, None) for name in names} if mu is not None else {}
     for name, check in saved.items():
         if check is not None:
-            wrap = _meta_as_unpacked if name == PACKED_CHECK else _unknown_as_none
-            setattr(mu, name, wrap(check))
+            wrap = (
+                _meta_as_unpacked(check, seen) if name == PACKED_CHECK else _unknown_as_none(check)
+            )
+            setattr(mu, name, wrap)
     try:
-        yield
+        yield seen
     finally:
         for name, check in saved.items():
             if check is not None:
@@ -202,13 +253,13 @@ def _unknown_as_none(check: Any) -> Any:
     return wrapped
 
 
-def _meta_as_unpacked(find: Any) -> Any:
+def _meta_as_unpacked(find: Any, seen: MaskChecks) -> Any:
     @functools.wraps(find)
     def wrapped(position_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.packing += 1
         if not getattr(position_ids, "is_meta", False):
             return find(position_ids, *args, **kwargs)
-        mu = _masking_utils()
-        with _tracing(mu):  # computes the packing as under compile: no check of its values
+        with _tracing(_masking_utils()):  # the packing computed as under compile, unchecked
             find(position_ids, *args, **kwargs)
         return None
 

@@ -11,6 +11,11 @@ without a mask, forward and backward, as the cost model prices them: compile, th
 with a mask (pricing/attention.py), in float32 as PyTorch's math path computes half inputs,
 minus flash; graph, the memory-efficient kernel (what eager SDPA takes for
 a masked call) minus flash. In eager mode it saves nothing, and the finding is info.
+
+A decoder trained without its key/value cache (use_cache=False: the trace saw transformers
+check the position ids for packed sequences) gets a causal mask there on any release that
+makes that check (`packed_mask_gap`): skip-attention-mask cannot remove that one, so the
+finding names no fix and says to keep the cache.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from ...models.hf_masks import traced_mask_gap
+from ...models.hf_masks import packed_mask_gap, traced_mask_gap
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding
@@ -61,7 +66,10 @@ def _shape(rec: OpRecord, has_mask: bool) -> AttentionShape:
 @register_rule(RULE, title="an all-true attention mask under torch.compile or CUDA graphs")
 def check(ctx: AuditContext) -> Iterable[Finding]:
     model = ctx.model
-    why = traced_mask_gap(model) if model is not None else None
+    if model is None:
+        return
+    uncached = packed_mask_gap(model) if ctx.observed.packing_checks else None
+    why = uncached or traced_mask_gap(model)
     if why is None:
         return
     flash = [r for r in ctx.forward_compute() if r.name == FLASH]
@@ -96,10 +104,19 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         "cost_in_mode_s": {m: s for m, s in by_mode.items() if m != "eager"},
         "why_quiet": QUIET,
     }
+    if uncached is None:
+        remedy = (
+            "skip-attention-mask passes no mask where no padding mask is given, as the eager "
+            "path does"
+        )
+    else:
+        remedy = (
+            "keep the cache in the compiled or captured step (use_cache=True): its copies of "
+            "keys and values cost far less"
+        )
     message = (
         f"{why}: {len(flash)} attention call(s) run flash eagerly but the masked path when "
-        "compiled or captured (skip-attention-mask passes no mask where no padding mask is "
-        "given, as the eager path does)"
+        f"compiled or captured ({remedy})"
     )
     yield ctx.finding(
         RULE,
@@ -107,6 +124,6 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         message,
         evidence,
         saving_s=by_mode["compile"],
-        fix="skip-attention-mask",
+        fix="skip-attention-mask" if uncached is None else None,
         replaces=flash,
     )
