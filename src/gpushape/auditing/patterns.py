@@ -109,6 +109,9 @@ def reads_like(rec: OpRecord, produced: TensorMeta, *, by_numel: bool = False) -
     return False
 
 
+MAX_PATTERNS = 3  # module_pattern: patterns of paths at different depths, listed
+
+
 def _component_pattern(parts: tuple[str, ...]) -> str:
     """'layer1', 'layer2' -> 'layer*'; '0', '11' -> '*'; equal parts stay."""
     if len(set(parts)) == 1:
@@ -129,7 +132,8 @@ def _common_start(texts: list[str]) -> str:
 
 def module_pattern(paths: Iterable[str]) -> str:
     """One path naming many modules: equal depth -> differing components wildcarded
-    ('layer1.0.bn3', 'layer2.5.bn3' -> 'layer*.*.bn3'); else their common prefix."""
+    ('layer1.0.bn3', 'layer2.5.bn3' -> 'layer*.*.bn3'); paths of a few depths -> one such
+    pattern per depth, comma-separated (at most `MAX_PATTERNS`); else their common prefix."""
     unique = list(dict.fromkeys(paths))
     if not unique:
         return ""
@@ -138,6 +142,11 @@ def module_pattern(paths: Iterable[str]) -> str:
     split = [p.split(".") for p in unique]
     if len({len(s) for s in split}) == 1:
         return ".".join(_component_pattern(parts) for parts in zip(*split))
+    by_depth: dict[int, list[str]] = {}
+    for path, parts in zip(unique, split):
+        by_depth.setdefault(len(parts), []).append(path)
+    if len(by_depth) <= MAX_PATTERNS:
+        return ", ".join(module_pattern(group) for group in by_depth.values())
     prefix: list[str] = []
     for parts in zip(*split):
         if len(set(parts)) != 1:
