@@ -53,3 +53,17 @@ def test_probe_compile_qkv_checks_each_setting_against_eager(monkeypatch, tmp_pa
     rows = json.loads(out.read_text())["results"]["rows"]
     assert set(rows) == {"eager", "default", "nd-tiling"}
     assert rows["default"]["worst_grad_error"] < 1e-3
+
+
+def test_compile_cache_times_gpt2_with_and_without_its_cache(monkeypatch, tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "cache.json"
+    args = ["--device", "cpu", "--tiny", "--batch", "2", "--rounds", "1", "--out", str(out)]
+    mod = _run(monkeypatch, "steps", "compile_cache", args)
+    mod.main()
+    r = json.loads(out.read_text())["results"]
+    assert set(r["rows"]) == {
+        f"{m}, {c}" for m in ("eager", "compiled") for c in ("cache", "no cache")
+    }
+    assert r["predicted_compile"]["no cache"]["mask_saving_ms"] > 0
+    assert r["predicted_compile"]["cache"]["mask_saving_ms"] == 0
