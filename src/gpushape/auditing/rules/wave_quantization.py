@@ -8,8 +8,10 @@ gradients: K = batch x positions). A user's reshaping helps only where none of t
 waves, so the rule looks for the best fill the library could reach (tile efficiency x wave
 efficiency) and speaks only when even that leaves more than LIBRARY_FILL_OK idle.
 Counted where it costs time: compute-bound ops, GEMMs of MIN_WAVES waves or more (a single
-small wave is a batch-size question, not a shape one). Saving: the GEMM's compute time x
-(1 - best reachable fill). No transform changes a layer's width or the batch, so `fix` is null.
+small wave is a batch-size question, not a shape one); not grouped convolutions, which the
+cost model prices as one GEMM a group but cuDNN runs with kernels of its own, unmeasured.
+Saving: the GEMM's compute time x (1 - best reachable fill). No transform changes a layer's
+width or the batch, so `fix` is null.
 Where a calibrated profile says the probe looked for wave quantization on this chip and found
 no pattern (the H200's: throughput did not fall at wave boundaries), the findings stay at info
 and say so: the measurement outranks the model.
@@ -83,7 +85,7 @@ def _sites(ctx: AuditContext) -> dict[tuple, dict]:
     """Sites by GEMM shape, so a layer repeated N times is one finding."""
     sites: dict[tuple, dict] = {}
     for op in ctx.cost.ops:
-        if op.bound != "compute":
+        if op.bound != "compute" or _grouped(ctx.trace.ops[op.index]):
             continue
         for eff in op.gemms:
             if eff.waves < MIN_WAVES:
@@ -110,6 +112,12 @@ def _sites(ctx: AuditContext) -> dict[tuple, dict]:
             site["saving_s"] += compute_s * (1 - fill)
             site["modules"].append(op.module)
     return sites
+
+
+def _grouped(rec) -> bool:
+    """A grouped convolution (forward or backward): cuDNN's grouped kernels are not the
+    per-group GEMM tiles the model covers, and no probe has measured their waves."""
+    return "convolution" in rec.name and int(rec.params.get("groups", 1) or 1) > 1
 
 
 def _measured_absent(ctx: AuditContext) -> str | None:
