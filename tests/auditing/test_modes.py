@@ -230,3 +230,21 @@ def test_launch_bound_under_compile_names_reduce_overhead():
     assert report.step.bound == "host" and f.evidence["wall_saving_s"] > 0
     assert "compiled, the host issues the step in" in f.message
     assert 'mode="reduce-overhead"' in f.message
+
+
+def test_launch_bound_speaks_in_compile_mode_where_only_the_compiled_host_is_slow():
+    """Sixteen GEMMs of 16,384 rows: eagerly their GPU work just hides the dispatch, but a
+    compiled step's host costs more a kernel (Inductor's wrapper), so only compile mode waits
+    on it: the finding saves time there and is info in eager and graph mode."""
+    layers = [torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU()) for _ in range(16)]
+    model = torch.nn.Sequential(*layers).to(torch.bfloat16)
+    x = torch.empty(16384, 1024, device="meta", dtype=torch.bfloat16)
+    for mode, bound in (("eager", "GPU"), ("compile", "host"), ("graph", "GPU")):
+        report = gpushape.audit(model, (x,), gpu="h200", train=True, mode=mode)
+        f = _finding(report, "launch-bound")
+        assert report.step.bound == bound
+        if mode == "compile":
+            assert f.severity > Severity.INFO and f.evidence["wall_saving_s"] > 0
+            assert 'mode="reduce-overhead"' in f.message
+        else:
+            assert f.severity == Severity.INFO and f.est_saving_s == 0
