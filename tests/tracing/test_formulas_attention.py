@@ -86,3 +86,40 @@ def test_no_routing_on_a_real_device():
     assert ops_named(t, "_scaled_dot_product_flash_attention_for_cpu")  # the CPU kernel
     (fwd,) = ops_named(t, "_scaled_dot_product_flash_attention_for_cpu")
     assert work(fwd).flops == 2 * 1 * 2 * 4 * 4 * (8 + 8)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_packages_ops_cost_what_sdpa_flash_costs(causal):
+    """flash-attn's own ops (Hugging Face's "flash_attention_2"), Q, K, V as (B, T, H, D):
+    the same FLOPs, bytes, kernels and rate as SDPA's flash kernel on the same attention."""
+    from _flash_attn import FlashAttnFunc
+
+    import gpushape
+
+    t = 256
+    qkv = [meta(B, t, H, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    fa = trace_fn(lambda q, k, v: FlashAttnFunc.apply(q, k, v, 0.0, causal), tuple(qkv), train=True)
+    hqd = [meta(B, H, t, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    sd = trace_fn(lambda q, k, v: _sdpa(q, k, v, causal=causal), tuple(hqd), train=True)
+    for name, phase in (("_flash_attn_forward", "forward"), ("_flash_attn_backward", "backward")):
+        (a,) = ops_named(fa, name)
+        (b,) = [r for r in ops_named(sd, "_scaled_dot_product_flash_attention" + (
+            "_backward" if phase == "backward" else "")) if r.phase == phase]  # fmt: skip
+        assert a.phase == phase and work(a).flops == work(b).flops > 0
+        assert work(a).kernels == work(b).kernels
+        assert work(a).gemms[0].attention == work(b).gemms[0].attention
+    costs = [gpushape.cost(x, "h200") for x in (fa, sd)]
+    timed = [sum(c.kernel_time_s for c in cost.ops if "attn" in c.op or "attention" in c.op)
+             for cost in costs]  # fmt: skip
+    assert timed[0] == pytest.approx(timed[1], rel=0.05)
+
+
+def test_flash_attn_sliding_window_counts_the_pairs_inside_it():
+    from _flash_attn import FlashAttnFunc
+
+    t, window = 64, 15
+    qkv = [meta(1, t, 1, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    fa = trace_fn(lambda q, k, v: FlashAttnFunc.apply(q, k, v, 0.0, True, (window, -1)), tuple(qkv))
+    (fwd,) = ops_named(fa, "_flash_attn_forward")
+    kept = torch.ones(t, t, dtype=torch.bool).tril().triu(-window).sum()  # i - 15 <= j <= i
+    assert work(fwd).flops == 2 * int(kept) * (16 + 16)

@@ -54,7 +54,7 @@ CLASSES = {
     "batch_norm": ("batch_norm",),
     "layer_norm": ("layer_norm", "rms_norm", "group_norm"),
     "gemm": ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.linear."),
-    "attention": ("scaled_dot_product", "_flash_attention", "_efficient_attention"),
+    "attention": ("scaled_dot_product", "_flash_attention", "_efficient_attention", "flash_attn."),
 }
 
 

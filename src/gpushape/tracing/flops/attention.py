@@ -13,6 +13,12 @@ unmasked pairs, sum over i < Tq of min(i + 1, Tk) = Tq (Tq + 1) / 2 for Tq <= Tk
 useful work; torch.utils.flop_counter counts the full Tq x Tk square whether causal or not,
 which overstates a causal kernel's work by about 2x (tests/tracing/test_flop_counter_differences.py
 counts it by hand). An explicit mask (attn_bias) is not inspected: all pairs count.
+
+flash-attn's own ops (`flash_attn._flash_attn_forward` / `_backward`, what Hugging Face's
+"flash_attention_2" calls) take Q, K, V as (B, T, H, D), `causal`, and a sliding window
+(`window_size_left/right`, -1 unbounded): only the pairs inside the window count. Its
+variable-length ops (a padding mask given) are not priced here: their sequence lengths are
+values a meta trace does not have.
 """
 
 from __future__ import annotations
@@ -28,16 +34,43 @@ def causal_pairs(tq: int, tk: int) -> int:
     return tk * (tk + 1) // 2 + (tq - tk) * tk
 
 
+def window_pairs(tq: int, tk: int, left: int, right: int) -> int:
+    """Unmasked pairs when query i attends keys i - left .. i + right (flash-attn's sliding
+    window; -1: unbounded on that side; queries and keys aligned, Tq <= Tk as in training)."""
+    last = tk - 1
+    reach = last if right < 0 else right
+    # sum over i of min(i + reach, last) and of max(i - left, 0), as arithmetic series
+    j0 = min(max(last - reach, 0), tq)
+    highs = j0 * reach + j0 * (j0 - 1) // 2 + (tq - j0) * last
+    m = max(tq - left, 0) if left >= 0 else 0
+    lows = m * (m - 1) // 2
+    return highs - lows + tq
+
+
 def _shapes(rec: OpRecord):
+    if rec.op.startswith(FLASH_ATTN):  # flash-attn's own ops: (B, T, H, D)
+        q, k, v = rec.input("q").shape, rec.input("k").shape, rec.input("v").shape
+        b, tq, hq, d = q
+        tk, dv = k[1], v[-1]
+        left = int(rec.params.get("window_size_left", -1))
+        right = 0 if _causal(rec) else int(rec.params.get("window_size_right", -1))
+        pairs = tq * tk if left < 0 and right < 0 else window_pairs(tq, tk, left, right)
+        return b, hq, tq, tk, d, dv, pairs
     q, k, v = rec.input("query").shape, rec.input("key").shape, rec.input("value").shape
     b, hq, tq, d = q
     tk, dv = k[-2], v[-1]
-    causal = bool(rec.params.get("is_causal", False))
-    pairs = causal_pairs(tq, tk) if causal else tq * tk
+    pairs = causal_pairs(tq, tk) if _causal(rec) else tq * tk
     return b, hq, tq, tk, d, dv, pairs
 
 
+def _causal(rec: OpRecord) -> bool:
+    return bool(rec.params.get("is_causal", rec.params.get("causal", False)))
+
+
 _BACKENDS = ("flash", "efficient", "cudnn")  # the ones `gpushape probe` may have a rate for
+# flash-attn's package (Hugging Face's attn_implementation="flash_attention_2"): its custom ops
+# run the FlashAttention-2 kernels PyTorch's flash backend is built from, priced at that rate
+FLASH_ATTN = "flash_attn._flash_attn_"
 
 
 def kernel_of(rec: OpRecord, backward: bool) -> AttentionKernel:
@@ -46,11 +79,13 @@ def kernel_of(rec: OpRecord, backward: bool) -> AttentionKernel:
     name = rec.op.split("._scaled_dot_product_", 1)[-1]
     first = name.split("_", 1)[0]
     backend = first if first in _BACKENDS and "for_cpu" not in name else ""
+    if rec.op.startswith(FLASH_ATTN):
+        backend = "flash"
     return AttentionKernel(
         backend=backend,
         backward=backward,
         dropout=float(rec.params.get("dropout_p", 0.0) or 0.0) > 0,
-        causal=bool(rec.params.get("is_causal", False)),
+        causal=_causal(rec),
     )
 
 
@@ -78,6 +113,7 @@ def _work(rec: OpRecord, backward: bool, kernels: int = 1) -> OpWork:
     "aten._scaled_dot_product_cudnn_attention",
     "aten._scaled_dot_product_flash_attention_for_cpu",
     "aten._scaled_dot_product_fused_attention_overrideable",
+    "flash_attn._flash_attn_forward",
 )
 def attention_forward(rec: OpRecord) -> OpWork:
     return _work(rec, backward=False)
@@ -89,6 +125,7 @@ def attention_forward(rec: OpRecord) -> OpWork:
     "aten._scaled_dot_product_cudnn_attention_backward",
     "aten._scaled_dot_product_flash_attention_for_cpu_backward",
     "aten._scaled_dot_product_fused_attention_overrideable_backward",
+    "flash_attn._flash_attn_backward",
 )
 def attention_backward(rec: OpRecord) -> OpWork:
     """Three kernels on CUDA: dO . O row sums, the main pass, the dQ conversion."""
