@@ -216,4 +216,43 @@ def test_capture_warning_for_a_decoder_without_its_cache():
     model = _gpt2()
     model.config.use_cache = False
     warnings = capture_warnings(model)
-    assert any("use_cache=True" in w for w in warnings)
+    assert any("use_cache=False" in w and "skip-attention-mask" in w for w in warnings)
+
+
+def _uncached_gpt2():
+    model = _gpt2()
+    model.config.use_cache = False
+    return model
+
+
+def test_a_decoder_without_its_cache_keeps_flash_compiled_and_reverts():
+    """use_cache=False: transformers' packed-sequence check builds a causal mask under dynamo
+    (whatever the release: the old-release emulation of this module's fixture aside, 5.25
+    does it too); skip-attention-mask reads the model's own positions as one sequence a row,
+    so dynamo's graph has SDPA with no mask, outputs unchanged, and revert removes it."""
+    model, ids = _uncached_gpt2(), _ids()
+    with torch.no_grad():
+        expected = model(ids)[0]
+    before, _ = _compiled_masks(model, ids)
+    assert before and all(before)
+    report = _apply(model, ids)
+    details = [c.detail for c in report.applied if c.transform == "skip-attention-mask"]
+    assert any("packed-sequence" in d for d in details)
+    after, out = _compiled_masks(model, ids)
+    assert after and not any(after)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert _apply(model, ids).applied == []  # twice equals once
+    revert(model)
+    assert "forward" not in model.__dict__ and all(_compiled_masks(model, ids)[0])
+
+
+def test_the_positions_are_left_alone_where_the_caller_gives_them():
+    model, ids = _uncached_gpt2(), _ids()
+    _apply(model, ids)
+    positions = torch.arange(16).repeat(2, 1)
+    positions[0, 8:] -= 8  # two sequences packed into the first row
+    with torch.no_grad():
+        packed = model(ids, position_ids=positions)[0]
+        plain = model(ids)[0]
+    assert all(_sdpa_masks(model, ids, position_ids=positions))  # transformers' own check ran
+    assert not torch.allclose(packed[0], plain[0])

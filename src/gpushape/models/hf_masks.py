@@ -21,7 +21,9 @@ transformers' SDPA mask. A padding mask the caller passes is always kept.
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from torch import nn
 IMPLEMENTATION = "gpushape_sdpa"  # the attention implementation skip-attention-mask sets
 MASK_BUILDERS = ("create_causal_mask", "create_bidirectional_mask")
 PACKED_CHECK = "find_packed_sequence_indices"
+CAUSAL = MASK_BUILDERS[:1]
 
 
 def _masking_utils() -> Any | None:
@@ -130,12 +133,14 @@ def _packs_when_tracing() -> bool:
 def packed_mask_gap(model: nn.Module) -> str | None:
     """Why a model run with no key/value cache and no padding mask (a decoder trained with
     `use_cache=False`; `meta_padding_masks` counts the calls) gets an explicit causal mask
-    under torch.compile or CUDA graph capture, or None where its transformers does not do so.
+    under torch.compile or CUDA graph capture, or None where its transformers does not do so
+    (or skip-attention-mask already reads its positions: `read_positions_as_unpacked`).
     transformers then checks the position ids for several sequences packed into a row; while
     tracing it cannot read them, keeps the packing it computed, and builds the full causal
-    mask, so SDPA leaves flash. skip-attention-mask cannot tell that mask from those a model
-    asks for, so it leaves it; a step that keeps the cache passes no mask."""
-    if not is_hf_model(model) or attention_implementation(model) != "sdpa":
+    mask, so SDPA leaves flash."""
+    if not is_hf_model(model) or attention_implementation(model) not in ("sdpa", IMPLEMENTATION):
+        return None
+    if reads_positions_as_unpacked(model) or not _decoder(model):
         return None
     if _masking_utils() is None or not _packs_when_tracing():
         return None
@@ -147,6 +152,77 @@ def packed_mask_gap(model: nn.Module) -> str | None:
         "cannot read while torch.compile traces or a CUDA stream captures, so it builds an "
         "explicit causal mask there and SDPA leaves its flash kernel"
     )
+
+
+def _decoder(model: nn.Module) -> bool:
+    """A decoder-only model by its config (not an encoder, not an encoder-decoder), whose code
+    makes causal masks with masking_utils."""
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", None) is False:
+        return False
+    return builds_masks_in_masking_utils(model, CAUSAL)
+
+
+UNPACKED = "__gpushape_unpacked_positions__"  # marks a forward read_positions_as_unpacked made
+
+
+def reads_positions_as_unpacked(model: nn.Module) -> bool:
+    forward = model.__dict__.get("forward")
+    return getattr(forward, "__func__", None) is _unpacked_forward
+
+
+def read_positions_as_unpacked(model: nn.Module) -> Any:
+    """Replace `model.forward` on the instance so that a call given neither position ids nor a
+    padding mask runs with transformers' packed-sequence check answering "one sequence a row":
+    the model then makes its positions itself (an arange), which never pack several sequences,
+    so this is the answer the check gives eagerly, now also where it cannot look (while
+    torch.compile traces or a stream captures). A call that passes either is left alone.
+    Returns the undo. The check is swapped module-wide for the length of such a call (a model
+    of another thread calling transformers' mask functions meanwhile would see it too). A
+    bound method of the class's forward, so a deep copy runs its own parameters."""
+    if "forward" in model.__dict__:
+        raise ValueError("the model's forward is already replaced on the instance")
+    forward = type(model).forward
+    names = list(inspect.signature(forward).parameters)[1:]  # after self
+    _WATCHED_AT[forward] = tuple((n, names.index(n) if n in names else None) for n in WATCHED)
+    model.forward = types.MethodType(_unpacked_forward, model)
+    return lambda: model.__dict__.pop("forward", None)
+
+
+WATCHED = ("position_ids", "attention_mask")  # either given: the caller's positions may pack
+# a class's forward -> WATCHED's positions among its arguments after self (None: keyword only),
+# looked up, not computed, in the forward (dynamo traces it: no inspect there)
+_WATCHED_AT: dict[Any, tuple[tuple[str, int | None], ...]] = {}
+
+
+def _unpacked_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    forward = type(self).forward
+    for name, at in _WATCHED_AT[forward]:
+        given = kwargs.get(name)
+        if given is None and at is not None and at < len(args):
+            given = args[at]
+        if given is not None:
+            return forward(self, *args, **kwargs)
+    with _one_sequence_a_row():
+        return forward(self, *args, **kwargs)
+
+
+@contextmanager
+def _one_sequence_a_row():
+    mu = _masking_utils()
+    saved = getattr(mu, PACKED_CHECK, None)
+    if saved is None:
+        yield
+        return
+    setattr(mu, PACKED_CHECK, _unpacked)
+    try:
+        yield
+    finally:
+        setattr(mu, PACKED_CHECK, saved)
+
+
+def _unpacked(position_ids: Any, *args: Any, **kwargs: Any) -> None:
+    return None
 
 
 def _sdpa_mask_or_none(

@@ -12,6 +12,14 @@ attention implementation); undo switches back to "sdpa".
 
 It applies only where `traced_mask_gap` says the installed transformers has the gap, so on a
 release that already skips the mask it finds nothing to do.
+
+A decoder run with no key/value cache (use_cache=False) and no padding mask meets another
+mask there (`packed_mask_gap`): transformers checks the position ids for several sequences
+packed into a row, cannot read them while tracing or capturing, and builds the causal mask.
+For that one (a model configured with use_cache=False) the forward is replaced on the
+instance (`read_positions_as_unpacked`): a call given neither position ids nor a padding mask
+makes its positions itself, which never pack, so the check answers "one sequence a row" as it
+does eagerly; undo removes the replacement.
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ from torch import nn
 from ..models.hf_masks import (
     IMPLEMENTATION,
     attention_implementation,
+    packed_mask_gap,
+    read_positions_as_unpacked,
+    reads_positions_as_unpacked,
     register_implementation,
     set_implementation,
     traced_mask_gap,
@@ -33,15 +44,41 @@ ID = "skip-attention-mask"
 
 
 def is_applied(model: nn.Module) -> bool:
-    return attention_implementation(model) == IMPLEMENTATION
+    return attention_implementation(model) == IMPLEMENTATION or reads_positions_as_unpacked(model)
 
 
 @register_transform(ID, pays_under_compile=True)
 def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
-    why = traced_mask_gap(model)
-    if why is None or not ctx.allows(model, ""):
+    why, packed = traced_mask_gap(model), packed_mask_gap(model) if _uncached(model) else None
+    if (why is None and packed is None) or not ctx.allows(model, ""):
         return out
+    if why is not None and not _switch(model, why, out):
+        return out
+    if packed is not None and "forward" in model.__dict__:
+        reason = "the model's forward is already replaced on the instance (another wrapper)"
+        out.refusals.append(Refusal(transform=ID, module="", reason=reason))
+    elif packed is not None:
+        out.changes.append(
+            Change(
+                transform=ID,
+                module="",
+                detail="transformers' packed-sequence check reads the model's own positions "
+                "as one sequence a row, also while compiling or capturing (run without a "
+                "cache, it built a causal mask there)",
+                undo=read_positions_as_unpacked(model),
+            )
+        )
+    return out
+
+
+def _uncached(model: nn.Module) -> bool:
+    """Configured to run without a key/value cache, where the packed-sequence check runs."""
+    return getattr(getattr(model, "config", None), "use_cache", None) is False
+
+
+def _switch(model: nn.Module, why: str, out: Outcome) -> bool:
+    """The attention implementation whose mask function skips the all-true mask."""
     try:
         register_implementation()
         set_implementation(model, IMPLEMENTATION)
@@ -50,7 +87,7 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
             set_implementation(model, "sdpa")
         reason = f"transformers refused the attention implementation: {type(exc).__name__}: {exc}"
         out.refusals.append(Refusal(transform=ID, module="", reason=reason[:300]))
-        return out
+        return False
     out.changes.append(
         Change(
             transform=ID,
@@ -60,4 +97,4 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
             undo=lambda: set_implementation(model, "sdpa"),
         )
     )
-    return out
+    return True

@@ -142,8 +142,8 @@ def capture_warnings(model: nn.Module) -> list[str]:
     if uncached and packed_mask_gap(model) is not None:
         out.append(
             "with use_cache=False transformers builds an explicit causal mask while a stream "
-            "captures (its check for packed sequences), so SDPA leaves its flash kernel: keep "
-            "use_cache=True for the captured step"
+            "captures (its check for packed sequences), so SDPA leaves its flash kernel: apply "
+            "skip-attention-mask first (gpushape optimize --mode graph does)"
         )
     return out
 

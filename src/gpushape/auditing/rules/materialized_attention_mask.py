@@ -14,8 +14,8 @@ a masked call) minus flash. In eager mode it saves nothing, and the finding is i
 
 A decoder trained without its key/value cache (use_cache=False: the trace saw transformers
 check the position ids for packed sequences) gets a causal mask there on any release that
-makes that check (`packed_mask_gap`): skip-attention-mask cannot remove that one, so the
-finding names no fix and says to keep the cache.
+makes that check (`packed_mask_gap`), priced the same way; skip-attention-mask removes that
+one too.
 """
 
 from __future__ import annotations
@@ -104,16 +104,12 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         "cost_in_mode_s": {m: s for m, s in by_mode.items() if m != "eager"},
         "why_quiet": QUIET,
     }
-    if uncached is None:
-        remedy = (
-            "skip-attention-mask passes no mask where no padding mask is given, as the eager "
-            "path does"
-        )
-    else:
-        remedy = (
-            "keep the cache in the compiled or captured step (use_cache=True): its copies of "
-            "keys and values cost far less"
-        )
+    remedy = (
+        "skip-attention-mask passes no mask where no padding mask is given, as the eager path does"
+        if uncached is None
+        else "skip-attention-mask has transformers read the model's own positions as one "
+        "sequence a row there, as it finds them eagerly"
+    )
     message = (
         f"{why}: {len(flash)} attention call(s) run flash eagerly but the masked path when "
         f"compiled or captured ({remedy})"
@@ -124,6 +120,6 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         message,
         evidence,
         saving_s=by_mode["compile"],
-        fix="skip-attention-mask" if uncached is None else None,
+        fix="skip-attention-mask",
         replaces=flash,
     )
