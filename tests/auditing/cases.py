@@ -26,6 +26,7 @@ from .models import (
     SoftmaxThen,
     TinyForMaskedLM,
     hf_bert,
+    hf_gpt2,
 )
 
 BF16 = torch.bfloat16
@@ -182,6 +183,14 @@ CASES: dict[str, Case] = {
             {"mode": "compile"},
         ),
         module="encoder.layer.*.attention.self",
+    ),
+    # A decoder trains with transformers' default use_cache=True; the twin without the cache.
+    "kv-cache-in-training": Case(
+        fires=Side(lambda: hf_gpt2().to(BF16), lambda: (meta(8, 1024, dtype=torch.int64),)),
+        twin=Side(
+            lambda: hf_gpt2(use_cache=False).to(BF16), lambda: (meta(8, 1024, dtype=torch.int64),)
+        ),
+        module="transformer.h.*.attn",
     ),
     "launch-bound": Case(
         fires=Side(lambda: build(ManyTiny), lambda: (meta(16, 64),)),

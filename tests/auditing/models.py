@@ -250,3 +250,16 @@ def hf_bert(implementation: str = "sdpa") -> nn.Module:
         register_implementation()
     model.set_attn_implementation(implementation)
     return model
+
+
+def hf_gpt2(use_cache: bool = True) -> nn.Module:
+    """A Hugging Face GPT-2 (2 layers, width 256, 4 heads, 1024 positions) with its key/value
+    cache on or off; the test skips when transformers is missing."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=256, n_head=4, vocab_size=1024, n_positions=1024, use_cache=use_cache
+    )
+    config._attn_implementation = "sdpa"
+    return transformers.GPT2LMHeadModel(config)

@@ -35,6 +35,7 @@ def test_rule_ids_are_designs_table():
         "unfused-activation",
         "dense-mlm-head",
         "materialized-attention-mask",
+        "kv-cache-in-training",
         "launch-bound",
         "wave-quantization",
         "checkpoint-candidate",

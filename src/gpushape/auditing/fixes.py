@@ -25,6 +25,8 @@ FIXES: dict[str, str] = {
     "formula, x * sigmoid(x)) with PyTorch's one-kernel function",
     "fuse-softmax-dropout": "replace softmax followed by dropout with one fused kernel that "
     "regenerates the mask in backward (gpushape.kernels.softmax_dropout)",
+    "no-kv-cache": "run a Hugging Face decoder's training forwards without the key/value cache "
+    "they fill and never read (evaluation and generation keep it; config untouched)",
     "masked-lm-head": "compute a masked LM's head and its loss only on a fixed quarter of the "
     "positions, those that carry a label first (the logits then hold those rows)",
     "fold-conv-bias": "drop a convolution's bias that the following BatchNorm cancels",

@@ -140,7 +140,7 @@ def packed_mask_gap(model: nn.Module) -> str | None:
     mask, so SDPA leaves flash."""
     if not is_hf_model(model) or attention_implementation(model) not in ("sdpa", IMPLEMENTATION):
         return None
-    if reads_positions_as_unpacked(model) or not _decoder(model):
+    if reads_positions_as_unpacked(model) or not decoder(model):
         return None
     if _masking_utils() is None or not _packs_when_tracing():
         return None
@@ -154,7 +154,7 @@ def packed_mask_gap(model: nn.Module) -> str | None:
     )
 
 
-def _decoder(model: nn.Module) -> bool:
+def decoder(model: nn.Module) -> bool:
     """A decoder-only model by its config (not an encoder, not an encoder-decoder), whose code
     makes causal masks with masking_utils."""
     config = getattr(model, "config", None)
@@ -167,16 +167,22 @@ UNPACKED = "__gpushape_unpacked_positions__"  # marks a forward read_positions_a
 
 
 def reads_positions_as_unpacked(model: nn.Module) -> bool:
-    forward = model.__dict__.get("forward")
-    return getattr(forward, "__func__", None) is _unpacked_forward
+    forward = getattr(model.__dict__.get("forward"), "__func__", None)
+    return forward in (_unpacked_forward, _uncached_forward)
 
 
-def read_positions_as_unpacked(model: nn.Module) -> Any:
+def trains_without_cache(model: nn.Module) -> bool:
+    return getattr(model.__dict__.get("forward"), "__func__", None) is _uncached_forward
+
+
+def read_positions_as_unpacked(model: nn.Module, *, drop_cache: bool = False) -> Any:
     """Replace `model.forward` on the instance so that a call given neither position ids nor a
     padding mask runs with transformers' packed-sequence check answering "one sequence a row":
     the model then makes its positions itself (an arange), which never pack several sequences,
     so this is the answer the check gives eagerly, now also where it cannot look (while
     torch.compile traces or a stream captures). A call that passes either is left alone.
+    `drop_cache`: a call in training mode that does not say `use_cache` also runs without the
+    key/value cache (no-kv-cache); evaluation and generation keep it.
     Returns the undo. The check is swapped module-wide for the length of such a call (a model
     of another thread calling transformers' mask functions meanwhile would see it too). A
     bound method of the class's forward, so a deep copy runs its own parameters."""
@@ -185,7 +191,8 @@ def read_positions_as_unpacked(model: nn.Module) -> Any:
     forward = type(model).forward
     names = list(inspect.signature(forward).parameters)[1:]  # after self
     _WATCHED_AT[forward] = tuple((n, names.index(n) if n in names else None) for n in WATCHED)
-    model.forward = types.MethodType(_unpacked_forward, model)
+    replacement = _uncached_forward if drop_cache else _unpacked_forward
+    model.forward = types.MethodType(replacement, model)
     return lambda: model.__dict__.pop("forward", None)
 
 
@@ -193,6 +200,12 @@ WATCHED = ("position_ids", "attention_mask")  # either given: the caller's posit
 # a class's forward -> WATCHED's positions among its arguments after self (None: keyword only),
 # looked up, not computed, in the forward (dynamo traces it: no inspect there)
 _WATCHED_AT: dict[Any, tuple[tuple[str, int | None], ...]] = {}
+
+
+def _uncached_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    if self.training and "use_cache" not in kwargs:
+        kwargs["use_cache"] = False
+    return _unpacked_forward(self, *args, **kwargs)
 
 
 def _unpacked_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -127,6 +127,7 @@ def load_transforms() -> dict[str, TransformInfo]:
         fuse_qkv,
         graph_layers,
         masked_lm_head,
+        no_kv_cache,
         pad_channels,
         sdpa,
     )

@@ -43,6 +43,7 @@ ORDER = (
     "pad-channels",
     "fuse-qkv",
     "sdpa",
+    "no-kv-cache",  # before skip-attention-mask: it reads positions as unpacked itself
     "skip-attention-mask",
     "fuse-activation",
     "fuse-norm-act",

@@ -1,0 +1,72 @@
+"""kv-cache-in-training: a Hugging Face decoder fills its key/value cache in every training step.
+
+transformers' decoders default to `use_cache=True`, and a training forward builds the cache as
+inference does: each attention layer copies its keys and values into a DynamicCache (in the
+5.x releases a `cat` onto an empty tensor: a copy of K and of V a layer), the backward copies
+their gradients back, and nothing reads the cache. The trace shows the copies as forward
+`cat`s with an empty input. Saving: those ops and the backward ops autograd ran for them, as
+the cost model prices them, GPU and host (a compiled step still writes them: the cache is an
+output of the graph). The `no-kv-cache` fix runs training forwards with `use_cache=False`
+and transformers' packed-sequence check answered as the model's own positions are (no host
+sync eagerly; no causal mask compiled or captured: materialized-attention-mask). Training
+only; quiet once fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ...models.hf_masks import decoder, is_hf_model, trains_without_cache
+from ..context import AuditContext
+from ..finding import Finding
+from ..patterns import module_pattern
+from ..registry import register_rule
+
+RULE = "kv-cache-in-training"
+
+
+def cache_copies(ctx: AuditContext) -> list:
+    """The forward `cat`s that start a layer's cache: one input empty, the other K or V."""
+    return [
+        r
+        for r in ctx.forward_compute()
+        if r.name == "cat" and len(r.inputs) == 2 and any(t.numel == 0 for t in r.inputs)
+    ]
+
+
+@register_rule(RULE, title="a decoder fills its key/value cache in training")
+def check(ctx: AuditContext) -> Iterable[Finding]:
+    model = ctx.model
+    if not ctx.train or model is None or not is_hf_model(model) or trains_without_cache(model):
+        return
+    if not getattr(getattr(model, "config", None), "use_cache", False) or not decoder(model):
+        return
+    copies = cache_copies(ctx)
+    if not copies:
+        return
+    ops = [o for r in copies for o in ctx.with_backward(r)]
+    saving_s = ctx.time_s(ops)
+    moved = sum(r.outputs[0].nbytes for r in copies)
+    layers = len({r.module for r in copies})
+    evidence = {
+        "copies": len(copies),
+        "layers": layers,
+        "bytes_copied_forward": moved,
+        "time_copies_s": saving_s,
+        "sites": layers,
+    }
+    message = (
+        f"{layers} attention layer(s) copy their keys and values into a key/value cache in "
+        f"every training step (use_cache=True, transformers' default for decoders): "
+        f"{moved / 1e9:,.2f} GB written forward, copied back in the backward, never read; "
+        "no-kv-cache trains without it (evaluation and generation keep it)"
+    )
+    yield ctx.finding(
+        RULE,
+        module_pattern(r.module for r in copies),
+        message,
+        evidence,
+        saving_s=saving_s,
+        fix="no-kv-cache",
+        replaces=copies,
+    )
