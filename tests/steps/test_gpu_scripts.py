@@ -62,8 +62,8 @@ def test_compile_cache_times_gpt2_with_and_without_its_cache(monkeypatch, tmp_pa
     mod = _run(monkeypatch, "steps", "compile_cache", args)
     mod.main()
     r = json.loads(out.read_text())["results"]
-    assert set(r["rows"]) == {
-        f"{m}, {c}" for m in ("eager", "compiled") for c in ("cache", "no cache")
-    }
-    assert r["predicted_compile"]["no cache"]["mask_saving_ms"] > 0
-    assert r["predicted_compile"]["cache"]["mask_saving_ms"] == 0
+    kinds = ("cache", "no cache", "no-kv-cache")
+    assert set(r["rows"]) == {f"{m}, {c}" for m in ("eager", "compiled") for c in kinds}
+    assert r["predicted"]["no cache"]["compile"]["materialized-attention-mask_ms"] > 0
+    assert "materialized-attention-mask_ms" not in r["predicted"]["cache"]["compile"]
+    assert r["predicted"]["cache"]["eager"]["kv-cache-in-training_ms"] > 0
