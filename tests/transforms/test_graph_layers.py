@@ -309,3 +309,23 @@ def test_blocks_rewritten_by_torch_fx_still_form_a_stack():
     assert [(n, len(m)) for n, m in graph_layers.layer_stacks(model)] == [
         ("layer1", 3), ("layer2", 4), ("layer3", 6), ("layer4", 3)
     ]  # fmt: skip
+
+
+def test_a_decoder_trained_without_its_cache_by_no_kv_cache_is_captured(fake_graphs):
+    """GPT-2's layers take the key/value cache each forward, which a replay would not update;
+    once no-kv-cache runs its training forwards without the cache they are captured."""
+    pytest.importorskip("transformers")
+    from gpushape.models.library import hf_model
+    from gpushape.transforms import no_kv_cache
+
+    model, _ = hf_model("gpt2", device="cpu", dtype=torch.float32, vocab_size=256, n_layer=2,
+                        n_embd=64, n_head=4)  # fmt: skip
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    for p in model.parameters():
+        p.data = torch.randn_like(p) * 0.05
+    model.train()
+    assert _apply(model, ids).changes == []  # the cache: refused
+    assert no_kv_cache.apply(model, _ctx(ids)).changes
+    out = _apply(model, ids)
+    assert len(out.changes) == 2, out.refusals
+    assert model.config.use_cache is True  # the config untouched

@@ -143,7 +143,11 @@ def _apply_to(model: nn.Module, layers: dict, ctx: TransformContext, out: Outcom
         elif odd:
             kind = type(odd[0]).__name__
             why = f"each call passes it a {kind}, which a replay would not update"
-            _refuse(out, name, f"{why} (a key/value cache: train with use_cache=False)")
+            _refuse(
+                out,
+                name,
+                f"{why} (a key/value cache: train with use_cache=False, which no-kv-cache does)",
+            )
         else:
             picked[name] = (layer, seen[0])
     if not picked:
