@@ -138,11 +138,11 @@ def test_vision_type_gets_an_image_head_and_a_pixel_batch(transformers):
 
 
 def test_an_input_gpushape_cannot_guess_needs_the_input_option(transformers):
-    spec = "hf:wav2vec2?num_hidden_layers=1&head=base"
+    spec = "hf:patchtst?num_hidden_layers=1"  # a time series: past_values
     assert "give it with --input" in error_of(spec)
-    r = resolve_model(spec, inputs=["2x16000"])
-    assert r.example_inputs[0].shape == (2, 16000)
-    assert r.example_inputs[0].dtype == torch.bfloat16  # audio samples, not token ids
+    r = resolve_model(spec, inputs=["2x512x7"])
+    assert r.example_inputs[0].shape == (2, 512, 7)
+    assert r.example_inputs[0].dtype == torch.bfloat16  # values, not token ids
 
 
 def test_config_json_builds_its_architecture(transformers, tmp_path):
@@ -276,3 +276,22 @@ def test_a_decoder_without_a_cache_audits_on_meta(transformers):
         assert report.totals.roofline_time_s > 0
     assert "cumsum" in ops[False] and "cumsum" not in ops[True]
     assert ops[False].count("cat") < ops[True].count("cat")
+
+
+def test_speech_models_get_their_audio_inputs(transformers):
+    """Whisper: its speech seq2seq head, 30 s of log-mel features (mel bins x twice the
+    encoder's positions) and the decoder's tokens, and it audits on meta; wav2vec2: 5 s of
+    16 kHz samples. `--batch` replaces the batch of each."""
+    import gpushape
+
+    small = "encoder_layers=1&decoder_layers=1&d_model=64&encoder_attention_heads=2" \
+        "&decoder_attention_heads=2&encoder_ffn_dim=128&decoder_ffn_dim=128"  # fmt: skip
+    r = resolve_model(f"hf:whisper?{small}", batch=2)
+    assert type(r.model).__name__ == "WhisperForConditionalGeneration"
+    features, mask, decoder = r.example_inputs
+    assert tuple(features.shape) == (2, 80, 3000) and features.is_floating_point()
+    assert mask is None and tuple(decoder.shape) == (2, 448)
+    report = gpushape.audit(r.model, r.example_inputs, gpu="h200", train=True)
+    assert report.totals.roofline_time_s > 0
+    r = resolve_model("hf:wav2vec2?num_hidden_layers=1", batch=3)
+    assert [tuple(x.shape) for x in r.example_inputs] == [(3, 80_000)]

@@ -15,13 +15,13 @@ true, null), else as text.
   overrides given to the config's constructor); a hub id is refused (no download). The model
   is the Auto class's `from_config` under `torch.device("meta")`; its head is the config's
   `architectures[0]` when it names one, else a masked-LM head where the type has one
-  (BERT-likes), else a seq2seq LM (encoder-decoders: T5, Pegasus), else a causal-LM head
-  (decoders), else image classification, else the bare model. KEYs: `attn` (the attention
-  implementation, default "sdpa", what transformers picks on CUDA, or "eager" for a model
-  with no SDPA path, as transformers falls back; "eager" is the hand-written softmax(QK^T)V),
-  `head` (masked-lm, seq2seq-lm, causal-lm, image-classification, base), `seq` (sequence
-  length); any other KEY overrides the config (`num_hidden_layers=2`), checked against the
-  type's config.
+  (BERT-likes), else a seq2seq LM (encoder-decoders: T5, Pegasus), else a speech seq2seq LM
+  (Whisper), else a causal-LM head (decoders), else image classification, else the bare
+  model. KEYs: `attn` (the attention implementation, default "sdpa", what transformers picks
+  on CUDA, or "eager" for a model with no SDPA path, as transformers falls back; "eager" is
+  the hand-written softmax(QK^T)V), `head` (masked-lm, seq2seq-lm, speech-seq2seq,
+  causal-lm, image-classification, base), `seq` (sequence length); any other KEY overrides
+  the config (`num_hidden_layers=2`), checked against the type's config.
   `use_cache` stays as the config has it (on for decoders: the KV cache a plain forward builds
   is part of the step; `use_cache=False` leaves it out, and the audit reads the position ids
   transformers then checks for packed sequences as one sequence a row: hf_masks.py).
@@ -32,9 +32,11 @@ true, null), else as text.
 
 Inputs: decoders batch 8 x 1024 token ids, other text models 16 x 512 (both capped at the
 config's position limit), images batch 64 x the model's input size (timm's pretrained_cfg, or
-`img_size`; transformers' `image_size`). `--batch` replaces the batch, `--input` the inputs (a
-text model's `--input 4x128` without a dtype is token ids, int64; a model whose main input
-is neither token ids nor pixels needs --input). Token ids are zeros, which
+`img_size`; transformers' `image_size`), speech batch 8 x 30 s of log-mel features (Whisper:
+mel bins x twice the encoder's positions, with the decoder's tokens) or 5 s of 16 kHz samples
+(wav2vec2). `--batch` replaces the batch, `--input` the inputs (a text model's `--input 4x128`
+without a dtype is token ids, int64; a model whose main input is none of these needs
+--input). Token ids are zeros, which
 every vocabulary has. Floats are in `dtype`; transformers builds in it (keeping the buffers it
 keeps in fp32), a timm model is cast.
 
@@ -64,9 +66,12 @@ from .input_spec import make_input, parse_input_spec
 PREFIXES = ("hf", "timm")
 TEXT_DEFAULTS = {"decoder": (8, 1024), "encoder": (16, 512)}  # batch, sequence length
 IMAGE_BATCH = 64
+AUDIO_BATCH = 8  # log-mel features (Whisper: 30 s of them) or 5 s of 16 kHz samples
+AUDIO_SAMPLES = 5 * 16_000
 HF_HEADS = {  # --head: (Auto class, mapping of model type -> class name)
     "masked-lm": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
     "seq2seq-lm": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    "speech-seq2seq": ("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
     "causal-lm": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
     "image-classification": (
         "AutoModelForImageClassification",
@@ -296,8 +301,10 @@ def _hf_inputs(transformers, model, cfg, batch, seq, dtype, device):
         size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
         shape = (batch or IMAGE_BATCH, getattr(cfg, "num_channels", 3), *size)
         return (make_input(shape, dtype, device),)
+    if kind in ("input_features", "input_values"):
+        return _audio_inputs(model, cfg, batch, seq, dtype, device)
     if kind != "input_ids":
-        return None  # audio features, ...: the caller gives the inputs
+        return None  # another input: the caller gives it
     causal = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
     default_batch, default_seq = TEXT_DEFAULTS[
         "decoder" if type(model).__name__ in causal else "encoder"
@@ -309,6 +316,23 @@ def _hf_inputs(transformers, model, cfg, batch, seq, dtype, device):
         decoder = make_input((batch or default_batch, seq), torch.int64, device)
         return (ids, None, decoder)  # forward(input_ids, attention_mask, decoder_input_ids)
     return (ids,)
+
+
+def _audio_inputs(model, cfg, batch, seq, dtype, device):
+    """Log-mel features shaped as Whisper's encoder takes them (mel bins x twice its source
+    positions: 30 s), or raw 16 kHz samples (wav2vec2, HuBERT); an encoder-decoder's decoder
+    gets token ids too, `seq` of them (default: its position limit, at most 448)."""
+    batch = batch or AUDIO_BATCH
+    if getattr(model, "main_input_name", "") == "input_values":
+        return (make_input((batch, AUDIO_SAMPLES), dtype, device),)
+    mels, frames = getattr(cfg, "num_mel_bins", None), getattr(cfg, "max_source_positions", None)
+    if not mels or not frames:
+        return None  # features of another layout: the caller gives them
+    features = make_input((batch, mels, 2 * frames), dtype, device)
+    if not getattr(cfg, "is_encoder_decoder", False):
+        return (features,)
+    seq = seq or min(getattr(cfg, "max_target_positions", 448) or 448, 448)
+    return (features, None, make_input((batch, seq), torch.int64, device))
 
 
 @contextlib.contextmanager
