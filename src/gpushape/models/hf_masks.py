@@ -154,6 +154,11 @@ def packed_mask_gap(model: nn.Module) -> str | None:
     )
 
 
+def cache_setting(model: nn.Module) -> Any:
+    """The model's configured `use_cache` (None where its config has none)."""
+    return getattr(getattr(model, "config", None), "use_cache", None)
+
+
 def decoder(model: nn.Module) -> bool:
     """A decoder-only model by its config (not an encoder, not an encoder-decoder), whose code
     makes causal masks with masking_utils."""

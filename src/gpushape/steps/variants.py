@@ -204,10 +204,10 @@ def _mask_for_capture(model: nn.Module, batch: Batch) -> list[str]:
     """skip-attention-mask on a Hugging Face model whose transformers builds an all-true
     attention mask while a stream captures (a captured step would leave flash attention for
     nothing); the note saying so, or none."""
-    from ..models.hf_masks import packed_mask_gap, traced_mask_gap
+    from ..models.hf_masks import cache_setting, packed_mask_gap, traced_mask_gap
     from ..transforms import TransformContext, get_transform
 
-    uncached = getattr(getattr(model, "config", None), "use_cache", None) is False
+    uncached = cache_setting(model) is False
     if traced_mask_gap(model) is None and (not uncached or packed_mask_gap(model) is None):
         return []
     ctx = TransformContext(example_inputs=tuple(batch.inputs), mode="graph")

@@ -31,6 +31,7 @@ from torch import nn
 from ..models.hf_masks import (
     IMPLEMENTATION,
     attention_implementation,
+    cache_setting,
     packed_mask_gap,
     read_positions_as_unpacked,
     reads_positions_as_unpacked,
@@ -50,7 +51,8 @@ def is_applied(model: nn.Module) -> bool:
 @register_transform(ID, pays_under_compile=True)
 def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
-    why, packed = traced_mask_gap(model), packed_mask_gap(model) if _uncached(model) else None
+    uncached = cache_setting(model) is False  # configured so: the packed-sequence check runs
+    why, packed = traced_mask_gap(model), packed_mask_gap(model) if uncached else None
     if (why is None and packed is None) or not ctx.allows(model, ""):
         return out
     if why is not None and not _switch(model, why, out):
@@ -70,11 +72,6 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
             )
         )
     return out
-
-
-def _uncached(model: nn.Module) -> bool:
-    """Configured to run without a key/value cache, where the packed-sequence check runs."""
-    return getattr(getattr(model, "config", None), "use_cache", None) is False
 
 
 def _switch(model: nn.Module, why: str, out: Outcome) -> bool:

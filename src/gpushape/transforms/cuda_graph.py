@@ -126,7 +126,7 @@ def capture_warnings(model: nn.Module) -> list[str]:
     explicit all-true attention mask while a stream captures (`models/hf_masks.py`), which keeps
     SDPA off its flash kernel (measured on the H200: GPT-2's captured step ran 966 kernels and
     32.1 ms of GPU time against 611 and 26.7 eager); the skip-attention-mask fix removes it."""
-    from ..models.hf_masks import packed_mask_gap, traced_mask_gap
+    from ..models.hf_masks import cache_setting, packed_mask_gap, traced_mask_gap
 
     out = []
     hooked = [fqn or type(model).__name__ for fqn, m in model.named_modules() if has_hooks(m)]
@@ -138,8 +138,7 @@ def capture_warnings(model: nn.Module) -> list[str]:
             "leaves its flash kernel: apply skip-attention-mask first (gpushape optimize "
             "--mode graph does)"
         )
-    uncached = getattr(getattr(model, "config", None), "use_cache", None) is False
-    if uncached and packed_mask_gap(model) is not None:
+    if cache_setting(model) is False and packed_mask_gap(model) is not None:
         out.append(
             "with use_cache=False transformers builds an explicit causal mask while a stream "
             "captures (its check for packed sequences), so SDPA leaves its flash kernel: apply "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..models.hf_masks import decoder, is_hf_model, read_positions_as_unpacked
+from ..models.hf_masks import cache_setting, decoder, is_hf_model, read_positions_as_unpacked
 from ._core import Change, Outcome, Refusal, TransformContext, register_transform
 
 ID = "no-kv-cache"
@@ -27,7 +27,7 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
     if not ctx.train or not is_hf_model(model) or not ctx.allows(model, ""):
         return out
-    if not getattr(getattr(model, "config", None), "use_cache", False) or not decoder(model):
+    if not cache_setting(model) or not decoder(model):
         return out
     if "forward" in model.__dict__:
         reason = "the model's forward is already replaced on the instance (another wrapper)"

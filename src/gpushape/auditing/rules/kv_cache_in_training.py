@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...models.hf_masks import decoder, is_hf_model, trains_without_cache
+from ...models.hf_masks import cache_setting, decoder, is_hf_model, trains_without_cache
 from ..context import AuditContext
 from ..finding import Finding
 from ..patterns import module_pattern
@@ -39,7 +39,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     model = ctx.model
     if not ctx.train or model is None or not is_hf_model(model) or trains_without_cache(model):
         return
-    if not getattr(getattr(model, "config", None), "use_cache", False) or not decoder(model):
+    if not cache_setting(model) or not decoder(model):
         return
     copies = cache_copies(ctx)
     if not copies:
