@@ -124,18 +124,35 @@ def test_time_blocks_adds_rounds_until_settled_or_the_cap():
 
 
 def test_a_compiled_stage_saves_host_time_only_for_the_kernels_its_fixes_remove():
-    from gpushape.auditing.modes import StepTime
-    from gpushape.steps.fix_by_fix import _compiled
+    from gpushape.auditing.modes import StepTime, compiled_stage
 
     given = StepTime(mode="compile", gpu_s=0.015, host_s=0.034, kernels=745, marginal_s=7e-6)
     # its own audit prices 121 fewer kernels at the compiled average (46 us): 5.6 ms less
     stage = StepTime(mode="compile", gpu_s=0.013, host_s=0.0287, kernels=624, marginal_s=7e-6)
-    gpu, wall = _compiled(given, stage, stage.gpu_s, stage.host_s)
-    assert gpu == 0.013
-    assert wall == pytest.approx(0.034 - 121 * 7e-6)  # host-bound: ~0.85 ms saved, not 5.6
+    compiled = compiled_stage(given, stage)
+    assert compiled.gpu_s == 0.013
+    assert compiled.wall_s == pytest.approx(0.034 - 121 * 7e-6)  # ~0.85 ms saved, not 5.6
     fast_host = StepTime(mode="compile", gpu_s=0.05, host_s=0.0287, kernels=624, marginal_s=7e-6)
-    assert _compiled(given, fast_host, 0.05, 0.05) == (0.05, 0.05)  # GPU-bound: the GPU sets it
-    assert _compiled(None, stage, 0.013, 0.0287) == (0.013, 0.0287)  # no step as given
+    assert compiled_stage(given, fast_host).wall_s == 0.05  # GPU-bound: the GPU sets it
+    unknown = StepTime(mode="compile", gpu_s=0.015, host_s=0.034)  # no kernels counted
+    assert compiled_stage(unknown, stage) == stage
+
+
+def test_optimize_prices_a_compiled_step_after_at_the_kernels_removed():
+    """optimize's predicted step after, compiled, is the loop's: the host as given less the
+    kernels removed at a launch each, not the rewritten model's own compiled average."""
+    import gpushape
+
+    pytest.importorskip("transformers")
+    r = gpushape.models.resolve_model("hf:gpt2", batch=8)
+    _, report = gpushape.optimize(
+        r.model, r.example_inputs, gpu="h200", mode="compile", transforms=["no-kv-cache"]
+    )
+    given, after = report.before.step, report.after.step
+    removed = given.kernels - after.kernels
+    assert removed > 0 and after.host_s < given.host_s - removed * after.marginal_s  # average
+    expected = max(after.gpu_s, given.host_s - removed * after.marginal_s)
+    assert report.step_after_s == pytest.approx(expected)
 
 
 def test_a_compiled_loop_prices_cuda_graphs_as_reduce_overhead():

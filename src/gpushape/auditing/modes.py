@@ -122,6 +122,18 @@ class StepTime:
         )
 
 
+def compiled_stage(given: StepTime, stage: StepTime) -> StepTime:
+    """A rewritten model's compiled step, from the step as given: the rewritten model's GPU
+    work, and the given host less the kernels the rewrites removed (or plus those they added)
+    at the bare launch cost (`marginal_s`), not at the compiled average, which also carries
+    what the rewrites leave as it was (Swin-T with SDPA, H200: 121 fewer kernels, 1.0 ms less
+    to issue)."""
+    if not given.kernels:
+        return stage
+    host_s = max(given.host_s - (given.kernels - stage.kernels) * stage.marginal_s, 0.0)
+    return dataclasses.replace(stage, host_s=host_s)
+
+
 def predicted_step_s(report: Any) -> float:
     """A report's predicted step, as its header shows it. Eager: kernels and launches in
     series (the cost model's step), or the host's dispatch where that is longer (a host-bound

@@ -245,21 +245,13 @@ def _step_of(report: Any) -> tuple[float, float]:
     return step.gpu_s, max(step.gpu_s, step.host_s)
 
 
-def _compiled(given: Any, stage: Any, gpu_s: float, wall_s: float) -> tuple[float, float]:
-    """A compiled stage's (GPU, wall): its host is the step as given less the kernels the fixes
-    removed (or plus those they added) at the bare launch cost (`StepTime.marginal_s`), not at
-    the compiled average, which also carries what the fixes leave as it was."""
-    if given is None or stage is None or not given.kernels:
-        return gpu_s, wall_s
-    return gpu_s, max(gpu_s, given.host_s - (given.kernels - stage.kernels) * stage.marginal_s)
-
-
 def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[float, float]]:
     """Each built stage's predicted (GPU, wall) step: the audit of its model in `mode`; the
     optimizer's fix from its findings; a CUDA graph as the audit's graph mode of the stage
     before (masked-lm-head has no host sync, so a graph captures it), compiled
     (reduce-overhead) as the stage before's compiled GPU work with the graph's launches."""
     from ..auditing.api import audit
+    from ..auditing.modes import compiled_stage
 
     out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
     reports = {GIVEN: report}
@@ -285,8 +277,9 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                                  train=True, mode=run_mode, optimizer=step.optimizer)  # fmt: skip
             gpu_s, wall_s = _step_of(stage_report)
-            if run_mode == "compile":  # the host as given, less each kernel saved at a launch
-                gpu_s, wall_s = _compiled(report.step, stage_report.step, gpu_s, wall_s)
+            if run_mode == "compile" and report.step is not None and stage_report.step:
+                compiled = compiled_stage(report.step, stage_report.step)  # kernels at a launch
+                gpu_s, wall_s = compiled.gpu_s, compiled.wall_s
             out[stage] = (gpu_s, wall_s)
             reports[stage] = stage_report
             if spec.runner == "graph" and "+ fused-optimizer" in out:

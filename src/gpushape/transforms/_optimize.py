@@ -96,9 +96,16 @@ class OptimizeReport:
 
     @property
     def step_after_s(self) -> float:
-        from ..auditing.modes import predicted_step_s
+        """The audit's predicted step after the rewrites; compiled, the host as given less the
+        kernels they removed at a launch each (`auditing.modes.compiled_stage`)."""
+        from ..auditing.modes import compiled_stage, predicted_step_s
 
-        return predicted_step_s(self.after) if self.after else float("nan")
+        if self.after is None:
+            return float("nan")
+        given, stage = getattr(self.before, "step", None), getattr(self.after, "step", None)
+        if self.mode == "compile" and given is not None and stage is not None:
+            return compiled_stage(given, stage).wall_s
+        return predicted_step_s(self.after)
 
     def to_dict(self) -> dict[str, Any]:
         return {
