@@ -16,6 +16,15 @@ public `AttentionInterface` / `AttentionMaskInterface`, whose attention is trans
 SDPA function and whose mask function returns no mask exactly where transformers' eager path
 would skip it (no padding mask given, no sliding window reached), and otherwise builds
 transformers' SDPA mask. A padding mask the caller passes is always kept.
+
+Run with no key/value cache (`use_cache=False`) and no padding mask, a decoder meets another
+mask there: transformers checks the position ids for several sequences packed into a row,
+cannot read them while tracing, and builds the full causal mask (`packed_mask_gap`, asked of
+its own check). `read_positions_as_unpacked` replaces the model's forward on the instance so
+that a call given neither position ids nor a padding mask, whose positions the model makes
+itself, has that check answer "one sequence a row", as it does eagerly; with `drop_cache` it
+also drops the cache from training forwards (no-kv-cache). `meta_padding_masks` answers the
+checks a trace on the meta device cannot (mask and position values).
 """
 
 from __future__ import annotations
@@ -166,9 +175,6 @@ def decoder(model: nn.Module) -> bool:
     if getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", None) is False:
         return False
     return builds_masks_in_masking_utils(model, CAUSAL)
-
-
-UNPACKED = "__gpushape_unpacked_positions__"  # marks a forward read_positions_as_unpacked made
 
 
 def reads_positions_as_unpacked(model: nn.Module) -> bool:

@@ -68,8 +68,8 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     model = ctx.model
     if model is None:
         return
-    uncached = packed_mask_gap(model) if ctx.observed.packing_checks else None
-    why = uncached or traced_mask_gap(model)
+    packed = packed_mask_gap(model) if ctx.observed.packing_checks else None
+    why = packed or traced_mask_gap(model)
     if why is None:
         return
     flash = [r for r in ctx.forward_compute() if r.name == FLASH]
@@ -106,7 +106,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     }
     remedy = (
         "skip-attention-mask passes no mask where no padding mask is given, as the eager path does"
-        if uncached is None
+        if packed is None
         else "skip-attention-mask has transformers read the model's own positions as one "
         "sequence a row there, as it finds them eagerly"
     )
