@@ -281,6 +281,9 @@ def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[F
                 f"wrapper) against {step.gpu_s * 1e3:,.2f} ms of GPU work: torch.compile's "
                 'mode="reduce-overhead" replays the compiled kernels from CUDA graphs'
             )
+            # what a CUDA graph saves is wall time, the compiled step's, not the eager launches
+            f = dataclasses.replace(f, est_saving_s=wall)
+            severity = severity_for_share(wall / step.wall_s if step.wall_s > 0 else None)
         if wall < 0:
             message += (
                 f"; but in the {mode} step its ops cost the host more than those they replace, "
