@@ -116,6 +116,10 @@ for spec in "$@"; do
     host-gpt2) run host-gpt2 "$secs" python3 benchmarks/steps/host_profile.py hf:gpt2 --vs "${VS:-eager,optimize}" --out "$OUT/host-gpt2.json" ;;
     # the host's dispatch rates into the shipped profile, then the host model against real steps
     calib-host) run calib-host "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts host -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
+    # compiled steps of timm models the compile-mode host model extrapolates to (kernels and
+    # issue time per step, for benchmarks/steps/fit_compile_host.py): the audit predicts them
+    # host-bound, several slower than eager (benchmarks/results/audit-cpu/sweep_timm.log)
+    compile-host) run compile-host "$secs" bash -c 'mkdir -p "$OUT/bench-h200"; for m in ${MODELS:-timm:densenet121 timm:regnety_016 timm:resnext50_32x4d timm:convnext_tiny timm:vit_small_patch16_224}; do s=$(echo "$m" | tr ":/?&=" "_____"); echo "== $m"; python3 -m gpushape bench "$m" --vs compile --rounds "${ROUNDS:-3}" --csv "$OUT/bench-h200/bench.csv" -o "$OUT/bench-h200/compile-host-$s.json" 2>&1 | tail -n 12; done' ;;
     host-validate) run host-validate "$secs" python3 benchmarks/steps/host_validate.py --models "${MODELS:-hf:bert,hf:gpt2,timm:vit_base_patch16_224,timm:resnet50}" --out "$OUT/host_validate.json" ;;
     gputests-bnact) run gputests-bnact "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -k "not 2_pow_31" tests/kernel_ops/test_batch_norm_act_gpu.py tests/kernel_ops/test_batch_norm_act_smooth.py ;;
     bench-effnet) run bench-effnet "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench timm:efficientnet_b0 --vs "${VS:-channels-last,optimize}" --rounds "${ROUNDS:-3}" --kernels 8 --csv "$OUT/bench-h200/bench.csv" -o "$OUT/bench-h200/effnet.json"' ;;
