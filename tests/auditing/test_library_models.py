@@ -136,3 +136,21 @@ def test_a_decoder_without_its_cache_is_told_of_the_compiled_mask(cache):
         assert "packed sequences" in finding.message
         assert finding.evidence["saving_by_mode_s"]["compile"] > 0
         assert (finding.severity.label == "info") if mode == "eager" else finding.est_saving_s
+
+
+def test_the_caches_price_is_what_the_step_without_it_saves():
+    """kv-cache-in-training's eager saving is the GPU work the step traced without the cache
+    does not do (its forward copies, their backward, the gradient's copy back), at a size
+    whose step the GPU sets (a launch-bound one counts the copies' launches too)."""
+    steps, saving = {}, None
+    for cache in (True, False):
+        r = resolve_model(f"hf:gpt2?n_layer=2&use_cache={cache}", batch=4)
+        report = gpushape.audit(r.model, r.example_inputs, gpu="h200", train=True)
+        steps[cache] = report.step.gpu_s
+        found = [f for f in report.findings if f.rule == "kv-cache-in-training"]
+        if cache:
+            (finding,) = found
+            saving = finding.evidence["saving_by_mode_s"]["eager"]
+        else:
+            assert found == []
+    assert saving == pytest.approx(steps[True] - steps[False], rel=0.1)
