@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import io
+import pickle
 
 import pytest
 import torch
@@ -105,7 +106,9 @@ def test_revert_state_dict_copy_and_twice():
     buf.seek(0)
     fresh.load_state_dict(torch.load(buf), strict=True)
     clone = copy.deepcopy(model)  # its forward is bound to the copy, not to `model`
-    assert clone.forward.__self__ is clone and is_applied(clone)
+    assert clone.forward.model is clone and is_applied(clone)
+    unpickled = pickle.loads(pickle.dumps(model))  # a bound method would not unpickle
+    assert unpickled.forward.model is unpickled and is_applied(unpickled)
     torch.testing.assert_close(clone(ids, labels=labels).loss, model(ids, labels=labels).loss)
     restored = revert(model)
     assert restored is model and not is_applied(model)

@@ -7,6 +7,7 @@ the audit after is quiet; refusals."""
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -104,8 +105,10 @@ def test_revert_twice_copy_state_dict_and_config():
     model, _ = _apply(model, ids)
     assert trains_without_cache(model) and model.config.use_cache is True
     assert _apply(model, ids)[1].applied == []  # twice equals once
-    twin = copy.deepcopy(model)  # a bound method: the copy runs its own parameters
+    twin = copy.deepcopy(model)  # the copy runs its own parameters
     assert trains_without_cache(twin)
+    unpickled = pickle.loads(pickle.dumps(model))
+    assert trains_without_cache(unpickled) and unpickled.forward.model is unpickled
     _, grads = _step(twin, ids)
     assert grads and all(p.grad is None for p in model.parameters())
     revert(model)

@@ -32,13 +32,14 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
+
+from .instance_forward import InstanceForward, instance_forward
 
 IMPLEMENTATION = "gpushape_sdpa"  # the attention implementation skip-attention-mask sets
 MASK_BUILDERS = ("create_causal_mask", "create_bidirectional_mask")
@@ -178,12 +179,11 @@ def decoder(model: nn.Module) -> bool:
 
 
 def reads_positions_as_unpacked(model: nn.Module) -> bool:
-    forward = getattr(model.__dict__.get("forward"), "__func__", None)
-    return forward in (_unpacked_forward, _uncached_forward)
+    return instance_forward(model) in (_unpacked_forward, _uncached_forward)
 
 
 def trains_without_cache(model: nn.Module) -> bool:
-    return getattr(model.__dict__.get("forward"), "__func__", None) is _uncached_forward
+    return instance_forward(model) is _uncached_forward
 
 
 def read_positions_as_unpacked(model: nn.Module, *, drop_cache: bool = False) -> Any:
@@ -195,15 +195,14 @@ def read_positions_as_unpacked(model: nn.Module, *, drop_cache: bool = False) ->
     `drop_cache`: a call in training mode that does not say `use_cache` also runs without the
     key/value cache (no-kv-cache); evaluation and generation keep it.
     Returns the undo. The check is swapped module-wide for the length of such a call (a model
-    of another thread calling transformers' mask functions meanwhile would see it too). A
-    bound method of the class's forward, so a deep copy runs its own parameters."""
+    of another thread calling transformers' mask functions meanwhile would see it too). Set
+    as an `InstanceForward`: a deep copy or a pickle of the model runs its own parameters."""
     if "forward" in model.__dict__:
         raise ValueError("the model's forward is already replaced on the instance")
     forward = type(model).forward
     names = list(inspect.signature(forward).parameters)[1:]  # after self
     _WATCHED_AT[forward] = tuple((n, names.index(n) if n in names else None) for n in WATCHED)
-    replacement = _uncached_forward if drop_cache else _unpacked_forward
-    model.forward = types.MethodType(replacement, model)
+    model.forward = InstanceForward(_uncached_forward if drop_cache else _unpacked_forward, model)
     return lambda: model.__dict__.pop("forward", None)
 
 

@@ -25,19 +25,19 @@ RuntimeError at once (CPU code compiled by Inductor aborts the process with the 
 CUDA a device-side assert (which ends the process's CUDA context). Without labels
 (inference, evaluation without a loss) the model runs exactly as before.
 
-The forward is replaced on the instance (a bound method; state_dict, parameters and the class
-are untouched); revert deletes it. The numeric gate of `optimize()` runs the model without
-labels, which this path never changes, so the transform checks itself with labels: seeded
-labels on 15% of the example tokens (at most K), the loss and every parameter's gradient
-against the original's (the same gate, `_verify.py`); a model whose forward is not
-`head(encoder(...)[0])` followed by that loss fails it and is refused.
+The forward is replaced on the instance (an `InstanceForward`, which copies and pickles with
+the model; state_dict, parameters and the class are untouched); revert deletes it. The numeric
+gate of `optimize()` runs the model without labels, which this path never changes, so the
+transform checks itself with labels: seeded labels on 15% of the example tokens (at most K),
+the loss and every parameter's gradient against the original's (the same gate, `_verify.py`);
+a model whose forward is not `head(encoder(...)[0])` followed by that loss fails it and is
+refused.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import types
 from typing import Any
 
 import torch
@@ -53,6 +53,7 @@ from ..models.heads import (
     capacity_rows,
     masked_lm_head,
 )
+from ..models.instance_forward import InstanceForward
 from ._core import Change, Outcome, Refusal, TransformContext, has_hooks, register_transform
 from ._verify import reference, verify
 
@@ -157,7 +158,7 @@ def _check_inputs(inputs: tuple) -> tuple[tuple, torch.Tensor] | None:
 
 def _install(model: nn.Module, spec: MaskedLMHead) -> None:
     model.__dict__[MARK] = spec
-    model.forward = types.MethodType(_forward, model)
+    model.forward = InstanceForward(_forward, model)
 
 
 def _remove(model: nn.Module) -> None:

@@ -2,14 +2,15 @@
 
 A decoder built with `use_cache=True` (transformers' default) fills a DynamicCache in every
 forward, training ones too: a copy of each layer's keys and values that training never reads
-(the kv-cache-in-training rule). The forward is replaced on the instance by a bound method of
-the class's (`models/hf_masks.py`, `read_positions_as_unpacked(drop_cache=True)`): in training
-mode a call that does not say `use_cache` runs with `use_cache=False`; and since without a
-cache transformers checks the position ids for packed sequences (a host sync eagerly, an
-explicit causal mask while compiling or capturing), a call given neither position ids nor a
-padding mask has that check answer as the model's own positions are, one sequence a row.
-Evaluation and generation keep the cache; parameters, the state_dict and the config are
-untouched; undo removes the replacement.
+(the kv-cache-in-training rule). The forward is replaced on the instance by a call of the
+class's (`models/hf_masks.py`, `read_positions_as_unpacked(drop_cache=True)`; an
+`InstanceForward`, which copies and pickles with the model): in training mode a call that
+does not say `use_cache` runs with `use_cache=False`; and since without a cache transformers
+checks the position ids for packed sequences (a host sync eagerly, an explicit causal mask
+while compiling or capturing), a call given neither position ids nor a padding mask has that
+check answer as the model's own positions are, one sequence a row. Evaluation and generation
+keep the cache; parameters, the state_dict and the config are untouched; undo removes the
+replacement.
 """
 
 from __future__ import annotations
