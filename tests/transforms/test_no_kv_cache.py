@@ -104,7 +104,8 @@ def test_revert_twice_copy_state_dict_and_config():
     state = copy.deepcopy(model.state_dict())
     model, _ = _apply(model, ids)
     assert trains_without_cache(model) and model.config.use_cache is True
-    assert _apply(model, ids)[1].applied == []  # twice equals once
+    again = _apply(model, ids)[1]
+    assert again.applied == [] and again.refused == []  # twice equals once
     twin = copy.deepcopy(model)  # the copy runs its own parameters
     assert trains_without_cache(twin)
     unpickled = pickle.loads(pickle.dumps(model))

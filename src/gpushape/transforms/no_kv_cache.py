@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..models.hf_masks import cache_setting, decoder, is_hf_model, read_positions_as_unpacked
+from ..models.hf_masks import (
+    cache_setting,
+    decoder,
+    is_hf_model,
+    read_positions_as_unpacked,
+    trains_without_cache,
+)
 from ._core import Change, Outcome, Refusal, TransformContext, register_transform
 
 ID = "no-kv-cache"
@@ -26,7 +32,9 @@ ID = "no-kv-cache"
 @register_transform(ID, pays_under_compile=True)
 def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
-    if not ctx.train or not is_hf_model(model) or not ctx.allows(model, ""):
+    if not ctx.train or not is_hf_model(model) or trains_without_cache(model):
+        return out
+    if not ctx.allows(model, ""):
         return out
     if not cache_setting(model) or not decoder(model):
         return out
