@@ -170,10 +170,17 @@ def cache_setting(model: nn.Module) -> Any:
 
 
 def decoder(model: nn.Module) -> bool:
-    """A decoder-only model by its config (not an encoder, not an encoder-decoder), whose code
-    makes causal masks with masking_utils."""
+    """A decoder-only model (not an encoder-decoder) whose code makes causal masks with
+    masking_utils: its config says it is a decoder or does not say (LLaMA's, GPT-2's), or it
+    generates text (GPT-NeoX's config says `is_decoder=False` of its causal LM); an encoder
+    (BERT's `is_decoder=False`, no generation) is not."""
     config = getattr(model, "config", None)
-    if getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", None) is False:
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    says = getattr(config, "is_decoder", None)
+    can_generate = getattr(model, "can_generate", None)
+    generates = bool(can_generate()) if callable(can_generate) else False
+    if says is False and not generates:
         return False
     return builds_masks_in_masking_utils(model, CAUSAL)
 
