@@ -39,6 +39,15 @@ def test_the_loop_times_graph_layers_first():
     )  # fmt: skip
     assert _applied_order(report) == ["graph-layers", "pad-channels", "fuse-norm-act"]
     assert _applied_order(None) == []
+    # but after no-kv-cache, without which a decoder's layers are refused (H200, 2026-12-05:
+    # GPT-2's loop timed graph-layers first, where it captured nothing)
+    gpt2 = SimpleNamespace(
+        applied=[SimpleNamespace(transform=t) for t in
+                 ("pad-channels", "no-kv-cache", "fuse-activation", "graph-layers")]
+    )  # fmt: skip
+    assert _applied_order(gpt2) == [
+        "no-kv-cache", "graph-layers", "pad-channels", "fuse-activation"
+    ]  # fmt: skip
 
 
 def test_busy_time_counts_copies_but_the_kernel_count_does_not(monkeypatch):

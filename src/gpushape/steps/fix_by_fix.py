@@ -51,6 +51,12 @@ STEP_FIXES = ("fused-optimizer", "cuda-graphs")
 GIVEN = "as given"
 NONE = (0.0, 0.0, [])  # no finding names the fix
 GRAPH_LAYERS = "graph-layers"  # kept by optimize on a timing; its stage priced in graph mode
+# fixes graph-layers needs in place before it captures anything: no-kv-cache (a layer called
+# with a key/value cache is refused: a replay would not update the cache)
+BEFORE_GRAPH_LAYERS = ("no-kv-cache",)
+# graph-layers captures the layers only: the model's attention mask is built eagerly outside
+# them, so a captured step's all-true mask (materialized-attention-mask) is not in its stages
+NOT_IN_LAYER_CAPTURE = ("materialized-attention-mask",)
 
 
 @dataclass
@@ -228,7 +234,8 @@ def _applied_order(report: Any) -> list[str]:
         if change.transform not in seen:
             seen.append(change.transform)
     if GRAPH_LAYERS in seen:
-        seen = [GRAPH_LAYERS] + [t for t in seen if t != GRAPH_LAYERS]
+        first = [t for t in seen if t in BEFORE_GRAPH_LAYERS]
+        seen = first + [GRAPH_LAYERS] + [t for t in seen if t not in (*first, GRAPH_LAYERS)]
     return seen
 
 
@@ -252,6 +259,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
     (reduce-overhead) as the stage before's compiled GPU work with the graph's launches."""
     from ..auditing.api import audit
     from ..auditing.modes import compiled_stage
+    from ..auditing.registry import load_rules
 
     out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
     reports = {GIVEN: report}
@@ -274,8 +282,13 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             # on it priced as the audit's graph mode (their layers' dispatch is replayed too)
             graphed = spec.runner == "graph" or GRAPH_LAYERS in spec.transforms
             run_mode = "graph" if graphed else mode
+            layers_only = graphed and spec.runner != "graph"
+            rules = (
+                [r for r in load_rules() if r not in NOT_IN_LAYER_CAPTURE] if layers_only else None
+            )
             stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
-                                 train=True, mode=run_mode, optimizer=step.optimizer)  # fmt: skip
+                                 train=True, mode=run_mode, optimizer=step.optimizer,
+                                 rules=rules)  # fmt: skip
             gpu_s, wall_s = _step_of(stage_report)
             if run_mode == "compile" and report.step is not None and stage_report.step:
                 compiled = compiled_stage(report.step, stage_report.step)  # kernels at a launch
