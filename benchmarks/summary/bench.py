@@ -163,6 +163,48 @@ def compile_pad() -> list[str]:
     ]
 
 
+def cache_and_roofline() -> list[str]:
+    """GPT-2's key/value cache in training (steps-h200/compile_cache.json) and ResNet-50's
+    kernel classes against their rooflines (steps-h200/roofline_resnet50.json)."""
+    cache = json.loads((RESULTS / "steps-h200/compile_cache.json").read_text())["results"]
+    rows, told = cache["rows"], cache["predicted"]["cache"]
+    parts = []
+    for mode, key in (("eager", "eager"), ("compiled", "compile")):
+        base, fixed = rows[f"{mode}, cache"], rows[f"{mode}, no-kv-cache"]
+        parts.append(
+            f"{mode} {base['median_ms']:.2f} -> {fixed['median_ms']:.2f} ms (GPU "
+            f"{base['gpu_ms']:.2f} -> {fixed['gpu_ms']:.2f}; predicted "
+            f"{told[key].get('kv-cache-in-training_ms', 0.0):.2f} ms of GPU work)"
+        )
+    attention = {k: sum(r["attention_kernels_ms"].values()) for k, r in rows.items()}
+    compiled_att = min(v for k, v in attention.items() if k.startswith("compiled"))
+    roof = json.loads((RESULTS / "steps-h200/roofline_resnet50.json").read_text())["results"]
+    lines = []
+    for name, v in roof["variants"].items():
+        b = v["bounds_s"]
+        bounds = ", ".join(f"{k} {t * 1e3:.2f} ms" for k, t in b.items())
+        lines.append(f"`{name}` {v['step_s'] * 1e3:.2f} ms a step ({bounds})")
+    return [
+        "What GPT-2's key/value cache costs a training step (batch 8 x 1024; transformers "
+        "builds it unless told not to; `no-kv-cache` drops it), alternated in one process "
+        f"({link('steps-h200/compile_cache.json', 'compile_cache.json')}, "
+        f"`benchmarks/steps/compile_cache.py`): {'; '.join(parts)}. The fix saves more than "
+        "priced; on this image's transformers (5.17) every compiled variant already ran its "
+        f"attention with the all-true mask (at least {compiled_att:.1f} ms of attention "
+        f"kernels against {attention['eager, cache']:.1f} eager), so use_cache=False's own "
+        "mask could not show here.",
+        "",
+        "ResNet-50 at batch 256, each kernel class against its roofline "
+        f"({link('steps-h200/roofline_resnet50.json', 'roofline_resnet50.json')}, "
+        f"`benchmarks/steps/roofline_step.py`, target {roof['target']:,.0f} img/s = "
+        f"{roof['samples'] / roof['target'] * 1e3:.2f} ms a step): {'; '.join(lines)}. "
+        "With the convolutions as cuDNN runs them and every memory-bound class at its "
+        "roofline the step could reach the target; as measured, normalization and pooling "
+        "(max pooling's backward at 16% of its roofline) stand in the way.",
+        "",
+    ]
+
+
 def host_bound() -> list[str]:
     """Where the host sets the pace: optimized steps whose GPU time fell and wall clock did not,
     and the host's own time to issue a step (steps-h200/host_validate.json)."""
@@ -324,6 +366,7 @@ def bench_section() -> list[str]:
         *other_runs(),
         *why_bert_compile(),
         *compile_pad(),
+        *cache_and_roofline(),
         *host_bound(),
         *host_model(),
     ]

@@ -224,7 +224,8 @@ def case_studies() -> list[str]:
         "",
         f"bf16 training steps on synthetic data, {where}; a row is one `gpushape bench` run, "
         "baseline and variants alternated, medians; warm-up: from building the variant to the "
-        "end of its first 3 steps. Every run: "
+        "end of its first 3 steps (after `--loss-steps` trained it, compilation is cached). "
+        "Every run: "
         "[docs/results-h200.md](docs/results-h200.md#gpushape-bench).",
         "",
         *md_table(head, [*(_row(c) for c in CASES), ddp_row()]),

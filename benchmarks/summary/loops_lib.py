@@ -24,6 +24,12 @@ LATER = (
         "other five models and the compiled loops of Swin-T and BERT ran on that lease too, "
         "but their files did not come back: the call's own packing step overwrote them)",
     ),
+    (
+        "loops-h200-3",
+        "a third lease, with no-kv-cache (GPT-2's loop put graph-layers before it, where the "
+        "key/value cache kept it from capturing anything and the stage was priced with the "
+        "captured step's all-true mask: both fixed since)",
+    ),
 )
 BAND = (0.5, 2.0)
 MEDIUM_SHARE = 0.01  # auditing/finding.py's time-share threshold for medium
