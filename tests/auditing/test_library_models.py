@@ -150,7 +150,7 @@ def test_the_caches_price_is_what_the_step_without_it_saves():
         found = [f for f in report.findings if f.rule == "kv-cache-in-training"]
         if cache:
             (finding,) = found
-            saving = finding.evidence["saving_by_mode_s"]["eager"]
+            saving = finding.est_saving_s
         else:
             assert found == []
     assert saving == pytest.approx(steps[True] - steps[False], rel=0.1)

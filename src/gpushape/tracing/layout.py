@@ -164,8 +164,12 @@ def copy_kind(src: TensorMeta, dst: TensorMeta) -> str | None:
 
 
 def copy_op_kind(rec: OpRecord) -> str | None:
-    """`copy_kind` of a copy op (clone, _to_copy, copy_); None for any other op."""
+    """`copy_kind` of a copy op (clone, _to_copy, copy_, and a cat of one non-empty tensor:
+    a key/value cache's first append); None for any other op."""
     op = packet(rec.op)
+    if op == "aten.cat":
+        full = [t for t in rec.inputs if t.numel]
+        return copy_kind(full[0], rec.outputs[0]) if len(full) == 1 and rec.outputs else None
     if op not in COPY_OPS or not rec.inputs:
         return None
     if op == "aten.copy_":  # copy_(self, src): self is the destination

@@ -7,12 +7,16 @@ their gradients back, and nothing reads the cache. The trace shows the copies as
 `cat`s with an empty input; and where a cached tensor is its projection's output reshaped by
 views alone, the gradient that comes back through the cache is contiguous in the heads'
 layout, which the view that made the heads then copies (`_gradient_copies`).
-Saving: those ops and the backward ops autograd ran for them, as the cost model prices them,
-GPU and host (a compiled step still writes them: the cache is an
-output of the graph). The `no-kv-cache` fix runs training forwards with `use_cache=False`
-and transformers' packed-sequence check answered as the model's own positions are (no host
-sync eagerly; no causal mask compiled or captured: materialized-attention-mask). Training
-only; quiet once fixed.
+Saving: those ops and the backward ops autograd ran for them, as the cost model prices them
+(the cache's `cat` reads its strided input as the permuted copy it is), GPU and host, in
+every mode: compiled, the cache is an output of the graph and the gradient's copy stays too
+(measured on the H200, GPT-2 at 8 x 1024: 1.48 ms of GPU work saved eagerly, 1.16 compiled;
+at 32 x 1024, compiled, the kernel assembling the projection's gradient took 4.5 ms with the
+cache's copy in it, `case-gpt2-*.json`, and 70 us a layer without, `probe_compile_qkv.json`).
+The `no-kv-cache` fix runs training forwards with `use_cache=False` and transformers'
+packed-sequence check answered as the model's own positions are (no host sync eagerly; no
+causal mask compiled or captured: materialized-attention-mask). Training only; quiet once
+fixed.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def _gradient_copies(ctx: AuditContext, copies: list) -> list:
     it: the trace cannot tell which of the same-shaped tensors a computation read, so those
     copies are not attributed. Against the GPU work the step traced without the cache saves
     (two layers, 8 x 1024, the H200's profile), this prices all of it for GPT-2, OPT and
-    GPT-NeoX, and 0.66x for Qwen2 and a small LLaMA, 0.37x for Phi."""
+    GPT-NeoX, and 0.87x for Qwen2 and a small LLaMA, 0.57x for Phi."""
     ops, cache_cats = ctx.trace.ops, {c.index for c in copies}
     direct: dict[str, int] = {}
     for cat in copies:
@@ -96,9 +100,6 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         "time_copies_s": cats_s,
         "time_gradient_copies_s": gradients_s,
         "sites": layers,
-        # compiled, the cache is still an output of the graph, but Inductor folds the
-        # gradient's copy into the kernel that assembles the projection's gradient
-        "saving_by_mode_s": {"eager": saving_s, "compile": cats_s, "graph": saving_s},
     }
     message = (
         f"{layers} attention layer(s) copy their keys and values into a key/value cache in "
