@@ -67,3 +67,13 @@ def test_compile_cache_times_gpt2_with_and_without_its_cache(monkeypatch, tmp_pa
     assert r["predicted"]["no cache"]["compile"]["materialized-attention-mask_ms"] > 0
     assert "materialized-attention-mask_ms" not in r["predicted"]["cache"]["compile"]
     assert r["predicted"]["cache"]["eager"]["kv-cache-in-training_ms"] > 0
+
+
+def test_probe_masked_sdpa_times_every_mask_eager_and_compiled(monkeypatch, tmp_path):
+    out = tmp_path / "masked.json"
+    args = ["--device", "cpu", "--shape", "1,2,32,16", "--rounds", "1", "--out", str(out)]
+    mod = _run(monkeypatch, "kernels", "probe_masked_sdpa", args)
+    mod.main()
+    rows = json.loads(out.read_text())["results"]["rows"]
+    assert len(rows) == len(mod.MASKS) * 2 * 2  # masks x dropout x eager/compiled
+    assert all(r["median_ms"] > 0 for r in rows.values())
