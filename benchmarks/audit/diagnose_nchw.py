@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
 from gpushape.auditing import audit  # noqa: E402
-from gpushape.bench import compare, cuda_graph, kernel_times  # noqa: E402
+from gpushape.bench import compare, cuda_graph, kernel_totals  # noqa: E402
 from gpushape.bench.record import environment  # noqa: E402
 from gpushape.hardware import current_gpu, get_gpu  # noqa: E402
 from gpushape.models import create_model  # noqa: E402
@@ -119,10 +119,7 @@ def rule_bytes(build, shape, needs_grad) -> tuple[int, float]:
 
 def kernels(step) -> Counter:
     """Device microseconds a step, summed by kernel name."""
-    out = Counter()
-    for name, us in kernel_times(step, warmup=2):
-        out[name] += us
-    return out
+    return Counter(kernel_totals(step, warmup=2))
 
 
 def main(argv=None) -> int:

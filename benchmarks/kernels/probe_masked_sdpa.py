@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from gpushape.bench import compare, kernel_times, write_results
+from gpushape.bench import compare, kernel_totals, write_results
 
 MASKS = ("none, is_causal", "bool causal", "bool all-true", "float causal")
 
@@ -76,9 +76,7 @@ def main() -> None:
     timings = compare(steps, rounds=args.rounds, repeats_per_round=5, warmup=1)
     rows = {}
     for name, fn in steps.items():
-        kernels: dict[str, float] = {}
-        for kernel, us in kernel_times(fn) if args.device == "cuda" else ():
-            kernels[kernel] = kernels.get(kernel, 0.0) + us
+        kernels = kernel_totals(fn) if args.device == "cuda" else {}
         top = sorted(kernels.items(), key=lambda kv: -kv[1])[:4]
         rows[name] = {
             "median_ms": timings[name].median_s * 1e3,

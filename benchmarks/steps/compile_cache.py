@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 import gpushape
-from gpushape.bench import compare, kernel_times, write_results
+from gpushape.bench import compare, kernel_totals, write_results
 from gpushape.models import resolve_model
 
 ATTENTION = ("flash", "fmha", "attention", "sdpa", "softmax")
@@ -91,9 +91,7 @@ def main() -> None:
     timings = compare(steps, rounds=args.rounds, repeats_per_round=5, warmup=1)
     rows = {}
     for name, fn in steps.items():
-        kernels: dict[str, float] = {}  # name -> us a step, after all the timing
-        for kernel, us in kernel_times(fn) if args.device == "cuda" else ():
-            kernels[kernel] = kernels.get(kernel, 0.0) + us
+        kernels = kernel_totals(fn) if args.device == "cuda" else {}  # after all the timing
         attention = {k: v for k, v in kernels.items() if any(w in k.lower() for w in ATTENTION)}
         rows[name] = {
             "median_ms": statistics.median(timings[name].times_s) * 1e3,

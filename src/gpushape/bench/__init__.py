@@ -1,7 +1,7 @@
 """Measuring: timing, memory, kernel counts, A/B of baseline against optimized."""
 
 from .record import copy_bandwidth_bytes_per_s, environment, write_results
-from .timer import Timing, compare, cuda_graph, kernel_times, time_fn
+from .timer import Timing, compare, cuda_graph, kernel_times, kernel_totals, time_fn
 
 __all__ = [
     "Timing",
@@ -10,6 +10,7 @@ __all__ = [
     "cuda_graph",
     "environment",
     "kernel_times",
+    "kernel_totals",
     "time_fn",
     "write_results",
 ]

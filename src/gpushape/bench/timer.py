@@ -230,6 +230,15 @@ def kernel_times(
     ]
 
 
+def kernel_totals(fn: Callable[[], Any], **kwargs: Any) -> dict[str, float]:
+    """`kernel_times` summed by kernel name: device microseconds a call (a kernel launched
+    several times a step counts once, with all its time)."""
+    totals: dict[str, float] = {}
+    for name, us in kernel_times(fn, **kwargs):
+        totals[name] = totals.get(name, 0.0) + us
+    return totals
+
+
 _CYCLES_PER_S: list[float] = []
 
 
