@@ -71,9 +71,12 @@ def test_compile_cache_times_gpt2_with_and_without_its_cache(monkeypatch, tmp_pa
 
 def test_probe_masked_sdpa_times_every_mask_eager_and_compiled(monkeypatch, tmp_path):
     out = tmp_path / "masked.json"
-    args = ["--device", "cpu", "--shape", "1,2,32,16", "--rounds", "1", "--out", str(out)]
+    shapes = "1,2,32,16;2,2,16,16"
+    args = ["--device", "cpu", "--shapes", shapes, "--rounds", "1", "--out", str(out)]
     mod = _run(monkeypatch, "kernels", "probe_masked_sdpa", args)
     mod.main()
     rows = json.loads(out.read_text())["results"]["rows"]
-    assert len(rows) == len(mod.MASKS) * 2 * 2  # masks x dropout x eager/compiled
+    # (decoder's masks + encoder's) x dropout x eager/compiled
+    assert len(rows) == (len(mod.MASKS) + len(mod.ENCODER_MASKS)) * 2 * 2
+    assert any(name.startswith("2x2x16x16 compiled, bool all-true b1tt") for name in rows)
     assert all(r["median_ms"] > 0 for r in rows.values())
