@@ -36,7 +36,7 @@ def _mask(kind: str, b: int, t: int, device: str, dtype: torch.dtype):
         return causal
     if kind == "bool all-true":
         return torch.ones(t, t, dtype=torch.bool, device=device)
-    if kind == "bool all-true b1tt":  # transformers' 4-D mask, one per sequence, broadcast over heads
+    if kind == "bool all-true b1tt":  # transformers' 4-D mask: per sequence, over heads
         return torch.ones(b, 1, t, t, dtype=torch.bool, device=device)
     if kind == "float causal":
         zeros = torch.zeros(t, t, dtype=dtype, device=device)
