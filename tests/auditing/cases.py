@@ -24,6 +24,7 @@ from .models import (
     NormThen,
     OneLinear,
     SoftmaxThen,
+    Stem,
     TinyForMaskedLM,
     hf_bert,
     hf_gpt2,
@@ -116,6 +117,15 @@ CASES: dict[str, Case] = {
         fires=Side(lambda: build(NormThen, act_after_norm=True), lambda: (meta(8, 512, 1024),)),
         twin=Side(lambda: build(NormThen, act_after_norm=False), lambda: (meta(8, 512, 1024),)),
         module="norm",
+    ),
+    # torch's max pool against gpushape's kernel in the same stem
+    "slow-max-pool": Case(
+        fires=Side(lambda: _cl(build(Stem)), lambda: (meta(64, 3, 224, 224, channels_last=True),)),
+        twin=Side(
+            lambda: _cl(build(Stem, fast_pool=True)),
+            lambda: (meta(64, 3, 224, 224, channels_last=True),),
+        ),
+        module="pool",
     ),
     "bn-no-running-stats": Case(
         fires=Side(

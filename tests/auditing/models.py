@@ -86,6 +86,23 @@ class ConvBN(nn.Module):
         return self.act(self.bn(self.conv(x)))
 
 
+class Stem(nn.Module):
+    """ResNet's stem: 7x7 stride-2 conv, BatchNorm, ReLU, 3x3 stride-2 max pool (torch's, or
+    gpushape's kernel with `fast_pool=True`)."""
+
+    def __init__(self, *, fast_pool: bool = False) -> None:
+        super().__init__()
+        from gpushape.kernels import MaxPool2d
+
+        self.conv = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+        self.bn = nn.BatchNorm2d(64)
+        self.act = nn.ReLU(inplace=True)
+        self.pool = MaxPool2d(3, 2, 1) if fast_pool else nn.MaxPool2d(3, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.act(self.bn(self.conv(x))))
+
+
 class NormThen(nn.Module):
     """LayerNorm followed directly by GELU (fused=False), or by a Linear first (fused=True:
     the norm feeds a GEMM, the activation follows the GEMM)."""

@@ -36,6 +36,7 @@ def test_rule_ids_are_designs_table():
         "dense-mlm-head",
         "materialized-attention-mask",
         "kv-cache-in-training",
+        "slow-max-pool",
         "launch-bound",
         "wave-quantization",
         "checkpoint-candidate",

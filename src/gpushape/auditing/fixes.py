@@ -29,6 +29,8 @@ FIXES: dict[str, str] = {
     "they fill and never read (evaluation and generation keep it; config untouched)",
     "masked-lm-head": "compute a masked LM's head and its loss only on a fixed quarter of the "
     "positions, those that carry a label first (the logits then hold those rows)",
+    "fast-max-pool": "replace nn.MaxPool2d with gpushape's max-pool kernel, whose backward reads "
+    "a 1-byte window position instead of PyTorch's int64 index (gpushape.kernels.MaxPool2d)",
     "fold-conv-bias": "drop a convolution's bias that the following BatchNorm cancels",
     "graph-layers": "replay each repeated layer's forward and backward from CUDA graphs while "
     "the training loop stays eager (kept by optimize where a timed step says it pays)",

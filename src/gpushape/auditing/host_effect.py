@@ -30,6 +30,7 @@ INSTEAD = {
     "fuse-activation": ("op", 1, 1),  # the activation as one function (F.gelu)
     "fuse-softmax-dropout": ("gpushape", 1, 1),
     "no-kv-cache": ("op", 0, 0),  # the cache's copies are gone, nothing instead
+    "fast-max-pool": ("gpushape", 1, 1),  # gpushape.max_pool2d and its backward
 }
 # fuse-norm-act by its norm: gpushape's BatchNormAct2d traces as 2 forward ops (statistics,
 # apply) and 1 backward; its row norms (AddLayerNorm, LayerNormGELU, RMSNorm) as 1 and 1

@@ -12,3 +12,5 @@ from .norms.layer_norm_gelu import LayerNormGELU as LayerNormGELU
 from .norms.layer_norm_gelu import layer_norm_gelu as layer_norm_gelu
 from .norms.rms_norm import RMSNorm as RMSNorm
 from .norms.rms_norm import rms_norm as rms_norm
+from .pooling.max_pool import MaxPool2d as MaxPool2d
+from .pooling.max_pool import max_pool2d as max_pool2d

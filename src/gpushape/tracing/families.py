@@ -175,7 +175,7 @@ FALLBACK = {
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
 # gpushape's own fused kernels, which the audit's fusion rules propose: what they reach prices
 # a fix's kernel (`AuditContext.fusion_saving_s`), not a traced op.
-FUSED = ("fused_norm_act", "fused_batch_norm_act", "fused_softmax_dropout")
+FUSED = ("fused_norm_act", "fused_batch_norm_act", "fused_softmax_dropout", "fused_max_pool")
 # ... and the same kernels where a model already runs them (an optimized model's trace records
 # their custom ops, one op a pass, as torch.compile and CUDA graphs see them).
 KERNEL_FAMILIES = {
@@ -190,6 +190,8 @@ KERNEL_FAMILIES = {
     "gpushape.batch_norm_act_backward": "fused_batch_norm_act",
     "gpushape.softmax_dropout_fwd": "fused_softmax_dropout",
     "gpushape.softmax_dropout_bwd": "fused_softmax_dropout",
+    "gpushape.max_pool2d": "fused_max_pool",
+    "gpushape.max_pool2d_backward": "fused_max_pool",
 }
 # Not a kernel family: the efficiency of a LayerNorm backward's weight-gradient kernel where it
 # runs one block per 32 columns, against an SM's share of the copy rate (tracing/norm_grads.py).

@@ -122,6 +122,7 @@ def load_transforms() -> dict[str, TransformInfo]:
         attention_mask,
         autocast,
         channels_last,
+        fast_max_pool,
         fuse_activation,
         fuse_norm_act,
         fuse_qkv,

@@ -47,6 +47,7 @@ ORDER = (
     "skip-attention-mask",
     "fuse-activation",
     "fuse-norm-act",
+    "fast-max-pool",  # after fuse-norm-act's fx rewrite, which keeps nn.MaxPool2d a module
     "channels-last",
     "masked-lm-head",
     # last: autocast wraps the forward of the model the others left (a module they replace,

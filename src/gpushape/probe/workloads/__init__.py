@@ -43,7 +43,7 @@ class FamilyWorkload:
     family: str
     describe: str
     build: Callable[[float], nn.Module] | None
-    passes: int = 0
+    passes: float = 0
     measure: Callable[..., dict[str, Any]] | None = None
     train: bool = True
 
@@ -237,6 +237,14 @@ WORKLOADS = (
         "gpushape SoftmaxDropout(0.1) on 65536x1024",
         lambda s: _fused("softmax_dropout", s),
         passes=5,
+    ),
+    # a 3x3 stride-2 window: y is a quarter of x, its int8 window positions an eighth (bf16);
+    # fwd: read x, write y and the positions; bwd: read the positions and dy, write dx
+    FamilyWorkload(
+        "fused_max_pool",
+        "gpushape MaxPool2d(3, 2, 1) on 64x64x112x112 channels_last, training",
+        lambda s: _fused("max_pool", s),
+        passes=2.75,
     ),
     # not a kernel family: NCHW convolutions' loss against channels_last (probe/convs.py)
     FamilyWorkload(

@@ -48,7 +48,7 @@ def _side(scale: float, full: int) -> int:
 
 
 def _fused(kind: str, scale: float) -> nn.Module:
-    from ...kernels import BatchNormAct2d, LayerNormGELU, SoftmaxDropout
+    from ...kernels import BatchNormAct2d, LayerNormGELU, MaxPool2d, SoftmaxDropout
 
     if kind == "norm_act":
         return _Workload(
@@ -65,6 +65,14 @@ def _fused(kind: str, scale: float) -> nn.Module:
             shape,
             channels_last=True,
             modules={"op": BatchNormAct2d(c)},
+        )
+    if kind == "max_pool":  # ResNet's stem pool
+        shape = (max(int(64 * scale), 2), 64, _side(scale, 112), _side(scale, 112))
+        return _Workload(
+            lambda m, x: m.layers["op"](x),
+            shape,
+            channels_last=True,
+            modules={"op": MaxPool2d(3, 2, 1)},
         )
     return _Workload(
         lambda m, x: m.layers["op"](x),

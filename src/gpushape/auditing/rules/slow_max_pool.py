@@ -1,0 +1,108 @@
+"""slow-max-pool: max pooling through PyTorch's kernels, whose backward is slow.
+
+PyTorch's max pooling stores an int64 index per output (8 bytes where the output is 2) and its
+backward scatters the gradient through them; on the H200 the pair moves its minimum bytes at
+about 15% of the copy rate (the profile's `pool` family: ResNet-50's stem pool, measured by
+`gpushape probe`), and in the ResNet-50 step timed kernel by kernel it took 2.67 ms of
+35.7 (`benchmarks/results/steps-h200/roofline_resnet50.json`). gpushape's MaxPool2d saves a
+1-byte window position instead and gathers the gradient without atomics.
+
+Fires on the forward max-pool ops of `nn.MaxPool2d` modules the fix can take (4-D input,
+dilation 1, no ceil_mode, at most 127 taps). Saving: those ops and their backward as the cost
+model prices them, less gpushape's kernel moving its minimum bytes (forward: x, y and the
+positions; backward: the positions, dy and dx) at the rate measured for it (`fused_max_pool`,
+the copy rate where the profile has not measured it), in eager and graph mode. Under
+torch.compile Inductor writes its own max-pool kernels (1.83 ms in that step against eager's
+2.67) and gpushape's has not been timed against them there: the finding is info. **Fix:**
+`fast-max-pool`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ...tracing.records import OpRecord
+from ..context import AuditContext
+from ..finding import Finding
+from ..patterns import module_pattern
+from ..registry import register_rule
+
+RULE = "slow-max-pool"
+FAMILY = "fused_max_pool"
+MAX_TAPS = 127  # the kernel's window position is one signed byte
+QUIET = {
+    "compile": "under torch.compile Inductor generates its own max-pool kernels, which "
+    "gpushape's has not been measured against",
+}
+
+
+def _pair(value, default: int) -> tuple[int, int]:
+    if value is None or value == []:
+        return default, default
+    if isinstance(value, int):
+        return value, value
+    items = tuple(int(v) for v in value)
+    return (items[0], items[0]) if len(items) == 1 else (items[0], items[1])
+
+
+def takes(rec: OpRecord) -> bool:
+    """Whether gpushape's MaxPool2d computes this traced max pool (what fast-max-pool swaps)."""
+    kh, kw = _pair(rec.params.get("kernel_size"), 1)
+    return (
+        rec.module_type == "MaxPool2d"
+        and len(rec.inputs[0].shape) == 4
+        and _pair(rec.params.get("dilation"), 1) == (1, 1)
+        and not rec.params.get("ceil_mode", False)
+        and kh * kw <= MAX_TAPS
+        and str(rec.inputs[0].dtype) in ("float32", "float16", "bfloat16")
+    )
+
+
+def kernel_bytes(rec: OpRecord, train: bool) -> int:
+    """gpushape's kernel's minimum bytes for one pool, forward and (training) backward."""
+    x, y = rec.inputs[0], rec.outputs[0]
+    if not train:
+        return x.nbytes + y.nbytes
+    return 2 * (x.nbytes + y.nbytes + y.numel)
+
+
+@register_rule(RULE, title="max pooling through PyTorch's int64-index kernels")
+def check(ctx: AuditContext) -> Iterable[Finding]:
+    pools = [r for r in ctx.forward_compute() if r.name == "max_pool2d_with_indices" and takes(r)]
+    if not pools:
+        return
+    before_s = ctx.time_s(o for r in pools for o in ctx.with_backward(r))
+    nbytes = sum(kernel_bytes(r, ctx.train) for r in pools)
+    efficiency = ctx.gpu.achievable.memory(FAMILY)
+    after_s = ctx.bytes_time_s(nbytes) / efficiency
+    saving = max(before_s - after_s, 0.0)
+    if saving <= 0:
+        return
+    by_mode = {"eager": saving, "graph": saving, "compile": 0.0}
+    x = pools[0].inputs[0]
+    evidence = {
+        "pools": len(pools),
+        "input_shape": list(x.shape),
+        "dtype": x.dtype,
+        "time_pytorch_s": before_s,
+        "time_kernel_s": after_s,
+        "kernel_bytes": nbytes,
+        "kernel_efficiency": efficiency,
+        "kernel_efficiency_measured": FAMILY in ctx.gpu.achievable.memory_efficiency,
+        "saving_by_mode_s": by_mode,
+        "why_quiet": QUIET,
+    }
+    message = (
+        f"{len(pools)} max pool(s) run PyTorch's kernels ({before_s * 1e3:,.3f} ms with the "
+        f"backward): gpushape's MaxPool2d moves {nbytes / 1e6:,.0f} MB in "
+        f"{after_s * 1e3:,.3f} ms, a 1-byte window position in place of the int64 index"
+    )
+    yield ctx.finding(
+        RULE,
+        module_pattern(r.module for r in pools),
+        message,
+        evidence,
+        saving_s=saving,
+        fix="fast-max-pool",
+        replaces=pools,
+    )

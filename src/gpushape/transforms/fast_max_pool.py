@@ -1,0 +1,71 @@
+"""fast-max-pool: `nn.MaxPool2d` becomes gpushape's MaxPool2d, the same function whose backward
+reads a 1-byte window position instead of PyTorch's int64 index (kernels/pooling/).
+
+Matched by type: exactly `torch.nn.MaxPool2d` (a subclass may change what it computes), with
+settings the kernel takes (dilation 1, no ceil_mode, no return_indices, at most 127 taps:
+`MaxPool2d.from_torch` says which one it does not), wherever the model holds it. The output
+equals PyTorch's bit for bit, ties and NaN included (a tie goes to the first maximum in the
+window, as PyTorch's kernels do), and so do the gradients. Refused: a module with hooks (they
+would no longer run) and the settings above. No parameters or buffers: the state_dict is
+untouched; undo puts the original module back. Under torch.compile it is not applied: Inductor
+writes its own max-pool kernels, which this one has not been measured against.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..kernels import MaxPool2d
+from ._core import (
+    Change,
+    Outcome,
+    Refusal,
+    TransformContext,
+    has_hooks,
+    module_holders,
+    register_transform,
+)
+
+ID = "fast-max-pool"
+
+
+def _swap(module: nn.MaxPool2d, new: MaxPool2d, where: list, fqn: str) -> Change:
+    for parent, attr in where:
+        setattr(parent, attr, new)
+    new.train(module.training)
+
+    def undo() -> None:
+        for parent, attr in where:
+            setattr(parent, attr, module)
+
+    more = f" (and {len(where) - 1} other place(s) holding it)" if len(where) > 1 else ""
+    return Change(
+        transform=ID,
+        module=fqn,
+        detail=f"{module!r} -> gpushape {new!r}: int8 window positions for backward{more}",
+        undo=undo,
+    )
+
+
+@register_transform(ID, pays_under_compile=False)
+def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
+    out = Outcome()
+    places = module_holders(model)
+    seen: set[int] = set()
+    for fqn, module in list(model.named_modules()):
+        if type(module) is not nn.MaxPool2d or id(module) in seen or id(module) not in places:
+            continue
+        seen.add(id(module))
+        if not ctx.allows(module, fqn):
+            continue
+        if has_hooks(module):
+            reason = "MaxPool2d has hooks, which the new module would not run"
+            out.refusals.append(Refusal(transform=ID, module=fqn, reason=reason))
+            continue
+        try:
+            new = MaxPool2d.from_torch(module)
+        except ValueError as exc:
+            out.refusals.append(Refusal(transform=ID, module=fqn, reason=str(exc)))
+            continue
+        out.changes.append(_swap(module, new, places[id(module)], fqn))
+    return out
