@@ -1,7 +1,7 @@
 """Audit a Hugging Face GPT-2 trained under torch.compile, let gpushape fix it, audit again; on a
 GPU, also time the compiled training steps side by side.
 
-    python examples/hf_decoder_compiled.py [--gpu h200] [--batch 8] [--seq 1024] [--layers 12]
+    python examples/hf_decoder_compiled.py [--gpu h200] [--batch 32] [--seq 1024] [--layers 12]
                                            [--no-cache] [--measure]
 
 The model is the user's own object (here built from its config, as `from_pretrained` would give
@@ -55,7 +55,7 @@ def show(title: str, report, step_s: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gpu", default="h200")
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--no-cache", action="store_true", help="configure use_cache=False")

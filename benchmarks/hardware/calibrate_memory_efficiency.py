@@ -86,7 +86,7 @@ def main() -> None:
             shape=shape,
             on_config=lambda c: print(f"measuring {c.describe}", flush=True),
         )
-        profile["attention"] = attention
+        profile["attention"] = {**(profile.get("attention") or {}), **attention}
     if "host" in parts:
         measured = measure_host(args.device)  # rates fitted elsewhere (module_glue, ...) stay
         profile["host"] = {**profile.get("host", {}), **measured}

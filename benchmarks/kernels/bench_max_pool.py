@@ -187,7 +187,12 @@ def spec_copy_gbps(device: str) -> tuple[float | None, str]:
         spec = calibrated(current_gpu())
     except GpushapeError as exc:
         return None, str(exc)
-    return spec.attainable_bandwidth_bytes_per_s / 1e9, f"{spec.name}: {spec.note}"
+    return copy_gbps_of(spec)
+
+
+def copy_gbps_of(spec) -> tuple[float, str]:
+    """A GPUSpec's attainable copy rate in GB/s and where its numbers came from."""
+    return spec.attainable_bandwidth_bytes_per_s() / 1e9, f"{spec.name} ({spec.achievable.source})"
 
 
 def format_table(rows: list[dict]) -> str:

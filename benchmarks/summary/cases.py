@@ -189,9 +189,9 @@ def ddp_row() -> tuple[str, ...]:
             "-", f"[json](benchmarks/results/{rel})")  # fmt: skip
 
 
-def plots() -> list[str]:
+def plots(table: str = "") -> list[str]:
     """Each case's newest plot whose run no later run overwrote: the images in a row, then
-    which run each shows (its JSON holds the command)."""
+    which run each shows (its JSON holds the command), where `table` does not link it yet."""
     shown = []
     for case in CASES:
         owned = [(d["environment"]["date_utc"], rel, d) for rel, d in _runs(case)
@@ -208,8 +208,9 @@ def plots() -> list[str]:
     runs = ", ".join(
         f"[{name}'s of {data['environment']['date_utc'][:10]}](benchmarks/results/{rel})"
         for name, rel, data, _ in shown
+        if f"benchmarks/results/{rel})" not in table
     )
-    return [images, "", f"The plots' runs: {runs}.", ""]
+    return [images, "", *((f"The plots' runs: {runs}.", "") if runs else ())]
 
 
 def case_studies() -> list[str]:
@@ -228,9 +229,9 @@ def case_studies() -> list[str]:
         "Every run: "
         "[docs/results-h200.md](docs/results-h200.md#gpushape-bench).",
         "",
-        *md_table(head, [*(_row(c) for c in CASES), ddp_row()]),
+        *(table := md_table(head, [*(_row(c) for c in CASES), ddp_row()])),
         "",
-        *plots(),
+        *plots("\n".join(table)),
         END,
     ]
 

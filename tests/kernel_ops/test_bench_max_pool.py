@@ -71,3 +71,11 @@ def test_smoke_run_on_cpu(bench, interpret, tmp_path, capsys):
         for v in ("eager", "gpushape")
     }
     assert capsys.readouterr().out.strip().splitlines()[-1].lstrip().startswith("2x3x8x7")
+
+
+def test_the_specs_copy_rate_is_read_as_the_gpu_run_reads_it(bench):
+    """(The first H200 run failed here: a method read as an attribute.)"""
+    from gpushape.hardware import calibrated, get_gpu
+
+    gbps, source = bench.copy_gbps_of(calibrated(get_gpu("h200")))
+    assert 3000 < gbps < 4800 and source.startswith("h200")

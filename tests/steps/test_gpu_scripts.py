@@ -80,3 +80,35 @@ def test_probe_masked_sdpa_times_every_mask_eager_and_compiled(monkeypatch, tmp_
     assert len(rows) == (len(mod.MASKS) + len(mod.ENCODER_MASKS)) * 2 * 2
     assert any(name.startswith("2x2x16x16 compiled, bool all-true b1tt") for name in rows)
     assert all(r["median_ms"] > 0 for r in rows.values())
+
+
+def test_fit_masked_sdpa_puts_cudnn_rates_that_predict_the_causal_calls(monkeypatch, tmp_path):
+    """The committed H200 probe: rates fitted on BERT's shape, checked on GPT-2's."""
+    probe = ROOT / "benchmarks" / "results" / "kernels-h200" / "probe_masked_sdpa.json"
+    out = tmp_path / "profile.json"
+    mod = _run(monkeypatch, "kernels", "fit_masked_sdpa", [])
+    assert mod.main([str(probe), "-o", str(out)]) == 0
+    rows = json.loads(out.read_text())["attention"]
+    rates = rows["cudnn/d64"]
+    assert 0 < rates["cudnn/fwd/d64"] < 1 and 0 < rates["cudnn/bwd/d64"] < 1
+    _, lines = mod.fit(json.loads(probe.read_text()), json.loads(out.read_text()))
+    causal = [line for line in lines if "bool causal" in line]
+    assert causal and all(0.8 < float(line.rsplit("(", 1)[1].rstrip(")")) < 1.25 for line in causal)
+
+
+def test_fit_max_pool_rates_inductors_pool_against_the_eager_family(monkeypatch, tmp_path):
+    """The committed H200 timings: Inductor's pool between PyTorch's eager kernels and the copy
+    rate, and the eager family's rate re-derived from the same run within 10%."""
+    bench = json.loads((ROOT / "benchmarks/results/kernels-h200/bench_max_pool.json").read_text())
+    out = tmp_path / "profile.json"
+    mod = _run(monkeypatch, "kernels", "fit_max_pool", [])
+    path = ROOT / "benchmarks/results/kernels-h200/bench_max_pool.json"
+    assert mod.main([str(path), "-o", str(out)]) == 0
+    rows = json.loads(out.read_text())["memory_efficiency"]
+    compiled, eager = rows["pool_compiled"]["efficiency"], rows["pool"]["efficiency"]
+    assert eager < compiled < 1
+    eager_s = next(r["median_ms"] for r in bench["results"] if r["variant"] == "eager"
+                   and r["layout"] == "cl" and r["direction"] == "fwd+bwd"
+                   and r["shape"] == mod.SHAPE) * 1e-3  # fmt: skip
+    roofline = rows["pool_compiled"]["family_roofline_s"]
+    assert roofline / eager_s == pytest.approx(eager, rel=0.1)

@@ -142,18 +142,37 @@ def test_nothing_to_do_without_the_gap_or_sdpa(monkeypatch):
 
 
 def test_rule_saves_in_compile_and_graph_and_is_info_in_eager():
-    model = _bert().to(torch.bfloat16)
-    ids = _ids(8, 64)
+    """BERT-base at 8 x 512 on meta: 5.17's bidirectional mask is strided, so compiled it runs
+    the math path; captured (eager SDPA), cuDNN's masked kernel on every score."""
+    from gpushape.models.resolve import resolve_model
+
+    resolved = resolve_model("hf:bert", batch=8)
+    model, inputs = resolved.model, resolved.example_inputs
     found = {}
     for mode in ("eager", "compile", "graph"):
-        report = audit(model, (ids,), gpu="h200", train=True, mode=mode, rules=[RULE])
+        report = audit(model, inputs, gpu="h200", train=True, mode=mode, rules=[RULE])
         (found[mode],) = report.findings
     assert found["eager"].est_saving_s == 0.0 and "eager" in found["eager"].message
     assert found["compile"].est_saving_s > found["graph"].est_saving_s > 0
+    assert found["compile"].evidence["compiled_path"] == "math, float32"
     assert found["compile"].fix == "skip-attention-mask"
-    _apply(model, ids)
-    after = audit(model, (ids,), gpu="h200", train=True, mode="compile", rules=[RULE])
-    assert after.findings == []
+
+
+def test_a_causal_mask_is_priced_as_cudnns_masked_kernel_not_the_math_path():
+    """5.17's causal mask has unit stride: GPT-2 compiled ran cuDNN's masked kernel on every
+    score (2.1x the is_causal call on the H200), not the float32 math path it was once priced
+    as (10x the measured saving)."""
+    from gpushape.models.resolve import resolve_model
+
+    resolved = resolve_model("hf:gpt2", batch=8)
+    report = audit(resolved.model, resolved.example_inputs, gpu="h200", train=True,
+                   mode="graph", rules=[RULE])  # fmt: skip
+    (f,) = report.findings
+    ev = f.evidence
+    assert ev["mask_strided"] is False and ev["compiled_path"] == "fused, whole square"
+    assert 1.5 < ev["time_fused_masked_s"] / ev["time_flash_s"] < 3.0
+    assert ev["saving_by_mode_s"]["compile"] == ev["saving_by_mode_s"]["graph"]
+    assert ev["time_math_masked_s"] > 3 * ev["time_fused_masked_s"]  # what it is not priced as
 
 
 def test_compile_prices_the_math_path_in_float32_as_pytorch_runs_half_inputs(monkeypatch):

@@ -99,7 +99,11 @@ INDEX_PUT = frozenset({"aten.index_put", "aten.index_put_", "aten._index_put_imp
 # (contiguous) PyTorch runs other kernels than on channels_last ones (the H200 ran ResNet-50's
 # NCHW BatchNorm several times slower), so the probe measures them apart. Where a profile lacks
 # the NCHW figure, the family's own prices them (`FALLBACK`).
-NCHW_VARIANTS = {"batch_norm": "batch_norm_nchw", "pool": "pool_nchw"}
+NCHW_VARIANTS = {
+    "batch_norm": "batch_norm_nchw",
+    "pool": "pool_nchw",
+    "fused_max_pool": "fused_max_pool_nchw",  # gpushape's max pool on NCHW input
+}
 NCHW_BASE = {nchw: base for base, nchw in NCHW_VARIANTS.items()}  # NCHW family -> its own
 # Depthwise and narrow grouped convolutions run as direct kernels bound by their bytes
 # (tracing/flops/conv.py), unlike every other convolution (GEMMs): a family of their own, and
@@ -175,7 +179,12 @@ FALLBACK = {
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
 # gpushape's own fused kernels, which the audit's fusion rules propose: what they reach prices
 # a fix's kernel (`AuditContext.fusion_saving_s`), not a traced op.
-FUSED = ("fused_norm_act", "fused_batch_norm_act", "fused_softmax_dropout", "fused_max_pool")
+FUSED = (
+    "fused_norm_act",
+    "fused_batch_norm_act",
+    "fused_softmax_dropout",
+    "fused_max_pool",
+)
 # ... and the same kernels where a model already runs them (an optimized model's trace records
 # their custom ops, one op a pass, as torch.compile and CUDA graphs see them).
 KERNEL_FAMILIES = {
@@ -205,6 +214,10 @@ WEIGHT_GRAD = "norm_weight_grad"
 # - a patch convolution on aligned channels (ConvNeXt's 2x2/2 downsampling) by its side, the
 #   same way (forward and both gradients).
 LAYOUT = ("nchw_conversion",)
+# - Inductor's max-pool kernels (forward and backward) against the pool family's bytes: what
+#   slow-max-pool prices PyTorch's max pool at under torch.compile (benchmarks/kernels/
+#   fit_max_pool.py, from bench_max_pool.py's timings).
+COMPILED_POOL = "pool_compiled"
 PATCH_CONV = "patch_conv"
 PATCH_VARIANTS = ("patch_conv@4", "patch_conv@16")
 DOWNSAMPLE_CONV = "downsample_conv"
@@ -222,6 +235,7 @@ ALL_FAMILIES = (
     WEIGHT_GRAD,
     *FUSED,
     *LAYOUT,
+    COMPILED_POOL,
     *PATCH_VARIANTS,
     *DOWNSAMPLE_VARIANTS,
 )

@@ -7,8 +7,9 @@ settings the kernel takes (dilation 1, no ceil_mode, no return_indices, at most 
 equals PyTorch's bit for bit, ties and NaN included (a tie goes to the first maximum in the
 window, as PyTorch's kernels do), and so do the gradients. Refused: a module with hooks (they
 would no longer run) and the settings above. No parameters or buffers: the state_dict is
-untouched; undo puts the original module back. Under torch.compile it is not applied: Inductor
-writes its own max-pool kernels, which this one has not been measured against.
+untouched; undo puts the original module back. Under torch.compile it pays too: the kernel is a
+custom op Inductor calls as it is, and at ResNet-50's stem it took 0.73 ms forward and
+backward against 1.81 for Inductor's own max-pool kernels (`bench_max_pool.json`, H200).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _swap(module: nn.MaxPool2d, new: MaxPool2d, where: list, fqn: str) -> Change
     )
 
 
-@register_transform(ID, pays_under_compile=False)
+@register_transform(ID, pays_under_compile=True)
 def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
     places = module_holders(model)

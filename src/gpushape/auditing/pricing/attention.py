@@ -57,11 +57,7 @@ def fused_records(
     v = tensor((s.bh, 1, s.tk, s.dv), s.dtype)
     out = tensor((s.bh, 1, s.tq, s.dv), s.dtype)
     lse = tensor((s.bh, 1, s.tq), "float32")
-    name = (
-        "aten._scaled_dot_product_flash_attention"
-        if backend == "flash"
-        else "aten._scaled_dot_product_efficient_attention"
-    )
+    name = f"aten._scaled_dot_product_{backend}_attention"  # flash, efficient, cudnn
     params = {"dropout_p": 0.1 if s.dropout else 0.0, "is_causal": causal}
     recs = [
         record(f"{name}.default", {"query": q, "key": k, "value": v}, [out, lse], params=params)

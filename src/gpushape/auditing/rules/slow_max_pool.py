@@ -12,15 +12,18 @@ dilation 1, no ceil_mode, at most 127 taps). Saving: those ops and their backwar
 model prices them, less gpushape's kernel moving its minimum bytes (forward: x, y and the
 positions; backward: the positions, dy and dx) at the rate measured for it (`fused_max_pool`,
 the copy rate where the profile has not measured it), in eager and graph mode. Under
-torch.compile Inductor writes its own max-pool kernels (1.83 ms in that step against eager's
-2.67) and gpushape's has not been timed against them there: the finding is info. **Fix:**
-`fast-max-pool`.
+torch.compile Inductor writes its own max-pool kernels: those ops are priced at the rate
+measured for them (`pool_compiled`: at ResNet-50's stem, 1.81 ms forward and backward against
+eager's 2.78 and gpushape's 0.73, `benchmarks/results/kernels-h200/bench_max_pool.json`), and
+where the profile has no such rate the finding is info there. **Fix:** `fast-max-pool`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ...tracing.families import COMPILED_POOL, NCHW_VARIANTS
+from ...tracing.layout import runs_nchw
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding
@@ -28,11 +31,12 @@ from ..patterns import module_pattern
 from ..registry import register_rule
 
 RULE = "slow-max-pool"
-FAMILY = "fused_max_pool"
+FAMILY = "fused_max_pool"  # the kernel on channels_last input
+FAMILY_NCHW = NCHW_VARIANTS[FAMILY]  # the kernel on NCHW input (planes, not channels, a tile)
 MAX_TAPS = 127  # the kernel's window position is one signed byte
 QUIET = {
-    "compile": "under torch.compile Inductor generates its own max-pool kernels, which "
-    "gpushape's has not been measured against",
+    "compile": "under torch.compile Inductor generates its own max-pool kernels, and the "
+    "profile has no rate measured for them",
 }
 
 
@@ -66,29 +70,47 @@ def kernel_bytes(rec: OpRecord, train: bool) -> int:
     return 2 * (x.nbytes + y.nbytes + y.numel)
 
 
+def _efficiency(ctx: AuditContext, rec: OpRecord) -> float:
+    """The rate measured for gpushape's kernel in this pool's layout (channels_last's where
+    NCHW's was not measured; 1 where neither was)."""
+    rates = ctx.gpu.achievable.memory_efficiency
+    if runs_nchw(rec) and FAMILY_NCHW in rates:
+        return rates[FAMILY_NCHW]
+    return ctx.gpu.achievable.memory(FAMILY)
+
+
 @register_rule(RULE, title="max pooling through PyTorch's int64-index kernels")
 def check(ctx: AuditContext) -> Iterable[Finding]:
     pools = [r for r in ctx.forward_compute() if r.name == "max_pool2d_with_indices" and takes(r)]
     if not pools:
         return
-    before_s = ctx.time_s(o for r in pools for o in ctx.with_backward(r))
+    ops = [o for r in pools for o in ctx.with_backward(r)]
+    before_s = ctx.time_s(ops)
     nbytes = sum(kernel_bytes(r, ctx.train) for r in pools)
-    efficiency = ctx.gpu.achievable.memory(FAMILY)
-    after_s = ctx.bytes_time_s(nbytes) / efficiency
+    after_s = sum(ctx.bytes_time_s(kernel_bytes(r, ctx.train)) / _efficiency(ctx, r) for r in pools)
+    efficiency = ctx.bytes_time_s(nbytes) / after_s if after_s > 0 else 1.0
     saving = max(before_s - after_s, 0.0)
     if saving <= 0:
         return
-    by_mode = {"eager": saving, "graph": saving, "compile": 0.0}
+    achievable = ctx.gpu.achievable
+    compiled_s = None  # Inductor's kernels: the ops' bytes at the rate measured for them
+    if COMPILED_POOL in achievable.memory_efficiency:
+        pool_bytes = sum(ctx.op_cost(o).min_bytes for o in ops)
+        compiled_s = ctx.bytes_time_s(pool_bytes) / achievable.memory(COMPILED_POOL)
+    compile_saving = max(compiled_s - after_s, 0.0) if compiled_s is not None else 0.0
+    by_mode = {"eager": saving, "graph": saving, "compile": compile_saving}
     x = pools[0].inputs[0]
     evidence = {
         "pools": len(pools),
         "input_shape": list(x.shape),
         "dtype": x.dtype,
         "time_pytorch_s": before_s,
+        "time_inductor_s": compiled_s,
         "time_kernel_s": after_s,
         "kernel_bytes": nbytes,
         "kernel_efficiency": efficiency,
         "kernel_efficiency_measured": FAMILY in ctx.gpu.achievable.memory_efficiency,
+        "nchw_pools": sum(runs_nchw(r) for r in pools),
         "saving_by_mode_s": by_mode,
         "why_quiet": QUIET,
     }
