@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...tracing.families import COMPILED_POOL, NCHW_VARIANTS
+from ...tracing.families import COMPILED_POOL, NCHW_VARIANTS, priced_family
 from ...tracing.layout import runs_nchw
 from ...tracing.records import OpRecord
 from ..context import AuditContext
@@ -71,12 +71,11 @@ def kernel_bytes(rec: OpRecord, train: bool) -> int:
 
 
 def _efficiency(ctx: AuditContext, rec: OpRecord) -> float:
-    """The rate measured for gpushape's kernel in this pool's layout (channels_last's where
-    NCHW's was not measured; 1 where neither was)."""
-    rates = ctx.gpu.achievable.memory_efficiency
-    if runs_nchw(rec) and FAMILY_NCHW in rates:
-        return rates[FAMILY_NCHW]
-    return ctx.gpu.achievable.memory(FAMILY)
+    """The rate measured for gpushape's kernel in this pool's layout (an unmeasured NCHW rate
+    falls back to channels_last's, as the cost model's families do; 1 where neither was)."""
+    achievable = ctx.gpu.achievable
+    family = FAMILY_NCHW if runs_nchw(rec) else FAMILY
+    return achievable.memory(priced_family(family, achievable.memory_efficiency))
 
 
 @register_rule(RULE, title="max pooling through PyTorch's int64-index kernels")
