@@ -196,6 +196,24 @@ def module_holders(model: nn.Module) -> Holders:
     return holders
 
 
+def swap_module(
+    module: nn.Module, new: nn.Module, where: list, *, transform: str, fqn: str, detail: str
+) -> Change:
+    """Put `new` in every (parent, attribute) of `where` that holds `module` (a shared module
+    is swapped everywhere), in `module`'s train/eval state; the Change's undo puts `module`
+    back. `detail` gets the count of the other places appended."""
+    for parent, attr in where:
+        setattr(parent, attr, new)
+    new.train(module.training)
+
+    def undo() -> None:
+        for parent, attr in where:
+            setattr(parent, attr, module)
+
+    more = f" (and {len(where) - 1} other place(s) holding it)" if len(where) > 1 else ""
+    return Change(transform=transform, module=fqn, detail=f"{detail}{more}", undo=undo)
+
+
 def parent_of(model: nn.Module, fqn: str) -> tuple[nn.Module, str]:
     """The module holding `fqn` and the attribute name under which it holds it."""
     parent_name, _, name = fqn.rpartition(".")

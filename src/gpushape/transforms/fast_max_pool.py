@@ -18,34 +18,16 @@ from torch import nn
 
 from ..kernels import MaxPool2d
 from ._core import (
-    Change,
     Outcome,
     Refusal,
     TransformContext,
     has_hooks,
     module_holders,
     register_transform,
+    swap_module,
 )
 
 ID = "fast-max-pool"
-
-
-def _swap(module: nn.MaxPool2d, new: MaxPool2d, where: list, fqn: str) -> Change:
-    for parent, attr in where:
-        setattr(parent, attr, new)
-    new.train(module.training)
-
-    def undo() -> None:
-        for parent, attr in where:
-            setattr(parent, attr, module)
-
-    more = f" (and {len(where) - 1} other place(s) holding it)" if len(where) > 1 else ""
-    return Change(
-        transform=ID,
-        module=fqn,
-        detail=f"{module!r} -> gpushape {new!r}: int8 window positions for backward{more}",
-        undo=undo,
-    )
 
 
 @register_transform(ID, pays_under_compile=True)
@@ -68,5 +50,8 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
         except ValueError as exc:
             out.refusals.append(Refusal(transform=ID, module=fqn, reason=str(exc)))
             continue
-        out.changes.append(_swap(module, new, places[id(module)], fqn))
+        detail = f"{module!r} -> gpushape {new!r}: int8 window positions for backward"
+        out.changes.append(
+            swap_module(module, new, places[id(module)], transform=ID, fqn=fqn, detail=detail)
+        )
     return out

@@ -20,13 +20,13 @@ import torch
 from torch import nn
 
 from ._core import (
-    Change,
     Outcome,
     Refusal,
     TransformContext,
     has_hooks,
     module_holders,
     register_transform,
+    swap_module,
 )
 
 ID = "fuse-activation"
@@ -66,24 +66,6 @@ def match(module: nn.Module) -> tuple[str, nn.Module] | None:
     return None
 
 
-def _swap(module: nn.Module, new: nn.Module, where: list, name: str, fqn: str) -> Change:
-    for parent, attr in where:
-        setattr(parent, attr, new)
-    new.train(module.training)
-
-    def undo() -> None:
-        for parent, attr in where:
-            setattr(parent, attr, module)
-
-    more = f" (and {len(where) - 1} other place(s) holding it)" if len(where) > 1 else ""
-    return Change(
-        transform=ID,
-        module=fqn,
-        detail=f"{type(module).__name__} -> {name}: the same function in one kernel{more}",
-        undo=undo,
-    )
-
-
 @register_transform(ID, pays_under_compile=False)
 def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
     out = Outcome()
@@ -100,5 +82,9 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
             reason = f"{type(module).__name__} has hooks, which the new module would not run"
             out.refusals.append(Refusal(transform=ID, module=fqn, reason=reason))
             continue
-        out.changes.append(_swap(module, found[1], places[id(module)], found[0], fqn))
+        detail = f"{type(module).__name__} -> {found[0]}: the same function in one kernel"
+        change = swap_module(
+            module, found[1], places[id(module)], transform=ID, fqn=fqn, detail=detail
+        )
+        out.changes.append(change)
     return out
