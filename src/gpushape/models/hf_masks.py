@@ -125,39 +125,21 @@ def traced_mask_gap(model: nn.Module) -> str | None:
 
 
 def traced_mask_strided(model: nn.Module) -> bool | None:
-    """Whether the all-true mask this transformers builds for `model` while tracing
-    (`traced_mask_gap`) is strided in its last dimension, or None where its builder could not
-    be asked. SDPA's fused kernels take a mask only with unit stride there; torch.compile then
-    lowers the call to the math path. transformers 5.17 expands a bidirectional mask from one
-    element (strides (0, 16, 1, 0) at 16 tokens: BERT's step compiled ran the math path) and
-    builds a causal one whole ((0, 256, 16, 1): GPT-2's ran cuDNN's masked kernels). Asked of
-    its own `sdpa_mask`, a small mask on the CPU."""
+    """Whether the all-true mask this transformers builds for `model` while tracing is strided
+    in its last dimension (None: its `sdpa_mask` could not be asked). torch.compile lowers SDPA
+    with such a mask to the math path. 5.17 expands a bidirectional mask from one element
+    (BERT's), and builds a causal one whole (GPT-2's: cuDNN's masked kernel)."""
     mu = _masking_utils()
-    build = getattr(mu, "sdpa_mask", None)
-    if build is None:
-        return None
     causal = decoder(model)
-    function = getattr(
-        mu, "causal_mask_function" if causal else "bidirectional_mask_function", None
-    )
-    if function is None:
-        return None
+    function = getattr(mu, "causal_mask_function" if causal else "bidirectional_mask_function", 0)
     try:
         with _tracing(mu):
-            mask = build(
-                batch_size=2,
-                q_length=16,
-                kv_length=16,
-                mask_function=function,
-                allow_is_causal_skip=causal,
-                allow_is_bidirectional_skip=not causal,
-                device="cpu",
-            )
-    except Exception:  # another signature: a release this check does not know
+            mask = mu.sdpa_mask(batch_size=2, q_length=16, kv_length=16, mask_function=function,
+                                allow_is_causal_skip=causal, allow_is_bidirectional_skip=not causal,
+                                device="cpu")  # fmt: skip
+        return mask.stride(-1) != 1
+    except Exception:  # no mask (no gap), or a release this check does not know
         return None
-    if not hasattr(mask, "stride") or mask.dim() < 1:
-        return None
-    return mask.stride(-1) != 1
 
 
 def _packs_when_tracing() -> bool:
