@@ -1,5 +1,5 @@
 """Rates of SDPA's fused kernel given an explicit mask, from `probe_masked_sdpa.py`'s kernel
-times, into a gpushape profile's "attention" rows as backend "cudnn".
+times, into a gpushape profile's "attention" rows as backend "cudnn_masked".
 
 On the H200 (torch 2.11) every masked bf16 call the probe made ran cuDNN's attention kernels,
 eagerly and compiled, over the whole square of scores. The rates are those kernels' times
@@ -33,6 +33,7 @@ from gpushape.tracing.cost import op_cost  # noqa: E402
 
 DEFAULT = ROOT / "src" / "gpushape" / "hardware" / "profiles" / "h200-sxm.json"
 MASK = "bool all-true"
+BACKEND = "cudnn_masked"  # tracing/flops/attention.kernel_of: cuDNN's op with an attn_bias
 
 
 def kernel_s(row: dict, which: str) -> float:
@@ -67,9 +68,9 @@ def fit(probe: dict, profile: dict) -> tuple[dict, list[str]]:
         fwd_cost, bwd_cost = _costs(flat, b, h, t, d, dropout)
         model_fwd, model_bwd = fwd_cost.kernel_time_s, bwd_cost.kernel_time_s
         flags = "dropout/" if dropout else ""
-        new[f"cudnn/{flags}d{d}"] = {
-            f"cudnn/fwd/{flags}d{d}": round(model_fwd / fwd_s, 4),
-            f"cudnn/bwd/{flags}d{d}": round(model_bwd / bwd_s, 4),
+        new[f"{BACKEND}/{flags}d{d}"] = {
+            f"{BACKEND}/fwd/{flags}d{d}": round(model_fwd / fwd_s, 4),
+            f"{BACKEND}/bwd/{flags}d{d}": round(model_bwd / bwd_s, 4),
             "workload": f"cuDNN's SDPA given a {MASK} boolean mask, head size {d}"
             f"{', dropout 0.1' if dropout else ''}, {b}x{h}x{t}x{d} (probe_masked_sdpa.py)",
             "dtype": "bfloat16",
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     out = write_profile(profile, args.output or args.profile)
     print(f"wrote {out}")
     for key, row in new.items():
-        rates = {k: v for k, v in row.items() if k.startswith("cudnn/")}
+        rates = {k: v for k, v in row.items() if k.startswith(f"{BACKEND}/")}
         print(key, rates)
     print("\n".join(lines))
     return 0

@@ -89,8 +89,8 @@ def test_fit_masked_sdpa_puts_cudnn_rates_that_predict_the_causal_calls(monkeypa
     mod = _run(monkeypatch, "kernels", "fit_masked_sdpa", [])
     assert mod.main([str(probe), "-o", str(out)]) == 0
     rows = json.loads(out.read_text())["attention"]
-    rates = rows["cudnn/d64"]
-    assert 0 < rates["cudnn/fwd/d64"] < 1 and 0 < rates["cudnn/bwd/d64"] < 1
+    rates = rows["cudnn_masked/d64"]
+    assert 0 < rates["cudnn_masked/fwd/d64"] < 1 and 0 < rates["cudnn_masked/bwd/d64"] < 1
     _, lines = mod.fit(json.loads(probe.read_text()), json.loads(out.read_text()))
     causal = [line for line in lines if "bool causal" in line]
     assert causal and all(0.8 < float(line.rsplit("(", 1)[1].rstrip(")")) < 1.25 for line in causal)

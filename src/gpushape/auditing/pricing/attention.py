@@ -59,14 +59,15 @@ def fused_records(
     lse = tensor((s.bh, 1, s.tq), "float32")
     name = f"aten._scaled_dot_product_{backend}_attention"  # flash, efficient, cudnn
     params = {"dropout_p": 0.1 if s.dropout else 0.0, "is_causal": causal}
-    recs = [
-        record(f"{name}.default", {"query": q, "key": k, "value": v}, [out, lse], params=params)
-    ]
+    qkv = {"query": q, "key": k, "value": v}
+    if backend == "cudnn" and s.has_mask:  # cuDNN's kernel given the mask (a boolean one)
+        qkv["attn_bias"] = tensor((s.bh, 1, s.tq, s.tk), "bool")
+    recs = [record(f"{name}.default", qkv, [out, lse], params=params)]
     if train:
         recs.append(
             record(
                 f"{name}_backward.default",
-                {"grad_out": out, "query": q, "key": k, "value": v, "out": out, "logsumexp": lse},
+                {"grad_out": out, **qkv, "out": out, "logsumexp": lse},
                 [q, k, v],
                 params=params,
                 phase="backward",

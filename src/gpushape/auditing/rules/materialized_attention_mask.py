@@ -10,8 +10,8 @@ own mask builder), measured on the H200 (`probe_masked_sdpa.json`, torch 2.11):
   cuDNN's fused kernel, eagerly and compiled, over the whole square of scores: at GPT-2's
   shape 360 us a layer forward and backward against 168 us with is_causal (2.1x), and at
   BERT's 393 against 258 unmasked (1.5x). Priced as that kernel on every score at the rates
-  the profile holds for it ("cudnn", fitted on BERT's shape by
-  `benchmarks/kernels/fit_masked_sdpa.py`; GPT-2's masked calls then come to 1.07-1.09x
+  the profile holds for it ("cudnn_masked", fitted on BERT's shape by
+  `benchmarks/kernels/fit_masked_sdpa.py`; GPT-2's masked calls then come to 0.95-1.00x
   their measured time);
 - a mask expanded from one element (5.17's bidirectional masks: BERT, RoBERTa) is strided, and
   torch.compile lowers the call to the math path (score GEMMs in fp32, softmax and dropout as

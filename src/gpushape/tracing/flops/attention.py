@@ -74,13 +74,15 @@ FLASH_ATTN = "flash_attn._flash_attn_"
 
 
 def kernel_of(rec: OpRecord, backward: bool) -> AttentionKernel:
-    """The backend from the op's name ("aten._scaled_dot_product_flash_attention" -> "flash"),
-    dropout and causal masking from its arguments."""
+    """The backend from the op's name ("aten._scaled_dot_product_flash_attention" -> "flash";
+    cuDNN's given a mask, "cudnn_masked"), dropout and causal masking from its arguments."""
     name = rec.op.split("._scaled_dot_product_", 1)[-1]
     first = name.split("_", 1)[0]
     backend = first if first in _BACKENDS and "for_cpu" not in name else ""
     if rec.op.startswith(FLASH_ATTN):
         backend = "flash"
+    if backend == "cudnn" and rec.has_input("attn_bias"):
+        backend = "cudnn_masked"  # every score computed, the mask read: its own rates
     return AttentionKernel(
         backend=backend,
         backward=backward,
