@@ -11,36 +11,9 @@ import sys
 
 import torch
 
-SM90_WARP_SIZE = 32
-POINTER_TYPES = {
-    torch.bfloat16: "*bf16",
-    torch.float16: "*fp16",
-    torch.float32: "*fp32",
-    torch.float64: "*fp64",
-    torch.int8: "*i8",
-}
-
-
-def _signature(kernel, args, meta):
-    """Triton signature, constexprs and divisibility attributes of one recorded launch."""
-    sig, attrs = {}, {}
-    for i, (name, value) in enumerate(zip(kernel.arg_names, args)):
-        if isinstance(value, torch.Tensor):
-            sig[name] = POINTER_TYPES[value.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]  # fresh allocations are 16-byte aligned
-        else:
-            sig[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    consts = {k: v for k, v in meta.items() if k != "num_warps"}
-    sig.update({name: "constexpr" for name in consts})
-    return {n: sig[n] for n in kernel.arg_names}, consts, attrs
-
 
 def main() -> int:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from _sm90_compile import compile_for_sm90
 
     from gpushape.kernels.pooling import _launch
     from gpushape.kernels.pooling._geometry import pool_geometry
@@ -79,26 +52,11 @@ def main() -> int:
     y, taps = _launch.max_pool_forward(x, pool_geometry(3, 2, 1))
     _launch.max_pool_backward(y, taps, (12, 12), pool_geometry(3, 2, 1), True)
 
-    seen = set()
-    for kernel, args, meta in launches:
-        sig, consts, attrs = _signature(kernel, args, meta)
-        key = (kernel.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())))
-        if key in seen:
-            continue
-        seen.add(key)
-        src = ASTSource(kernel, signature=sig, constexprs=consts, attrs=attrs)
-        try:
-            triton.compile(
-                src,
-                target=GPUTarget("cuda", 90, SM90_WARP_SIZE),
-                options={"num_warps": meta["num_warps"]},
-            )
-        except Exception as exc:
-            print(f"FAILED {kernel.__name__} {consts}: {type(exc).__name__}: {exc}")
-            return 1
-        print(f"ok {kernel.__name__} {consts}")
-    print(f"compiled {len(seen)} kernel configurations for sm_90")
-    return 0
+    return compile_for_sm90(
+        (kernel, args, {k: v for k, v in meta.items() if k != "num_warps"},
+         {"num_warps": meta["num_warps"]})
+        for kernel, args, meta in launches
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

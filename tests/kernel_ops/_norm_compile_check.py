@@ -13,44 +13,13 @@ import sys
 
 import torch
 
-SM90_WARP_SIZE = 32
 # Launch keywords that are compile options, not constexpr parameters.
 OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion")
 
 
-def _signature(fn, args, kwargs):
-    """Triton signature, constexprs and divisibility attributes of one recorded launch."""
-    names = fn.arg_names
-    sig, consts, attrs = {}, {}, {}
-    types = {
-        torch.bfloat16: "*bf16",
-        torch.float16: "*fp16",
-        torch.float32: "*fp32",
-        torch.float64: "*fp64",
-    }
-    for i, (name, value) in enumerate(zip(names, args)):
-        if isinstance(value, torch.Tensor):
-            sig[name] = types[value.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]  # fresh allocations are 16-byte aligned
-        elif isinstance(value, bool):
-            sig[name] = "i1"
-        elif isinstance(value, int):
-            sig[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            sig[name] = "fp32"
-    for name, value in kwargs.items():
-        if name not in OPTIONS:
-            sig[name] = "constexpr"
-            consts[name] = value
-    return {n: sig[n] for n in names}, consts, attrs
-
-
 def main() -> int:
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from _sm90_compile import compile_for_sm90
 
     from gpushape.kernels.norms import _common as _norm_common
     from gpushape.kernels.norms import _kernels as _norm_kernels
@@ -88,32 +57,11 @@ def main() -> int:
             out = _norm_common.norm_forward(x, r, w, bias, 1e-5, act=act, rms=rms)
             _norm_common.norm_backward(x, r, x, w, bias, out.mean, out.rstd, act=act, rms=rms)
 
-    seen = set()
-    for fn, args, kwargs in launches:
-        sig, consts, attrs = _signature(fn, args, kwargs)
-        key = (
-            fn.__name__,
-            tuple(sorted(sig.items())),
-            tuple(sorted(map(str, consts.items()))),
-            kwargs.get("num_warps"),
-        )
-        if key in seen:
-            continue
-        seen.add(key)
-        src = ASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
-        try:
-            options = {k: v for k, v in kwargs.items() if k in OPTIONS}
-            triton.compile(
-                src,
-                target=GPUTarget("cuda", 90, SM90_WARP_SIZE),
-                options={"num_warps": 4, **options},
-            )
-        except Exception as exc:
-            print(f"FAILED {fn.__name__} {consts}: {type(exc).__name__}: {exc}")
-            return 1
-        print(f"ok {fn.__name__} {options} {consts}")
-    print(f"compiled {len(seen)} kernel configurations for sm_90")
-    return 0
+    return compile_for_sm90(
+        (fn, args, {k: v for k, v in kwargs.items() if k not in OPTIONS},
+         {k: v for k, v in kwargs.items() if k in OPTIONS})
+        for fn, args, kwargs in launches
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
