@@ -32,18 +32,19 @@ from typing import Any
 
 from ..errors import GpushapeError
 from ..tracing.host import host_cost
-from ..tracing.layout import conversion_passes
 from .context import AuditContext
 from .finding import TIME_SHARE_THRESHOLDS, Finding, Severity, severity_for_share
 from .host_effect import host_saving_s
+from .pricing.inductor_kernels import compiled_kernels_of
 from .pricing.loss import compiled_loss_saving_s
 from .pricing.optimizer_step import foreach_host_s
 
 MODES = ("eager", "compile", "graph")
-# host seconds per kernel of a compiled step, where the profile measured it (27-81 us over 14
-# compiled steps on the H200's hosts, median 46: benchmarks/steps/fit_compile_host.py; the
-# wrapper's buffer allocations and launcher calls, ATen for extern kernels, autograd for the
-# compiled backward, the optimizer's step)
+# host seconds per kernel of a compiled step, where the profile measured it (28-62 us over 16
+# compiled steps on the H200's hosts, median 46: benchmarks/steps/fit_compile_host.py, kernels
+# counted as pricing/inductor_kernels.py counts them; the wrapper's buffer allocations and
+# launcher calls, ATen for extern kernels, autograd for the compiled backward, the optimizer's
+# step)
 COMPILED_KERNEL = "compiled_kernel"
 # where a profile has the host's op rate but no compiled-kernel rate (a probe's: that rate is
 # fitted on timed compiled steps, which the probe does not run), the H200 profile's ratio of
@@ -148,19 +149,12 @@ def predicted_step_s(report: Any) -> float:
 
 
 def compiled_kernels(trace: Any, cost: Any) -> int:
-    """The kernels of a compiled step as the host issues them: the cost model's, less cuDNN's
-    NCHW <-> NHWC conversion kernels where Inductor runs the convolutions channels_last itself
-    (`inductor_layout_opt`: its graph has none). MobileNetV3 on the H200, compiled: 731 kernels
-    a step as written and 731 with channels_last."""
-    kernels = cost.totals.kernels
-    if inductor_layout_opt(trace)[0]:
-        by_index = {c.index: c for c in cost.ops}
-        kernels -= sum(
-            2 * conversion_passes(r)
-            for r in trace.ops
-            if r.index in by_index and by_index[r.index].tensor_cores
-        )
-    return kernels
+    """The kernels of a compiled step as the host issues them: the extern kernels and what
+    Inductor fuses between them (pricing/inductor_kernels.py), without cuDNN's NCHW <-> NHWC
+    conversion kernels where Inductor runs the convolutions channels_last itself
+    (`inductor_layout_opt`: its graph has none). MobileNetV3 on the H200, compiled: 731
+    kernels a step as written and 731 with channels_last."""
+    return compiled_kernels_of(trace, cost, inductor_layout_opt(trace)[0])
 
 
 def compiled_kernel_s(rates) -> float:
