@@ -249,7 +249,7 @@ def _step_of(report: Any) -> tuple[float, float]:
     step = report.step
     if step is None:
         return (report.totals.roofline_time_s,) * 2
-    return step.gpu_s, max(step.gpu_s, step.host_s)
+    return step.gpu_s, step.wall_s
 
 
 def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[float, float]]:
@@ -258,7 +258,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
     before (masked-lm-head has no host sync, so a graph captures it), compiled
     (reduce-overhead) as the stage before's compiled GPU work with the graph's launches."""
     from ..auditing.api import audit
-    from ..auditing.modes import compiled_stage
+    from ..auditing.modes import compiled_stage, wall_clock_s
     from ..auditing.registry import load_rules
 
     out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
@@ -276,7 +276,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             graphed = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                             train=True, mode="graph", optimizer=step.optimizer)  # fmt: skip
             gpu_s = out[previous][0]
-            out[stage] = (gpu_s, max(gpu_s, graphed.step.host_s))
+            out[stage] = (gpu_s, wall_clock_s(gpu_s, graphed.step.host_s))
         else:
             # graph-layers replays the layers from CUDA graphs: its stage and every stage built
             # on it priced as the audit's graph mode (their layers' dispatch is replayed too)

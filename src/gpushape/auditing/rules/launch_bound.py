@@ -4,8 +4,9 @@ Eager PyTorch launches every kernel from the CPU. The GPU runs them as fast as t
 a step takes the longer of two times: the GPU's (the sum of kernel times) and the CPU's (the
 kernels x the eager launch overhead, or where the profile measured the host's rates the
 host model's whole dispatch: tracing/host.py); a CUDA graph replays the same kernels at the
-graph launch overhead. Saving:
-    max(gpu_s, host_s) - max(gpu_s, kernels x graph_launch_s)
+graph launch overhead. Saving (wall_clock_s: the longer of the two, the host's known to within
+a spread, modes.py):
+    wall(gpu_s, host_s) - wall(gpu_s, kernels x graph_launch_s)
 which is kernels x (eager - graph overhead) when the step is launch-bound through and through,
 and zero when the GPU work hides the launches. Both overheads come from the GPUSpec (measured
 on the H200: 6.9 us eager, 1.1 us replayed). A step whose GPU work hides its eager launches may
@@ -23,7 +24,7 @@ from collections.abc import Iterable
 
 from ..context import AuditContext
 from ..finding import Finding
-from ..modes import step_time
+from ..modes import step_time, wall_clock_s
 from ..registry import register_rule
 
 RULE = "launch-bound"
@@ -42,12 +43,12 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     # the host's whole dispatch where the profile measured its rates (tracing/host.py): the
     # Python, autograd and library set-up around the launches, which a graph skips as well
     host_s = max(step_time(ctx, "eager").host_s, eager_s)
-    saving_s = max(gpu_s, host_s) - max(gpu_s, graph_s)
+    saving_s = wall_clock_s(gpu_s, host_s) - wall_clock_s(gpu_s, graph_s)
     # compiled, Inductor's wrapper issues each kernel from Python (modes.py): a step whose GPU
     # work hides the eager launches can still wait on the compiled host
     compiled = step_time(ctx, "compile")
     replayed_s = compiled.kernels * achievable.graph_launch_overhead_s
-    compiled_s = compiled.wall_s - max(compiled.gpu_s, replayed_s)
+    compiled_s = compiled.wall_s - wall_clock_s(compiled.gpu_s, replayed_s)
     if saving_s <= 0 and compiled_s <= 0:
         return
     short = sum(
