@@ -51,6 +51,31 @@ def test_the_loop_times_graph_layers_first():
     ]  # fmt: skip
 
 
+def test_the_loop_times_a_fix_optimize_rolled_back_where_a_finding_still_names_it():
+    """A medium finding's fix that optimize's whole-step check predicted slower is timed anyway
+    (applied by name): the measurement settles which prediction was right. A fix rolled back
+    for its numeric check, or one only a low finding names, is not."""
+    from types import SimpleNamespace
+
+    from gpushape.auditing.finding import Severity
+    from gpushape.steps.fix_by_fix import disputed
+
+    slower = "predicted slower on this chip: step 28.036 -> 28.915 ms (GPU 28.036 -> 28.915 ms)"
+    rolled = [
+        SimpleNamespace(transform="fuse-qkv", reason=slower),
+        SimpleNamespace(transform="fuse-norm-act", reason="output 0 differs: 3e-1 > 1e-2"),
+        SimpleNamespace(transform="channels-last", reason=slower),
+    ]
+    findings = [
+        SimpleNamespace(fix="fuse-qkv", severity=Severity.MEDIUM),
+        SimpleNamespace(fix="fuse-norm-act", severity=Severity.HIGH),
+        SimpleNamespace(fix="channels-last", severity=Severity.LOW),
+    ]
+    report = SimpleNamespace(rolled_back=rolled)
+    assert disputed(report, SimpleNamespace(findings=findings)) == ["fuse-qkv"]
+    assert disputed(None, SimpleNamespace(findings=findings)) == []
+
+
 def test_busy_time_counts_copies_but_the_kernel_count_does_not(monkeypatch):
     """graph-layers copies into its graphs' input buffers: device-to-device copies the GPU is
     busy with, so they count as busy time; they are not kernels."""

@@ -8,7 +8,9 @@
 2. `gpushape.optimize` runs on a copy to learn which of those fixes apply here (each checked
    numerically, failures rolled back).
 3. Stages are built cumulatively, in the order optimize applies them: the model as given, then
-   + the first applied transform, + the second, ..., then the step-level fixes the findings
+   + the first applied transform, + the second, ..., then the fixes of high or medium
+   findings that optimize rolled back as predicted slower (`disputed`: the timing settles
+   it), then the step-level fixes the findings
    name (fused-optimizer; cuda-graphs: the step in one CUDA graph in eager mode,
    torch.compile's reduce-overhead mode in compile mode). graph-layers, where optimize kept it,
    comes first: it changes the host's cost, not the GPU's work, so the fixes after it are
@@ -182,6 +184,7 @@ def loop(
         "plan", model, batch, optimizer=optimizer, gpu=gpu, spec=Spec(optimize_mode=mode)
     )
     applied = _applied_order(plan.optimize_report)
+    applied += [t for t in disputed(plan.optimize_report, report) if t not in applied]
     places = {t: sum(c.transform == t for c in plan.optimize_report.applied) for t in applied}
     runner = "compile" if mode == "compile" else "eager"
     specs = {GIVEN: Spec(runner=runner)}
@@ -237,6 +240,23 @@ def _applied_order(report: Any) -> list[str]:
         first = [t for t in seen if t in BEFORE_GRAPH_LAYERS]
         seen = first + [GRAPH_LAYERS] + [t for t in seen if t not in (*first, GRAPH_LAYERS)]
     return seen
+
+
+def disputed(optimize_report: Any, audit_report: Any) -> list[str]:
+    """Fixes of high or medium findings that optimize rolled back as predicted slower (its
+    audit of the whole rewritten step saw costs the finding's own pricing does not): the loop
+    applies them by name after the others, so the step timed says which of the two was right.
+    Not ones rolled back for failing their numeric check."""
+    from ..auditing.finding import Severity
+
+    if optimize_report is None:
+        return []
+    named = {f.fix for f in audit_report.findings if f.fix and f.severity >= Severity.MEDIUM}
+    return [
+        r.transform
+        for r in optimize_report.rolled_back
+        if r.transform in named and r.reason.startswith("predicted slower")
+    ]
 
 
 def _last_report(built: dict[str, Variant]) -> Any:
