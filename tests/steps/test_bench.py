@@ -42,11 +42,34 @@ def test_optimize_variant_applies_checked_fixes():
         ("fast", "unknown variant 'fast'"),
         ("compile+graph", "names 2 runners"),
         ("optimize+optimize-compile", "exclude each other"),
+        ("optimize+aten-random", "an option of torch.compile"),
+        ("aten-random+graph", "an option of torch.compile"),
     ],
 )
 def test_bad_variant_names(name, says):
     with pytest.raises(GpushapeError, match=says):
         parse_variant(name)
+
+
+def test_aten_random_compiles_with_the_modes_options_and_fallback_random(monkeypatch):
+    """torch.compile takes a mode or options: aten-random passes the mode's options plus
+    Inductor's fallback_random; without it the mode is passed as it is."""
+    from gpushape.steps.variants import Spec, _compiled
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
+    spec = Spec.of("optimize-compile+compile-graphs+aten-random")
+    assert spec.aten_random and spec.runner == "compile-graphs"
+    assert not Spec.of("compile-graphs").aten_random
+    model = torch.nn.Linear(2, 2)
+    _compiled(model, "reduce-overhead", True)
+    _compiled(model, None, True)
+    _compiled(model, "reduce-overhead", False)
+    assert calls == [
+        {"options": {"triton.cudagraphs": True, "fallback_random": True}},
+        {"options": {"fallback_random": True}},
+        {"mode": "reduce-overhead"},
+    ]
 
 
 def test_meta_models_are_refused():

@@ -9,6 +9,10 @@ order written, model rewrites apply first, then the optimizer's, then how the st
 - step: `fused-optimizer` (the same optimizer with fused=True), `caller-backward` (the
   backward on the calling thread, `torch.autograd.set_multithreading_enabled(False)`, instead
   of autograd's per-device worker thread, where Python runs several times slower);
+- compile option: `aten-random` (with a compile runner: Inductor's `fallback_random`, random
+  numbers drawn by ATen's kernels, as eager draws them, instead of in its generated Triton
+  kernels, where each element runs its own Philox rounds: BERT-base's compiled dropout + add +
+  LayerNorm forward kernels took about three times what their bytes take at the copy rate);
 - runner: `compile` (torch.compile of the model, optimizer eager), `compile-max-autotune`,
   `compile-graphs` (torch.compile's "reduce-overhead" mode: Inductor replays the compiled
   forward and backward from CUDA graphs; the optimizer eager),
@@ -35,8 +39,10 @@ from .step import TrainingStep, build_step
 
 MODEL_PARTS = ("eager", "channels-last", "optimize", "optimize-compile")
 OPTIMIZER_PARTS = ("fused-optimizer", "caller-backward")
+COMPILE_PARTS = ("aten-random",)
 RUNNER_PARTS = ("compile", "compile-max-autotune", "compile-graphs", "graph")
-PARTS = MODEL_PARTS + OPTIMIZER_PARTS + RUNNER_PARTS
+COMPILE_RUNNERS = ("compile", "compile-max-autotune", "compile-graphs")
+PARTS = MODEL_PARTS + OPTIMIZER_PARTS + COMPILE_PARTS + RUNNER_PARTS
 CHECK_SAMPLES = 2  # optimize() checks each rewrite on this many samples of the batch
 GRAPH_WARMUP = 3  # real steps before a whole-step capture (PyTorch's recipe, on a side stream)
 
@@ -66,6 +72,11 @@ def parse_variant(name: str) -> list[str]:
     runners = [p for p in parts if p in RUNNER_PARTS]
     if len(runners) > 1:
         raise GpushapeError(f"variant {name!r} names {len(runners)} runners; pick one of them")
+    if "aten-random" in parts and not any(p in COMPILE_RUNNERS for p in runners):
+        raise GpushapeError(
+            f"variant {name!r}: aten-random is an option of torch.compile; add one of "
+            f"{', '.join(COMPILE_RUNNERS)}"
+        )
     models = [p for p in parts if p in MODEL_PARTS and p != "eager"]
     if len(models) > 1 and set(models) >= {"optimize", "optimize-compile"}:
         raise GpushapeError(f"variant {name!r}: optimize and optimize-compile exclude each other")
@@ -86,6 +97,8 @@ class Spec:
     """The backward on the calling thread, not autograd's per-device worker thread."""
     runner: str = "eager"
     """eager, compile, compile-max-autotune, compile-graphs or graph."""
+    aten_random: bool = False
+    """Compiled: Inductor's fallback_random (ATen draws the random numbers)."""
 
     @classmethod
     def of(cls, name: str) -> Spec:
@@ -102,7 +115,20 @@ class Spec:
             fused_optimizer="fused-optimizer" in parts,
             caller_backward="caller-backward" in parts,
             runner=runner,
+            aten_random="aten-random" in parts,
         )
+
+
+def _compiled(model: nn.Module, mode: str | None, aten_random: bool) -> Any:
+    """torch.compile of `model` in `mode`; with `aten_random`, the mode's options plus
+    Inductor's fallback_random (torch.compile takes a mode or options, not both)."""
+    if not aten_random:
+        return torch.compile(model, mode=mode)
+    from torch._inductor import list_mode_options
+
+    options = dict(list_mode_options(mode)) if mode else {}
+    options["fallback_random"] = True
+    return torch.compile(model, options=options)
 
 
 def build_variant(
@@ -136,9 +162,11 @@ def build_variant(
     steps_run = 0
     if spec.runner in ("compile", "compile-max-autotune"):
         mode = "max-autotune" if spec.runner == "compile-max-autotune" else None
-        step.forward = torch.compile(model, mode=mode)
+        step.forward = _compiled(model, mode, spec.aten_random)
     if spec.runner == "compile-graphs":
-        step.forward = _each_step_graphed(torch.compile(model, mode="reduce-overhead"))
+        step.forward = _each_step_graphed(_compiled(model, "reduce-overhead", spec.aten_random))
+    if spec.aten_random:
+        notes.append("random numbers drawn by ATen (Inductor's fallback_random)")
     if spec.runner == "graph":
         notes += _mask_for_capture(step.model, batch)
         run = _graphed(step)
