@@ -48,7 +48,8 @@ SPLIT_INPUT = 1 << 20
 
 
 def _base(name: str) -> str:
-    return name.rsplit("::", 1)[-1].split(".", 1)[0]
+    """A record's op name without its overload ("native_batch_norm.default" -> ...)."""
+    return name.split(".", 1)[0]
 
 
 def _reduction_kernels(rec: Any) -> int:
