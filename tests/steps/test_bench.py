@@ -40,7 +40,8 @@ def test_optimize_variant_applies_checked_fixes():
     ("name", "says"),
     [
         ("fast", "unknown variant 'fast'"),
-        ("compile+graph", "names 2 runners"),
+        ("compile+compile-graphs", "names 2 runners"),
+        ("compile-graphs+graph", "names 2 runners"),
         ("optimize+optimize-compile", "exclude each other"),
         ("optimize+aten-random", "an option of torch.compile"),
         ("aten-random+graph", "an option of torch.compile"),
@@ -283,3 +284,27 @@ def test_a_csv_from_before_a_new_column_is_rewritten_with_the_longer_header(tmp_
     assert rows == [{"a": "1", "b": "2", "c": ""}, {"a": "3", "b": "4", "c": "5"}]
     append_csv(path, [{"a": 6, "b": 7, "c": 8}], ("a", "b", "c"))  # same header: appended
     assert path.read_text().count("a,b,c") == 1 and path.read_text().endswith("6,7,8\n")
+
+
+def test_compile_joined_with_graph_compiles_then_captures_the_whole_step(monkeypatch):
+    """compile+graph: the model compiled (its mode kept), then the whole step captured; the
+    graph runner's optimize mode is unchanged by it."""
+    from gpushape.steps import variants
+    from gpushape.steps.batch import synthetic_batch
+    from gpushape.steps.variants import Spec, build_variant
+
+    spec = Spec.of("optimize-compile+compile-max-autotune+graph")
+    assert (spec.runner, spec.compile_first, spec.optimize_mode) == (
+        "graph", "compile-max-autotune", "compile")  # fmt: skip
+    assert Spec.of("graph").compile_first is None
+    assert Spec.of("compile").compile_first is None
+    assert Spec.of("compile+graph+aten-random").aten_random
+    compiled, captured = [], []
+    monkeypatch.setattr(variants, "_compiled", lambda m, mode, r: compiled.append(mode) or m)
+    monkeypatch.setattr(variants, "_graphed", lambda step: captured.append(step) or step)
+    monkeypatch.setattr(variants, "_mask_for_capture", lambda m, b: [])
+    monkeypatch.setattr(variants, "_graph_warnings", lambda m: [])
+    model = ConvNet()
+    built = build_variant("compile+graph", model, synthetic_batch(model, (torch.zeros(2, 3, 8, 8),)))
+    assert compiled == [None] and len(captured) == 1
+    assert "the model compiled" in " ".join(built.notes)

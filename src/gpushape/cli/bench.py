@@ -43,9 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="V[,V...]",
         help="variants to time against the baseline: eager, channels-last, optimize, "
         "optimize-compile, fused-optimizer, caller-backward, compile, compile-max-autotune, "
-        "compile-graphs, graph, "
-        "or several "
-        "joined by '+' (optimize+graph)",
+        "compile-graphs, graph, aten-random (a compile option), "
+        "or several joined by '+' (optimize+graph; compile+graph: the compiled step captured "
+        "whole)",
     )
     p.add_argument("--baseline", default="eager", metavar="V", help="the baseline variant")
     p.add_argument(

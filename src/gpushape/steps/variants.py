@@ -19,6 +19,9 @@ order written, model rewrites apply first, then the optimizer's, then how the st
   `graph` (the whole step, forward, backward and optimizer, replayed from one CUDA graph; a
   Hugging Face model whose transformers builds an all-true attention mask while capturing gets
   skip-attention-mask first, which changes no number, so the graph keeps flash attention).
+  `graph` may join `compile` or `compile-max-autotune` ("compile+graph"): the model compiled,
+  warmed up (which compiles it), then the whole step captured, the optimizer's kernels and the
+  gaps between the compiled forward and backward included, which reduce-overhead leaves eager.
 Every variant starts from its own deep copy of the model as given, the same batch values, and
 a fresh optimizer of the same kind.
 """
@@ -70,8 +73,11 @@ def parse_variant(name: str) -> list[str]:
             f"unknown variant {name!r}: parts are {', '.join(PARTS)}, joined by '+'"
         )
     runners = [p for p in parts if p in RUNNER_PARTS]
-    if len(runners) > 1:
-        raise GpushapeError(f"variant {name!r} names {len(runners)} runners; pick one of them")
+    if len(runners) > 1 and not _compiled_in_graph(runners):
+        raise GpushapeError(
+            f"variant {name!r} names {len(runners)} runners; pick one of them (or graph with "
+            f"compile or compile-max-autotune: the compiled step captured whole)"
+        )
     if "aten-random" in parts and not any(p in COMPILE_RUNNERS for p in runners):
         raise GpushapeError(
             f"variant {name!r}: aten-random is an option of torch.compile; add one of "
@@ -81,6 +87,14 @@ def parse_variant(name: str) -> list[str]:
     if len(models) > 1 and set(models) >= {"optimize", "optimize-compile"}:
         raise GpushapeError(f"variant {name!r}: optimize and optimize-compile exclude each other")
     return parts
+
+
+def _compiled_in_graph(runners: list[str]) -> bool:
+    """graph joined with compile or compile-max-autotune (not compile-graphs: a CUDA graph
+    cannot capture another's replay)."""
+    return len(runners) == 2 and "graph" in runners and bool(
+        {"compile", "compile-max-autotune"} & set(runners)
+    )
 
 
 @dataclass(frozen=True)
@@ -97,6 +111,9 @@ class Spec:
     """The backward on the calling thread, not autograd's per-device worker thread."""
     runner: str = "eager"
     """eager, compile, compile-max-autotune, compile-graphs or graph."""
+    compile_first: str | None = None
+    """With the graph runner: compile or compile-max-autotune, the model compiled before the
+    whole step (forward, backward, optimizer) is captured in one CUDA graph."""
     aten_random: bool = False
     """Compiled: Inductor's fallback_random (ATen draws the random numbers)."""
 
@@ -106,7 +123,8 @@ class Spec:
         mode = (
             "compile" if "optimize-compile" in parts else "eager" if "optimize" in parts else None
         )
-        runner = next((p for p in parts if p in RUNNER_PARTS), "eager")
+        runners = [p for p in parts if p in RUNNER_PARTS]
+        runner = "graph" if "graph" in runners else next(iter(runners), "eager")
         if mode == "eager" and runner == "graph":
             mode = "graph"  # the fixes that pay, and can be captured, in a CUDA graph
         return cls(
@@ -115,6 +133,9 @@ class Spec:
             fused_optimizer="fused-optimizer" in parts,
             caller_backward="caller-backward" in parts,
             runner=runner,
+            compile_first=next((p for p in runners if p in COMPILE_RUNNERS), None)
+            if runner == "graph"
+            else None,
             aten_random="aten-random" in parts,
         )
 
@@ -160,8 +181,9 @@ def build_variant(
         notes.append("backward on the calling thread")
     run: Any = step
     steps_run = 0
-    if spec.runner in ("compile", "compile-max-autotune"):
-        mode = "max-autotune" if spec.runner == "compile-max-autotune" else None
+    compile_runner = spec.compile_first or spec.runner
+    if compile_runner in ("compile", "compile-max-autotune"):
+        mode = "max-autotune" if compile_runner == "compile-max-autotune" else None
         step.forward = _compiled(model, mode, spec.aten_random)
     if spec.runner == "compile-graphs":
         step.forward = _each_step_graphed(_compiled(model, "reduce-overhead", spec.aten_random))
@@ -171,7 +193,9 @@ def build_variant(
         notes += _mask_for_capture(step.model, batch)
         run = _graphed(step)
         steps_run = GRAPH_WARMUP
-        notes.append("whole step in one CUDA graph")
+        notes.append(
+            f"whole step in one CUDA graph{', the model compiled' if spec.compile_first else ''}"
+        )
         notes += _graph_warnings(step.model)
     return Variant(name, step, run, notes, report, time.perf_counter() - t0, steps_run)
 
