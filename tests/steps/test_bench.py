@@ -305,6 +305,7 @@ def test_compile_joined_with_graph_compiles_then_captures_the_whole_step(monkeyp
     monkeypatch.setattr(variants, "_mask_for_capture", lambda m, b: [])
     monkeypatch.setattr(variants, "_graph_warnings", lambda m: [])
     model = ConvNet()
-    built = build_variant("compile+graph", model, synthetic_batch(model, (torch.zeros(2, 3, 8, 8),)))
+    batch = synthetic_batch(model, (torch.zeros(2, 3, 8, 8),))
+    built = build_variant("compile+graph", model, batch)
     assert compiled == [None] and len(captured) == 1
     assert "the model compiled" in " ".join(built.notes)

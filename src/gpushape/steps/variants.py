@@ -92,8 +92,10 @@ def parse_variant(name: str) -> list[str]:
 def _compiled_in_graph(runners: list[str]) -> bool:
     """graph joined with compile or compile-max-autotune (not compile-graphs: a CUDA graph
     cannot capture another's replay)."""
-    return len(runners) == 2 and "graph" in runners and bool(
-        {"compile", "compile-max-autotune"} & set(runners)
+    return (
+        len(runners) == 2
+        and "graph" in runners
+        and bool({"compile", "compile-max-autotune"} & set(runners))
     )
 
 
