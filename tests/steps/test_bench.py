@@ -309,3 +309,38 @@ def test_compile_joined_with_graph_compiles_then_captures_the_whole_step(monkeyp
     built = build_variant("compile+graph", model, batch)
     assert compiled == [None] and len(captured) == 1
     assert "the model compiled" in " ".join(built.notes)
+
+
+def test_a_transform_named_beside_optimize_is_applied_after_the_findings_fixes(monkeypatch):
+    """optimize-compile+fuse-qkv: optimize as usual, then fuse-qkv by name (kept whatever its
+    prediction); the report counts it applied, not rolled back. A transform alone is an error."""
+    from types import SimpleNamespace as NS
+
+    from gpushape.steps import variants
+    from gpushape.steps.batch import synthetic_batch
+    from gpushape.steps.variants import Spec, build_variant
+
+    assert Spec.of("optimize-compile+fuse-qkv").also == ("fuse-qkv",)
+    assert Spec.of("optimize").also == ()
+    with pytest.raises(GpushapeError, match="name it beside optimize"):
+        parse_variant("compile+fuse-qkv")
+    with pytest.raises(GpushapeError, match="or a transform's id"):
+        parse_variant("optimize+fuse-everything")
+    calls = []
+
+    def optimized(model, batch, gpu, mode, transforms=None):
+        calls.append((mode, transforms))
+        rolled = [NS(transform="fuse-qkv", reason="predicted slower")] if transforms is None else []
+        applied = [NS(transform="fuse-qkv" if transforms else "masked-lm-head")]
+        return model, NS(applied=applied, rolled_back=rolled, refused=[], verified={}, after=None,
+                         mode=mode)  # fmt: skip
+
+    monkeypatch.setattr(variants, "_optimized", optimized)
+    model = ConvNet()
+    batch = synthetic_batch(model, (torch.zeros(2, 3, 8, 8),))
+    built = build_variant("optimize-compile+fuse-qkv", model, batch)
+    assert calls == [("compile", None), ("compile", ("fuse-qkv",))]
+    report = built.optimize_report
+    assert [c.transform for c in report.applied] == ["masked-lm-head", "fuse-qkv"]
+    assert report.rolled_back == []
+    assert "applied fuse-qkv, masked-lm-head" in built.notes[0]

@@ -5,7 +5,8 @@ order written, model rewrites apply first, then the optimizer's, then how the st
 - model: `eager` (as given: nothing), `channels-last` (weights and 4-D inputs NHWC),
   `optimize` (`gpushape.optimize` for eager mode, or for graph mode with the `graph` runner:
   the audit's fixes, each checked numerically), `optimize-compile` (the fixes that still pay
-  under torch.compile);
+  under torch.compile); beside either, a transform's id ("optimize-compile+fuse-qkv"): that
+  fix applied by name after the findings' own, kept whatever its prediction;
 - step: `fused-optimizer` (the same optimizer with fused=True), `caller-backward` (the
   backward on the calling thread, `torch.autograd.set_multithreading_enabled(False)`, instead
   of autograd's per-device worker thread, where Python runs several times slower);
@@ -67,10 +68,18 @@ class Variant:
 
 def parse_variant(name: str) -> list[str]:
     parts = [p.strip() for p in name.split("+") if p.strip()]
-    unknown = [p for p in parts if p not in PARTS]
+    unknown = [p for p in parts if p not in PARTS and not _transform_id(p)]
     if not parts or unknown:
         raise GpushapeError(
-            f"unknown variant {name!r}: parts are {', '.join(PARTS)}, joined by '+'"
+            f"unknown variant {name!r}: parts are {', '.join(PARTS)}, or a transform's id "
+            f"beside optimize or optimize-compile (`gpushape optimize --help` lists them), "
+            f"joined by '+'"
+        )
+    named = [p for p in parts if p not in PARTS]
+    if named and not {"optimize", "optimize-compile"} & set(parts):
+        raise GpushapeError(
+            f"variant {name!r}: {named[0]} is a transform: name it beside optimize or "
+            f"optimize-compile, which then apply it too, whatever its prediction"
         )
     runners = [p for p in parts if p in RUNNER_PARTS]
     if len(runners) > 1 and not _compiled_in_graph(runners):
@@ -87,6 +96,12 @@ def parse_variant(name: str) -> list[str]:
     if len(models) > 1 and set(models) >= {"optimize", "optimize-compile"}:
         raise GpushapeError(f"variant {name!r}: optimize and optimize-compile exclude each other")
     return parts
+
+
+def _transform_id(part: str) -> bool:
+    from ..transforms import load_transforms
+
+    return part in load_transforms()
 
 
 def _compiled_in_graph(runners: list[str]) -> bool:
@@ -118,6 +133,9 @@ class Spec:
     whole step (forward, backward, optimizer) is captured in one CUDA graph."""
     aten_random: bool = False
     """Compiled: Inductor's fallback_random (ATen draws the random numbers)."""
+    also: tuple[str, ...] = ()
+    """Transforms optimize applies by name after the findings' fixes, kept whatever their
+    prediction (the variant "optimize-compile+fuse-qkv": a fix optimize rolled back, timed)."""
 
     @classmethod
     def of(cls, name: str) -> Spec:
@@ -139,6 +157,7 @@ class Spec:
             if runner == "graph"
             else None,
             aten_random="aten-random" in parts,
+            also=tuple(p for p in parts if p not in PARTS),
         )
 
 
@@ -174,6 +193,9 @@ def build_variant(
         model, batch = _channels_last(model, batch)
     if spec.optimize_mode:
         model, report = _optimized(model, batch, gpu, spec.optimize_mode, spec.transforms)
+        if spec.also:
+            model, named = _optimized(model, batch, gpu, spec.optimize_mode, spec.also)
+            report = _merged(report, named)
         notes.append(_applied(report))
     step = build_step(model, batch, optimizer)
     if spec.fused_optimizer:
@@ -238,6 +260,19 @@ def _optimized(model: nn.Module, batch: Batch, gpu: Any, mode: str, transforms=N
     transforms = list(transforms) if transforms is not None else None
     return optimize(model, batch.inputs, gpu, train=True, dtype=dtype, mode=mode,
                     transforms=transforms, verify_inputs=small)  # fmt: skip
+
+
+def _merged(first: Any, named: Any) -> Any:
+    """optimize's report of the findings' fixes, with the fixes then applied by name: those
+    count as applied, not rolled back; the audit after is the second's."""
+    kept = {c.transform for c in named.applied}
+    first.applied += named.applied
+    first.rolled_back = [r for r in first.rolled_back if r.transform not in kept]
+    first.rolled_back += named.rolled_back
+    first.refused += named.refused
+    first.verified.update(named.verified)
+    first.after = named.after
+    return first
 
 
 def _applied(report: Any) -> str:
