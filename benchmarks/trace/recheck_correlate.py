@@ -33,6 +33,7 @@ from _attribution import spearman  # noqa: E402
 from correlate import build  # noqa: E402
 
 import gpushape  # noqa: E402
+from gpushape.bench import write_results  # noqa: E402
 from gpushape.hardware import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, calibrated, read_profile  # noqa: E402
 
@@ -137,11 +138,15 @@ def main() -> None:
     if assume:
         print(f"assumed (not measured): {assume}")
     if args.out:
-        args.out.write_text(
-            json.dumps(
-                {"source": str(args.results), "gpu": gpu.name, "assumed": assume, "models": rows},
-                indent=1,
-            )
+        source = args.results.resolve()
+        if source.is_relative_to(HERE.parents[1]):
+            source = source.relative_to(HERE.parents[1])
+        write_results(
+            args.out,
+            rows,
+            source=str(source),
+            gpu=gpu.name,
+            assumed=assume,
         )
         print(f"wrote {args.out}")
 

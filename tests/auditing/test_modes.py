@@ -172,14 +172,20 @@ def test_a_profile_without_a_compiled_kernel_rate_scales_its_op_rate_as_on_the_h
     assert compiled_kernel_s({}) == 0.0  # datasheet numbers: the bare launch prices it
 
 
-def test_compile_mode_takes_what_inductor_does_off_the_gpu_side(gpt2):
+def test_compile_mode_takes_what_inductor_does_off_the_gpu_side(gpt2, monkeypatch):
     """A compiled step runs without what Inductor's own padding and fusions save (GPT-2 on the
     H200, compiled: 24.4 ms of GPU work where its eager kernels were priced at 36.1), counted
-    once where the fixes overlap."""
+    once where the fixes overlap; and its bias gradients' column sums at Inductor's rate
+    (pricing/column_sum.py), apart here."""
+    from gpushape.auditing import modes
+
     eager, compiled = gpt2["eager"], gpt2["compile"]
     done = [f for f in compiled.findings if f.evidence.get("saving_outside_mode_s")]
     assert {f.rule for f in done} >= {"tc-align", "unfused-norm-act"}
-    taken = eager.step.gpu_s - compiled.step.gpu_s
+    monkeypatch.setattr(modes, "compiled_column_sum_saving_s", lambda ctx: 0.0)
+    eager_sums = _audit("gpt2", "compile", batch=8)
+    assert compiled.step.gpu_s < eager_sums.step.gpu_s  # GPT-2's 768-wide biases
+    taken = eager.step.gpu_s - eager_sums.step.gpu_s
     assert 0 < taken <= sum(f.evidence["saving_outside_mode_s"] for f in done) * (1 + 1e-9)
     assert gpt2["graph"].step.gpu_s == pytest.approx(eager.step.gpu_s)  # a graph fuses nothing
 

@@ -112,3 +112,21 @@ def test_fit_max_pool_rates_inductors_pool_against_the_eager_family(monkeypatch,
                    and r["shape"] == mod.SHAPE) * 1e-3  # fmt: skip
     roofline = rows["pool_compiled"]["family_roofline_s"]
     assert roofline / eager_s == pytest.approx(eager, rel=0.1)
+
+
+def test_fit_bias_grad_writes_each_column_sum_width_the_h200_timed(monkeypatch, tmp_path):
+    """The committed H200 timings of PyTorch's sum(0) at 16384 rows: one "reduction@<width>"
+    row per width, its efficiency the timing over the cost model's copy-rate price (the probe's
+    own fraction of its copy rate within 2%), narrower columns slower."""
+    path = ROOT / "benchmarks/results/kernels-h200/probe_bias_grad.json"
+    probe = json.loads(path.read_text())["results"]
+    out = tmp_path / "profile.json"
+    mod = _run(monkeypatch, "kernels", "fit_bias_grad", [])
+    assert mod.main([str(path), "-o", str(out)]) == 0
+    rows = json.loads(out.read_text())["memory_efficiency"]
+    widths = [768, 2304, 3072]
+    effs = [rows[f"reduction@{w}"]["efficiency"] for w in widths]
+    assert effs == sorted(effs) and effs[0] < rows["reduction"]["efficiency"]
+    for w, eff in zip(widths, effs):
+        timed = next(r for r in probe if r["shape"] == [16384, w] and r["variant"] == mod.VARIANT)
+        assert eff == pytest.approx(timed["graph_of_copy_rate"], rel=0.02)

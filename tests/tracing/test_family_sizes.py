@@ -172,3 +172,28 @@ def test_a_patch_embedding_takes_the_measured_patch_rate_nearest_its_side():
 def test_every_size_variant_is_a_known_family():
     assert set(SIZE_VARIANTS) <= set(ALL_FAMILIES)
     assert {"patch_conv@4", "patch_conv@16", "gather", "scatter_add"} <= set(ALL_FAMILIES)
+
+
+REDUCTION_MEASURED = {"reduction": 0.48, "reduction@768": 0.24, "reduction@3072": 0.58}
+
+
+@pytest.mark.parametrize(
+    ("fn", "shape", "name", "width", "priced"),
+    [
+        (lambda x: x.sum(0), (64, 768), "sum", 768, "reduction@768"),  # a bias gradient
+        (lambda x: x.sum((0, 1)), (4, 16, 96), "sum", 96, "reduction@768"),  # nearest by ratio
+        (lambda x: x.sum(0), (64, 1024), "sum", 1024, "reduction"),  # the family's own size
+        (lambda x: x.sum(0), (64, 2304), "sum", 2304, "reduction@3072"),  # 3072/2304 < 2304/1024
+        (lambda x: x.sum(-1), (64, 768), "sum", None, "reduction"),  # a row sum
+        (lambda x: x.mean((1, 2)), (4, 7, 7, 768), "mean", None, "reduction"),  # a pooling head
+        (lambda x: x.sum(), (64, 768), "sum", None, "reduction"),  # all of it
+    ],
+)
+def test_a_column_sum_is_priced_by_its_width(fn, shape, name, width, priced):
+    rec = only(trace_fn(fn, (meta(*shape, dtype=torch.bfloat16),)), name)
+    assert memory_family(rec) == "reduction"
+    assert variant_size(rec, "reduction") == width
+    assert op_family(rec, REDUCTION_MEASURED) == priced
+    narrow, flat = _spec(**REDUCTION_MEASURED), _spec(reduction=0.48)
+    ratio = op_cost(rec, narrow).memory_s / op_cost(rec, flat).memory_s
+    assert ratio == pytest.approx(0.48 / REDUCTION_MEASURED[priced])

@@ -36,6 +36,7 @@ from ..tracing.host import host_cost
 from .context import AuditContext
 from .finding import TIME_SHARE_THRESHOLDS, Finding, Severity, severity_for_share
 from .host_effect import host_saving_s
+from .pricing.column_sum import compiled_column_sum_saving_s
 from .pricing.inductor_kernels import compiled_kernels_of
 from .pricing.loss import compiled_loss_saving_s
 from .pricing.optimizer_step import foreach_host_s
@@ -214,8 +215,9 @@ def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) ->
     gpu_s = totals.kernel_time_s + sum(
         float(f.evidence.get("cost_in_mode_s", {}).get(mode, 0.0)) for f in findings
     )
-    if mode == "compile":  # Inductor fuses a cross-entropy's kernels over the logits itself
-        gpu_s = max(gpu_s - compiled_loss_saving_s(ctx), 0.0)
+    if mode == "compile":  # Inductor fuses a cross-entropy's kernels over the logits itself,
+        # and sums a bias gradient's columns at its own reductions' rate
+        gpu_s = max(gpu_s - compiled_loss_saving_s(ctx) - compiled_column_sum_saving_s(ctx), 0.0)
     if mode == "compile" and findings:
         from .combine import combine
 

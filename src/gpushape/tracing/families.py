@@ -131,14 +131,22 @@ COPY_FAMILIES = {"permuted": "permuted_copy", "transposed": "transposed_copy"}
 #   batch_norm_nchw: the channels. PyTorch's NCHW BatchNorm reduces each channel in one thread
 #     block (statistics forward, the whole backward), so 16 channels keep 16 of 132 SMs busy.
 #   grouped_conv(_nchw): the kernel side; a 5x5 depthwise tap loop is not a 7x7 one.
+#   reduction: a column sum's width (a Linear's bias gradient, `grad.sum(0)` over every token):
+#     PyTorch's reduction kernel spreads fewer columns over fewer blocks; the H200 summed 16384
+#     rows of 768 at 0.24 of the copy rate, of 2304 at 0.48, of 3072 at 0.58 (CUDA graphs,
+#     benchmarks/kernels/probe_bias_grad.py). Other reductions take the family's own figure.
 SIZE_BASE = {
     "norm": 4096,
     "softmax": 1024,
+    "reduction": 1024,
     "batch_norm_nchw": 256,
     GROUPED_CONV: 7,
     GROUPED_CONV_NCHW: 7,
 }
 SIZE_VARIANTS = (
+    "reduction@768",
+    "reduction@2304",
+    "reduction@3072",
     "norm@96",
     "norm@192",
     "norm@384",
@@ -324,6 +332,8 @@ def variant_size(rec: OpRecord, family: str | None) -> int | None:
     """The size `family`'s rate depends on (`SIZE_BASE`) for `rec`; None for other families."""
     if family in ("norm", "softmax"):
         return row_length(rec)
+    if family == "reduction":
+        return column_width(rec)
     first = rec.inputs[0] if rec.inputs else None
     if family == "batch_norm_nchw" and first is not None and len(first.shape) > 1:
         return int(first.shape[1])
@@ -331,6 +341,17 @@ def variant_size(rec: OpRecord, family: str | None) -> int | None:
         weight = rec.input("weight") if rec.has_input("weight") else rec.inputs[1]
         return int(weight.shape[-1]) if len(weight.shape) > 2 else None
     return None
+
+
+def column_width(rec: OpRecord) -> int | None:
+    """A column sum's width: the columns a reduction keeps where it sums every leading
+    dimension of its input and keeps the last (a bias gradient); None for other reductions."""
+    first = rec.inputs[0] if rec.inputs else None
+    out = rec.outputs[0] if rec.outputs else None
+    if first is None or out is None or len(first.shape) < 2:
+        return None
+    width = int(first.shape[-1])
+    return width if out.numel == width and first.numel > width else None
 
 
 def row_length(rec: OpRecord) -> int | None:

@@ -216,6 +216,16 @@ WORKLOADS = (
         "sum over rows of 65536x1024 (a bias gradient's shape)",
         lambda s: _Workload(lambda m, x: x.sum(0), (_rows(s, 65536), 1024)),
     ),
+    # narrower and wider column sums (families.SIZE_BASE): BERT's, GPT-2's and ViT-B's biases
+    # over 16384 tokens, 768 wide, their fused QKV's 2304 and their MLPs' 3072
+    *(
+        FamilyWorkload(
+            f"reduction@{n}",
+            f"sum over rows of 16384x{n} (a bias gradient)",
+            lambda s, n=n: _Workload(lambda m, x: x.sum(0), (_rows(s, 16384), n)),
+        )
+        for n in (768, 2304, 3072)
+    ),
     # fwd: read x, write y; bwd: read dy and x (or y), write dx
     FamilyWorkload(
         "fused_norm_act",
