@@ -10,7 +10,7 @@ not rebuilt: its stage is the stage before, priced in graph mode as the loop pri
 optimizer's fix is priced from its finding, as in the loop. Prints old and new prediction
 beside the measured saving; writes them to <folder>/loop-lib-recheck.json.
 
-    python benchmarks/steps/recheck_loops.py [--folder loops-h200-2]
+    python benchmarks/steps/recheck_loops.py [--folder loops-h200-2] [--profile PROFILE.json]
 """
 
 from __future__ import annotations
@@ -131,13 +131,28 @@ def _recheck(path: Path, data: dict) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--folder", default=FOLDER, help="under benchmarks/results: the loop runs")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="price on the chip this profile was measured on, calibrated by it (default: the "
+        "H200 with its shipped profile); for loops on another GPU, the profile its run used",
+    )
     args = p.parse_args()
+    global GPU
+    if args.profile is not None:
+        from gpushape.hardware import get_gpu
+        from gpushape.hardware.profile import apply_profile, read_profile
+
+        profile = read_profile(args.profile)
+        GPU = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(args.profile))
     folder = RESULTS / args.folder
     with open(folder / "loop-lib.csv", newline="") as f:
         keys = list(dict.fromkeys((r["model"], r["mode"]) for r in csv.DictReader(f)))
     stem = lambda m: "".join("_" if c in ":/?&=" else c for c in m)
     checked = [recheck(folder / f"loop-{stem(m)}-{mode}.json") for m, mode in keys]
-    write_results(folder / "loop-lib-recheck.json", checked, gpu_profile=GPU)
+    where = GPU if isinstance(GPU, str) else f"{GPU.name} ({args.profile})"
+    write_results(folder / "loop-lib-recheck.json", checked, gpu_profile=where)
     print(
         f"{'model':36} {'mode':8} {'fix':22} {'then':>8} {'now':>8} {'measured':>9} {'now/meas':>9}"
     )

@@ -159,17 +159,17 @@ def test_compile_mode_prices_the_hosts_measured_cost_per_kernel(gpt2):
     assert compiled.step.host_s == pytest.approx(compiled.step.kernels * per_kernel)
 
 
-def test_a_profile_without_a_compiled_kernel_rate_scales_its_op_rate_as_on_the_h200():
-    from gpushape.auditing.modes import COMPILED_KERNEL, COMPILED_PER_OP, compiled_kernel_s
+def test_a_profile_without_a_compiled_kernel_rate_prices_compiled_kernels_at_the_launch():
+    """The H200 profile's rate is fitted on timed compiled steps and taken as it is; a probe's
+    profile has only eager rates, which do not predict it (an H100 lease: 13.3 us an eager op,
+    23-36 us a compiled kernel; the H200's: 7.96 and 46): its kernels cost the bare launch."""
+    from gpushape.auditing.modes import COMPILED_KERNEL, compiled_kernel_s
     from gpushape.hardware import calibrated, get_gpu
 
     h200 = calibrated(get_gpu("h200")).achievable.host
     assert compiled_kernel_s(h200) == h200[COMPILED_KERNEL]  # fitted: taken as it is
-    # the ratio is the H200 profile's own, within what a refit moves it
-    assert pytest.approx(h200[COMPILED_KERNEL] / h200["op"], rel=0.1) == COMPILED_PER_OP
-    probed = {"op": 1e-5, "view": 2e-6}  # a probe's rates: measured op, no compiled steps
-    assert compiled_kernel_s(probed) == pytest.approx(COMPILED_PER_OP * 1e-5)
-    assert compiled_kernel_s({}) == 0.0  # datasheet numbers: the bare launch prices it
+    assert compiled_kernel_s({"op": 1e-5, "view": 2e-6}) == 0.0  # a probe's rates
+    assert compiled_kernel_s({}) == 0.0  # datasheet numbers
 
 
 def test_compile_mode_takes_what_inductor_does_off_the_gpu_side(gpt2, monkeypatch):
