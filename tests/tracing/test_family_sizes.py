@@ -185,6 +185,7 @@ REDUCTION_MEASURED = {"reduction": 0.48, "reduction@768": 0.24, "reduction@3072"
         (lambda x: x.sum(0), (64, 1024), "sum", 1024, "reduction"),  # the family's own size
         (lambda x: x.sum(0), (64, 2304), "sum", 2304, "reduction@3072"),  # 3072/2304 < 2304/1024
         (lambda x: x.sum(-1), (64, 768), "sum", None, "reduction"),  # a row sum
+        (lambda x: x.sum(1), (768, 768), "sum", None, "reduction"),  # a square one's too
         (lambda x: x.mean((1, 2)), (4, 7, 7, 768), "mean", None, "reduction"),  # a pooling head
         (lambda x: x.sum(), (64, 768), "sum", None, "reduction"),  # all of it
     ],

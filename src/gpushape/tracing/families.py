@@ -350,7 +350,11 @@ def column_width(rec: OpRecord) -> int | None:
     out = rec.outputs[0] if rec.outputs else None
     if first is None or out is None or len(first.shape) < 2:
         return None
-    width = int(first.shape[-1])
+    width, rank = int(first.shape[-1]), len(first.shape)
+    dims = rec.params.get("dim")
+    dims = (dims,) if isinstance(dims, int) else tuple(dims or ())
+    if (rank - 1) in {d % rank for d in dims}:
+        return None  # the last dimension is summed: a row sum (a square input's too)
     return width if out.numel == width and first.numel > width else None
 
 
