@@ -344,3 +344,27 @@ def test_a_transform_named_beside_optimize_is_applied_after_the_findings_fixes(m
     assert [c.transform for c in report.applied] == ["masked-lm-head", "fuse-qkv"]
     assert report.rolled_back == []
     assert "applied fuse-qkv, masked-lm-head" in built.notes[0]
+
+
+@pytest.mark.gpu
+def test_compile_joined_with_graph_replays_the_compiled_step_on_a_gpu():
+    """compile+graph: after its warm-up steps, each replay is one training step of the compiled
+    model: the weights track the compiled variant's, step for step."""
+    from gpushape.steps.batch import synthetic_batch
+    from gpushape.steps.variants import GRAPH_WARMUP, build_variant
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.LayerNorm(256), torch.nn.Linear(256, 8)
+    ).cuda()
+    batch = synthetic_batch(model, (torch.randn(32, 64, device="cuda"),))
+    compiled = build_variant("compile", model, batch)
+    graphed = build_variant("compile+graph", model, batch)
+    assert graphed.steps_run == GRAPH_WARMUP and "the model compiled" in " ".join(graphed.notes)
+    for _ in range(GRAPH_WARMUP + 4):
+        compiled.run()
+    for _ in range(4):
+        graphed.run()
+    torch.cuda.synchronize()
+    for a, b in zip(compiled.step.model.parameters(), graphed.step.model.parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
