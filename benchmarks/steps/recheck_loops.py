@@ -56,14 +56,14 @@ def _args(command: str) -> dict:
     return out
 
 
-def _stage(model, batch, transforms: tuple[str, ...], mode: str, optimizer: str):
+def _stage(model, batch, transforms: tuple[str, ...], mode: str, optimizer: str, gpu=GPU):
     """The stage's model on meta with `transforms` applied (graph-layers left out)."""
     import copy
 
     model = copy.deepcopy(model)
     wanted = [t for t in transforms if t not in (GRAPH_LAYERS, "fused-optimizer")]
     if wanted:
-        model, _ = optimize(model, batch.inputs, gpu=GPU, dtype=_dtype(model), mode=mode,
+        model, _ = optimize(model, batch.inputs, gpu=gpu, dtype=_dtype(model), mode=mode,
                             transforms=wanted)  # fmt: skip
     return SimpleNamespace(step=build_step(model, batch, optimizer))
 
@@ -82,25 +82,25 @@ def _as_the_run_had_it(data: dict):
     return old_masks()
 
 
-def recheck(path: Path) -> dict:
+def recheck(path: Path, gpu=GPU) -> dict:
     data = json.loads(path.read_text())
     with _as_the_run_had_it(data):
-        return _recheck(path, data)
+        return _recheck(path, data, gpu)
 
 
-def _recheck(path: Path, data: dict) -> dict:
+def _recheck(path: Path, data: dict, gpu) -> dict:
     args = _args(data["environment"]["command"])
     mode = data["mode"]
     r = resolve_model(args["model"], batch=args["batch"])
     batch = synthetic_batch(r.model, r.example_inputs)
-    report = audit(r.model, r.example_inputs, GPU, dtype=_dtype(r.model), train=True,
+    report = audit(r.model, r.example_inputs, gpu, dtype=_dtype(r.model), train=True,
                    optimizer=make_optimizer(r.model, batch, args["optimizer"]),
                    mode=mode)  # fmt: skip
     predicted = predictions(report)
     names = list(data["stages"])
     runner = "compile" if mode == "compile" else "eager"
     specs, built, applied = {GIVEN: Spec(runner=runner)}, {}, []
-    built[GIVEN] = _stage(r.model, batch, (), mode, args["optimizer"])
+    built[GIVEN] = _stage(r.model, batch, (), mode, args["optimizer"], gpu)
     for name in names[1:]:
         fix = name.removeprefix("+ ")
         graphed = fix == "cuda-graphs"  # a runner, not a transform: the loop's last stage
@@ -109,8 +109,8 @@ def _recheck(path: Path, data: dict) -> dict:
         stage_runner = ("graph" if mode == "eager" else "compile-graphs") if graphed else runner
         specs[name] = Spec(optimize_mode=mode, transforms=tuple(applied), runner=stage_runner,
                            fused_optimizer="fused-optimizer" in applied)  # fmt: skip
-        built[name] = _stage(r.model, batch, tuple(applied), mode, args["optimizer"])
-    expected = _expected(specs, built, report, predicted, GPU, mode)
+        built[name] = _stage(r.model, batch, tuple(applied), mode, args["optimizer"], gpu)
+    expected = _expected(specs, built, report, predicted, gpu, mode)
     rows = []
     for before, stage, old in zip(names, names[1:], data["fixes"]):
         a, b = data["stages"][before], data["stages"][stage]
@@ -139,19 +139,19 @@ def main() -> None:
         "H200 with its shipped profile); for loops on another GPU, the profile its run used",
     )
     args = p.parse_args()
-    global GPU
+    gpu = GPU
     if args.profile is not None:
         from gpushape.hardware import get_gpu
         from gpushape.hardware.profile import apply_profile, read_profile
 
         profile = read_profile(args.profile)
-        GPU = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(args.profile))
+        gpu = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(args.profile))
     folder = RESULTS / args.folder
     with open(folder / "loop-lib.csv", newline="") as f:
         keys = list(dict.fromkeys((r["model"], r["mode"]) for r in csv.DictReader(f)))
     stem = lambda m: "".join("_" if c in ":/?&=" else c for c in m)
-    checked = [recheck(folder / f"loop-{stem(m)}-{mode}.json") for m, mode in keys]
-    where = GPU if isinstance(GPU, str) else f"{GPU.name} ({args.profile})"
+    checked = [recheck(folder / f"loop-{stem(m)}-{mode}.json", gpu) for m, mode in keys]
+    where = gpu if isinstance(gpu, str) else f"{gpu.name} ({args.profile})"
     write_results(folder / "loop-lib-recheck.json", checked, gpu_profile=where)
     print(
         f"{'model':36} {'mode':8} {'fix':22} {'then':>8} {'now':>8} {'measured':>9} {'now/meas':>9}"
