@@ -35,7 +35,7 @@ from .measure import (
     time_blocks,
     warm,
 )
-from .variants import Spec, Variant, build_variant, parse_variant
+from .variants import Spec, Variant, build_variant, parse_variant, room_to_compile
 
 
 @dataclass
@@ -273,22 +273,23 @@ def bench(
     batch = synthetic_batch(model, inputs)
     specs = {v: Spec.of(v) for v in names}
     curves, curves_failed = {}, {}
-    if loss_steps:
-        curves, curves_failed = loss_curves(
-            specs, model, batch, steps=loss_steps, optimizer=optimizer, gpu=gpu, progress=say
+    with room_to_compile(specs.values(), builds_each=2 if loss_steps else 1):
+        if loss_steps:
+            curves, curves_failed = loss_curves(
+                specs, model, batch, steps=loss_steps, optimizer=optimizer, gpu=gpu, progress=say
+            )
+        built, stats, failed = measure_variants(
+            specs,
+            model,
+            batch,
+            optimizer=optimizer,
+            gpu=gpu,
+            rounds=rounds,
+            block=block,
+            warmup=warmup,
+            profile=profile,
+            progress=say,
         )
-    built, stats, failed = measure_variants(
-        specs,
-        model,
-        batch,
-        optimizer=optimizer,
-        gpu=gpu,
-        rounds=rounds,
-        block=block,
-        warmup=warmup,
-        profile=profile,
-        progress=say,
-    )
     return BenchResult(
         model=name or type(model).__name__,
         baseline=baseline,

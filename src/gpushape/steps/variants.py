@@ -29,8 +29,10 @@ a fresh optimizer of the same kind.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,6 +224,33 @@ def build_variant(
         )
         notes += _graph_warnings(step.model)
     return Variant(name, step, run, notes, report, time.perf_counter() - t0, steps_run)
+
+
+def is_compiled(spec: Spec) -> bool:
+    """Whether the variant runs its model under torch.compile."""
+    return (spec.compile_first or spec.runner) in COMPILE_RUNNERS
+
+
+@contextlib.contextmanager
+def room_to_compile(specs: Iterable[Spec], builds_each: int = 1) -> Iterator[None]:
+    """Dynamo's recompile limit raised, while these variants are built and run, to its own
+    allowance for each compiled build. Dynamo keeps one cache of compiled code per Python
+    function, shared by every instance of a module class: each variant of one model, a loop's
+    every stage, adds its entries to the same `forward`'s cache (a rewritten structure, a grad
+    mode, a compile mode). At the limit (8) Dynamo stops compiling that function and runs it
+    eagerly from then on, with a one-line warning: a loop's sixth compiled stage of a
+    LLaMA-style decoder was timed eager (919 kernels a step where its stage before ran 274, 12
+    ms slower). `builds_each`: how often each variant is built (twice where a loss check
+    trains it first)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    allowance = int(getattr(config, name))
+    builds = sum(is_compiled(s) for s in specs) * builds_each
+    if builds <= 1:
+        yield
+        return
+    with config.patch({name: allowance * (builds + 1)}):
+        yield
 
 
 def _each_step_graphed(compiled: Any) -> Any:
