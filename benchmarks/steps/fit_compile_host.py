@@ -39,6 +39,11 @@ from gpushape.probe.profile import write_profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks/results"
 PROFILE = ROOT / "src/gpushape/hardware/profiles/h200-sxm.json"
+LLAMA = (
+    "hf:llama?hidden_size=1024&intermediate_size=2816&num_hidden_layers=8"
+    "&num_attention_heads=16&num_key_value_heads=4&vocab_size=32000"
+)
+LLAMA_LOOP = "loop-" + "".join("_" if c in ":/?&=" else c for c in LLAMA) + "-compile.json"
 # (result file, variant or loop stage, model, batch or --input spec)
 RUNS = (
     ("bench-h200/bert.json", "compile", "hf:bert", 32),
@@ -66,6 +71,18 @@ RUNS = (
      "timm:mobilenetv3_large_100", None),
     ("loops-h200-2/loop-timm_efficientnet_b0-compile.json", "as given",
      "timm:efficientnet_b0", None),
+    # a fourth lease (2026-12-05, 12:12 UTC) and a fifth (18:00-18:13 UTC)
+    ("loops-h200-4/loop-timm_mobilenetv3_large_100-compile.json", "as given",
+     "timm:mobilenetv3_large_100", None),
+    ("loops-h200-4/loop-timm_efficientnet_b0-compile.json", "as given",
+     "timm:efficientnet_b0", None),
+    ("loops-h200-5/loop-timm_vit_base_patch16_224-compile.json", "as given",
+     "timm:vit_base_patch16_224", None),
+    ("loops-h200-5/loop-hf_gpt2-compile.json", "as given", "hf:gpt2", None),
+    ("loops-h200-5/loop-timm_convnext_tiny-compile.json", "as given", "timm:convnext_tiny", None),
+    ("loops-h200-5/loop-timm_swin_tiny_patch4_window7_224-compile.json", "as given",
+     "timm:swin_tiny_patch4_window7_224", None),
+    ("loops-h200-5/" + LLAMA_LOOP, "as given", LLAMA, None),
 )  # fmt: skip
 
 
@@ -122,8 +139,8 @@ def main() -> None:
         "seconds": rate,
         "workload": "host seconds per kernel of a torch.compile'd training step (the cost "
         "model's kernels): issue time of one step over its kernels, median over "
-        f"{len(used)} runs of {len(counted)} models whose host did not wait on the GPU, from "
-        "benchmarks/results/bench-h200",
+        f"{len(used)} runs ({len(counted)} models and batches) whose host did not wait on the "
+        "GPU, from benchmarks/results (bench-h200, loops-h200-*)",
         "calls": len(used),
     }
     write_results(args.out, {"rate": entry, "rows": rows})

@@ -173,20 +173,25 @@ def test_a_profile_without_a_compiled_kernel_rate_prices_compiled_kernels_at_the
 
 
 def test_compile_mode_takes_what_inductor_does_off_the_gpu_side(gpt2, monkeypatch):
-    """A compiled step runs without what Inductor's own padding and fusions save (GPT-2 on the
-    H200, compiled: 24.4 ms of GPU work where its eager kernels were priced at 36.1), counted
-    once where the fixes overlap; and its bias gradients' column sums at Inductor's rate
-    (pricing/column_sum.py), apart here."""
+    """A compiled step runs without what Inductor does by itself (GPT-2 on the H200, compiled:
+    24.5 ms of GPU work where its eager kernels were priced at 43.4): the fixes it makes that
+    fusion does not cover (the padded vocabulary GEMM, tc-align), the traffic between the ops it
+    fuses (pricing/inductor_fusion.py, which covers unfused-norm-act's fix), and its bias
+    gradients' column sums at its own rate (pricing/column_sum.py), apart here."""
     from gpushape.auditing import modes
 
     eager, compiled = gpt2["eager"], gpt2["compile"]
     done = [f for f in compiled.findings if f.evidence.get("saving_outside_mode_s")]
     assert {f.rule for f in done} >= {"tc-align", "unfused-norm-act"}
+    padding = sum(f.evidence["saving_outside_mode_s"] for f in done if f.fix == "pad-channels")
     monkeypatch.setattr(modes, "compiled_column_sum_saving_s", lambda ctx: 0.0)
     eager_sums = _audit("gpt2", "compile", batch=8)
     assert compiled.step.gpu_s < eager_sums.step.gpu_s  # GPT-2's 768-wide biases
-    taken = eager.step.gpu_s - eager_sums.step.gpu_s
-    assert 0 < taken <= sum(f.evidence["saving_outside_mode_s"] for f in done) * (1 + 1e-9)
+    monkeypatch.setattr(modes, "compiled_fusion_saving_s", lambda ctx, exclude=(): 0.0)
+    unfused = _audit("gpt2", "compile", batch=8)
+    assert eager_sums.step.gpu_s < unfused.step.gpu_s  # the fused chains' traffic
+    taken = eager.step.gpu_s - unfused.step.gpu_s  # padding and the loss's fused kernels
+    assert padding < taken < padding + 0.5 * (eager.step.gpu_s - compiled.step.gpu_s)
     assert gpt2["graph"].step.gpu_s == pytest.approx(eager.step.gpu_s)  # a graph fuses nothing
 
 
@@ -260,7 +265,7 @@ def test_launch_bound_speaks_in_compile_mode_where_only_the_compiled_host_is_slo
             assert f.severity <= Severity.LOW
         else:
             assert f.severity == Severity.INFO and f.est_saving_s == 0
-    assert saving["eager"] < 0.05 * saving["compile"]
+    assert saving["eager"] < 0.1 * saving["compile"]  # an order of magnitude apart
 
 
 def test_the_wall_clock_is_the_longer_side_with_the_hosts_spread():

@@ -36,15 +36,17 @@ from ..tracing.host import host_cost
 from .context import AuditContext
 from .finding import TIME_SHARE_THRESHOLDS, Finding, Severity, severity_for_share
 from .host_effect import host_saving_s
-from .pricing.column_sum import compiled_column_sum_saving_s
+from .pricing.column_sum import column_sums, compiled_column_sum_saving_s
+from .pricing.inductor_fusion import compiled_fusion_saving_s
 from .pricing.inductor_kernels import compiled_kernels_of
-from .pricing.loss import compiled_loss_saving_s
+from .pricing.loss import compiled_loss_saving_s, loss_chain
 from .pricing.optimizer_step import foreach_host_s
 
 MODES = ("eager", "compile", "graph")
-# host seconds per kernel of a compiled step, where the profile measured it (28-62 us over 16
-# compiled steps on the H200's hosts, median 46: benchmarks/steps/fit_compile_host.py, kernels
-# counted as pricing/inductor_kernels.py counts them; the wrapper's buffer allocations and
+# host seconds per kernel of a compiled step, where the profile measured it (26-63 us over 23
+# compiled steps on several H200 leases, median 41 over the 18 not waiting on the GPU:
+# benchmarks/steps/fit_compile_host.py, kernels counted as pricing/inductor_kernels.py counts
+# them; the wrapper's buffer allocations and
 # launcher calls, ATen for extern kernels, autograd for the compiled backward, the optimizer's
 # step)
 COMPILED_KERNEL = "compiled_kernel"
@@ -55,6 +57,8 @@ COMPILED_KERNEL = "compiled_kernel"
 # and LLaMA-style steps issued 23 and 36 us a kernel (benchmarks/results/loops-h100-7: scaled
 # as on the H200, 77 us, predicted both steps host-bound by 2x and promised 25 and 12 ms from
 # CUDA graphs, which saved 0.4 and -0.5).
+# the fixes whose saving the fusion model (pricing/inductor_fusion.py) prices in compile mode
+FUSED_FIXES = ("fuse-norm-act", "fuse-softmax-dropout", "fuse-activation")
 COMPILE_DOES = {
     "pad-channels": "Inductor pads misaligned matmuls itself",  # (not convolutions)
     "fuse-norm-act": "Inductor fuses the normalization with the elementwise ops around it",
@@ -68,7 +72,7 @@ GRAPH_CANNOT: dict[str, str] = {}  # fix -> why a CUDA graph cannot replay its r
 OUTSIDE_STEP = {"fused-optimizer"}
 # the host side's spread: a log-normal's sigma. The same model's eager step issued up to 2.2x
 # faster on one lent H200 host than on another, and a compiled step's host per kernel spread
-# 28-62 us over 16 steps (median 46): about +-35% (results-h200.md, "The host model")
+# 26-63 us over 23 steps (median 41): about +-35% (results-h200.md, "The host model")
 HOST_SPREAD = 0.3
 SLOWER_WALL = 0.5  # say so when a fix saves less than this share of its GPU time in wall time
 
@@ -201,30 +205,39 @@ def inductor_does(f: Finding) -> bool:
     return bool(f.evidence.get("compile_does"))
 
 
+def compiled_gpu_saving_s(ctx: AuditContext, findings: Sequence[Finding] = ()) -> float:
+    """What Inductor takes off the eager step's GPU time by itself: a cross-entropy's kernels
+    over the logits fused (pricing/loss.py), bias gradients' column sums at its reductions'
+    rate (pricing/column_sum.py), the traffic between the other ops it fuses
+    (pricing/inductor_fusion.py), and what the fixes it makes itself save that the fusion
+    does not cover (padding a misaligned GEMM; combine.py: overlapping fixes counted once)."""
+    from .combine import combine
+
+    saving = compiled_loss_saving_s(ctx) + compiled_column_sum_saving_s(ctx)
+    own = {r.index for r in loss_chain(ctx.trace)[0]} | set(column_sums(ctx.trace))
+    saving += compiled_fusion_saving_s(ctx, exclude=own)
+    does = [f for f in findings if inductor_does(f) and f.fix not in FUSED_FIXES]
+    if does:
+        saving += combine(does, ctx)[1].saving_s
+    return saving
+
+
 def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) -> StepTime:
     """The step in `mode`. Eager: the host's side is the longer of the kernels' launches and,
     where the profile measured the host's rates, its dispatch of every op, view and module call
     (tracing/host.py); graph mode: the graph's launches; compile mode: each kernel at the
     host's measured cost per kernel of a compiled step (`COMPILED_KERNEL`), else a launch, and
-    the GPU's side less what the fixes Inductor makes by itself save together (of `findings`,
-    the rules' findings before `in_mode`; combine.py: overlapping fixes counted once).
-    Measured on the H200, compiled: MobileNetV3's step ran 6.4 ms of GPU work, GPT-2's 24.4,
-    where their eager kernels were priced at 23.5 and 36.1."""
+    the GPU's side less what Inductor does by itself (`compiled_gpu_saving_s`; of `findings`,
+    the rules' findings before `in_mode`). Measured on the H200, compiled: nine models' GPU
+    work at 0.80-1.21 of this prediction (benchmarks/steps/check_compiled_gpu.py)."""
     totals, achievable = ctx.cost.totals, ctx.gpu.achievable
     # what the step runs in this mode beyond the eager trace (transformers' all-true mask under
     # compile and capture: materialized-attention-mask), so a fix of it is priced on that step
     gpu_s = totals.kernel_time_s + sum(
         float(f.evidence.get("cost_in_mode_s", {}).get(mode, 0.0)) for f in findings
     )
-    if mode == "compile":  # Inductor fuses a cross-entropy's kernels over the logits itself,
-        # and sums a bias gradient's columns at its own reductions' rate
-        gpu_s = max(gpu_s - compiled_loss_saving_s(ctx) - compiled_column_sum_saving_s(ctx), 0.0)
-    if mode == "compile" and findings:
-        from .combine import combine
-
-        gpu_s = max(
-            gpu_s - combine([f for f in findings if inductor_does(f)], ctx)[1].saving_s, 0.0
-        )
+    if mode == "compile":
+        gpu_s = max(gpu_s - compiled_gpu_saving_s(ctx, findings), 0.0)
     per_launch = (
         achievable.graph_launch_overhead_s if mode == "graph" else achievable.launch_overhead_s
     )

@@ -87,7 +87,9 @@ def _memory_format(t: torch.Tensor) -> str:
     return "strided"
 
 
-def tensor_meta(t: torch.Tensor, same_as: int | None = None) -> TensorMeta:
+def tensor_meta(
+    t: torch.Tensor, same_as: int | None = None, storage: int | None = None
+) -> TensorMeta:
     name = _dtype_name(t.dtype)
     try:
         strides, fmt = tuple(t.stride()), _memory_format(t)
@@ -100,6 +102,7 @@ def tensor_meta(t: torch.Tensor, same_as: int | None = None) -> TensorMeta:
         memory_format=fmt,
         itemsize=DTYPE_BYTES.get(name, t.element_size()),
         same_as=same_as,
+        storage=storage,
     )
 
 
@@ -204,6 +207,10 @@ class Recorder(TorchDispatchMode):
         self.seq_to_op: dict[int, int] = {}
         self.last_seq = torch._C._autograd._get_sequence_nr()
         self.schemas: dict[Any, _Schema] = {}
+        # storage -> its number in this trace; the storages are kept alive while it records, so
+        # that no freed one's address is taken for a new one's
+        self.storages: dict[int, int] = {}
+        self._kept: list[Any] = []
 
         self.paused = False
 
@@ -245,7 +252,9 @@ class Recorder(TorchDispatchMode):
         schema = self._schema(func)
         inputs, names, params = self._arguments(schema, args, kwargs)
         outputs = tuple(
-            tensor_meta(t) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+            tensor_meta(t, storage=self._storage(t))
+            for t in pytree.tree_leaves(out)
+            if isinstance(t, torch.Tensor)
         )
         index = len(self.ops)
         module, mtype, phase, fwd_index, grad_fn = self._attribution(index)
@@ -268,6 +277,19 @@ class Recorder(TorchDispatchMode):
             )
         )
 
+    def _storage(self, t: torch.Tensor) -> int | None:
+        """The number of the memory `t` views (module docstring of records.TensorMeta)."""
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse, nested: no single storage
+            return None
+        key = storage._cdata
+        number = self.storages.get(key)
+        if number is None:
+            number = self.storages[key] = len(self.storages)
+            self._kept.append(storage)
+        return number
+
     def _arguments(self, schema: _Schema, args, kwargs):
         inputs: list[TensorMeta] = []
         names: list[str] = []
@@ -278,7 +300,7 @@ class Recorder(TorchDispatchMode):
             same = seen.get(id(t))
             if same is None:
                 seen[id(t)] = len(inputs)
-            inputs.append(tensor_meta(t, same_as=same))
+            inputs.append(tensor_meta(t, same_as=same, storage=self._storage(t)))
             names.append(name)
 
         bound = list(zip(schema.arg_names, args)) + list(kwargs.items())

@@ -47,7 +47,9 @@ class TensorMeta:
     (5-D), or "strided" (anything else: a transposed or sliced view). A tensor that is both
     contiguous and channels_last (C == 1, or H == W == 1) reads as "contiguous".
     `same_as` is the position of an earlier input of the same op that is the very same tensor
-    (x * x), so that it is counted as read once.
+    (x * x), so that it is counted as read once. `storage` names the memory the tensor views,
+    the same number for every view of it within one trace (None where the tracer could not
+    tell): which op's output another op reads, for pricing what Inductor fuses.
     """
 
     shape: tuple[int, ...]
@@ -56,6 +58,7 @@ class TensorMeta:
     memory_format: str
     itemsize: int
     same_as: int | None = None
+    storage: int | None = field(default=None, compare=False)
 
     @property
     def numel(self) -> int:

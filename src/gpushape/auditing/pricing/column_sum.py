@@ -19,6 +19,13 @@ from ...tracing.families import column_width, memory_family, op_family
 FAMILY = "reduction"
 
 
+def column_sums(trace: Any) -> list[int]:
+    """The trace indices of the step's column sums (a bias gradient's `sum(0)`)."""
+    return [
+        r.index for r in trace.ops if memory_family(r) == FAMILY and column_width(r) is not None
+    ]
+
+
 def compiled_column_sum_saving_s(ctx: Any) -> float:
     """GPU seconds the step's narrow column sums cost eager beyond the reduction family's own
     rate, which Inductor's kernels reach (0 where no width below it is measured)."""

@@ -8,18 +8,21 @@ written as many small ops (Hugging Face's RMSNorm and rotary embedding: about 20
 a layer where Inductor runs 2-3) inflates.
 
 Units counted, per phase (forward, backward), in trace order:
-  - an extern op: its kernels as the cost model counts them, less cuDNN's NCHW <-> NHWC
-    conversions where Inductor runs the convolutions channels_last itself;
+  - an extern op (`is_extern`: a GEMM, fused attention, any convolution, a depthwise one too,
+    which the cost model prices memory-bound): its kernels as the cost model counts them, less
+    cuDNN's NCHW <-> NHWC conversions where Inductor runs the convolutions channels_last itself;
   - a reduction: 1 kernel; 2 where Inductor splits it (a long reduction into a short output:
     a bias gradient, a statistic per channel), 3 for a training BatchNorm (split statistics,
     then the normalisation) and its backward, and for a LayerNorm backward (the input gradient
     a row at a time, the weight gradients split over the rows);
   - a run of ops between two extern ops with no reduction in it: 1 kernel.
-Times `PER_UNIT`: on the H200 (torch 2.11), six compiled steps launched 1.30-1.51 times as
-many kernels as these units (GPT-2, ResNet-50, MobileNetV3, Swin-T, EfficientNet-B0, BERT; the
-kernels of `gpushape bench` runs under benchmarks/results/bench-h200 and loops-h200-*, against
-`benchmarks/steps/fit_compile_host.py`'s count): the copies and fills Inductor keeps, the
-optimizer's step, which runs uncompiled. The eager op count had ranged 0.77-1.20 of them.
+Times `PER_UNIT`: on the H200 (torch 2.11), nine models' compiled steps launched 1.24-1.59
+times as many kernels as these units (LLaMA-style, EfficientNet-B0, ViT-B/16, MobileNetV3,
+Swin-T, GPT-2, ConvNeXt-T, ResNet-50, BERT; the kernels of `gpushape bench` runs under
+benchmarks/results/bench-h200 and loops-h200-*, the rows of
+`benchmarks/steps/fit_compile_host.py`): the copies and fills Inductor keeps, the optimizer's
+step, which runs uncompiled. Counted with depthwise convolutions inside the runs, ConvNeXt-T's
+had been 1.84. The eager op count had ranged 0.77-1.20 of them.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from typing import Any
 
 from ...tracing.layout import conversion_passes
 
-# measured kernels over units, median of the six models in the module docstring (1.30-1.51)
-PER_UNIT = 1.41
+# measured kernels over units, median of the nine models in the module docstring (1.24-1.59)
+PER_UNIT = 1.38
 # reductions Inductor runs as three kernels (split statistics and the pointwise pass)
 _THREE = {"native_batch_norm", "native_batch_norm_backward", "native_layer_norm_backward"}
 _REDUCTIONS = _THREE | {
@@ -45,6 +48,17 @@ _REDUCTIONS = _THREE | {
 # a reduction into at most this many outputs from at least SPLIT_INPUT elements is split
 SPLIT_OUTPUT = 1 << 16
 SPLIT_INPUT = 1 << 20
+
+
+# ops Inductor leaves to ATen's kernels whatever their FLOPs: a depthwise or grouped
+# convolution is a cuDNN kernel (priced memory-bound, no GEMM FLOPs), not generated code
+EXTERN_OPS = frozenset({"convolution", "convolution_backward", "_convolution"})
+
+
+def is_extern(rec: Any, op: Any) -> bool:
+    """Whether Inductor runs this traced op as an extern kernel (a GEMM, a convolution, fused
+    attention) rather than fusing it into generated code."""
+    return (op is not None and op.gemm_flops > 0) or _base(rec.name) in EXTERN_OPS
 
 
 def _base(name: str) -> str:
@@ -72,9 +86,11 @@ def compiled_units(trace: Any, cost: Any, channels_last_convs: bool) -> int:
             if rec.phase != phase or rec.kind != "compute":
                 continue
             op = by_index.get(rec.index)
-            if op is not None and op.gemm_flops > 0:  # an extern kernel: closes the run
-                conversions = 2 * conversion_passes(rec) if op.tensor_cores else 0
-                units += max(op.kernels - (conversions if channels_last_convs else 0), 1)
+            if is_extern(rec, op):  # an extern kernel: closes the run
+                tensor_cores = op is not None and op.tensor_cores
+                conversions = 2 * conversion_passes(rec) if tensor_cores else 0
+                kernels = op.kernels if op is not None else 1
+                units += max(kernels - (conversions if channels_last_convs else 0), 1)
                 units += run_open and not run_reduces
                 run_open = run_reduces = False
                 continue

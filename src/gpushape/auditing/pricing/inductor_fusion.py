@@ -1,0 +1,106 @@
+"""What Inductor's fusion takes off a training step's GPU time: the memory traffic between the
+eager kernels it fuses.
+
+Inductor keeps the extern kernels (cuBLAS GEMMs, cuDNN convolutions, fused attention) and
+generates the rest: the ops between two extern kernels of one phase (a "run", as
+pricing/inductor_kernels.py counts kernels) become a few Triton kernels that read each tensor
+coming from outside the run once and write only the tensors something outside the run reads
+(the next extern kernel, a later run, the backward) or nobody in the step does (the loss, the
+weights' gradients). A tensor one op of the run writes and only others of the run read never
+reaches memory.
+
+So each op of a run keeps the share of its eager time that its outside traffic is of its
+bytes: its inputs from outside the run (each tensor counted at its first reader in the run),
+its outputs read outside the run or never read. The rest is the saving. Each op keeps its own
+family's rate: a reduction stays as fast or slow as its family measured. Tensors are told
+apart by their storage (records.TensorMeta.storage): a view reads what its base holds.
+
+Measured on the H200 (benchmarks/steps/check_compiled_gpu.py): a LLaMA-style decoder written
+as Hugging Face writes it (RMSNorm and the rotary embedding as chains of small ops) ran its
+compiled step's kernels in 18.2 ms where the eager kernels were priced at 28.0.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from .inductor_kernels import is_extern
+
+
+def runs(trace: Any, cost: Any) -> list[list[Any]]:
+    """The runs of compute ops between extern kernels, per phase, in trace order."""
+    by_index = {c.index: c for c in cost.ops}
+    out: list[list[Any]] = []
+    for phase in ("forward", "backward"):
+        run: list[Any] = []
+        for rec in trace.ops:
+            if rec.phase != phase or rec.kind != "compute":
+                continue
+            if is_extern(rec, by_index.get(rec.index)):  # an extern kernel closes the run
+                if run:
+                    out.append(run)
+                run = []
+                continue
+            run.append(rec)
+        if run:
+            out.append(run)
+    return out
+
+
+def _readers(trace: Any) -> dict[int, list[int]]:
+    """storage -> the compute ops reading it, by trace index."""
+    readers: dict[int, list[int]] = defaultdict(list)
+    for rec in trace.ops:
+        if rec.kind != "compute":
+            continue
+        for t in rec.inputs:
+            if t.storage is not None and t.same_as is None:
+                readers[t.storage].append(rec.index)
+    return readers
+
+
+def outside_share(run: list[Any], readers: dict[int, list[int]]) -> dict[int, float]:
+    """Per op of the run (by trace index): the share of its bytes that cross the run's edge."""
+    members = {r.index for r in run}
+    written: set[int] = set()
+    read: set[int] = set()
+    shares: dict[int, float] = {}
+    for rec in run:
+        total = outside = 0
+        for t in rec.inputs:
+            if t.same_as is not None:
+                continue
+            total += t.nbytes
+            if t.storage is None or (t.storage not in written and t.storage not in read):
+                outside += t.nbytes
+            if t.storage is not None:
+                read.add(t.storage)
+        for t in rec.outputs:
+            total += t.nbytes
+            later = readers.get(t.storage, ()) if t.storage is not None else ()
+            if t.storage is None or not later or any(i not in members for i in later):
+                outside += t.nbytes
+            if t.storage is not None:
+                written.add(t.storage)
+        shares[rec.index] = outside / total if total else 1.0
+    return shares
+
+
+def compiled_fusion_saving_s(ctx: Any, exclude: Iterable[int] = ()) -> float:
+    """GPU seconds the traced eager step's fused ops cost beyond Inductor's kernels (module
+    docstring); ops in `exclude` (trace indices: ones priced by their own compiled model, as
+    the cross-entropy's) are left as they are."""
+    if not any(t.storage is not None for r in ctx.trace.ops for t in r.outputs):
+        return 0.0  # a trace recorded without storages (one saved before they were)
+    skip = set(exclude)
+    readers = _readers(ctx.trace)
+    records = {r.index: r for r in ctx.trace.ops}
+    saving = 0.0
+    for run in runs(ctx.trace, ctx.cost):
+        for index, share in outside_share(run, readers).items():
+            if index in skip or share >= 1.0:
+                continue
+            saving += ctx.op_cost(records[index]).kernel_time_s * (1.0 - share)
+    return saving

@@ -1,0 +1,117 @@
+"""What Inductor's fusion takes off a compiled step's GPU time
+(auditing/pricing/inductor_fusion.py), and the storages the tracer records for it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gpushape
+from gpushape.auditing.context import AuditContext
+from gpushape.auditing.pricing.inductor_fusion import (
+    compiled_fusion_saving_s,
+    outside_share,
+    runs,
+)
+from gpushape.auditing.pricing.inductor_kernels import is_extern
+from gpushape.hardware import get_gpu
+
+
+class _ManyOpsRmsNorm(nn.Module):
+    """Hugging Face's RMSNorm as written: a chain of small eager ops."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h.to(x.dtype)
+
+
+def _ctx(model: nn.Module, *shape: int, train: bool = True) -> AuditContext:
+    x = torch.empty(*shape, device="meta", dtype=torch.bfloat16)
+    model = model.to(device="meta", dtype=torch.bfloat16)
+    trace = gpushape.trace(model, (x,), train=train)
+    gpu = get_gpu("h200-sxm")
+    return AuditContext(trace=trace, cost=gpushape.cost(trace, gpu), gpu=gpu)
+
+
+def test_views_share_their_base_storage_and_new_tensors_get_their_own():
+    class ViewThenAdd(nn.Module):
+        def forward(self, x):
+            return x.t().contiguous() + x.t()
+
+    trace = gpushape.trace(ViewThenAdd(), (torch.empty(8, 4, device="meta"),))
+    ops = {r.name: r for r in trace.ops}
+    copy, add = ops["clone"], ops["add"]
+    assert copy.inputs[0].storage == add.inputs[1].storage  # both read x's memory
+    assert copy.outputs[0].storage == add.inputs[0].storage  # the copy is what add reads
+    assert copy.outputs[0].storage != copy.inputs[0].storage
+    assert add.outputs[0].storage not in (add.inputs[0].storage, add.inputs[1].storage)
+
+
+def test_a_chain_between_two_gemms_keeps_only_its_edges():
+    ctx = _ctx(nn.Sequential(nn.Linear(256, 256), _ManyOpsRmsNorm(256), nn.Linear(256, 256)),
+               4096, 256, train=False)  # fmt: skip
+    (run,) = runs(ctx.trace, ctx.cost)  # the norm's ops, between the two GEMMs
+    assert len(run) >= 5
+    shares = outside_share(run, _readers(ctx))
+    first, last = run[0].index, run[-1].index
+    cast = run[0]  # x.float(): reads the GEMM's bf16 output from memory, its fp32 copy stays
+    assert cast.name == "_to_copy"
+    read, wrote = cast.inputs[0].nbytes, cast.outputs[0].nbytes
+    assert shares[first] == pytest.approx(read / (read + wrote))
+    inner = [i for i in shares if i not in (first, last)]
+    assert min(shares[i] for i in inner) < 0.5  # the chain's own tensors never reach memory
+    saving = compiled_fusion_saving_s(ctx)
+    eager = sum(ctx.op_cost(r).kernel_time_s for r in run)
+    assert 0.3 * eager < saving < eager
+
+
+def test_nothing_is_saved_on_a_single_op_between_gemms():
+    ctx = _ctx(nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)), 4096, 256,
+               train=False)  # fmt: skip
+    assert compiled_fusion_saving_s(ctx) == 0.0  # ReLU reads the GEMM's output, writes the next's
+
+
+def test_a_tensor_the_backward_reads_is_written_in_the_forward():
+    class SavesMid(nn.Module):  # sigmoid's output is saved for its backward
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(256, 256), nn.Linear(256, 256)
+
+        def forward(self, x):
+            return self.b(torch.sigmoid(self.a(x) * 2.0))
+
+    ctx = _ctx(SavesMid(), 4096, 256)
+    forward = next(r for r in runs(ctx.trace, ctx.cost) if r[0].phase == "forward")
+    shares = outside_share(forward, _readers(ctx))
+    sigmoid = next(r for r in forward if r.name == "sigmoid")
+    assert shares[sigmoid.index] == 1.0 or shares[sigmoid.index] > 0.4  # its output escapes
+
+
+def test_a_depthwise_convolution_is_an_extern_kernel():
+    conv = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+    ctx = _ctx(conv, 8, 32, 16, 16)
+    by_index = {c.index: c for c in ctx.cost.ops}
+    convs = [r for r in ctx.trace.ops if r.name.startswith("convolution")]
+    assert convs and all(by_index[r.index].gemm_flops == 0 for r in convs)  # priced memory-bound
+    assert all(is_extern(r, by_index[r.index]) for r in convs)  # but cuDNN runs it, not Inductor
+
+
+def test_compile_mode_prices_a_decoder_norm_below_its_eager_kernels():
+    model = nn.Sequential(nn.Linear(512, 512), _ManyOpsRmsNorm(512), nn.Linear(512, 512))
+    x = torch.empty(8192, 512, device="meta", dtype=torch.bfloat16)
+    model = model.to(device="meta", dtype=torch.bfloat16)
+    eager = gpushape.audit(model, (x,), "h200", train=True, mode="eager").step.gpu_s
+    compiled = gpushape.audit(model, (x,), "h200", train=True, mode="compile").step.gpu_s
+    assert compiled < 0.8 * eager
+
+
+def _readers(ctx: AuditContext):
+    from gpushape.auditing.pricing.inductor_fusion import _readers as readers
+
+    return readers(ctx.trace)
