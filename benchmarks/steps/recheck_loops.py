@@ -37,6 +37,7 @@ from gpushape.steps.fix_by_fix import (  # noqa: E402
     _expected,
     predictions,
 )
+from gpushape.steps.host_here import host_scale, scaled_target  # noqa: E402
 from gpushape.steps.step import build_step, make_optimizer  # noqa: E402
 from gpushape.steps.variants import Spec  # noqa: E402
 from gpushape.transforms import optimize  # noqa: E402
@@ -111,12 +112,24 @@ def _recheck(path: Path, data: dict, gpu) -> dict:
                            fused_optimizer="fused-optimizer" in applied)  # fmt: skip
         built[name] = _stage(r.model, batch, tuple(applied), mode, args["optimizer"], gpu)
     expected = _expected(specs, built, report, predicted, gpu, mode)
+    # the loop's second prediction: the host's rates scaled to the run's own host, from its
+    # issue time of the step as given (steps/host_here.py)
+    given = SimpleNamespace(issue_s=data["stages"][GIVEN].get("issue_s"))
+    scale = host_scale(given, report.step.host_s if report.step else None)
+    here = None
+    if scale is not None:
+        target = scaled_target(gpu, scale)
+        report_here = audit(r.model, r.example_inputs, target, dtype=_dtype(r.model),
+                            train=True, optimizer=make_optimizer(r.model, batch,
+                            args["optimizer"]), mode=mode)  # fmt: skip
+        here = _expected(specs, built, report_here, predictions(report_here), target, mode)
     rows = []
     for before, stage, old in zip(names, names[1:], data["fixes"]):
         a, b = data["stages"][before], data["stages"][stage]
         new_wall = expected[before][1] - expected[stage][1]
         new_gpu = expected[before][0] - expected[stage][0]
         measured = a["median_s"] - b["median_s"]
+        here_wall = None if here is None else here[before][1] - here[stage][1]
         rows.append({
             "model": data["model"], "mode": mode, "fix": old["fix"],
             "predicted_wall_s_then": old["predicted_wall_s"], "predicted_wall_s": new_wall,
@@ -124,6 +137,8 @@ def _recheck(path: Path, data: dict, gpu) -> dict:
             "measured_gpu_s": old["measured_gpu_s"],
             "ratio": new_wall / measured if measured > 0 else None,
             "step_predicted_s": expected[GIVEN][1],
+            "predicted_here_wall_s": here_wall, "host_scale": scale,
+            "ratio_here": here_wall / measured if here_wall is not None and measured > 0 else None,
         })  # fmt: skip
     return {"file": f"{path.parent.name}/{path.name}", "rows": rows}
 
@@ -155,14 +170,23 @@ def main() -> None:
     write_results(folder / "loop-lib-recheck.json", checked, gpu_profile=where)
     print(
         f"{'model':36} {'mode':8} {'fix':22} {'then':>8} {'now':>8} {'measured':>9} {'now/meas':>9}"
+        f" {'here':>8} {'here/meas':>9} {'host x':>7}"
     )
     for c in checked:
         for r in c["rows"]:
             ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+            here = (
+                "-"
+                if r["predicted_here_wall_s"] is None
+                else f"{r['predicted_here_wall_s'] * 1e3:.3f}"
+            )
+            ratio_here = "-" if r["ratio_here"] is None else f"{r['ratio_here']:.2f}"
+            scale = "-" if r["host_scale"] is None else f"{r['host_scale']:.2f}"
             print(
                 f"{r['model'][:36]:36} {r['mode']:8} {r['fix']:22} "
                 f"{r['predicted_wall_s_then'] * 1e3:8.3f} {r['predicted_wall_s'] * 1e3:8.3f} "
-                f"{r['measured_wall_s'] * 1e3:9.3f} {ratio:>9}"
+                f"{r['measured_wall_s'] * 1e3:9.3f} {ratio:>9} {here:>8} {ratio_here:>9} "
+                f"{scale:>7}"
             )
 
 

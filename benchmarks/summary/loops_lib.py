@@ -93,9 +93,9 @@ def judged(r: dict, step_ms: float) -> str:
 RECHECK = "loop-lib-recheck.json"
 
 
-def _recheck() -> dict[tuple[str, str, str], dict]:
+def _recheck(folder: str = FOLDER) -> dict[tuple[str, str, str], dict]:
     """(model, mode, fix) -> the re-prediction of benchmarks/steps/recheck_loops.py, if run."""
-    path = RESULTS / FOLDER / RECHECK
+    path = RESULTS / folder / RECHECK
     if not path.exists():
         return {}
     loops = json.loads(path.read_text())["results"]
@@ -144,19 +144,48 @@ def _gpu_cells(r: dict) -> tuple:
     )
 
 
+def _here(again: dict | None, step_ms: float, noise: bool) -> tuple[str, str]:
+    """The wall saving re-predicted on the run's own host (steps/host_here.py) and its
+    verdict, judged as the run's."""
+    if again is None or again.get("predicted_here_wall_s") is None:
+        return "-", "-"
+    pred = again["predicted_here_wall_s"] * 1e3
+    row = {"fix": again["fix"], "predicted_wall_ms": pred,
+           "measured_wall_ms": again["measured_wall_s"] * 1e3}  # fmt: skip
+    verdict = judged(row, again["step_predicted_s"] * 1e3 or step_ms)
+    return f"{pred:.3f}", "within noise" if noise and verdict != "-" else verdict
+
+
 def later_table(folder: str) -> tuple[list[str], dict[str, int]]:
-    """A later run's rows, judged as the first run's, with each fix's single-round spread."""
-    body, counts = [], {"meets": 0, "misses": 0, "within noise": 0}
+    """A later run's rows, judged as the first run's, with each fix's single-round spread, and
+    where recheck_loops.py ran on the folder, re-predicted now and on the run's own host."""
+    body = []
+    counts = {k: 0 for k in ("meets", "misses", "within noise", "now meets", "now misses",
+                             "here meets", "here misses")}  # fmt: skip
+    again = _recheck(folder)
     for r in _rows(folder):
         loop = _loop(r["model"], r["mode"], folder)
-        verdict = judged(r, loop["predicted_step_s"] * 1e3)
-        if verdict != "-" and _spread(loop, r["fix"]).endswith("(within noise)"):
+        step_ms = loop["predicted_step_s"] * 1e3
+        noise = _spread(loop, r["fix"]).endswith("(within noise)")
+        verdict = judged(r, step_ms)
+        if verdict != "-" and noise:
             verdict = "within noise"
         if verdict != "-":
             counts[verdict if verdict in counts else "misses"] += 1
-        body.append((*_saving_cells(r), _spread(loop, r["fix"]), *_gpu_cells(r), verdict))
+        cells = (*_saving_cells(r), _spread(loop, r["fix"]), *_gpu_cells(r), verdict)
+        if again:
+            row_again = again.get((loop["model"], r["mode"], r["fix"]))
+            now, now_verdict = _now(row_again, step_ms)
+            here, here_verdict = _here(row_again, step_ms, noise)
+            for key, v in (("now", now_verdict), ("here", here_verdict)):
+                if v in ("meets", "misses") or v.startswith("misses"):
+                    counts[f"{key} {'meets' if v == 'meets' else 'misses'}"] += 1
+            cells += (now, now_verdict, here, here_verdict)
+        body.append(cells)
     head = ("model", "mode", "fix", "places", "predicted ms", "measured ms", "single rounds ms")
     tail = ("GPU predicted ms", "GPU measured ms", "pred/meas", "0.5-2x")
+    if again:
+        tail += ("re-predicted ms", "0.5-2x", "on its host ms", "0.5-2x")
     return md_table((*head, *tail), body, right=10), counts
 
 
@@ -180,7 +209,19 @@ def later_sections() -> list[str]:
             "and medium findings, "
             f"{counts['meets']} meet the band, {counts['misses']} miss it and "
             f"{counts['within noise']} are within noise. These predictions were made by the "
-            "run itself, with the cost model as committed before it.",
+            "run itself, with the cost model as committed before it."
+            + (
+                " The last four columns re-predict the same steps on the CPU with the cost "
+                "model as it is now (`benchmarks/steps/recheck_loops.py`, "
+                f"{link(folder + '/' + RECHECK, RECHECK)}; {counts['now meets']} meet, "
+                f"{counts['now misses']} miss), and again with the profile's host rates scaled "
+                "to the run's own host, its issue time of the step as given over the audit's "
+                f"(`steps/host_here.py`, as the loop now does; {counts['here meets']} meet, "
+                f"{counts['here misses']} miss). The cost model was changed after these runs, "
+                "partly on what they showed, so the re-predictions are in-sample."
+                if _recheck(folder)
+                else ""
+            ),
             "",
             *body,
             "",

@@ -139,10 +139,12 @@ class StepTime:
     prices each kernel at a compiled step's measured average, which also carries what does
     not scale with kernels (Swin-T compiled with SDPA: 121 fewer kernels, 1.0 ms less to
     issue, about 8 us each, against 46 on average)."""
+    spread: float = HOST_SPREAD
+    """The host side's spread (`host_spread`)."""
 
     @property
     def wall_s(self) -> float:
-        return wall_clock_s(self.gpu_s, self.host_s)
+        return wall_clock_s(self.gpu_s, self.host_s, self.spread)
 
     @property
     def bound(self) -> str:
@@ -252,7 +254,14 @@ def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) ->
     marginal = (
         achievable.graph_launch_overhead_s if mode == "graph" else achievable.launch_overhead_s
     )
-    return StepTime(mode=mode, gpu_s=gpu_s, host_s=host_s, kernels=kernels, marginal_s=marginal)
+    return StepTime(mode=mode, gpu_s=gpu_s, host_s=host_s, kernels=kernels, marginal_s=marginal,
+                    spread=host_spread(ctx.gpu))  # fmt: skip
+
+
+def host_spread(gpu: Any) -> float:
+    """The host side's spread for this chip's rates: the profile's, else `HOST_SPREAD`."""
+    spread = getattr(gpu.achievable, "host_spread", None)
+    return HOST_SPREAD if spread is None else float(spread)
 
 
 def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:

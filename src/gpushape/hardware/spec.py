@@ -92,6 +92,10 @@ class Achievable:
     # "backward_op" (one op the autograd engine runs in backward, launch included), "module"
     # (an nn.Module call's own Python). Empty: unmeasured (the host is then kernels x launch).
     host: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
+    # How far the host's side may be from these rates (a log-normal's sigma, auditing/modes.py);
+    # None: the spread between the hosts the rates were measured on. A host measured where the
+    # step runs is known closer (steps/host_here.py).
+    host_spread: float | None = None
     source: str = "assumed"
     measured: tuple[str, ...] = ()
 

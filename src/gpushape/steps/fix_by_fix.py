@@ -44,6 +44,7 @@ from torch import nn
 
 from ..errors import GpushapeError
 from .batch import synthetic_batch
+from .host_here import host_scale, scaled_target
 from .measure import StepStats
 from .run import measure_variants
 from .step import make_optimizer
@@ -74,6 +75,8 @@ class FixRow:
     measured_rounds_s: list[float] = field(default_factory=list)
     """The saving of each round (the stages alternate, so round i of the stage before and
     round i of this one ran side by side)."""
+    predicted_here_wall_s: float | None = None
+    """The wall saving predicted with the host's rates scaled to this host (host_here.py)."""
 
     @property
     def measured_spread_s(self) -> tuple[float, float] | None:
@@ -93,11 +96,18 @@ class FixRow:
             return None
         return self.predicted_wall_s / self.measured_wall_s
 
+    @property
+    def ratio_here(self) -> float | None:
+        """The same with the prediction on this host's rates."""
+        ok = self.predicted_here_wall_s is not None and (self.measured_wall_s or 0) > 0
+        return self.predicted_here_wall_s / self.measured_wall_s if ok else None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.__dict__,
             "measured_spread_s": self.measured_spread_s,
             "ratio": self.ratio,
+            "ratio_here": self.ratio_here,
             "within_noise": self.within_noise,
         }
 
@@ -112,6 +122,8 @@ class LoopResult:
     audit: Any = field(repr=False, default=None)
     optimize_report: Any = field(repr=False, default=None)
     failed: dict[str, str] = field(default_factory=dict)
+    host_scale: float | None = None
+    """This host's issue time of the step as given over the audit's (host_here.py)."""
 
     @property
     def speedup(self) -> float:
@@ -126,6 +138,7 @@ class LoopResult:
             "stages": {k: s.to_dict() for k, s in self.stages.items()},
             "fixes": [r.to_dict() for r in self.rows],
             "speedup": self.speedup,
+            "host_scale": self.host_scale,
             "failed": self.failed,
             "optimize": self.optimize_report.to_dict() if self.optimize_report else None,
         }
@@ -216,6 +229,16 @@ def loop(
     say("predicting each stage's step")
     expected = _expected(specs, built, report, predicted, gpu, mode)
     rows = _rows(stages, expected, predicted, places)
+    scale = host_scale(stages.get(GIVEN), report.step.host_s if report.step else None)
+    if scale is not None:
+        say(f"predicting each stage again on this host's rates (x {scale:.2f} the profile's)")
+        here = scaled_target(gpu, scale)
+        report_here = audit(model, inputs, here, dtype=_dtype(model), train=True, mode=mode,
+                            optimizer=make_optimizer(model, batch, optimizer))  # fmt: skip
+        ahead = _expected(specs, built, report_here, predictions(report_here), here, mode)
+        for row, before in zip(rows, stages, strict=False):
+            if before in ahead and row.stage in ahead:
+                row.predicted_here_wall_s = ahead[before][1] - ahead[row.stage][1]
     return LoopResult(
         model=name or type(model).__name__,
         mode=mode,
@@ -225,6 +248,7 @@ def loop(
         audit=report,
         optimize_report=_last_report(built),
         failed=failed,
+        host_scale=scale,
     )
 
 
@@ -297,7 +321,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             graphed = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                             train=True, mode="graph", optimizer=step.optimizer)  # fmt: skip
             gpu_s = out[previous][0]
-            out[stage] = (gpu_s, wall_clock_s(gpu_s, graphed.step.host_s))
+            out[stage] = (gpu_s, wall_clock_s(gpu_s, graphed.step.host_s, graphed.step.spread))
         else:
             # graph-layers replays the layers from CUDA graphs: its stage and every stage built
             # on it priced as the audit's graph mode (their layers' dispatch is replayed too)

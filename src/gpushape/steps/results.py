@@ -23,7 +23,7 @@ BENCH_COLUMNS = (
 LOOP_COLUMNS = (
     "date_utc", "gpu", "torch", "triton", "model", "mode", "fix", "places",
     "predicted_gpu_ms", "predicted_wall_ms", "measured_wall_ms", "measured_gpu_ms",
-    "predicted_over_measured", "step_ms_after", "command",
+    "predicted_over_measured", "step_ms_after", "command", "predicted_here_wall_ms", "host_scale",
 )  # fmt: skip
 
 
@@ -83,6 +83,8 @@ def loop_rows(result: LoopResult, env: dict[str, Any]) -> list[dict[str, Any]]:
             "measured_gpu_ms": _num(r.measured_gpu_s, 1e3),
             "predicted_over_measured": _num(r.ratio, 1, 2),
             "step_ms_after": _num(result.stages[r.stage].median_s, 1e3),
+            "predicted_here_wall_ms": _num(r.predicted_here_wall_s, 1e3),
+            "host_scale": _num(result.host_scale, 1, 2),
         }
         for r in result.rows
     ]
@@ -209,13 +211,17 @@ def kernels_table(result: BenchResult, console: Console, top: int) -> None:
 def loop_table(result: LoopResult, console: Console) -> None:
     title = f"{result.model}, {result.mode} mode: each fix, predicted beside measured"
     table = Table(title=escape(title), title_justify="left")
-    for col in ("stage", "places", "step ms", "predicted ms", "measured ms", "rounds",
-                "GPU: predicted", "GPU: measured", "pred/meas"):  # fmt: skip
+    here = result.host_scale is not None
+    columns = ["stage", "places", "step ms", "predicted ms", "measured ms", "rounds",
+               "GPU: predicted", "GPU: measured", "pred/meas"]  # fmt: skip
+    if here:
+        columns += ["this host: predicted ms", "pred/meas"]
+    for col in columns:
         table.add_column(col, justify="left" if col == "stage" else "right")
     given = result.stages["as given"]
-    table.add_row("as given", "", f"{given.median_s * 1e3:,.2f}", "", "", "", "", "", "")
+    table.add_row("as given", "", f"{given.median_s * 1e3:,.2f}", *[""] * (len(columns) - 3))
     for r in result.rows:
-        table.add_row(
+        cells = [
             escape(r.stage),
             str(r.places),
             f"{result.stages[r.stage].median_s * 1e3:,.2f}",
@@ -225,8 +231,17 @@ def loop_table(result: LoopResult, console: Console) -> None:
             _num(r.predicted_gpu_s, 1e3),
             _num(r.measured_gpu_s, 1e3) or "-",
             _verdict(r),
-        )
+        ]
+        if here:
+            cells += [_num(r.predicted_here_wall_s, 1e3) or "-", _verdict(r, here=True)]
+        table.add_row(*cells)
     console.print(table)
+    if here:
+        console.print(
+            f"this host: each stage predicted again with the profile's host rates x "
+            f"{result.host_scale:.2f}, this host's issue time of the step as given over the "
+            "audit's (steps/host_here.py)"
+        )
     console.print(
         f"all fixes: {result.speedup:.2f}x the step as given (measured; ms are per step, "
         "savings of each fix on top of the ones above it; rounds: the lowest and highest "
@@ -308,9 +323,10 @@ def _rounds(r) -> str:
     return f"{lo * 1e3:,.2f}..{hi * 1e3:,.2f}"
 
 
-def _verdict(r) -> str:
+def _verdict(r, here: bool = False) -> str:
+    ratio = r.ratio_here if here else r.ratio
     if r.within_noise:
         return "within noise"
-    if r.ratio is not None:
-        return f"{r.ratio:.2f}"
+    if ratio is not None:
+        return f"{ratio:.2f}"
     return "slower" if (r.measured_wall_s or 0.0) < 0 else "-"

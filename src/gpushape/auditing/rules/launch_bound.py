@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 from ..context import AuditContext
 from ..finding import Finding
-from ..modes import step_time, wall_clock_s
+from ..modes import host_spread, step_time, wall_clock_s
 from ..registry import register_rule
 
 RULE = "launch-bound"
@@ -43,12 +43,13 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     # the host's whole dispatch where the profile measured its rates (tracing/host.py): the
     # Python, autograd and library set-up around the launches, which a graph skips as well
     host_s = max(step_time(ctx, "eager").host_s, eager_s)
-    saving_s = wall_clock_s(gpu_s, host_s) - wall_clock_s(gpu_s, graph_s)
+    spread = host_spread(ctx.gpu)
+    saving_s = wall_clock_s(gpu_s, host_s, spread) - wall_clock_s(gpu_s, graph_s, spread)
     # compiled, Inductor's wrapper issues each kernel from Python (modes.py): a step whose GPU
     # work hides the eager launches can still wait on the compiled host
     compiled = step_time(ctx, "compile")
     replayed_s = compiled.kernels * achievable.graph_launch_overhead_s
-    compiled_s = compiled.wall_s - wall_clock_s(compiled.gpu_s, replayed_s)
+    compiled_s = compiled.wall_s - wall_clock_s(compiled.gpu_s, replayed_s, spread)
     if saving_s <= 0 and compiled_s <= 0:
         return
     short = sum(
