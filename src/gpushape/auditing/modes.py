@@ -324,6 +324,13 @@ def in_mode(findings: Sequence[Finding], ctx: AuditContext, mode: str) -> list[F
                 f"wrapper) against {step.gpu_s * 1e3:,.2f} ms of GPU work: torch.compile's "
                 'mode="reduce-overhead" replays the compiled kernels from CUDA graphs'
             )
+            rate = compiled_kernel_s(ctx.gpu.achievable.host or {})
+            if rate and host_spread(ctx.gpu) >= HOST_SPREAD:  # the profile's hosts, not this one
+                message += (
+                    f" ({step.kernels} kernels at {rate * 1e6:.0f} us each, the profile's hosts; "
+                    "hosts differ by up to 2x: `gpushape bench MODEL --optimize --mode compile` "
+                    "prices it on yours)"
+                )
             # what a CUDA graph saves is wall time, the compiled step's, not the eager launches
             f = dataclasses.replace(f, est_saving_s=wall)
             severity = severity_for_share(wall / step.wall_s if step.wall_s > 0 else None)
