@@ -114,7 +114,8 @@ def _recheck(path: Path, data: dict, gpu) -> dict:
     expected = _expected(specs, built, report, predicted, gpu, mode)
     # the loop's second prediction: the host's rates scaled to the run's own host, from its
     # issue time of the step as given (steps/host_here.py)
-    given = SimpleNamespace(issue_s=data["stages"][GIVEN].get("issue_s"))
+    stage = data["stages"][GIVEN]
+    given = SimpleNamespace(issue_s=stage.get("issue_s"), gpu_busy_s=stage.get("gpu_busy_s"))
     scale = host_scale(given, report.step.host_s if report.step else None)
     here = None
     if scale is not None:

@@ -16,9 +16,9 @@ from transforms.nets import ConvNet
 FAST = dict(rounds=2, block=1, warmup=1)
 
 
-def _given(issue_s: float | None) -> StepStats:
+def _given(issue_s: float | None, busy_s: float | None = None) -> StepStats:
     return StepStats(variant="as given", step_times_s=(0.01,), warmup_s=0.0, samples=2, tokens=0,
-                     issue_s=issue_s)  # fmt: skip
+                     issue_s=issue_s, gpu_busy_s=busy_s)  # fmt: skip
 
 
 def test_the_scale_is_the_measured_issue_over_the_audits_host():
@@ -26,6 +26,11 @@ def test_the_scale_is_the_measured_issue_over_the_audits_host():
     assert host_scale(_given(None), 0.02) is None  # no CUDA: the CPU ran the step itself
     assert host_scale(_given(0.03), 0.0) is None and host_scale(None, 0.02) is None
     assert host_scale(_given(0.3), 0.02) is None  # 15x: a host that waited on something else
+    # issued in about its GPU time: the host may have waited on the GPU, so the issue time
+    # bounds the host's from above and only lowers the profile's rates
+    assert host_scale(_given(0.04, busy_s=0.041), 0.02) == 1.0
+    assert host_scale(_given(0.015, busy_s=0.016), 0.02) == pytest.approx(0.75)
+    assert host_scale(_given(0.03, busy_s=0.06), 0.02) == pytest.approx(1.5)  # its own time
 
 
 def test_a_scaled_target_scales_every_host_rate_and_nothing_else():

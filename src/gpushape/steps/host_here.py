@@ -33,12 +33,24 @@ HERE_SPREAD = 0.1
 SANE = (0.2, 5.0)
 
 
+# a step issued in this share of its GPU time or more may have made the host wait on the GPU
+# (a full launch queue, a sync): its issue time is then an upper bound of the host's own
+WAITED = 0.9
+
+
 def host_scale(given: StepStats | None, predicted_host_s: float | None) -> float | None:
     """This host's issue time of the step as given over the audit's host time for it; None
-    where either is unknown (no CUDA: the CPU runs the step itself) or the ratio is not sane."""
+    where either is unknown (no CUDA: the CPU runs the step itself) or the ratio is not sane.
+    Where the issue time may include a wait on the GPU (`WAITED`) it bounds the host's from
+    above, so it only lowers the profile's rates (a GPU-bound eager GPT-2 step issued in 2.4x
+    the audit's host time, about its GPU time, on a lease where its fixes' GPU savings all
+    reached the wall clock)."""
     if given is None or given.issue_s is None or not predicted_host_s or predicted_host_s <= 0:
         return None
     scale = given.issue_s / predicted_host_s
+    busy = given.gpu_busy_s
+    if busy is not None and given.issue_s >= WAITED * busy:
+        scale = min(scale, 1.0)
     return scale if SANE[0] <= scale <= SANE[1] else None
 
 
