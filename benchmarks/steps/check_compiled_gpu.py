@@ -4,7 +4,9 @@ For each committed run that compiled a model as given (a `gpushape bench` varian
 the stage "as given" of a compile-mode loop), the model is rebuilt on the meta device at the
 batch it ran and audited in compile mode; the predicted GPU time of the step is set beside the
 GPU busy time torch.profiler measured (kernels, copies and memsets, one step). The eager
-prediction is shown too: what Inductor's fusion is priced to save.
+prediction is shown too: what Inductor's fusion is priced to save. Hugging Face models are
+audited as the runs' transformers (5.17) built them under torch.compile: with an all-true
+attention mask, whose cost is in the compiled step (`materialized-attention-mask`).
 
     python benchmarks/steps/check_compiled_gpu.py \\
         [--out benchmarks/results/steps-h200/compiled_gpu.json]
@@ -13,7 +15,6 @@ prediction is shown too: what Inductor's fusion is priced to save.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,39 +25,38 @@ from gpushape.auditing.api import audit  # noqa: E402
 from gpushape.bench import write_results  # noqa: E402
 from gpushape.models import resolve_model  # noqa: E402
 
-RESULTS = ROOT / "benchmarks/results"
-LLAMA = (
-    "hf:llama?hidden_size=1024&intermediate_size=2816&num_hidden_layers=8"
-    "&num_attention_heads=16&num_key_value_heads=4&vocab_size=32000"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fit_compile_host import LLAMA_LOOP, _stats  # noqa: E402
+from fit_compile_host import RUNS as HOST_RUNS  # noqa: E402
+
+# of the compiled steps fit_compile_host.py reads, one per model and batch: the newest lease's
+# where it ran the model, each step as given (a loop's stage "as given", a bench's `compile`)
+CHECKED = (
+    "loops-h200-5/loop-timm_vit_base_patch16_224-compile.json",
+    "loops-h200-5/loop-hf_gpt2-compile.json",
+    "loops-h200-5/loop-timm_convnext_tiny-compile.json",
+    "loops-h200-5/loop-timm_swin_tiny_patch4_window7_224-compile.json",
+    "loops-h200-5/" + LLAMA_LOOP,
+    "loops-h200-4/loop-timm_mobilenetv3_large_100-compile.json",
+    "loops-h200-4/loop-timm_efficientnet_b0-compile.json",
+    "bench-h200/gpt2-b32.json",
+    "bench-h200/resnet50.json",
 )
+RUNS = tuple(run for name in CHECKED for run in HOST_RUNS if run[0] == name)
 
 
-def _stem(model: str) -> str:
-    return "".join("_" if c in ":/?&=" else c for c in model)
+def _as_the_run_had_it(model: str):
+    """The GPU runs' transformers (5.17) built an all-true attention mask while compiling, which
+    later releases do not: a Hugging Face model is audited with that release's behaviour
+    emulated (tests/_hf_masks.py), so its compiled step carries the mask's cost as it ran."""
+    import contextlib
 
+    if not model.startswith("hf:"):
+        return contextlib.nullcontext()
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _hf_masks import old_masks
 
-# (result file, variant or loop stage, model, batch or --input spec)
-RUNS = (
-    ("loops-h200-5/loop-timm_vit_base_patch16_224-compile.json", "as given",
-     "timm:vit_base_patch16_224", None),
-    ("loops-h200-5/loop-hf_gpt2-compile.json", "as given", "hf:gpt2", None),
-    ("loops-h200-5/loop-timm_convnext_tiny-compile.json", "as given", "timm:convnext_tiny", None),
-    ("loops-h200-5/loop-timm_swin_tiny_patch4_window7_224-compile.json", "as given",
-     "timm:swin_tiny_patch4_window7_224", None),
-    (f"loops-h200-5/loop-{_stem(LLAMA)}-compile.json", "as given", LLAMA, None),
-    ("loops-h200-4/loop-timm_mobilenetv3_large_100-compile.json", "as given",
-     "timm:mobilenetv3_large_100", None),
-    ("loops-h200-4/loop-timm_efficientnet_b0-compile.json", "as given",
-     "timm:efficientnet_b0", None),
-    ("bench-h200/gpt2-b32.json", "compile", "hf:gpt2", 32),
-    ("bench-h200/resnet50.json", "compile", "torchvision.models:resnet50",
-     "256x3x224x224:bf16"),
-)  # fmt: skip
-
-
-def _stats(name: str, variant: str) -> dict:
-    data = json.loads((RESULTS / name).read_text())
-    return data["stages"][variant] if "stages" in data else data["variants"][variant]
+    return old_masks()
 
 
 def predict(model: str, batch) -> dict[str, float]:
@@ -65,9 +65,10 @@ def predict(model: str, batch) -> dict[str, float]:
     else:
         r = resolve_model(model, batch=batch)
     out = {}
-    for mode in ("eager", "compile"):
-        report = audit(r.model, r.example_inputs, "h200-sxm", train=True, mode=mode)
-        out[mode] = report.step.gpu_s
+    with _as_the_run_had_it(model):
+        for mode in ("eager", "compile"):
+            report = audit(r.model, r.example_inputs, "h200-sxm", train=True, mode=mode)
+            out[mode] = report.step.gpu_s
     return out
 
 

@@ -280,3 +280,17 @@ def hf_gpt2(use_cache: bool = True) -> nn.Module:
     )
     config._attn_implementation = "sdpa"
     return transformers.GPT2LMHeadModel(config)
+
+
+class ManyOpsRmsNorm(nn.Module):
+    """Hugging Face's RMSNorm as written: a chain of small eager ops (six each way), which
+    Inductor fuses into one reduction's kernels."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h.to(x.dtype)

@@ -17,18 +17,7 @@ from gpushape.auditing.pricing.inductor_fusion import (
 from gpushape.auditing.pricing.inductor_kernels import is_extern
 from gpushape.hardware import get_gpu
 
-
-class _ManyOpsRmsNorm(nn.Module):
-    """Hugging Face's RMSNorm as written: a chain of small eager ops."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-
-    def forward(self, x):
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
-        return self.weight * h.to(x.dtype)
+from .models import ManyOpsRmsNorm
 
 
 def _ctx(model: nn.Module, *shape: int, train: bool = True) -> AuditContext:
@@ -54,7 +43,7 @@ def test_views_share_their_base_storage_and_new_tensors_get_their_own():
 
 
 def test_a_chain_between_two_gemms_keeps_only_its_edges():
-    ctx = _ctx(nn.Sequential(nn.Linear(256, 256), _ManyOpsRmsNorm(256), nn.Linear(256, 256)),
+    ctx = _ctx(nn.Sequential(nn.Linear(256, 256), ManyOpsRmsNorm(256), nn.Linear(256, 256)),
                4096, 256, train=False)  # fmt: skip
     (run,) = runs(ctx.trace, ctx.cost)  # the norm's ops, between the two GEMMs
     assert len(run) >= 5
@@ -103,7 +92,7 @@ def test_a_depthwise_convolution_is_an_extern_kernel():
 
 
 def test_compile_mode_prices_a_decoder_norm_below_its_eager_kernels():
-    model = nn.Sequential(nn.Linear(512, 512), _ManyOpsRmsNorm(512), nn.Linear(512, 512))
+    model = nn.Sequential(nn.Linear(512, 512), ManyOpsRmsNorm(512), nn.Linear(512, 512))
     x = torch.empty(8192, 512, device="meta", dtype=torch.bfloat16)
     model = model.to(device="meta", dtype=torch.bfloat16)
     eager = gpushape.audit(model, (x,), "h200", train=True, mode="eager").step.gpu_s

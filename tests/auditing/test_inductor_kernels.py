@@ -11,6 +11,8 @@ import gpushape
 from gpushape.auditing.modes import compiled_kernels
 from gpushape.auditing.pricing.inductor_kernels import PER_UNIT, compiled_units
 
+from .models import ManyOpsRmsNorm
+
 
 class _Mlp(nn.Module):
     """Two GEMMs with `norm` between them."""
@@ -23,19 +25,6 @@ class _Mlp(nn.Module):
         return self.b(self.norm(self.a(x)))
 
 
-class _ManyOpsRmsNorm(nn.Module):
-    """Hugging Face's RMSNorm as written: six eager ops."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-
-    def forward(self, x):
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
-        return self.weight * h.to(x.dtype)
-
-
 def _units(model: nn.Module, *shape: int) -> tuple[int, int]:
     """(compiled units, eager kernels) of a bf16 training step."""
     x = torch.empty(*shape, device="meta", dtype=torch.bfloat16)
@@ -46,7 +35,7 @@ def _units(model: nn.Module, *shape: int) -> tuple[int, int]:
 
 
 def test_a_norm_written_as_many_ops_compiles_to_about_the_kernels_of_a_fused_one():
-    many, many_eager = _units(_Mlp(_ManyOpsRmsNorm(256)), 4096, 256)
+    many, many_eager = _units(_Mlp(ManyOpsRmsNorm(256)), 4096, 256)
     one, one_eager = _units(_Mlp(nn.LayerNorm(256)), 4096, 256)  # one aten op each way
     assert many_eager > one_eager + 5  # eager: each small op its own kernel
     assert abs(many - one) <= 2  # compiled: Inductor fuses them into the reductions'

@@ -230,8 +230,8 @@ def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) ->
     (tracing/host.py); graph mode: the graph's launches; compile mode: each kernel at the
     host's measured cost per kernel of a compiled step (`COMPILED_KERNEL`), else a launch, and
     the GPU's side less what Inductor does by itself (`compiled_gpu_saving_s`; of `findings`,
-    the rules' findings before `in_mode`). Measured on the H200, compiled: nine models' GPU
-    work at 0.80-1.21 of this prediction (benchmarks/steps/check_compiled_gpu.py)."""
+    the rules' findings before `in_mode`). Compiled on the H200, nine models' GPU work was
+    predicted at 0.89-1.21 of what it measured (benchmarks/steps/check_compiled_gpu.py)."""
     totals, achievable = ctx.cost.totals, ctx.gpu.achievable
     # what the step runs in this mode beyond the eager trace (transformers' all-true mask under
     # compile and capture: materialized-attention-mask), so a fix of it is priced on that step
