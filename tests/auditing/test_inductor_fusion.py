@@ -104,3 +104,19 @@ def _readers(ctx: AuditContext):
     from gpushape.auditing.pricing.inductor_fusion import _readers as readers
 
     return readers(ctx.trace)
+
+
+def test_a_trace_on_a_real_device_numbers_no_storages_and_prices_no_fusion():
+    """Keeping every storage alive until the trace ends costs nothing on meta, the memory of
+    every intermediate on a real device: there the tracer records none, and compile mode
+    prices Inductor's fusions by the findings alone."""
+    from gpushape.auditing.pricing.inductor_fusion import has_storages
+
+    model = nn.Sequential(nn.Linear(64, 64), ManyOpsRmsNorm(64), nn.Linear(64, 64))
+    x = torch.randn(32, 64)
+    on_cpu = gpushape.trace(model, (x,), train=True, device="cpu")
+    assert not has_storages(on_cpu)
+    gpu = get_gpu("h200-sxm")
+    ctx = AuditContext(trace=on_cpu, cost=gpushape.cost(on_cpu, gpu), gpu=gpu)
+    assert compiled_fusion_saving_s(ctx) == 0.0
+    assert has_storages(gpushape.trace(model.to("meta"), (x.to("meta"),), train=True))

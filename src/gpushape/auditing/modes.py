@@ -37,7 +37,7 @@ from .context import AuditContext
 from .finding import TIME_SHARE_THRESHOLDS, Finding, Severity, severity_for_share
 from .host_effect import host_saving_s
 from .pricing.column_sum import column_sums, compiled_column_sum_saving_s
-from .pricing.inductor_fusion import compiled_fusion_saving_s
+from .pricing.inductor_fusion import compiled_fusion_saving_s, has_storages
 from .pricing.inductor_kernels import compiled_kernels_of
 from .pricing.loss import compiled_loss_saving_s, loss_chain
 from .pricing.optimizer_step import foreach_host_s
@@ -219,13 +219,14 @@ def compiled_gpu_saving_s(ctx: AuditContext, findings: Sequence[Finding] = ()) -
     saving = compiled_loss_saving_s(ctx) + compiled_column_sum_saving_s(ctx)
     own = {r.index for r in loss_chain(ctx.trace)[0]} | set(column_sums(ctx.trace))
     does = [f for f in findings if inductor_does(f)]
-    # where a rule prices a fusion Inductor makes (a normalization and its activation at the
-    # fused kernel's measured rate), its pricing; the dataflow elsewhere
-    priced = [f for f in does if f.fix in FUSED_FIXES and f.replaces]
-    for f in priced:
-        own |= f.replaces
-    saving += compiled_fusion_saving_s(ctx, exclude=own)
-    does = [f for f in does if f.fix not in FUSED_FIXES or f in priced]
+    if has_storages(ctx.trace):
+        # where a rule prices a fusion Inductor makes (a normalization and its activation at
+        # the fused kernel's measured rate), its pricing; the dataflow elsewhere
+        priced = [f for f in does if f.fix in FUSED_FIXES and f.replaces]
+        for f in priced:
+            own |= f.replaces
+        saving += compiled_fusion_saving_s(ctx, exclude=own)
+        does = [f for f in does if f.fix not in FUSED_FIXES or f in priced]
     if does:
         saving += combine(does, ctx)[1].saving_s
     return saving

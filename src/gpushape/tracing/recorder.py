@@ -207,8 +207,8 @@ class Recorder(TorchDispatchMode):
         self.seq_to_op: dict[int, int] = {}
         self.last_seq = torch._C._autograd._get_sequence_nr()
         self.schemas: dict[Any, _Schema] = {}
-        # storage -> its number in this trace; the storages are kept alive while it records, so
-        # that no freed one's address is taken for a new one's
+        # storage -> its number in this trace (meta only); the storages are kept alive while it
+        # records, so that no freed one's address is taken for a new one's
         self.storages: dict[int, int] = {}
         self._kept: list[Any] = []
 
@@ -278,7 +278,11 @@ class Recorder(TorchDispatchMode):
         )
 
     def _storage(self, t: torch.Tensor) -> int | None:
-        """The number of the memory `t` views (module docstring of records.TensorMeta)."""
+        """The number of the memory `t` views (module docstring of records.TensorMeta). Only on
+        the meta device, where keeping every storage alive until the trace ends costs no
+        memory; a trace on a real device records none."""
+        if self.device != "meta":
+            return None
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested: no single storage

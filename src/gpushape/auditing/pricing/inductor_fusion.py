@@ -88,12 +88,18 @@ def outside_share(run: list[Any], readers: dict[int, list[int]]) -> dict[int, fl
     return shares
 
 
+def has_storages(trace: Any) -> bool:
+    """Whether the trace numbered its tensors' storages (a meta trace does; one on a real
+    device, or one saved before storages were recorded, does not)."""
+    return any(t.storage is not None for r in trace.ops for t in r.outputs)
+
+
 def compiled_fusion_saving_s(ctx: Any, exclude: Iterable[int] = ()) -> float:
     """GPU seconds the traced eager step's fused ops cost beyond Inductor's kernels (module
     docstring); ops in `exclude` (trace indices: ones priced by their own compiled model, as
     the cross-entropy's) are left as they are."""
-    if not any(t.storage is not None for r in ctx.trace.ops for t in r.outputs):
-        return 0.0  # a trace recorded without storages (one saved before they were)
+    if not has_storages(ctx.trace):
+        return 0.0  # no dataflow to follow
     skip = set(exclude)
     readers = _readers(ctx.trace)
     records = {r.index: r for r in ctx.trace.ops}
