@@ -49,7 +49,8 @@ class TensorMeta:
     `same_as` is the position of an earlier input of the same op that is the very same tensor
     (x * x), so that it is counted as read once. `storage` names the memory the tensor views,
     the same number for every view of it within one trace (None where the tracer could not
-    tell, and in a trace on a real device): which op's output another op reads, for pricing what Inductor fuses.
+    tell, and in a trace on a real device): which op's output another op reads, for pricing
+    what Inductor fuses.
     """
 
     shape: tuple[int, ...]
