@@ -61,3 +61,21 @@ def test_the_loop_predicts_again_on_this_hosts_rates(monkeypatch):
     doc = result.to_dict()
     assert doc["host_scale"] == result.host_scale
     assert "ratio_here" in doc["fixes"][0]
+
+
+@pytest.mark.gpu
+def test_a_compiled_loop_on_a_gpu_predicts_on_its_own_host():
+    """On a GPU the step as given's issue time is measured, so every fix gets its second
+    prediction; and each stage compiles (none hits Dynamo's recompile limit and runs eager:
+    a stage's kernels stay near the step as given's, not the eager step's)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        *[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.LayerNorm(256))
+          for _ in range(4)]
+    ).cuda().to(torch.bfloat16)  # fmt: skip
+    x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    result = loop(model, (x,), mode="compile", gpu="h200", rounds=2, block=2, warmup=2)
+    assert result.host_scale is not None
+    assert all(r.predicted_here_wall_s is not None for r in result.rows)
+    given = result.stages["as given"].kernels
+    assert all(s.kernels <= 2 * given for s in result.stages.values() if s.kernels)
