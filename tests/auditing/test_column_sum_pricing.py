@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import gpushape
-from gpushape.auditing import modes
+from gpushape.auditing import inductor as modes  # where compile mode prices them
 from gpushape.hardware import calibrated
 
 

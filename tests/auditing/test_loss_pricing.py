@@ -39,7 +39,7 @@ def test_a_training_audit_traces_the_models_own_loss_and_inference_does_not():
 
 
 def test_under_compile_the_loss_is_priced_as_inductors_fused_kernels(monkeypatch):
-    from gpushape.auditing import modes
+    from gpushape.auditing import inductor as modes  # where compile mode prices them
     from gpushape.hardware import calibrated
     from gpushape.models.labels import with_labels
 

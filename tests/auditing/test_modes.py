@@ -178,7 +178,7 @@ def test_compile_mode_takes_what_inductor_does_off_the_gpu_side(gpt2, monkeypatc
     fusion does not cover (the padded vocabulary GEMM, tc-align), the traffic between the ops it
     fuses (pricing/inductor_fusion.py, which covers unfused-norm-act's fix), and its bias
     gradients' column sums at its own rate (pricing/column_sum.py), apart here."""
-    from gpushape.auditing import modes
+    from gpushape.auditing import inductor as modes  # where compile mode prices them
 
     eager, compiled = gpt2["eager"], gpt2["compile"]
     done = [f for f in compiled.findings if f.evidence.get("saving_outside_mode_s")]
