@@ -115,7 +115,12 @@ def _recheck(path: Path, data: dict, gpu) -> dict:
     # the loop's second prediction: the host's rates scaled to the run's own host, from its
     # issue time of the step as given (steps/host_here.py)
     stage = data["stages"][GIVEN]
-    given = SimpleNamespace(issue_s=stage.get("issue_s"), gpu_busy_s=stage.get("gpu_busy_s"))
+    given = SimpleNamespace(
+        issue_s=stage.get("issue_s"),
+        gpu_busy_s=stage.get("gpu_busy_s"),
+        median_s=stage["median_s"],
+        step_times_s=stage["step_times_s"],
+    )
     scale = host_scale(given, report.step.host_s if report.step else None)
     here = None
     if scale is not None:

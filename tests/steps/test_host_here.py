@@ -16,9 +16,9 @@ from transforms.nets import ConvNet
 FAST = dict(rounds=2, block=1, warmup=1)
 
 
-def _given(issue_s: float | None, busy_s: float | None = None) -> StepStats:
-    return StepStats(variant="as given", step_times_s=(0.01,), warmup_s=0.0, samples=2, tokens=0,
-                     issue_s=issue_s, gpu_busy_s=busy_s)  # fmt: skip
+def _given(issue_s: float | None, busy_s: float | None = None, step_s: float = 1.0) -> StepStats:
+    return StepStats(variant="as given", step_times_s=(step_s,), warmup_s=0.0, samples=2,
+                     tokens=0, issue_s=issue_s, gpu_busy_s=busy_s)  # fmt: skip
 
 
 def test_the_scale_is_the_measured_issue_over_the_audits_host():
@@ -31,6 +31,8 @@ def test_the_scale_is_the_measured_issue_over_the_audits_host():
     assert host_scale(_given(0.04, busy_s=0.041), 0.02) == 1.0
     assert host_scale(_given(0.015, busy_s=0.016), 0.02) == pytest.approx(0.75)
     assert host_scale(_given(0.03, busy_s=0.06), 0.02) == pytest.approx(1.5)  # its own time
+    # the host issues every step in turn: its steady cost is at most the step's median
+    assert host_scale(_given(0.03, step_s=0.025), 0.02) == pytest.approx(1.25)
 
 
 def test_a_scaled_target_scales_every_host_rate_and_nothing_else():
@@ -56,7 +58,8 @@ def test_the_loop_predicts_again_on_this_hosts_rates(monkeypatch):
     monkeypatch.setattr(run, "issue_time", lambda step, cuda=None: 0.005)
     result = loop(ConvNet(), (torch.zeros(2, 3, 16, 16),), gpu="h200", **FAST)
     assert result.host_scale is not None
-    assert result.host_scale == pytest.approx(0.005 / result.audit.step.host_s)
+    issued = min(0.005, result.stages["as given"].median_s)  # at most a step's median
+    assert result.host_scale == pytest.approx(issued / result.audit.step.host_s)
     assert all(r.predicted_here_wall_s is not None for r in result.rows)
     doc = result.to_dict()
     assert doc["host_scale"] == result.host_scale
