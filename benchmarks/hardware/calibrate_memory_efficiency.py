@@ -124,6 +124,8 @@ def _print_attention(rows: dict) -> None:
             f"{r['workload']:<46} {fwd:>6.3f} {r['tflops_fwd']:>8.0f} {bwd:>6.3f} "
             f"{r['tflops_bwd']:>8.0f}"
         )
+        if r.get("kernels"):  # what ran: cuDNN's kernel or the forced backend's
+            print("    " + ", ".join(k[:48] for k in r["kernels"][:4]))
 
 
 def _print_memory(rows: dict) -> None:

@@ -167,3 +167,35 @@ def test_attention_rates_are_read_from_a_profile_and_looked_up_by_kernel():
     assert a.attention_rate("efficient", False, False, False, 64) == 1.0
     assert a.attention_rate("cudnn", True, False, False, 64) == 1.0
     assert get_gpu("h100").achievable.attention_rate("flash", False, False, False, 64) == 1.0
+
+
+def test_a_flash_call_takes_the_rate_of_what_sdpa_picks_by_itself_and_grouped_query_its_own():
+    from gpushape.hardware import get_gpu
+    from gpushape.hardware.profile import apply_profile
+
+    profile = {
+        "format": "gpushape-profile",
+        "version": 1,
+        "gpu": "h200-sxm",
+        "attention": {
+            "flash/causal/d64": {"flash/fwd/causal/d64": 0.24, "flash/bwd/causal/d64": 0.19},
+            "default/causal/d64": {"default/fwd/causal/d64": 0.5, "default/bwd/causal/d64": 0.4},
+            "default/causal/gqa/d64": {
+                "default/fwd/causal/gqa/d64": 0.3,
+                "default/bwd/causal/gqa/d64": 0.2,
+            },
+            "efficient/d64": {"efficient/fwd/d64": 0.16, "efficient/bwd/d64": 0.13},
+        },
+    }
+    a = apply_profile(get_gpu("h200"), profile).achievable
+    # SDPA's own choice (cuDNN's kernel on the H200) rather than the forced flash kernel
+    assert a.attention_rate("flash", False, False, True, 64) == 0.5
+    assert a.attention_rate("flash", True, False, True, 64, gqa=True) == 0.2
+    # a causal row never stands in for a full one: none measured here, the GEMM model's rate
+    assert a.attention_rate("flash", False, False, False, 64, gqa=True) == 1.0
+    # other backends keep their own
+    assert a.attention_rate("efficient", False, False, False, 64) == 0.16
+    # a profile without "default" rows: the flash kernel's, as before
+    old = {**profile, "attention": {"flash/causal/d64": profile["attention"]["flash/causal/d64"]}}
+    b = apply_profile(get_gpu("h200"), old).achievable
+    assert b.attention_rate("flash", False, False, True, 64, gqa=True) == 0.24

@@ -112,26 +112,36 @@ class Achievable:
         return self.memory_efficiency.get(family, 1.0) if family else 1.0
 
     def attention_rate(
-        self, backend: str, backward: bool, dropout: bool, causal: bool, head_dim: int
+        self,
+        backend: str,
+        backward: bool,
+        dropout: bool,
+        causal: bool,
+        head_dim: int,
+        gqa: bool = False,
     ) -> float:
         """The measured factor for one fused attention kernel (1 when nothing fits): the
         configuration with the same backend, pass and flags at the nearest measured head size;
-        failing that, without the causal flag, then without dropout."""
+        failing that, without the grouped-query flag, then without the causal flag, then
+        without dropout. A flash call is priced at the rate of what SDPA picks by itself
+        ("default", probe/attention.py: cuDNN's kernel on the H200) where that was measured."""
         if not self.attention or head_dim <= 0:
             return 1.0
+        for name in ("default", "flash") if backend == "flash" else (backend,):
+            rate = self._attention_rate(name, backward, dropout, causal, head_dim, gqa)
+            if rate is not None:
+                return rate
+        return 1.0
+
+    def _attention_rate(
+        self, backend: str, backward: bool, dropout: bool, causal: bool, head_dim: int, gqa: bool
+    ) -> float | None:
         stage = "bwd" if backward else "fwd"
-        for flags in ((dropout, causal), (dropout, False), (False, causal), (False, False)):
-            prefix = (
-                "/".join(
-                    (
-                        backend,
-                        stage,
-                        *(("dropout",) if flags[0] else ()),
-                        *(("causal",) if flags[1] else ()),
-                    )
-                )
-                + "/d"
-            )
+        tried = ((dropout, causal, gqa), (dropout, causal, False), (dropout, False, False),
+                 (False, causal, False), (False, False, False))  # fmt: skip
+        for flags in dict.fromkeys(tried):
+            named = (("dropout", flags[0]), ("causal", flags[1]), ("gqa", flags[2]))
+            prefix = "/".join((backend, stage, *(n for n, on in named if on))) + "/d"
             sizes = {
                 int(k[len(prefix) :]): v
                 for k, v in self.attention.items()
@@ -140,6 +150,7 @@ class Achievable:
             if sizes:
                 near = min(sizes, key=lambda d: (abs(math.log2(d / head_dim)), d))
                 return sizes[near]
+        return None
         return 1.0
 
 

@@ -13,6 +13,14 @@ CUDA graph, and the same call is traced by gpushape to get the model's time per 
 capped to [0.01, 1]. The profile keeps them under "attention"; the GEMM model multiplies an
 attention kernel's efficiency by the one measured for its backend, pass, dropout and causal
 flags at the nearest head size (`Achievable.attention_rate`).
+
+"flash" and "efficient" force that backend. "default" leaves the choice to PyTorch, as a model
+calling SDPA does: on the H200 with torch 2.11 a call the flash kernel could take ran cuDNN's
+kernel instead (GPT-2, BERT, ViT-B/16 and a LLaMA-style decoder under torch.compile all showed
+`cudnn_generated_fort_native_sdpa_sm90_flash_*`), whose causal kernel ran about twice as fast
+as the forced flash kernel's. The trace names such a call flash (tracing/routing.py), and the
+GEMM model takes the "default" rate for it where the profile has one. "gqa" configurations
+give K and V a quarter of Q's heads (`enable_gqa`). Each row names the kernels one call ran.
 """
 
 from __future__ import annotations
@@ -32,30 +40,42 @@ from .memory import capped, step_s
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    backend: str  # "flash" or "efficient" (torch.nn.attention.SDPBackend names, lower case)
+    # "flash" or "efficient" (torch.nn.attention.SDPBackend names, lower case), or "default":
+    # whatever SDPA picks by itself
+    backend: str
     head_dim: int
     dropout: float = 0.0
     causal: bool = False
+    gqa: bool = False  # K and V with a quarter of Q's heads, enable_gqa=True
 
     def key(self, backward: bool) -> str:
         """The profile's key: "flash/fwd/d64", "efficient/bwd/dropout/d128", ..."""
-        return attention_key(self.backend, backward, self.dropout > 0, self.causal, self.head_dim)
+        return attention_key(
+            self.backend, backward, self.dropout > 0, self.causal, self.head_dim, self.gqa
+        )
 
     @property
     def describe(self) -> str:
         extra = "".join(
-            (f", dropout {self.dropout}" if self.dropout else "", ", causal" if self.causal else "")
+            (
+                f", dropout {self.dropout}" if self.dropout else "",
+                ", causal" if self.causal else "",
+                ", grouped-query (4 query heads a K/V head)" if self.gqa else "",
+            )
         )
         return f"{self.backend} attention, head size {self.head_dim}{extra}"
 
 
-def attention_key(backend: str, backward: bool, dropout: bool, causal: bool, head_dim: int) -> str:
+def attention_key(
+    backend: str, backward: bool, dropout: bool, causal: bool, head_dim: int, gqa: bool = False
+) -> str:
     return "/".join(
         (
             backend,
             "bwd" if backward else "fwd",
             *(("dropout",) if dropout else ()),
             *(("causal",) if causal else ()),
+            *(("gqa",) if gqa else ()),
             f"d{head_dim}",
         )
     )
@@ -71,7 +91,16 @@ CONFIGS = (
     AttentionConfig("efficient", 64),
     AttentionConfig("efficient", 128),
     AttentionConfig("efficient", 64, dropout=0.1),
+    AttentionConfig("default", 64),
+    AttentionConfig("default", 128),
+    AttentionConfig("default", 64, dropout=0.1),
+    AttentionConfig("default", 64, causal=True),
+    AttentionConfig("default", 128, causal=True),
+    AttentionConfig("default", 64, dropout=0.1, causal=True),
+    AttentionConfig("default", 64, causal=True, gqa=True),
+    AttentionConfig("default", 128, causal=True, gqa=True),
 )
+GQA_GROUP = 4  # query heads a K/V head serves in the "gqa" configurations
 
 
 class _Attention(nn.Module):
@@ -80,9 +109,15 @@ class _Attention(nn.Module):
         self.cfg = cfg
 
     def forward(self, q, k, v):
+        extra = {"enable_gqa": True} if self.cfg.gqa else {}
         return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.cfg.dropout, is_causal=self.cfg.causal
+            q, k, v, dropout_p=self.cfg.dropout, is_causal=self.cfg.causal, **extra
         )
+
+
+def _heads(cfg: AttentionConfig, h: int) -> tuple[int, int]:
+    """(query heads, K/V heads) of the configuration's call."""
+    return h, (max(h // GQA_GROUP, 1) if cfg.gqa else h)
 
 
 def model_s(
@@ -95,9 +130,10 @@ def model_s(
 
     flat = spec.replace(achievable=dataclasses.replace(spec.achievable, attention={}))
     b, h, t = shape
+    hq, hkv = _heads(cfg, h)
     qkv = tuple(
-        torch.empty(b, h, t, cfg.head_dim, dtype=dtype, device="meta", requires_grad=True)
-        for _ in range(3)
+        torch.empty(b, heads, t, cfg.head_dim, dtype=dtype, device="meta", requires_grad=True)
+        for heads in (hq, hkv, hkv)
     )
     times, flops = {"forward": 0.0, "backward": 0.0}, {"forward": 0, "backward": 0}
     for rec in trace(_Attention(cfg), qkv, train=True).ops:
@@ -127,19 +163,20 @@ def measure_config(
     model_fwd, model_bwd, flops_fwd, flops_bwd = model_s(spec, cfg, shape, dtype)
     b, h, t = shape
     gen = torch.Generator(device="cpu").manual_seed(0)
+    hq, hkv = _heads(cfg, h)
     q, k, v = (
-        torch.randn(b, h, t, cfg.head_dim, generator=gen).to(device, dtype).requires_grad_()
-        for _ in range(3)
+        torch.randn(b, heads, t, cfg.head_dim, generator=gen).to(device, dtype).requires_grad_()
+        for heads in (hq, hkv, hkv)
     )
     attn = _Attention(cfg)
     cuda = torch.device(device).type == "cuda"
-    if cuda:
+    if cuda and cfg.backend != "default":
         from torch.nn.attention import sdpa_kernel
 
         def forward() -> Any:
             with sdpa_kernel(_backend(cfg.backend)):
                 return attn(q, k, v)
-    else:  # a smoke test: whatever CPU kernel PyTorch picks
+    else:  # PyTorch's own choice (on CPU, a smoke test: whatever CPU kernel it picks)
 
         def forward() -> Any:
             return attn(q, k, v)
@@ -155,6 +192,7 @@ def measure_config(
     fwd_s = step_s(forward_only, device, repeats)
     both_s = step_s(step, device, repeats)
     bwd_s = max(both_s - fwd_s, 0.0)
+    ran = kernels_run(step) if cuda else []
     return {
         cfg.key(False): capped(model_fwd, fwd_s),
         cfg.key(True): capped(model_bwd, bwd_s),
@@ -166,7 +204,23 @@ def measure_config(
         "model_bwd_s": model_bwd,
         "tflops_fwd": _tflops(flops_fwd, fwd_s),
         "tflops_bwd": _tflops(flops_bwd, bwd_s),
+        **({"kernels": ran} if ran else {}),
     }
+
+
+def kernels_run(fn: Any) -> list[str]:
+    """The CUDA kernels one call of `fn` launched, by name (cut at 100 characters), in order;
+    [] where the profiler cannot say."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    except (RuntimeError, AttributeError, AssertionError):
+        return []
+    return list(dict.fromkeys(n[:100] for n in names))
 
 
 def _tflops(flops: int, seconds: float) -> float:

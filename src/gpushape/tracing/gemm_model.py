@@ -255,7 +255,7 @@ def gemm_efficiency(
     kernel = gemm.attention
     if kernel is not None and kernel.backend:
         rate = gpu.achievable.attention_rate(
-            kernel.backend, kernel.backward, kernel.dropout, kernel.causal, gemm.k
+            kernel.backend, kernel.backward, kernel.dropout, kernel.causal, gemm.k, kernel.gqa
         )
     return GemmEfficiency(
         gemm=gemm,

@@ -88,7 +88,16 @@ def kernel_of(rec: OpRecord, backward: bool) -> AttentionKernel:
         backward=backward,
         dropout=float(rec.params.get("dropout_p", 0.0) or 0.0) > 0,
         causal=_causal(rec),
+        gqa=_grouped(rec),
     )
+
+
+def _grouped(rec: OpRecord) -> bool:
+    """K and V with fewer heads than Q (grouped-query attention, SDPA's enable_gqa)."""
+    if rec.op.startswith(FLASH_ATTN):  # (B, T, H, D)
+        return rec.input("k").shape[2] < rec.input("q").shape[2]
+    q, k = rec.input("query").shape, rec.input("key").shape
+    return len(q) == len(k) == 4 and k[1] < q[1]
 
 
 def _work(rec: OpRecord, backward: bool, kernels: int = 1) -> OpWork:

@@ -38,6 +38,7 @@ class AttentionKernel:
     backward: bool
     dropout: bool
     causal: bool
+    gqa: bool = False  # fewer K/V heads than query heads (grouped-query attention)
 
 
 @dataclass(frozen=True, slots=True)
