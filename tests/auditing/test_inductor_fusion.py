@@ -120,3 +120,38 @@ def test_a_trace_on_a_real_device_numbers_no_storages_and_prices_no_fusion():
     ctx = AuditContext(trace=on_cpu, cost=gpushape.cost(on_cpu, gpu), gpu=gpu)
     assert compiled_fusion_saving_s(ctx) == 0.0
     assert has_storages(gpushape.trace(model.to("meta"), (x.to("meta"),), train=True))
+
+
+def test_two_halves_of_one_output_are_two_reads_and_one_view_read_twice_is_one():
+    class GatedHalves(nn.Module):  # a fused gate/up projection, then SiLU(gate) * up
+        def __init__(self):
+            super().__init__()
+            self.gate_up, self.down = nn.Linear(256, 1024), nn.Linear(512, 256)
+
+        def forward(self, x):
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            return self.down(torch.nn.functional.silu(gate) * up)
+
+    ctx = _ctx(GatedHalves(), 4096, 256, train=False)
+    (run,) = runs(ctx.trace, ctx.cost)
+    silu, mul = (next(r for r in run if r.name == n) for n in ("silu", "mul"))
+    gate, up = silu.inputs[0], mul.inputs[1]
+    assert gate.storage == up.storage and gate.offset != up.offset  # one output, two halves
+    shares = outside_share(run, _readers(ctx))
+    # mul reads `up` from memory (a half silu never read) and writes what the GEMM reads
+    assert shares[mul.index] == pytest.approx(2 / 3)
+
+    class SameHalfTwice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(256, 512), nn.Linear(512, 256)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b(torch.sigmoid(h) * h.view(h.shape))
+
+    ctx = _ctx(SameHalfTwice(), 4096, 256, train=False)
+    (run,) = runs(ctx.trace, ctx.cost)
+    mul = next(r for r in run if r.name == "mul")
+    shares = outside_share(run, _readers(ctx))
+    assert shares[mul.index] == pytest.approx(1 / 3)  # h already read by sigmoid: the output only

@@ -103,7 +103,15 @@ def tensor_meta(
         itemsize=DTYPE_BYTES.get(name, t.element_size()),
         same_as=same_as,
         storage=storage,
+        offset=_offset(t) if storage is not None else None,
     )
+
+
+def _offset(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.storage_offset())
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _plain(value: Any) -> Any:

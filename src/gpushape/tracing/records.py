@@ -50,7 +50,8 @@ class TensorMeta:
     (x * x), so that it is counted as read once. `storage` names the memory the tensor views,
     the same number for every view of it within one trace (None where the tracer could not
     tell, and in a trace on a real device): which op's output another op reads, for pricing
-    what Inductor fuses.
+    what Inductor fuses. `offset` is where in it the view starts, in elements (recorded with
+    `storage`): two halves of one output are different data to read.
     """
 
     shape: tuple[int, ...]
@@ -60,6 +61,7 @@ class TensorMeta:
     itemsize: int
     same_as: int | None = None
     storage: int | None = field(default=None, compare=False)
+    offset: int | None = field(default=None, compare=False)
 
     @property
     def numel(self) -> int:

@@ -13,7 +13,10 @@ So each op of a run keeps the share of its eager time that its outside traffic i
 bytes: its inputs from outside the run (each tensor counted at its first reader in the run),
 its outputs read outside the run or never read. The rest is the saving. Each op keeps its own
 family's rate: a reduction stays as fast or slow as its family measured. Tensors are told
-apart by their storage (records.TensorMeta.storage): a view reads what its base holds.
+apart by their storage (records.TensorMeta.storage): a view reads what its base holds, and a
+tensor from outside read twice through views that start at the same place is read once;
+views that start elsewhere (the two halves of a fused gate/up projection's output) are
+different data, each read.
 
 Measured on the H200 (benchmarks/steps/check_compiled_gpu.py): a LLaMA-style decoder written
 as Hugging Face writes it (RMSNorm and the rotary embedding as chains of small ops) ran its
@@ -65,7 +68,7 @@ def outside_share(run: list[Any], readers: dict[int, list[int]]) -> dict[int, fl
     """Per op of the run (by trace index): the share of its bytes that cross the run's edge."""
     members = {r.index for r in run}
     written: set[int] = set()
-    read: set[int] = set()
+    read: set[tuple[int, int | None]] = set()  # (storage, offset): a view's start in it
     shares: dict[int, float] = {}
     for rec in run:
         total = outside = 0
@@ -73,10 +76,11 @@ def outside_share(run: list[Any], readers: dict[int, list[int]]) -> dict[int, fl
             if t.same_as is not None:
                 continue
             total += t.nbytes
-            if t.storage is None or (t.storage not in written and t.storage not in read):
+            seen = (t.storage, t.offset)
+            if t.storage is None or (t.storage not in written and seen not in read):
                 outside += t.nbytes
             if t.storage is not None:
-                read.add(t.storage)
+                read.add(seen)
         for t in rec.outputs:
             total += t.nbytes
             later = readers.get(t.storage, ()) if t.storage is not None else ()
