@@ -155,3 +155,32 @@ def test_two_halves_of_one_output_are_two_reads_and_one_view_read_twice_is_one()
     mul = next(r for r in run if r.name == "mul")
     shares = outside_share(run, _readers(ctx))
     assert shares[mul.index] == pytest.approx(1 / 3)  # h already read by sigmoid: the output only
+
+
+def test_an_op_fused_with_a_transposing_copy_runs_at_the_copys_pace():
+    from gpushape.auditing.pricing.inductor_fusion import copy_paced
+    from gpushape.hardware.profile import calibrated
+
+    class GatherHeads(nn.Module):  # heads (B, H, T, D) back to (B, T, H*D), then scaled
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 64), nn.Linear(512, 64)
+
+        def forward(self, x):  # x: (B, H, T, 64)
+            h = self.a(x).transpose(1, 2).contiguous()  # the copy
+            return self.b(torch.flatten(h, 2) * 2.0)  # the op reading it
+
+    model = GatherHeads().to(device="meta", dtype=torch.bfloat16)
+    x = torch.empty(8, 8, 1024, 64, device="meta", dtype=torch.bfloat16)
+    trace = gpushape.trace(model, (x,), train=False)
+    gpu = calibrated("h200-sxm")  # the shipped profile measured the copy families
+    ctx = AuditContext(trace=trace, cost=gpushape.cost(trace, gpu), gpu=gpu)
+    (run,) = runs(ctx.trace, ctx.cost)
+    paced = copy_paced(run, gpu.achievable)
+    mul = next(r for r in run if r.name == "mul")
+    a = gpu.achievable
+    assert paced == {mul.index: pytest.approx(a.memory("elementwise") / a.memory("permuted_copy"))}
+    # the mul's traffic (its output, read by the GEMM) now costs more than it did eagerly
+    shares = outside_share(run, _readers(ctx))
+    assert shares[mul.index] * paced[mul.index] > 1.0
+    assert compiled_fusion_saving_s(ctx) < sum(ctx.op_cost(r).kernel_time_s for r in run) / 2
