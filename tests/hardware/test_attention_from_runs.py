@@ -1,0 +1,40 @@
+"""The shipped H200 profile's "default" attention rates (SDPA's own pick) are what
+benchmarks/hardware/attention_from_runs.py derives from the committed H200 runs' kernel times:
+the profile cannot drift from its sources."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_shipped_default_rates_are_those_the_committed_runs_give(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "hardware"))
+    mod = __import__("attention_from_runs")
+    from gpushape.hardware.lookup import get_gpu
+    from gpushape.hardware.profile import apply_profile, read_profile
+
+    profile = read_profile(mod.PROFILE)
+    spec = apply_profile(get_gpu(profile["gpu"]), profile, origin="test")
+    derived = mod.rows(spec)
+    shipped = profile["attention"]
+    assert {"default/causal/d64", "default/dropout/d64", "default/d64"} <= set(derived)
+    for name, row in derived.items():
+        rates = {k: v for k, v in row.items() if k.startswith("default/")}
+        assert rates and all(0 < v <= 1 for v in rates.values())
+        assert {k: shipped[name][k] for k in rates} == pytest.approx(rates, rel=1e-3)
+        assert "cudnn" in json.dumps(row["kernels"]) and row["source"]
+
+
+def test_a_causal_call_is_priced_at_cudnns_rate_not_the_forced_flash_kernels():
+    from gpushape.hardware.profile import calibrated
+
+    a = calibrated("h200-sxm").achievable
+    # at this shape cuDNN's causal kernel ran about twice the forced FlashAttention-2's rate
+    assert (
+        a.attention_rate("flash", True, False, True, 64) > 1.5 * a.attention["flash/bwd/causal/d64"]
+    )
