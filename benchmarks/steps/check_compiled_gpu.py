@@ -4,7 +4,9 @@ For each committed run that compiled a model as given (a `gpushape bench` varian
 the stage "as given" of a compile-mode loop), the model is rebuilt on the meta device at the
 batch it ran and audited in compile mode; the predicted GPU time of the step is set beside the
 GPU busy time torch.profiler measured (kernels, copies and memsets, one step). The eager
-prediction is shown too: what Inductor's fusion is priced to save. Hugging Face models are
+prediction is shown too: what Inductor's fusion is priced to save. Each model is audited with
+the optimizer its run stepped (the run's `--optimizer`, else bench's default), whose GPU work
+the measured step holds too. Hugging Face models are
 audited as the runs' transformers (5.17) built them under torch.compile: with an all-true
 attention mask, whose cost is in the compiled step (`materialized-attention-mask`).
 
@@ -15,6 +17,8 @@ attention mask, whose cost is in the compiled step (`materialized-attention-mask
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -24,9 +28,11 @@ sys.path.insert(0, str(ROOT / "src"))
 from gpushape.auditing.api import audit  # noqa: E402
 from gpushape.bench import write_results  # noqa: E402
 from gpushape.models import resolve_model  # noqa: E402
+from gpushape.steps.batch import synthetic_batch  # noqa: E402
+from gpushape.steps.step import make_optimizer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fit_compile_host import LLAMA_LOOP, _stats  # noqa: E402
+from fit_compile_host import LLAMA_LOOP, RESULTS, _stats  # noqa: E402
 from fit_compile_host import RUNS as HOST_RUNS  # noqa: E402
 
 # of the compiled steps fit_compile_host.py reads, one per model and batch: the newest lease's
@@ -59,15 +65,23 @@ def _as_the_run_had_it(model: str):
     return old_masks()
 
 
-def predict(model: str, batch) -> dict[str, float]:
+def _optimizer_of(name: str) -> str:
+    """The run's `--optimizer` (bench's default "auto" where it named none)."""
+    words = shlex.split(json.loads((RESULTS / name).read_text())["environment"]["command"])
+    return words[words.index("--optimizer") + 1] if "--optimizer" in words else "auto"
+
+
+def predict(model: str, batch, optimizer: str = "auto") -> dict[str, float]:
     if isinstance(batch, str):
         r = resolve_model(model, inputs=[batch])
     else:
         r = resolve_model(model, batch=batch)
     out = {}
     with _as_the_run_had_it(model):
+        step = make_optimizer(r.model, synthetic_batch(r.model, r.example_inputs), optimizer)
         for mode in ("eager", "compile"):
-            report = audit(r.model, r.example_inputs, "h200-sxm", train=True, mode=mode)
+            report = audit(r.model, r.example_inputs, "h200-sxm", train=True, mode=mode,
+                           optimizer=step)  # fmt: skip
             out[mode] = report.step.gpu_s
     return out
 
@@ -80,7 +94,7 @@ def main() -> None:
     print(f"{'model':36} {'batch':>20} {'measured':>9} {'compile':>8} {'ratio':>6} {'eager':>7}")
     for name, variant, model, batch in RUNS:
         s = _stats(name, variant)
-        pred = predict(model, batch)
+        pred = predict(model, batch, _optimizer_of(name))
         row = {
             "file": name, "variant": variant, "model": model, "batch": batch,
             "measured_gpu_s": s["gpu_busy_s"], "predicted_compile_gpu_s": pred["compile"],

@@ -19,8 +19,9 @@ The host side is the longer of the cost model's launch count times the measured 
 overhead and, where the profile measured the host's rates, its dispatch of every traced op,
 view, module call (with the Python of its forward) and gradient leaf in eager mode
 (tracing/host.py); in compile mode each kernel at what a compiled step's host was measured to
-spend per kernel (Inductor's wrapper still issues every kernel from Python); neither counts
-the optimizer's step.
+spend per kernel (Inductor's wrapper still issues every kernel from Python). The GPU side
+counts the optimizer's step too (its bytes, `AuditContext.optimizer_gpu_s`), which the timed
+step runs after the backward; the host side counts its foreach Python in eager mode.
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) ->
     gpu_s = totals.kernel_time_s + sum(
         float(f.evidence.get("cost_in_mode_s", {}).get(mode, 0.0)) for f in findings
     )
+    gpu_s += ctx.optimizer_gpu_s  # the optimizer's step, after the backward on the GPU's queue
     if mode == "compile":
         gpu_s = max(gpu_s - compiled_gpu_saving_s(ctx, findings), 0.0)
     per_launch = (
@@ -217,13 +219,13 @@ def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:
         host = host_saving_s(f, ctx) if step.mode == "eager" else 0.0
         if not host:
             return f.est_saving_s
-        # eager: the optimizer's GPU work runs after the traced step's, its foreach Python on
-        # the host's side (in step_time); fused, both shrink
-        now_gpu = float(f.evidence.get("time_step_s", f.est_saving_s))
+        # eager: the optimizer's GPU work runs after the traced step's (in step_time's GPU side
+        # where it was priced), its foreach Python on the host's side; fused, both shrink
+        now_gpu = 0.0 if ctx.optimizer_gpu_s else float(f.evidence.get("time_step_s", 0.0))
         before = StepTime(mode="eager", gpu_s=step.gpu_s + now_gpu, host_s=step.host_s)
         after = StepTime(
             mode="eager",
-            gpu_s=step.gpu_s + now_gpu - f.est_saving_s,
+            gpu_s=max(step.gpu_s + now_gpu - f.est_saving_s, 0.0),
             host_s=max(step.host_s - host, 0.0),
         )
         return before.wall_s - after.wall_s
