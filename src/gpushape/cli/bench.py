@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="also print each variant's N longest kernels per step (GPU only; the JSON keeps 12)",
+        help="also print each variant's N longest kernels per step (GPU only; the JSON keeps 40)",
     )
     p.add_argument(
         "--loss-steps",
