@@ -100,3 +100,22 @@ def test_measured_rates_slow_the_cost_model_s_attention():
     assert after["forward"].compute_s == pytest.approx(before["forward"].compute_s / 0.5)
     assert after["backward"].compute_s == pytest.approx(before["backward"].compute_s / 0.25)
     assert after["forward"].gemms[0].kernel_rate == 0.5
+
+
+def test_sdpas_own_pick_and_grouped_query_configurations_have_their_own_keys():
+    spec = get_gpu("h200")
+    gqa = AttentionConfig("default", 64, causal=True, gqa=True)
+    assert gqa.key(False) == "default/fwd/causal/gqa/d64"
+    assert "grouped-query" in gqa.describe
+    # the model time of a grouped call: the query's heads do the work, K and V have a quarter
+    b, h, t = 2, 8, 128
+    grouped = probe_attention.model_s(spec, gqa, (b, h, t), torch.bfloat16)
+    plain = probe_attention.model_s(
+        spec, AttentionConfig("default", 64, causal=True), (b, h, t), torch.bfloat16
+    )
+    assert grouped[2] == plain[2] and grouped[3] == plain[3]  # the same FLOPs
+    rows = probe_attention.measure_attention(spec, device="cpu", shape=(1, 4, 16), configs=(gqa,))
+    row = rows["default/causal/gqa/d64"]
+    assert 0.01 <= row["default/fwd/causal/gqa/d64"] <= 1.0
+    assert "kernels" not in row  # the CPU names none; on CUDA the row lists what ran
+    assert {c.backend for c in probe_attention.CONFIGS} == {"flash", "efficient", "default"}
