@@ -10,6 +10,7 @@ compare what the model runs with these.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from ...tracing.records import OpRecord
@@ -35,6 +36,22 @@ class AttentionShape:
 
     def score_bytes(self) -> int:
         return self.bh * self.tq * self.tk * tensor((1,), self.dtype).itemsize
+
+
+def traced_shape(rec: OpRecord, has_mask: bool = False) -> AttentionShape:
+    """The shape of a traced SDPA call (its query, key and value inputs), with or without a
+    mask; heads are the query's."""
+    q, k, v = rec.input("query"), rec.input("key"), rec.input("value")
+    return AttentionShape(
+        bh=math.prod(q.shape[:-2]),
+        tq=q.shape[-2],
+        tk=k.shape[-2],
+        d=q.shape[-1],
+        dv=v.shape[-1],
+        dtype=q.dtype,
+        has_mask=has_mask,
+        dropout=float(rec.params.get("dropout_p", 0.0) or 0.0) > 0,
+    )
 
 
 def fused_backend(s: AttentionShape) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...tracing.flops.attention import kernel_of
 from ...tracing.records import OpRecord
-from .attention import AttentionShape, fused_records
+from .attention import fused_records, traced_shape
 
 FLASH = "aten._scaled_dot_product_flash_attention"
 
@@ -33,19 +33,11 @@ def compiled_flash_s(ctx: Any, rec: OpRecord) -> float:
     as traced unless grouped, else over the query's heads plus the expansion's traffic."""
     if not grouped(rec):
         return ctx.time_s(ctx.with_backward(rec))
-    q, k, v = rec.input("query"), rec.input("key"), rec.input("value")
-    shape = AttentionShape(
-        bh=math.prod(q.shape[:-2]),
-        tq=q.shape[-2],
-        tk=k.shape[-2],
-        d=q.shape[-1],
-        dv=v.shape[-1],
-        dtype=q.dtype,
-        dropout=float(rec.params.get("dropout_p", 0.0) or 0.0) > 0,
-    )
+    shape = traced_shape(rec)
     causal = bool(rec.params.get("is_causal", False))
     fused = ctx.price(fused_records(shape, ctx.train, "flash", causal=causal))
     # K and V at the query's heads: written once forward, their gradients read once backward
+    q = rec.input("query")
     itemsize = q.nbytes // max(math.prod(q.shape), 1)
     expanded = shape.bh * shape.tk * (shape.d + shape.dv) * itemsize
     return fused + ctx.bytes_time_s(expanded * (2 if ctx.train else 1))

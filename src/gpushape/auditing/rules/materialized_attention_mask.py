@@ -33,19 +33,17 @@ one too.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from ...models.hf_masks import packed_mask_gap, traced_mask_gap, traced_mask_strided
-from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding
 from ..patterns import module_pattern
 from ..pricing.attention import (
-    AttentionShape,
     fused_records,
     math_path_shape,
     math_records,
+    traced_shape,
 )
 from ..pricing.inductor_attention import compiled_flash_s
 from ..registry import register_rule
@@ -59,20 +57,6 @@ QUIET = {
 
 
 FLASH = "_scaled_dot_product_flash_attention"
-
-
-def _shape(rec: OpRecord, has_mask: bool) -> AttentionShape:
-    q, k, v = rec.input("query"), rec.input("key"), rec.input("value")
-    return AttentionShape(
-        bh=math.prod(q.shape[:-2]),
-        tq=q.shape[-2],
-        tk=k.shape[-2],
-        d=q.shape[-1],
-        dv=v.shape[-1],
-        dtype=q.dtype,
-        has_mask=has_mask,
-        dropout=float(rec.params.get("dropout_p", 0.0) or 0.0) > 0,
-    )
 
 
 @register_rule(RULE, title="an all-true attention mask under torch.compile or CUDA graphs")
@@ -92,9 +76,9 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     for rec in flash:
         fused_s += ctx.time_s(ctx.with_backward(rec))
         compiled_fused_s += compiled_flash_s(ctx, rec)
-        math_s += ctx.price(math_records(math_path_shape(_shape(rec, True)), ctx.train))
+        math_s += ctx.price(math_records(math_path_shape(traced_shape(rec, True)), ctx.train))
         # cuDNN's kernel given a mask: every score computed, none skipped as causal
-        square_s += ctx.price(fused_records(_shape(rec, True), ctx.train, "cudnn"))
+        square_s += ctx.price(fused_records(traced_shape(rec, True), ctx.train, "cudnn"))
     compiled_s = math_s if strided else square_s
     by_mode = {
         "eager": 0.0,
