@@ -1,14 +1,15 @@
 """Grouped-query attention as a compiled step runs it.
 
 A decoder with fewer key/value heads than query heads calls SDPA with `enable_gqa=True`.
-Eagerly PyTorch picks a kernel for the grouped call itself (the profile's "default/.../gqa"
-rates, probe/attention.py). Compiled, the LLaMA-style decoder of the library loops (16 query
-heads, 4 K/V heads, no mask) ran cuDNN's kernel over all 16 heads, K and V expanded to them,
-and summed dK and dV back over each group inside a Triton kernel (`..._squeeze_sum_...`), on
-an H200 and an H100 (benchmarks/results/loops-h200-5, loops-h100-8). So a grouped call of a
-compiled step is priced as the same call with K and V at the query's heads, at the rate of
-what SDPA picks for that (cuDNN's on the H200), plus the expanded K and V written forward and
-their gradients read backward.
+Eagerly the call is priced at the rate the probe measured for SDPA's own pick of a grouped
+call ("default/.../gqa", probe/attention.py), else at the plain call's (the eager LLaMA-style
+loops on an H100 ran the same cuDNN kernel as the compiled ones). Compiled, the LLaMA-style
+decoder of the library loops (16 query heads, 4 K/V heads, no mask) ran cuDNN's kernel over
+all 16 heads, K and V expanded to them, and summed dK and dV back over each group inside a
+Triton kernel (`..._squeeze_sum_...`), on an H200 and an H100 (benchmarks/results/loops-h200-5,
+loops-h100-8). So a grouped call of a compiled step is priced as the same call with K and V at
+the query's heads, at the rate of what SDPA picks for that (cuDNN's on the H200), plus the
+expanded K and V written forward and their gradients read backward.
 """
 
 from __future__ import annotations
