@@ -1,6 +1,6 @@
-"""The shipped H200 profile's "default" attention rates (SDPA's own pick) are what
-benchmarks/hardware/attention_from_runs.py derives from the committed H200 runs' kernel times:
-the profile cannot drift from its sources."""
+"""The shipped H200 profile's "default" attention rates (SDPA's own pick), where they came from
+benchmarks/hardware/attention_from_runs.py, are what it derives from the committed H200 runs'
+kernel times: the profile cannot drift from its sources (rows the probe measured since stand)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ def test_the_shipped_default_rates_are_those_the_committed_runs_give(monkeypatch
     for name, row in derived.items():
         rates = {k: v for k, v in row.items() if k.startswith("default/")}
         assert rates and all(0 < v <= 1 for v in rates.values())
-        assert {k: shipped[name][k] for k in rates} == pytest.approx(rates, rel=1e-3)
         assert "cudnn" in json.dumps(row["kernels"]) and row["source"]
+        if "attention_from_runs" not in str(shipped.get(name, {}).get("source", "")):
+            continue  # the probe has measured this one since: its own row stands
+        assert {k: shipped[name][k] for k in rates} == pytest.approx(rates, rel=1e-3)
 
 
 def test_a_causal_call_is_priced_at_cudnns_rate_not_the_forced_flash_kernels():
