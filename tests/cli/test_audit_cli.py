@@ -181,3 +181,20 @@ def test_debug_prints_the_traceback_and_still_exits_2(capsys, factories, where):
     err = capsys.readouterr().err
     assert "Traceback" in err and f"{TraceError.__module__}.TraceError" in err
     assert err.strip().splitlines()[-1].startswith("gpushape: error: aten.")
+
+
+def test_the_optimizer_a_training_step_runs_is_in_the_audit(capsys):
+    import re
+
+    def gpu_ms(out: str) -> float:  # the header: "(eager: ..., 1.234 ms on the GPU, ...)"
+        return float(re.search(r"([0-9.]+) ms on the GPU", " ".join(out.split())).group(1))
+
+    argv = ["audit", "bert-base", "--batch", "2", "--gpu", "h200", "--train"]
+    assert main(argv) == 0
+    without = capsys.readouterr().out
+    assert main([*argv, "--optimizer", "adamw"]) == 0  # foreach AdamW, as bench builds it
+    out = capsys.readouterr().out
+    assert "optimizer-not-fused" in out and "optimizer-not-fused" not in without
+    assert gpu_ms(out) > gpu_ms(without)  # its step's bytes on the GPU's side
+    assert main(["audit", "bert-base", "--optimizer", "sgd"]) == 2
+    assert "--train" in capsys.readouterr().err

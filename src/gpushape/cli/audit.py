@@ -60,6 +60,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="modules in the table, layers in Markdown and HTML (default 15, 20, 40); "
         "JSON lists every layer",
     )
+    p.add_argument(
+        "--optimizer",
+        choices=("none", "auto", "sgd", "adamw", "adamw-fused"),
+        default="none",
+        help="with --train: the optimizer the step runs, as `gpushape bench` builds it (auto: "
+        "SGD with momentum for image models, AdamW for the rest); its step's GPU work is in "
+        "the predicted step, and optimizer-not-fused can fire (default: none)",
+    )
     p.set_defaults(func=run)
 
 
@@ -185,6 +193,8 @@ def check_options(args: argparse.Namespace) -> str:
     """Fail on contradicting or bad options before any work; the output format."""
     check_model_options(args)
     fmt = output_format(args.format, args.output)
+    if getattr(args, "optimizer", "none") != "none" and not args.train:
+        raise GpushapeError("--optimizer applies to a training step: add --train")
     if args.top is not None and fmt == "json":
         raise GpushapeError("--top does not apply to JSON, which lists every layer; drop --top")
     if args.top is not None and args.top < 1:
@@ -225,11 +235,25 @@ def build_report(args: argparse.Namespace):
         target,
         dtype=None,
         train=args.train,
+        optimizer=_optimizer(args, resolved),
         flags=_flags(args.dtype),
         name=resolved.name,
         device=args.device,
         mode=args.mode,
     )
+
+
+def _optimizer(args: argparse.Namespace, resolved):
+    """The optimizer `--optimizer` names, built over the model's parameters as bench builds
+    it; None for "none"."""
+    kind = getattr(args, "optimizer", "none")
+    if kind == "none" or not args.train:
+        return None
+    from ..steps.batch import synthetic_batch
+    from ..steps.step import make_optimizer
+
+    batch = synthetic_batch(resolved.model, resolved.example_inputs)
+    return make_optimizer(resolved.model, batch, kind)
 
 
 def run(args: argparse.Namespace) -> int:
