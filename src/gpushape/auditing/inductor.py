@@ -12,7 +12,6 @@ from typing import Any
 from .context import AuditContext
 from .finding import Finding
 from .pricing.column_sum import column_sums, compiled_column_sum_saving_s
-from .pricing.inductor_attention import compiled_gqa_saving_s
 from .pricing.inductor_fusion import compiled_fusion_saving_s, has_storages
 from .pricing.inductor_kernels import compiled_kernels_of
 from .pricing.loss import compiled_loss_saving_s, loss_chain
@@ -73,13 +72,11 @@ def compiled_gpu_saving_s(ctx: AuditContext, findings: Sequence[Finding] = ()) -
     over the logits fused (pricing/loss.py), bias gradients' column sums at its reductions'
     rate (pricing/column_sum.py), what the fixes it makes itself save (padding a misaligned
     GEMM, a normalization fused with its activation as the fix's kernel runs it; combine.py:
-    overlapping fixes counted once), the traffic between the other ops it fuses
-    (pricing/inductor_fusion.py), and grouped-query attention run over expanded K and V
-    (pricing/inductor_attention.py)."""
+    overlapping fixes counted once), and the traffic between the other ops it fuses
+    (pricing/inductor_fusion.py)."""
     from .combine import combine
 
     saving = compiled_loss_saving_s(ctx) + compiled_column_sum_saving_s(ctx)
-    saving += compiled_gqa_saving_s(ctx)
     own = {r.index for r in loss_chain(ctx.trace)[0]} | set(column_sums(ctx.trace))
     does = [f for f in findings if inductor_does(f)]
     if has_storages(ctx.trace):
