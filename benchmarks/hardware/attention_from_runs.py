@@ -34,7 +34,9 @@ from gpushape.probe.profile import write_profile  # noqa: E402
 PROFILE = ROOT / "src/gpushape/hardware/profiles/h200-sxm.json"
 RESULTS = ROOT / "benchmarks/results"
 # (configuration, (batch, heads, tokens), calls a step, run, stage): each a step on the H200
-# whose SDPA calls all had this shape; heads are the query's (K and V expanded to them)
+# whose SDPA calls all had this shape; heads are the query's. The LLaMA-style model's calls are
+# grouped (4 K/V heads): cuDNN runs them natively with the kernel a plain call gets (GPT-2's),
+# no expansion kernel in the step, so they stand for the plain causal call
 SOURCES = (
     (AttentionConfig("default", 64, causal=True), (8, 16, 1024), 8,
      "loops-h200-5/loop-hf_llama_hidden_size_1024_intermediate_size_2816_num_hidden_layers_8"
