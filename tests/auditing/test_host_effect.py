@@ -140,7 +140,6 @@ class _Ctx:  # what host_saving_s and wall_saving_s read of an AuditContext
     gpu: object
     train: bool = True
     optimizer: object = None
-    optimizer_gpu_s: float = 0.0  # the steps below are given without the optimizer's GPU work
 
 
 def test_the_eager_step_host_includes_a_foreach_optimizer_and_fusing_it_is_priced_on_it():

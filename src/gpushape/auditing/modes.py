@@ -219,13 +219,13 @@ def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:
         host = host_saving_s(f, ctx) if step.mode == "eager" else 0.0
         if not host:
             return f.est_saving_s
-        # eager: the optimizer's GPU work runs after the traced step's (in step_time's GPU side
-        # where it was priced), its foreach Python on the host's side; fused, both shrink
-        now_gpu = 0.0 if ctx.optimizer_gpu_s else float(f.evidence.get("time_step_s", 0.0))
-        before = StepTime(mode="eager", gpu_s=step.gpu_s + now_gpu, host_s=step.host_s)
+        # eager: the optimizer's GPU work is in step_time's GPU side (a finding with a saving
+        # was priced from the same step), its foreach Python on the host's side; fused, both
+        # shrink
+        before = StepTime(mode="eager", gpu_s=step.gpu_s, host_s=step.host_s)
         after = StepTime(
             mode="eager",
-            gpu_s=max(step.gpu_s + now_gpu - f.est_saving_s, 0.0),
+            gpu_s=max(step.gpu_s - f.est_saving_s, 0.0),
             host_s=max(step.host_s - host, 0.0),
         )
         return before.wall_s - after.wall_s
