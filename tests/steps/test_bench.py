@@ -45,6 +45,7 @@ def test_optimize_variant_applies_checked_fixes():
         ("optimize+optimize-compile", "exclude each other"),
         ("optimize+aten-random", "an option of torch.compile"),
         ("aten-random+graph", "an option of torch.compile"),
+        ("optimize+tuned-kernels", "tuned-kernels is an option of torch.compile"),
     ],
 )
 def test_bad_variant_names(name, says):
@@ -55,21 +56,26 @@ def test_bad_variant_names(name, says):
 def test_aten_random_compiles_with_the_modes_options_and_fallback_random(monkeypatch):
     """torch.compile takes a mode or options: aten-random passes the mode's options plus
     Inductor's fallback_random; without it the mode is passed as it is."""
-    from gpushape.steps.variants import Spec, _compiled
+    from gpushape.steps.variants import Spec, _compiled, _inductor_options
 
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
     spec = Spec.of("optimize-compile+compile-graphs+aten-random")
-    assert spec.aten_random and spec.runner == "compile-graphs"
+    assert spec.aten_random and spec.runner == "compile-graphs" and not spec.tuned_kernels
     assert not Spec.of("compile-graphs").aten_random
+    tuned = Spec.of("compile+tuned-kernels+aten-random")
+    assert _inductor_options(tuned) == {"fallback_random": True, "coordinate_descent_tuning": True}
+    assert _inductor_options(Spec.of("compile")) == {}
     model = torch.nn.Linear(2, 2)
-    _compiled(model, "reduce-overhead", True)
-    _compiled(model, None, True)
-    _compiled(model, "reduce-overhead", False)
+    _compiled(model, "reduce-overhead", _inductor_options(spec))
+    _compiled(model, None, {"fallback_random": True})
+    _compiled(model, "reduce-overhead", {})
+    _compiled(model, None, _inductor_options(Spec.of("compile+tuned-kernels")))
     assert calls == [
         {"options": {"triton.cudagraphs": True, "fallback_random": True}},
         {"options": {"fallback_random": True}},
         {"mode": "reduce-overhead"},
+        {"options": {"coordinate_descent_tuning": True}},
     ]
 
 

@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="V[,V...]",
         help="variants to time against the baseline: eager, channels-last, optimize, "
         "optimize-compile, fused-optimizer, caller-backward, compile, compile-max-autotune, "
-        "compile-graphs, graph, aten-random (a compile option), "
+        "compile-graphs, graph, aten-random and tuned-kernels (compile options), "
         "or several joined by '+' (optimize+graph; compile+graph: the compiled step captured "
         "whole)",
     )

@@ -13,7 +13,9 @@ order written, model rewrites apply first, then the optimizer's, then how the st
 - compile option: `aten-random` (with a compile runner: Inductor's `fallback_random`, random
   numbers drawn by ATen's kernels, as eager draws them, instead of in its generated Triton
   kernels, where each element runs its own Philox rounds: BERT-base's compiled dropout + add +
-  LayerNorm forward kernels took about three times what their bytes take at the copy rate);
+  LayerNorm forward kernels took about three times what their bytes take at the copy rate),
+  `tuned-kernels` (Inductor's `coordinate_descent_tuning`: each generated Triton kernel's
+  block sizes and warps searched on the GPU when it is compiled; a longer compile);
 - runner: `compile` (torch.compile of the model, optimizer eager), `compile-max-autotune`,
   `compile-graphs` (torch.compile's "reduce-overhead" mode: Inductor replays the compiled
   forward and backward from CUDA graphs; the optimizer eager),
@@ -45,7 +47,7 @@ from .step import TrainingStep, build_step
 
 MODEL_PARTS = ("eager", "channels-last", "optimize", "optimize-compile")
 OPTIMIZER_PARTS = ("fused-optimizer", "caller-backward")
-COMPILE_PARTS = ("aten-random",)
+COMPILE_PARTS = ("aten-random", "tuned-kernels")
 RUNNER_PARTS = ("compile", "compile-max-autotune", "compile-graphs", "graph")
 COMPILE_RUNNERS = ("compile", "compile-max-autotune", "compile-graphs")
 PARTS = MODEL_PARTS + OPTIMIZER_PARTS + COMPILE_PARTS + RUNNER_PARTS
@@ -89,9 +91,10 @@ def parse_variant(name: str) -> list[str]:
             f"variant {name!r} names {len(runners)} runners; pick one of them (or graph with "
             f"compile or compile-max-autotune: the compiled step captured whole)"
         )
-    if "aten-random" in parts and not any(p in COMPILE_RUNNERS for p in runners):
+    option = next((p for p in parts if p in COMPILE_PARTS), None)
+    if option and not any(p in COMPILE_RUNNERS for p in runners):
         raise GpushapeError(
-            f"variant {name!r}: aten-random is an option of torch.compile; add one of "
+            f"variant {name!r}: {option} is an option of torch.compile; add one of "
             f"{', '.join(COMPILE_RUNNERS)}"
         )
     models = [p for p in parts if p in MODEL_PARTS and p != "eager"]
@@ -135,6 +138,8 @@ class Spec:
     whole step (forward, backward, optimizer) is captured in one CUDA graph."""
     aten_random: bool = False
     """Compiled: Inductor's fallback_random (ATen draws the random numbers)."""
+    tuned_kernels: bool = False
+    """Compiled: Inductor's coordinate_descent_tuning (each Triton kernel's launch tuned)."""
     also: tuple[str, ...] = ()
     """Transforms optimize applies by name after the findings' fixes, kept whatever their
     prediction (the variant "optimize-compile+fuse-qkv": a fix optimize rolled back, timed)."""
@@ -159,19 +164,30 @@ class Spec:
             if runner == "graph"
             else None,
             aten_random="aten-random" in parts,
+            tuned_kernels="tuned-kernels" in parts,
             also=tuple(p for p in parts if p not in PARTS),
         )
 
 
-def _compiled(model: nn.Module, mode: str | None, aten_random: bool) -> Any:
-    """torch.compile of `model` in `mode`; with `aten_random`, the mode's options plus
-    Inductor's fallback_random (torch.compile takes a mode or options, not both)."""
-    if not aten_random:
+def _inductor_options(spec: Spec) -> dict[str, bool]:
+    """The Inductor options a variant's compile options name."""
+    options = {}
+    if spec.aten_random:
+        options["fallback_random"] = True
+    if spec.tuned_kernels:
+        options["coordinate_descent_tuning"] = True
+    return options
+
+
+def _compiled(model: nn.Module, mode: str | None, extra: dict[str, bool]) -> Any:
+    """torch.compile of `model` in `mode`; with `extra` Inductor options, the mode's options
+    plus those (torch.compile takes a mode or options, not both)."""
+    if not extra:
         return torch.compile(model, mode=mode)
     from torch._inductor import list_mode_options
 
     options = dict(list_mode_options(mode)) if mode else {}
-    options["fallback_random"] = True
+    options.update(extra)
     return torch.compile(model, options=options)
 
 
@@ -210,11 +226,14 @@ def build_variant(
     compile_runner = spec.compile_first or spec.runner
     if compile_runner in ("compile", "compile-max-autotune"):
         mode = "max-autotune" if compile_runner == "compile-max-autotune" else None
-        step.forward = _compiled(model, mode, spec.aten_random)
+        step.forward = _compiled(model, mode, _inductor_options(spec))
     if spec.runner == "compile-graphs":
-        step.forward = _each_step_graphed(_compiled(model, "reduce-overhead", spec.aten_random))
+        compiled = _compiled(model, "reduce-overhead", _inductor_options(spec))
+        step.forward = _each_step_graphed(compiled)
     if spec.aten_random:
         notes.append("random numbers drawn by ATen (Inductor's fallback_random)")
+    if spec.tuned_kernels:
+        notes.append("Triton kernels tuned when compiled (Inductor's coordinate_descent_tuning)")
     if spec.runner == "graph":
         notes += _mask_for_capture(step.model, batch)
         run = _graphed(step)
