@@ -23,6 +23,9 @@ FIXES: dict[str, str] = {
     "mask, also under torch.compile and CUDA graph capture (Hugging Face models)",
     "fuse-activation": "replace an activation written as several elementwise ops (the tanh GELU "
     "formula, x * sigmoid(x)) with PyTorch's one-kernel function",
+    "fuse-dropout-add-norm": "replace dropout, the residual add and LayerNorm after a block's "
+    "output projection with one fused kernel that regenerates the mask in backward "
+    "(gpushape.kernels.dropout_add_layer_norm; Hugging Face BERT-style blocks)",
     "fuse-softmax-dropout": "replace softmax followed by dropout with one fused kernel that "
     "regenerates the mask in backward (gpushape.kernels.softmax_dropout)",
     "no-kv-cache": "run a Hugging Face decoder's training forwards without the key/value cache "

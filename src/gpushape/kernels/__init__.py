@@ -8,6 +8,7 @@ from .batch_norm.batch_norm_act import BatchNormAct2d as BatchNormAct2d
 from .batch_norm.batch_norm_act import batch_norm_act as batch_norm_act
 from .norms.add_layer_norm import AddLayerNorm as AddLayerNorm
 from .norms.add_layer_norm import add_layer_norm as add_layer_norm
+from .norms.dropout_add_layer_norm import dropout_add_layer_norm as dropout_add_layer_norm
 from .norms.layer_norm_gelu import LayerNormGELU as LayerNormGELU
 from .norms.layer_norm_gelu import layer_norm_gelu as layer_norm_gelu
 from .norms.rms_norm import RMSNorm as RMSNorm

@@ -200,6 +200,8 @@ KERNEL_FAMILIES = {
     "gpushape.layer_norm_gelu_backward": "fused_norm_act",
     "gpushape.add_layer_norm": "fused_norm_act",
     "gpushape.add_layer_norm_backward": "fused_norm_act",
+    "gpushape.dropout_add_layer_norm": "fused_norm_act",
+    "gpushape.dropout_add_layer_norm_backward": "fused_norm_act",
     "gpushape.rms_norm": "fused_norm_act",
     "gpushape.rms_norm_backward": "fused_norm_act",
     "gpushape.batch_norm_stats": "fused_batch_norm_act",

@@ -48,7 +48,12 @@ CLASSES = {
     # gpushape's own fused ops (Triton kernels launched from Python, an autograd.Function
     # whose backward runs Python in autograd's worker thread): checked first; its row norms
     # (AddLayerNorm, LayerNormGELU, RMSNorm) apart from its BatchNormAct2d, which launches more
-    "gpushape_norm": ("gpushape.add_layer_norm", "gpushape.layer_norm_gelu", "gpushape.rms_norm"),
+    "gpushape_norm": (
+        "gpushape.add_layer_norm",
+        "gpushape.dropout_add_layer_norm",
+        "gpushape.layer_norm_gelu",
+        "gpushape.rms_norm",
+    ),
     "gpushape": ("gpushape.",),
     "conv": ("convolution", "cudnn_convolution"),
     "batch_norm": ("batch_norm",),

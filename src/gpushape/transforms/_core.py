@@ -124,6 +124,7 @@ def load_transforms() -> dict[str, TransformInfo]:
         channels_last,
         fast_max_pool,
         fuse_activation,
+        fuse_dropout_add_norm,
         fuse_norm_act,
         fuse_qkv,
         graph_layers,
