@@ -128,10 +128,12 @@ def test_dropout_still_applies_in_training_and_not_in_eval(interpret):
     expected = model.out.LayerNorm(model.out.dense(model.inner(x)) + x)
     torch.testing.assert_close(model(x), expected)
     model.train()
-    inner = model.inner(x).detach().requires_grad_()
-    model.out(inner, x).sum().backward()
-    dropped = (inner.grad == 0).float().mean().item()
-    assert 0.2 < dropped < 0.8  # half of 96 features, as far as a dense layer's grad shows
+    seen = []
+    model.out.dense.register_forward_hook(lambda m, i, o: seen.append(o) or o.retain_grad())
+    y = model(x)
+    y.backward(torch.randn_like(y))
+    dropped = (seen[0].grad == 0).float().mean().item()
+    assert 0.3 < dropped < 0.7  # p = 0.5 of 96 projected features
 
 
 def test_undo_state_dict_copy_and_pickle(interpret):

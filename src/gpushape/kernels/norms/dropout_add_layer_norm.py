@@ -58,11 +58,14 @@ def _warps(elems: int, per_thread: int) -> int:
 
 
 # ---- launch plans ---------------------------------------------------------------------------
+# Plans are keyed on every tensor's dtype: a Launch calls the kernel compiled for its first
+# call's pointer types directly afterwards (`_launch.Launch`).
 @functools.lru_cache(maxsize=256)
-def _forward_launch(m, n, has_w, has_b, drop, acc, device_key, config) -> Launch:
+def _forward_launch(m, n, dtypes, drop, acc, device, config) -> Launch:
     from ._dropout_kernels import _dropout_add_ln_fwd_kernel
 
     block_m = max(1, min(pow2(m), config.fwd_tile_elems // pow2(n)))
+    has_w, has_b = dtypes[1] is not None, dtypes[2] is not None
     meta = dict(HAS_W=has_w, HAS_B=has_b, DROP=drop, ACC=_tl_acc(acc), BLOCK_M=block_m,
                 GROUPS=max(1, pow2(n) // 8),
                 num_warps=_warps(block_m * pow2(n), config.fwd_elems_per_thread))  # fmt: skip
@@ -70,8 +73,9 @@ def _forward_launch(m, n, has_w, has_b, drop, acc, device_key, config) -> Launch
 
 
 @functools.lru_cache(maxsize=256)
-def _backward_launch(m, n, has_w, has_b, drop, acc, device, config) -> tuple[Launch, int, int]:
+def _backward_launch(m, n, dtypes, drop, acc, device, config) -> tuple[Launch, int, int]:
     """(launch, programs P, tiles per program)."""
+    has_w, has_b = dtypes[2] is not None, dtypes[3] is not None
     from ._dropout_kernels import _dropout_add_ln_bwd_kernel
 
     block_m = max(1, min(pow2(m), config.bwd_tile_elems // pow2(n)))
@@ -85,6 +89,17 @@ def _backward_launch(m, n, has_w, has_b, drop, acc, device, config) -> tuple[Lau
     return Launch(_dropout_add_ln_bwd_kernel, (programs,), meta), programs, per_program
 
 
+def _dtype(t: Tensor | None) -> torch.dtype | None:
+    return None if t is None else t.dtype
+
+
+def _kernels(t: Tensor) -> bool:
+    """Triton for CUDA tensors (and CPU ones under TRITON_INTERPRET=1), float64 excepted: a
+    kernel's float arguments (1 / (1 - p), eps) are float32, so float64 inputs (gradient checks)
+    take the reference, which is exact to float64."""
+    return t.dtype != torch.float64 and use_triton(t)
+
+
 def _scale(p: float) -> float:
     return 1.0 / (1.0 - p) if p > 0 else 1.0
 
@@ -95,15 +110,15 @@ def forward(x, residual, weight, bias, eps: float, p: float, seed):
     n = x.shape[-1]
     m = x.numel() // n
     acc = stat_dtype(x.dtype)
-    if not use_triton(x):
+    if not _kernels(x):
         return _reference_forward(x, residual, weight, bias, eps, p, seed)
     y, s = torch.empty_like(x), torch.empty_like(x)
     mean = torch.empty(x.shape[:-1], dtype=acc, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=acc, device=x.device)
     if m == 0:
         return y, s, mean, rstd
-    launch = _forward_launch(m, n, weight is not None, bias is not None, p > 0, acc,
-                             x.device, CONFIG)  # fmt: skip
+    dtypes = (x.dtype, _dtype(weight), _dtype(bias))
+    launch = _forward_launch(m, n, dtypes, p > 0, acc, x.device, CONFIG)
     ptrs = (x, residual, s, y, x if weight is None else weight, x if bias is None else bias,
             mean, rstd, x if seed is None else seed)  # fmt: skip
     launch(aligned(x, residual, weight, bias), *ptrs, m, n, eps, drop_threshold(p), _scale(p))
@@ -112,7 +127,7 @@ def forward(x, residual, weight, bias, eps: float, p: float, seed):
 
 def backward(dy, s, weight, bias, mean, rstd, seed, p: float):
     """(dx, dresidual, dweight, dbias); dx is a 0-element tensor where p == 0 (dresidual is)."""
-    if not use_triton(s):
+    if not _kernels(s):
         return _reference_backward(dy, s, weight, bias, mean, rstd, seed, p)
     dy = dy.contiguous()
     n = s.shape[-1]
@@ -123,9 +138,8 @@ def backward(dy, s, weight, bias, mean, rstd, seed, p: float):
     if m == 0:
         zeros = [None if t is None else torch.zeros_like(t) for t in (weight, bias)]
         return dx, dres, *zeros
-    launch, programs, per_program = _backward_launch(
-        m, n, weight is not None, bias is not None, p > 0, acc, s.device, CONFIG
-    )
+    dtypes = (dy.dtype, s.dtype, _dtype(weight), _dtype(bias))
+    launch, programs, per_program = _backward_launch(m, n, dtypes, p > 0, acc, s.device, CONFIG)
     parts = [None if t is None else torch.empty((programs, n), dtype=acc, device=s.device)
              for t in (weight, bias)]  # fmt: skip
     dw_part, db_part = parts
