@@ -30,10 +30,9 @@ from gpushape.kernels.norms import dropout_add_layer_norm as dal
 
 CONFIGS = {
     "default": dal.DropoutLaunch(),
-    "fwd4k": dal.DropoutLaunch(fwd_tile_elems=4096),
-    "fwd1k": dal.DropoutLaunch(fwd_tile_elems=1024, fwd_elems_per_thread=4),
-    "bwd2k-4/sm": dal.DropoutLaunch(bwd_tile_elems=2048, bwd_programs_per_sm=4),
-    "bwd-16/thread": dal.DropoutLaunch(bwd_elems_per_thread=16, bwd_programs_per_sm=16),
+    "sum 32x32": dal.DropoutLaunch(sum_block_n=32, sum_block_p=32),
+    "sum 16x128": dal.DropoutLaunch(sum_block_n=16, sum_block_p=128),
+    "bwd 4/sm": dal.DropoutLaunch(bwd_programs_per_sm=4),
 }
 
 

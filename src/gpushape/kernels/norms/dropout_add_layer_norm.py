@@ -19,6 +19,7 @@ autograd, the functional `dropout_add_layer_norm`. Rows wider than MAX_N run the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -48,6 +49,10 @@ class DropoutLaunch(NamedTuple):
     bwd_tile_elems: int = 1024
     bwd_elems_per_thread: int = 8
     bwd_programs_per_sm: int = 8
+    # dweight / dbias from the (P, N) partials: narrow column blocks, so that many programs share
+    # the read (32 columns gave BERT-base's 768 columns 24 programs: 17 us a call on an H100)
+    sum_block_n: int = 8
+    sum_block_p: int = 64
 
 
 CONFIG = DropoutLaunch()
@@ -147,7 +152,9 @@ def backward(dy, s, weight, bias, mean, rstd, seed, p: float):
            rstd, s if seed is None else seed, dres, dres if p == 0 else dx,
            rstd if dw_part is None else dw_part, rstd if db_part is None else db_part,
            m, n, per_program, drop_threshold(p), _scale(p))  # fmt: skip
-    summed = _sum_launch(programs, n, weight, bias, acc, tuning())
+    sums = dataclasses.replace(tuning(), sum_block_n=CONFIG.sum_block_n,
+                               sum_block_p=CONFIG.sum_block_p)  # fmt: skip
+    summed = _sum_launch(programs, n, weight, bias, acc, sums)
     if summed is None:
         return dx, dres, None, None
     dw = None if weight is None else torch.empty_like(weight)
