@@ -191,7 +191,41 @@ def speedups() -> dict[str, tuple[float, str, str]]:
             f"one append to a {longest}-token cache",
             a,
         ),
+        "dropout_add_layer_norm": _dropout_add_norm_speedup(),
     }
+
+
+DAL = "kernels-h200/bench_dropout_add_norm.json"
+
+
+def _dropout_add_norm_speedup() -> tuple[float, str, str]:
+    data = load(DAL)
+    us = {r["variant"]: r["forward+backward us"] for r in data["results"]}
+    m, n = data["shape"]
+    return us["eager"] / us["gpushape default"], f"fwd+bwd graph, {m}x{n}, p={data['p']}", DAL
+
+
+def dropout_add_norm() -> list[str]:
+    data = load(DAL)
+    m, n = data["shape"]
+    rows = [
+        (r["variant"], f"{r['forward us']:.1f}", f"{r['forward GB/s']:,.0f}",
+         f"{r['forward+backward us']:.1f}", f"{r['forward+backward GB/s']:,.0f}")
+        for r in data["results"]
+    ]  # fmt: skip
+    return [
+        "### Dropout + add + LayerNorm (`bench_dropout_add_norm.py`)",
+        "",
+        f"{environment_line(data['environment'])}; {link(DAL, 'bench_dropout_add_norm.json')}. "
+        f"y = LayerNorm(dropout(x, {data['p']}) + residual), {m} x {n} bf16 (BERT-base's block "
+        "output at 32 x 512), each variant captured in a CUDA graph, medians of alternating "
+        "rounds. GB/s over the minimum bytes (S = one (M, N) tensor): forward 4 S, "
+        "forward + backward 8 S; `gpushape` rows are launch shapes of the same kernels "
+        "(`default` is what ships).",
+        "",
+        *md_table(("variant", "fwd us", "GB/s", "fwd+bwd us", "GB/s"), rows, right=4),
+        "",
+    ]
 
 
 def kernels() -> list[str]:
@@ -217,6 +251,7 @@ def kernels() -> list[str]:
             "BatchNorm + residual + ReLU, training, channels_last (`bench_batch_norm_act.py`)",
         ),
     ]
+    out += dropout_add_norm()
     att = load("kernels-h200/bench_attention.json")
     out += [
         "### Attention path (`bench_attention.py`)",
