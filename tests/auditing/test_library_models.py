@@ -154,3 +154,53 @@ def test_the_caches_price_is_what_the_step_without_it_saves():
         else:
             assert found == []
     assert saving == pytest.approx(steps[True] - steps[False], rel=0.1)
+
+
+def _qkv_findings(spec: str, mode: str) -> list:
+    r = resolve_model(spec, batch=2)
+    report = gpushape.audit(r.model, r.example_inputs, gpu="h200", dtype="bf16", train=True,
+                            mode=mode)  # fmt: skip
+    return [f for f in report.findings if f.rule == "separate-qkv"]
+
+
+def test_rotary_attention_projections_are_quiet_under_compile():
+    """LLaMA's q/k/v feed rotary embeddings: compiled, Inductor's rotary backward writing the
+    fused gradient costs more than the merged GEMM saves, so the attention's finding is info
+    there with the reason; eager keeps it, and so does the MLP's gate/up (no rotary)."""
+    eager = {tuple(f.evidence["projections"]): f for f in _qkv_findings(SMALL["llama"], "eager")}
+    compiled = {
+        tuple(f.evidence["projections"]): f for f in _qkv_findings(SMALL["llama"], "compile")
+    }
+    attention = next(k for k in eager if "q_proj" in k)
+    mlp = next(k for k in eager if "gate_proj" in k)
+    assert eager[attention].est_saving_s > 0
+    assert compiled[attention].est_saving_s == 0.0
+    assert compiled[attention].severity.label == "info"
+    assert "rotary embedding" in compiled[attention].message
+    assert compiled[mlp].est_saving_s > 0
+
+
+def test_attention_without_rotary_keeps_its_compiled_finding():
+    (f,) = [
+        f for f in _qkv_findings(SMALL["bert"], "compile") if "query" in f.evidence["projections"]
+    ]
+    assert f.est_saving_s > 0 and "rotary" not in f.message
+
+
+def test_optimize_compile_leaves_rotary_attention_unfused():
+    """optimize in compile mode fuses the gated MLP's gate/up but not the rotary attention's
+    q/k/v, and says why; eager mode fuses both."""
+    import copy
+
+    import torch
+
+    r = resolve_model(SMALL["llama"], batch=2)
+    fused = {}
+    for mode in ("eager", "compile"):
+        _, report = gpushape.optimize(copy.deepcopy(r.model), r.example_inputs, gpu="h200",
+                                      dtype=torch.bfloat16, train=True, mode=mode)  # fmt: skip
+        fused[mode] = {c.module.rpartition(".")[2] for c in report.applied
+                       if c.transform == "fuse-qkv"}  # fmt: skip
+        if mode == "compile":
+            assert any("rotary embedding" in s.reason for s in report.skipped)
+    assert fused == {"eager": {"self_attn", "mlp"}, "compile": {"mlp"}}

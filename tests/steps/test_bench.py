@@ -334,7 +334,7 @@ def test_a_transform_named_beside_optimize_is_applied_after_the_findings_fixes(m
         parse_variant("optimize+fuse-everything")
     calls = []
 
-    def optimized(model, batch, gpu, mode, transforms=None):
+    def optimized(model, batch, gpu, mode, transforms=None, quiet_sites=False):
         calls.append((mode, transforms))
         rolled = [NS(transform="fuse-qkv", reason="predicted slower")] if transforms is None else []
         applied = [NS(transform="fuse-qkv" if transforms else "masked-lm-head")]

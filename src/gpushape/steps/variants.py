@@ -143,6 +143,9 @@ class Spec:
     also: tuple[str, ...] = ()
     """Transforms optimize applies by name after the findings' fixes, kept whatever their
     prediction (the variant "optimize-compile+fuse-qkv": a fix optimize rolled back, timed)."""
+    quiet_sites: bool = False
+    """With `transforms`: leave alone the sites whose finding saves nothing in the mode, as
+    optimize does with the findings' own fixes (the loop's stages rebuild its plan)."""
 
     @classmethod
     def of(cls, name: str) -> Spec:
@@ -210,7 +213,9 @@ def build_variant(
     if spec.channels_last:
         model, batch = _channels_last(model, batch)
     if spec.optimize_mode:
-        model, report = _optimized(model, batch, gpu, spec.optimize_mode, spec.transforms)
+        model, report = _optimized(
+            model, batch, gpu, spec.optimize_mode, spec.transforms, spec.quiet_sites
+        )
         if spec.also:
             model, named = _optimized(model, batch, gpu, spec.optimize_mode, spec.also)
             report = _merged(report, named)
@@ -295,7 +300,9 @@ def _channels_last(model: nn.Module, batch: Batch) -> tuple[nn.Module, Batch]:
     return model, batch
 
 
-def _optimized(model: nn.Module, batch: Batch, gpu: Any, mode: str, transforms=None):
+def _optimized(
+    model: nn.Module, batch: Batch, gpu: Any, mode: str, transforms=None, quiet_sites=False
+):
     """gpushape.optimize at the benchmark's batch (what the audit prices), each rewrite checked
     on CHECK_SAMPLES samples of it (the check runs the model in float64)."""
     from ..transforms import optimize
@@ -307,7 +314,8 @@ def _optimized(model: nn.Module, batch: Batch, gpu: Any, mode: str, transforms=N
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     transforms = list(transforms) if transforms is not None else None
     return optimize(model, batch.inputs, gpu, train=True, dtype=dtype, mode=mode,
-                    transforms=transforms, verify_inputs=small)  # fmt: skip
+                    transforms=transforms, verify_inputs=small,
+                    quiet_sites=quiet_sites or transforms is None)  # fmt: skip
 
 
 def _merged(first: Any, named: Any) -> Any:

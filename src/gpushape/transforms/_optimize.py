@@ -170,6 +170,32 @@ def _pick(report: Any, asked: list[str] | None, mode: str, out: OptimizeReport) 
     return sorted(wanted, key=lambda t: ORDER.index(t) if t in ORDER else len(ORDER))
 
 
+def _quiet_sites(report: Any, mode: str, out: OptimizeReport) -> dict[str, set[str]]:
+    """Per fix, the parent modules of its findings that save nothing in `mode` where another
+    finding of the same fix pays (separate-qkv: an attention with rotary embeddings under
+    torch.compile, beside a gated MLP): the transform leaves those sites alone."""
+    quiet: dict[str, set[str]] = {}
+    for f in report.findings:
+        why = (f.evidence.get("why_quiet") or {}).get(mode)
+        parents = f.evidence.get("parents")
+        if f.fix and why and parents and not _worth(f):
+            quiet.setdefault(f.fix, set()).update(parents)
+            out.skipped.append(Refusal(transform=f.fix, module=f.module, reason=why))
+    return quiet
+
+
+def _without(ctx: TransformContext, parents: set[str]) -> TransformContext:
+    """`ctx` whose filter also refuses the children of `parents`."""
+    user = ctx.filter_fn
+
+    def allowed(module: nn.Module, fqn: str) -> bool:
+        if fqn.rpartition(".")[0] in parents:
+            return False
+        return user is None or bool(user(module, fqn))
+
+    return dataclasses.replace(ctx, filter_fn=allowed)
+
+
 def _worth(f: Any) -> bool:
     return bool(f.fix and f.est_saving_s and f.est_saving_s > 0)
 
@@ -190,11 +216,15 @@ def optimize(
     transforms: list[str] | None = None,
     filter_fn: FilterFn | None = None,
     verify_inputs: Any = None,
+    quiet_sites: bool | None = None,
 ) -> tuple[nn.Module, OptimizeReport]:
     """Apply the audit's fixes to `model` (in place); see the module docstring.
 
     `verify_inputs`: smaller inputs for the numeric check (it runs the model in float64);
-    default the example inputs, which the audits and the transforms see."""
+    default the example inputs, which the audits and the transforms see. `quiet_sites`: leave
+    alone the sites whose finding saves nothing in `mode` where another finding of the same fix
+    pays (default: when the fixes come from the findings, not from `transforms`; the
+    fix-by-fix loop also sets it for its stages, which name the fixes the plan applied)."""
     from ..auditing.api import audit
 
     if mode not in MODES:
@@ -226,8 +256,12 @@ def optimize(
     picked = _pick(before, transforms, mode, out)
     if memory_budget is not None and CHECKPOINT not in picked:
         picked.append(CHECKPOINT)  # a budget asks for it, with or without a finding
+    if quiet_sites is None:
+        quiet_sites = transforms is None
+    quiet = _quiet_sites(before, mode, out) if quiet_sites else {}
     for tid in picked:
-        model = _apply_one(model, tid, ctx, ref, out, guard if transforms is None else None)
+        site_ctx = _without(ctx, quiet[tid]) if tid in quiet else ctx
+        model = _apply_one(model, tid, site_ctx, ref, out, guard if transforms is None else None)
     if graphable:
         model = _measured(model, GRAPH_LAYERS, ctx, out)
     flags = audit_flags(model)
