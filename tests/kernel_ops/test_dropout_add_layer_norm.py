@@ -191,3 +191,20 @@ def test_bert_shape_bfloat16_on_the_gpu():
         _ours(p), _composition(keep, p), inputs, names=("x", "r", "w", "b")
     )
     assert all(res.passed for res in results)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_functional_eager_path_output_and_every_gradient(interpret, dtype):
+    """Plain tensors take the eager autograd.Function: same kernels, same gate; the seed it
+    draws is the generator's next, so the reference rebuilds that mask."""
+    p, shape = 0.2, (5, 48)
+    inputs = _inputs(shape, dtype)
+    torch.manual_seed(7)
+    seed = int(dal.draw_seed(inputs[0].device).item())
+    keep = keep_mask_reference(seed, 5, 48, p, inputs[0].device)
+
+    def ours(x, r, w, b):
+        torch.manual_seed(7)
+        return dropout_add_layer_norm(x, r, w, b, 1e-5, p=p)
+
+    gate_forward_backward(ours, _composition(keep, p), inputs, names=("x", "r", "w", "b"))

@@ -14,7 +14,8 @@ and s and writes the residual's and x's gradients (4 S). Eager PyTorch runs thre
 stores a mask; Inductor (torch 2.11) fuses them but spends one Philox call per element.
 
 Layers: launch plans and launchers, the reference for CPU tensors, the custom ops with fake and
-autograd, the functional `dropout_add_layer_norm`. Rows wider than MAX_N run the unfused ops.
+autograd (plain tensors outside torch.compile take an eager autograd.Function to the same
+launchers), the functional `dropout_add_layer_norm`. Rows wider than MAX_N run the unfused ops.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
-from .._dispatch import check_float, check_same_device, functorch_active, use_triton
+from .._dispatch import check_float, check_same_device, eager_path, functorch_active, use_triton
 from .._launch import Launch, aligned
 from ..attention._philox import drop_threshold, keep_mask_reference
 from ._common import empty_if_none, fake_param_grad
@@ -240,6 +242,25 @@ def _backward(ctx, dy, _ds, _dmean, _drstd):
 _op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _Eager(torch.autograd.Function):
+    """Plain tensors outside torch.compile: straight to the launchers (the custom ops' Python
+    dispatch costs more host time than these kernels take on the GPU)."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps, p, seed):
+        y, s, mean, rstd = forward(x, residual, weight, bias, eps, p, seed)
+        ctx.save_for_backward(s, weight, bias, mean, rstd, seed)
+        ctx.p = p
+        return y
+
+    @staticmethod
+    @once_differentiable  # the backward's kernels have no derivative of their own
+    def backward(ctx, dy):
+        s, weight, bias, mean, rstd, seed = ctx.saved_tensors
+        dx, dres, dw, db = backward(dy, s, weight, bias, mean, rstd, seed, ctx.p)
+        return dres if ctx.p == 0 else dx, dres, dw, db, None, None, None
+
+
 # ---- functional ---------------------------------------------------------------------------------
 def _check(x, residual, weight, bias, eps, p) -> None:
     for name, t in (("x", x), ("residual", residual)):
@@ -288,6 +309,8 @@ def dropout_add_layer_norm(
         h = F.dropout(x, p, training=drop) + residual
         return F.layer_norm(h, (x.shape[-1],), weight, bias, eps)
     seed = draw_seed(x.device) if drop else None
-    y, _, _, _ = _op(x.contiguous(), residual.contiguous(), weight, bias, float(eps),
-                     float(p) if drop else 0.0, seed)  # fmt: skip
-    return y
+    args = (x.contiguous(), residual.contiguous(), weight, bias, float(eps),
+            float(p) if drop else 0.0, seed)  # fmt: skip
+    if eager_path(x):
+        return _Eager.apply(*args)
+    return _op(*args)[0]
