@@ -202,10 +202,8 @@ def loop(
     runner = "compile" if mode == "compile" else "eager"
     specs = {GIVEN: Spec(runner=runner)}
     for i, tid in enumerate(applied):
-        specs[f"+ {tid}"] = Spec(
-            optimize_mode=mode, transforms=tuple(applied[: i + 1]), runner=runner,
-            quiet_sites=True,
-        )  # fmt: skip
+        specs[f"+ {tid}"] = Spec(optimize_mode=mode, transforms=tuple(applied[: i + 1]),
+                                 runner=runner, quiet_sites=True)  # fmt: skip
     last = specs[list(specs)[-1]]
     if "fused-optimizer" in predicted:
         last = specs["+ fused-optimizer"] = dataclasses.replace(last, fused_optimizer=True)
