@@ -25,6 +25,7 @@ ORDER = (
     "skip-attention-mask",
     "fuse-activation",
     "fuse-norm-act",
+    "fuse-dropout-add-norm",  # a BERT-style block output's forward, on its instance
     "fast-max-pool",  # after fuse-norm-act's fx rewrite, which keeps nn.MaxPool2d a module
     "channels-last",
     "masked-lm-head",
