@@ -192,6 +192,7 @@ FUSED = (
     "fused_batch_norm_act",
     "fused_softmax_dropout",
     "fused_max_pool",
+    "fused_dropout_add_norm",  # no rule proposes it yet: its fix is applied by name
 )
 # ... and the same kernels where a model already runs them (an optimized model's trace records
 # their custom ops, one op a pass, as torch.compile and CUDA graphs see them).
@@ -200,8 +201,8 @@ KERNEL_FAMILIES = {
     "gpushape.layer_norm_gelu_backward": "fused_norm_act",
     "gpushape.add_layer_norm": "fused_norm_act",
     "gpushape.add_layer_norm_backward": "fused_norm_act",
-    "gpushape.dropout_add_layer_norm": "fused_norm_act",
-    "gpushape.dropout_add_layer_norm_backward": "fused_norm_act",
+    "gpushape.dropout_add_layer_norm": "fused_dropout_add_norm",
+    "gpushape.dropout_add_layer_norm_backward": "fused_dropout_add_norm",
     "gpushape.rms_norm": "fused_norm_act",
     "gpushape.rms_norm_backward": "fused_norm_act",
     "gpushape.batch_norm_stats": "fused_batch_norm_act",

@@ -248,6 +248,14 @@ WORKLOADS = (
         lambda s: _fused("softmax_dropout", s),
         passes=5,
     ),
+    # fwd: read x and residual, write the sum and y; bwd: read dy and the sum, write the
+    # residual's and x's gradients (the mask regenerated)
+    FamilyWorkload(
+        "fused_dropout_add_norm",
+        "gpushape dropout_add_layer_norm(p=0.1) on 16384x768 (BERT-base's block output)",
+        lambda s: _fused("dropout_add_norm", s),
+        passes=8,
+    ),
     # a 3x3 stride-2 window: y is a quarter of x, its int8 window positions an eighth (bf16);
     # fwd: read x, write y and the positions; bwd: read the positions and dy, write dx
     FamilyWorkload(

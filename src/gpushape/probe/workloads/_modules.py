@@ -49,6 +49,7 @@ def _side(scale: float, full: int) -> int:
 
 def _fused(kind: str, scale: float) -> nn.Module:
     from ...kernels import BatchNormAct2d, LayerNormGELU, MaxPool2d, SoftmaxDropout
+    from ...kernels import dropout_add_layer_norm as dal
 
     if kind == "norm_act":
         return _Workload(
@@ -73,6 +74,14 @@ def _fused(kind: str, scale: float) -> nn.Module:
             shape,
             channels_last=True,
             modules={"op": MaxPool2d(3, 2, 1)},
+        )
+    if kind == "dropout_add_norm":  # BERT-base's block output at 32 x 512 tokens
+        norm = nn.LayerNorm(768, eps=1e-12)
+        return _Workload(
+            lambda m, x, r: dal(x, r, m.layers["op"].weight, m.layers["op"].bias, 1e-12, p=0.1),
+            (_rows(scale, 16384), 768),
+            (_rows(scale, 16384), 768),
+            modules={"op": norm},
         )
     return _Workload(
         lambda m, x: m.layers["op"](x),
