@@ -200,3 +200,18 @@ def test_hugging_face_blocks_pass_optimize(interpret, kind):
     model(ids).logits.sum().backward()  # dropout on: the kernels' training path runs
     revert(model)
     assert not any("forward" in m.__dict__ for m in model.modules() if m is not model)
+
+
+def test_torch_compile_traces_the_fused_block_whole(interpret):
+    """fullgraph: the instance forward, the seed draw and the custom op trace without a break
+    (the BERT case compiles it); with dropout off the compiled block equals the eager one."""
+    torch.manual_seed(0)
+    model = Block(SelfOutput(p=0.0)).train()
+    _apply(model)
+    x = torch.randn(4, 24)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), model(x))
+    model.out.dropout.p = 0.3
+    y = torch.compile(model, fullgraph=True, backend="aot_eager")(x.requires_grad_())
+    y.backward(torch.randn_like(y))
+    assert x.grad is not None and torch.isfinite(x.grad).all()
