@@ -31,7 +31,7 @@ for spec in "$@"; do
     norms) run norms "$secs" python3 benchmarks/kernels/bench_norms.py ;;
     bn) run bn "$secs" bash -c 't=""; [ -f "$OUT/tune_batch_norm_act.json" ] && t="--tuning $OUT/tune_batch_norm_act.json"; python3 benchmarks/kernels/bench_batch_norm_act.py $t' ;;
     # dropout + add + LayerNorm: the fused kernel's tests on the GPU, then it against eager and Inductor
-    dal) run dal "$secs" bash -c 'python3 -m pytest -q -p no:cacheprovider tests/kernel_ops/test_dropout_add_layer_norm.py tests/transforms/test_fuse_dropout_add_norm.py && python3 benchmarks/kernels/bench_dropout_add_norm.py --out "$OUT"' ;;
+    dal) run dal "$secs" bash -c 'python3 -m pytest -q -p no:cacheprovider tests/kernel_ops/test_dropout_add_layer_norm.py tests/transforms/test_fuse_dropout_add_norm.py && python3 benchmarks/kernels/bench_dropout_add_norm.py --out "$OUT" ${DAL_ARGS:-}' ;;
     attn) run attn "$secs" python3 benchmarks/kernels/bench_attention.py ;;
     attn-qkv) run attn-qkv "$secs" python3 benchmarks/kernels/bench_attention.py --sections qkv ;;
     diag-bn) run diag-bn "$secs" python3 benchmarks/kernels/diagnose_batch_norm_act.py --repeats "${REPEATS:-6}" --out "$OUT/diagnose_batch_norm_act.json" ;;

@@ -1,6 +1,6 @@
 """dropout_add_layer_norm against eager PyTorch and torch.compile of the same ops, on one GPU.
 
-    python benchmarks/kernels/bench_dropout_add_norm.py [--shape 16384x768] [--p 0.1] [--out DIR]
+    python benchmarks/kernels/bench_dropout_add_norm.py [--shape 16384x768] [--p 0.1] [--sweep]
 
 y = LayerNorm(dropout(x, p) + residual), bf16, BERT-base's block output at 32 x 512 tokens by
 default. Each variant's forward, and its forward plus the gradients of x, residual, weight and
@@ -33,6 +33,13 @@ CONFIGS = {
     "sum 32x32": dal.DropoutLaunch(sum_block_n=32, sum_block_p=32),
     "sum 16x128": dal.DropoutLaunch(sum_block_n=16, sum_block_p=128),
     "bwd 4/sm": dal.DropoutLaunch(bwd_programs_per_sm=4),
+}
+# --sweep: forward launch shapes too (the forward ran at 0.45 of the H200's copy rate)
+SWEEP = {
+    "fwd 1 row, 4 warps": dal.DropoutLaunch(fwd_tile_elems=1024),
+    "fwd 4 rows, 16 warps": dal.DropoutLaunch(fwd_tile_elems=4096),
+    "fwd 2 rows, 4 warps": dal.DropoutLaunch(fwd_elems_per_thread=16),
+    "fwd 2 rows, 16 warps": dal.DropoutLaunch(fwd_elems_per_thread=4),
 }
 
 
@@ -68,7 +75,9 @@ def main() -> None:
     ap.add_argument("--p", type=float, default=0.1)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    ap.add_argument("--sweep", action="store_true", help="time other forward launch shapes too")
     args = ap.parse_args()
+    configs = {**CONFIGS, **(SWEEP if args.sweep else {})}
     m, n = (int(v) for v in args.shape.split("x"))
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
@@ -78,7 +87,7 @@ def main() -> None:
     b = (0.1 * torch.randn(n, device=dev)).to(dt).requires_grad_()
     dy = torch.randn(m, n, device=dev, dtype=dt)
     variants = {"eager": composition, "compiled": torch.compile(composition)}
-    variants.update({f"gpushape {k}": ours(c) for k, c in CONFIGS.items()})
+    variants.update({f"gpushape {k}": ours(c) for k, c in configs.items()})
     timed = {}
     for kind in ("forward", "forward+backward"):
         graphs = {}
@@ -99,7 +108,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_results(out / "bench_dropout_add_norm.json", rows, shape=[m, n], p=args.p,
-                  configs={k: c._asdict() for k, c in CONFIGS.items()})  # fmt: skip
+                  configs={k: c._asdict() for k, c in configs.items()})  # fmt: skip
     print(f"dropout + add + LayerNorm, {m} x {n} bf16, p={args.p}, CUDA-graph replays, medians")
     print(f"{'variant':24} {'fwd us':>8} {'GB/s':>6} {'fwd+bwd us':>11} {'GB/s':>6}")
     for row in rows:
