@@ -151,3 +151,33 @@ def keep_mask_reference(
     halves = [(w >> shift) & 0xFFFF for w in words for shift in (0, 16)]
     draws = torch.stack(halves, dim=-1).reshape(rows, groups * DRAWS_PER_CALL)[:, :cols]
     return draws >= drop_threshold(p)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the ops that draw these masks share (softmax_dropout, norms/dropout_add_layer_norm)
+# ---------------------------------------------------------------------------------------------
+
+SEED_HIGH = 2**63 - 1
+
+
+def draw_seed(device: torch.device | str) -> torch.Tensor:
+    """A (1,) int64 seed from torch's generator on `device`: no host sync, CUDA-graph safe."""
+    return torch.randint(0, SEED_HIGH, (1,), dtype=torch.int64, device=device)
+
+
+def dropout_keep_mask(
+    seed: int | torch.Tensor, shape, p: float, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """The bool keep mask of shape `shape` (rows: every dimension but the last) that the
+    kernels draw for `seed` (for checks and the CPU references)."""
+    seed = int(seed.item()) if isinstance(seed, torch.Tensor) else int(seed)
+    shape = tuple(shape)
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return keep_mask_reference(seed, rows, shape[-1], p, device).reshape(shape)
+
+
+def check_p(op: str, p: float) -> None:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+        raise ValueError(f"{op}: dropout probability p must lie in [0, 1), got {p!r}")

@@ -38,7 +38,8 @@ from .._dispatch import (
 )
 from . import _softmax_bwd_kernels as KB
 from . import _softmax_kernels as K
-from ._philox import drop_threshold, keep_mask_reference
+from ._philox import check_p as _check_p
+from ._philox import draw_seed, drop_threshold, dropout_keep_mask
 from ._softmax_reference import backward_reference, compute_dtype, forward_reference
 
 __all__ = [
@@ -54,7 +55,6 @@ __all__ = [
 SINGLE_PASS_MAX_N = 16384
 _TILE_ELEMS = 4096  # elements per program in the one-pass kernels
 _LOOP_CHUNK = 4096  # columns per step in the two-pass kernels
-_SEED_HIGH = 2**63 - 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,28 +277,6 @@ softmax_dropout_fwd.register_autograd(_backward, setup_context=_setup_context)
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
-
-
-def draw_seed(device: torch.device | str) -> torch.Tensor:
-    """A (1,) int64 seed from torch's generator on `device`: no host sync, CUDA-graph safe."""
-    return torch.randint(0, _SEED_HIGH, (1,), dtype=torch.int64, device=device)
-
-
-def dropout_keep_mask(
-    seed: int | torch.Tensor, shape, p: float, device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """The bool keep mask (x's shape) that softmax_dropout draws for `seed` (for checks)."""
-    seed = int(seed.item()) if isinstance(seed, torch.Tensor) else int(seed)
-    shape = tuple(shape)
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
-    return keep_mask_reference(seed, rows, shape[-1], p, device).reshape(shape)
-
-
-def _check_p(op: str, p: float) -> None:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-        raise ValueError(f"{op}: dropout probability p must lie in [0, 1), got {p!r}")
 
 
 def _check_inputs(x, p, scale, attn_mask, is_causal) -> None:

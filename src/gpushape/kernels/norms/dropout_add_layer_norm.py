@@ -32,7 +32,7 @@ from torch.autograd.function import once_differentiable
 
 from .._dispatch import check_float, check_same_device, eager_path, functorch_active, use_triton
 from .._launch import Launch, aligned
-from ..attention._philox import drop_threshold, keep_mask_reference
+from ..attention._philox import check_p, draw_seed, drop_threshold, dropout_keep_mask
 from ._common import empty_if_none, fake_param_grad
 from ._launch import _sum_launch, _tl_acc, sm_count
 from ._reference import ACT_NONE, reference_backward, reference_forward, stat_dtype
@@ -40,7 +40,6 @@ from ._tuning import cdiv, pow2, tuning
 
 OP = "dropout_add_layer_norm"
 MAX_N = 8192  # widest row held in registers; wider rows run F.dropout, add and F.layer_norm
-_SEED_HIGH = 1 << 62
 
 
 class DropoutLaunch(NamedTuple):
@@ -168,15 +167,11 @@ def backward(dy, s, weight, bias, mean, rstd, seed, p: float):
 
 
 # ---- reference (CPU tensors without TRITON_INTERPRET) ------------------------------------------
-def _keep(seed, shape, p, device) -> Tensor:
-    rows = math.prod(shape[:-1])
-    mask = keep_mask_reference(int(seed.item()), rows, shape[-1], p, device)
-    return mask.reshape(shape)
-
-
 def _reference_forward(x, residual, weight, bias, eps, p, seed):
     if p > 0:
-        x = torch.where(_keep(seed, x.shape, p, x.device), x * _scale(p), 0.0).to(x.dtype)
+        x = torch.where(dropout_keep_mask(seed, x.shape, p, x.device), x * _scale(p), 0.0).to(
+            x.dtype
+        )
     out = reference_forward(x, residual, weight, bias, eps, act=ACT_NONE, rms=False)
     return out.y, out.s, out.mean, out.rstd
 
@@ -186,7 +181,9 @@ def _reference_backward(dy, s, weight, bias, mean, rstd, seed, p):
                                       rms=False)  # fmt: skip
     if p == 0:
         return s.new_empty(0), dres, dw, db
-    dx = torch.where(_keep(seed, s.shape, p, s.device), dres * _scale(p), 0.0).to(s.dtype)
+    dx = torch.where(dropout_keep_mask(seed, s.shape, p, s.device), dres * _scale(p), 0.0).to(
+        s.dtype
+    )
     return dx, dres, dw, db
 
 
@@ -279,15 +276,9 @@ def _check(x, residual, weight, bias, eps, p) -> None:
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != (n,):
             raise ValueError(f"{OP}: {name} has shape {tuple(t.shape)}, expected ({n},)")
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-        raise ValueError(f"{OP}: dropout probability p must lie in [0, 1), got {p!r}")
+    check_p(OP, p)
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{OP}: eps must be a finite number >= 0, got {eps!r}")
-
-
-def draw_seed(device: torch.device | str) -> Tensor:
-    """A (1,) int64 seed from torch's generator on `device`: no host sync, CUDA-graph safe."""
-    return torch.randint(0, _SEED_HIGH, (1,), dtype=torch.int64, device=device)
 
 
 def dropout_add_layer_norm(
