@@ -32,6 +32,8 @@ for spec in "$@"; do
     bn) run bn "$secs" bash -c 't=""; [ -f "$OUT/tune_batch_norm_act.json" ] && t="--tuning $OUT/tune_batch_norm_act.json"; python3 benchmarks/kernels/bench_batch_norm_act.py $t' ;;
     # dropout + add + LayerNorm: the fused kernel's tests on the GPU, then it against eager and Inductor
     dal) run dal "$secs" bash -c 'python3 -m pytest -q -p no:cacheprovider tests/kernel_ops/test_dropout_add_layer_norm.py tests/transforms/test_fuse_dropout_add_norm.py && python3 benchmarks/kernels/bench_dropout_add_norm.py --out "$OUT" ${DAL_ARGS:-}' ;;
+    # cuDNN's graph API: BatchNorm's statistics (and its scale-bias-ReLU) fused into ResNet-50's convolutions? (needs .whl/nvidia_cudnn_frontend)
+    cudnn-fusion) run cudnn-fusion "$secs" python3 benchmarks/kernels/probe_cudnn_fusion.py --out "$OUT/probe_cudnn_fusion.json" ;;
     attn) run attn "$secs" python3 benchmarks/kernels/bench_attention.py ;;
     attn-qkv) run attn-qkv "$secs" python3 benchmarks/kernels/bench_attention.py --sections qkv ;;
     diag-bn) run diag-bn "$secs" python3 benchmarks/kernels/diagnose_batch_norm_act.py --repeats "${REPEATS:-6}" --out "$OUT/diagnose_batch_norm_act.json" ;;
