@@ -39,7 +39,8 @@ def test_each_saving_has_its_wall_clock_share(gpt2):
     f, step = _finding(gpt2["eager"], "tc-align"), gpt2["eager"].step
     assert step.bound == "GPU"
     # the GPU's saving, down to where the host's dispatch takes over as the pace
-    expected = step.wall_s - wall_clock_s(step.gpu_s - f.est_saving_s, step.host_s)
+    gpu_side = step.gpu_s + step.idle_s  # its kernels and the GPU's idle time between them
+    expected = step.wall_s - wall_clock_s(gpu_side - f.est_saving_s, step.host_s, step.spread)
     assert f.evidence["wall_saving_s"] == pytest.approx(expected)
     assert 0.5 * f.est_saving_s < expected <= f.est_saving_s
 
@@ -280,3 +281,33 @@ def test_the_wall_clock_is_the_longer_side_with_the_hosts_spread():
     before, after = wall_clock_s(0.0318, 0.0348), wall_clock_s(0.0272, 0.0348)
     assert 0.2 * 0.0046 < before - after < 0.0046
     assert StepTime(mode="eager", gpu_s=0.0318, host_s=0.0348).wall_s == before
+
+
+def test_the_gpu_idles_between_its_kernels_as_the_profile_measured():
+    """A step's GPU side is its kernels' busy time plus the idle time between them, at the
+    profile's rate for the mode; a profile without it counts none."""
+    from gpushape.auditing.modes import StepTime, compile_graphs_step, device_gap_s
+    from gpushape.hardware import calibrated, get_gpu
+    from gpushape.hardware.profile import apply_profile
+
+    step = StepTime(mode="compile", gpu_s=0.020, host_s=0.001, kernels=500, idle_s=0.0015)
+    assert step.wall_s == pytest.approx(0.0215)  # GPU-bound: kernels, then the gaps
+    bare = get_gpu("h100")  # no profile shipped for it: only these rows
+    assert device_gap_s(bare, "compile") == 0.0
+    rows = {"eager": 2e-6, "compile": 3e-6, "graph": 0.4e-6, "compile-graphs": 1e-6}
+    profile = {"device_gap": {k: {"seconds": v, "steps": 5} for k, v in rows.items()}}
+    gpu = apply_profile(bare, profile)
+    assert {k: device_gap_s(gpu, k) for k in rows} == pytest.approx(rows)
+    model, inputs = create_model("bert-base", batch=1)
+    compiled = gpushape.audit(model, inputs, gpu=gpu, train=True, mode="compile").step
+    assert compiled.idle_s == pytest.approx(compiled.kernels * 3e-6)
+    graph = gpushape.audit(model, inputs, gpu=gpu, train=True, mode="graph").step
+    assert graph.idle_s == pytest.approx(graph.kernels * 0.4e-6)
+    replayed = compile_graphs_step(compiled, graph, gpu)  # reduce-overhead: compiled kernels
+    assert replayed.gpu_s == compiled.gpu_s and replayed.kernels == compiled.kernels
+    assert replayed.idle_s == pytest.approx(compiled.kernels * 1e-6)
+    assert replayed.host_s == graph.host_s
+    shipped = compile_graphs_step(compiled, graph, "h200")  # a name: its shipped profile's
+    assert shipped.idle_s == pytest.approx(
+        compiled.kernels * device_gap_s(calibrated(get_gpu("h200")), "compile-graphs")
+    )

@@ -117,10 +117,15 @@ class StepTime:
     issue, about 8 us each, against 46 on average)."""
     spread: float = HOST_SPREAD
     """The host side's spread (`host_spread`)."""
+    idle_s: float = 0.0
+    """The GPU's idle time between its kernels while the host keeps it fed: kernels x the
+    profile's device gap for the mode (`device_gap_s`). A GPU-bound step's wall clock is its
+    kernels' busy time plus this (on the H200, 1-3 us a kernel issued one by one and well
+    under 1 us replayed from a whole-step CUDA graph)."""
 
     @property
     def wall_s(self) -> float:
-        return wall_clock_s(self.gpu_s, self.host_s, self.spread)
+        return wall_clock_s(self.gpu_s + self.idle_s, self.host_s, self.spread)
 
     @property
     def bound(self) -> str:
@@ -145,6 +150,18 @@ def compiled_stage(given: StepTime, stage: StepTime) -> StepTime:
     return dataclasses.replace(stage, host_s=host_s)
 
 
+def compile_graphs_step(compiled: StepTime, graph: StepTime, gpu: Any) -> StepTime:
+    """torch.compile's CUDA graphs (mode="reduce-overhead"): the compiled step's GPU work and
+    kernels, launched as the audit's graph mode launches them, with the GPU's idle time
+    between kernels as those graphs replay them. `gpu`: a GPUSpec, or what `audit` takes."""
+    if not hasattr(gpu, "achievable"):
+        from .target import resolve_target
+
+        gpu = resolve_target(gpu).spec
+    idle = compiled.kernels * device_gap_s(gpu, "compile-graphs")
+    return dataclasses.replace(graph, gpu_s=compiled.gpu_s, kernels=compiled.kernels, idle_s=idle)
+
+
 def predicted_step_s(report: Any) -> float:
     """A report's predicted step, as its header shows it. Eager: kernels and launches in
     series (the cost model's step), or the host's dispatch where that is longer (a host-bound
@@ -156,6 +173,12 @@ def predicted_step_s(report: Any) -> float:
     if step.mode == "eager":
         return max(report.totals.roofline_time_s, step.wall_s)
     return step.wall_s
+
+
+def device_gap_s(gpu: Any, kind: str) -> float:
+    """Seconds the GPU idles between two kernels of a step run as `kind` ("eager", "compile",
+    "graph", "compile-graphs"), where the profile measured it; else 0."""
+    return float((getattr(gpu.achievable, "device_gap", None) or {}).get(kind, 0.0))
 
 
 def compiled_kernel_s(rates) -> float:
@@ -196,7 +219,8 @@ def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) ->
         achievable.graph_launch_overhead_s if mode == "graph" else achievable.launch_overhead_s
     )
     return StepTime(mode=mode, gpu_s=gpu_s, host_s=host_s, kernels=kernels, marginal_s=marginal,
-                    spread=host_spread(ctx.gpu))  # fmt: skip
+                    spread=host_spread(ctx.gpu),
+                    idle_s=kernels * device_gap_s(ctx.gpu, mode))  # fmt: skip
 
 
 def host_spread(gpu: Any) -> float:
@@ -213,7 +237,10 @@ def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:
     if f.fix == "cuda-graphs":
         graph = step_time(ctx, "graph")
         if step.mode == "compile":  # mode="reduce-overhead" replays the compiled kernels
-            graph = StepTime(mode="graph", gpu_s=step.gpu_s, host_s=graph.host_s)
+            graph = compile_graphs_step(step, graph, ctx.gpu)
+        # the finding prices the launches a graph saves; the GPU's idle time between kernels
+        # is left as it is (the loop prices a replayed stage's own: steps/fix_by_fix.py)
+        graph = dataclasses.replace(graph, idle_s=step.idle_s)
         return max(step.wall_s - graph.wall_s, 0.0)
     if f.fix in OUTSIDE_STEP:
         host = host_saving_s(f, ctx) if step.mode == "eager" else 0.0
@@ -222,17 +249,14 @@ def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:
         # eager: the optimizer's GPU work is in step_time's GPU side (a finding with a saving
         # was priced from the same step), its foreach Python on the host's side; fused, both
         # shrink
-        before = StepTime(mode="eager", gpu_s=step.gpu_s, host_s=step.host_s)
-        after = StepTime(
-            mode="eager",
-            gpu_s=max(step.gpu_s - f.est_saving_s, 0.0),
-            host_s=max(step.host_s - host, 0.0),
+        after = dataclasses.replace(
+            step, gpu_s=max(step.gpu_s - f.est_saving_s, 0.0), host_s=max(step.host_s - host, 0.0)
         )
-        return before.wall_s - after.wall_s
+        return step.wall_s - after.wall_s
     host_s = step.host_s
     if step.mode == "eager":
         host_s = max(host_s - host_saving_s(f, ctx), 0.0)
-    after = StepTime(mode=step.mode, gpu_s=max(step.gpu_s - f.est_saving_s, 0.0), host_s=host_s)
+    after = dataclasses.replace(step, gpu_s=max(step.gpu_s - f.est_saving_s, 0.0), host_s=host_s)
     return step.wall_s - after.wall_s
 
 

@@ -21,6 +21,10 @@ Format (JSON, `"format": "gpushape-profile"`, `"version": 1`)::
       "conv_small_cin": {"efficiency": 0.1, ...},     # an RGB stem conv / the GEMM model's rate
       "attention": {"flash/d64": {"flash/fwd/d64": 0.5, "flash/bwd/d64": 0.4, ...}, ...},
                                           # fused attention / the GEMM model's rate, per pass
+      "host": {"op": {"seconds": 8e-6, ...}, ...},    # the host's side of a step, per call
+      "device_gap": {"compile": {"seconds": 2.9e-6, "steps": 22, ...}, ...},
+                          # the GPU's idle time between kernels, by how the step runs (eager,
+                          # compile, graph, compile-graphs), fitted on timed GPU-bound steps
       "sweeps": {...}                                 # raw sweep data (optional, free-form)
     }
 
@@ -124,6 +128,13 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
     }
     if host:
         fields["host"] = {**old.host, **host}
+    gap = {
+        k: float(v["seconds"])
+        for k, v in profile.get("device_gap", {}).items()
+        if isinstance(v, dict) and v.get("seconds") is not None
+    }
+    if gap:
+        fields["device_gap"] = {**old.device_gap, **gap}
     if fields:
         measured = tuple(sorted(set(old.measured) | set(fields)))
         achievable = Achievable(
@@ -139,6 +150,7 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
                         "small_cin_conv",
                         "attention",
                         "host",
+                        "device_gap",
                     )
                 },
                 **fields,

@@ -96,6 +96,12 @@ class Achievable:
     # None: the spread between the hosts the rates were measured on. A host measured where the
     # step runs is known closer (steps/host_here.py).
     host_spread: float | None = None
+    # The GPU's idle time from one kernel to the next where the host keeps it fed, seconds a
+    # kernel, by how the step runs: "eager", "compile", "graph" (the whole step replayed from
+    # one CUDA graph), "compile-graphs" (torch.compile's CUDA graphs); fitted on GPU-bound
+    # timed steps, their wall clock less their kernels' busy time
+    # (benchmarks/steps/fit_device_gap.py). Empty: unmeasured (counted as none).
+    device_gap: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
     source: str = "assumed"
     measured: tuple[str, ...] = ()
 
@@ -103,6 +109,7 @@ class Achievable:
         object.__setattr__(self, "memory_efficiency", _frozen(self.memory_efficiency))
         object.__setattr__(self, "attention", _frozen(self.attention))
         object.__setattr__(self, "host", _frozen(self.host))
+        object.__setattr__(self, "device_gap", _frozen(self.device_gap))
 
     def gemm(self, dtype: str) -> float:
         return self.gemm_fraction.get(dtype, self.gemm_fraction.get("default", 0.75))

@@ -302,7 +302,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
     before (masked-lm-head has no host sync, so a graph captures it), compiled
     (reduce-overhead) as the stage before's compiled GPU work with the graph's launches."""
     from ..auditing.api import audit
-    from ..auditing.modes import compiled_stage, wall_clock_s
+    from ..auditing.modes import compile_graphs_step, compiled_stage
     from ..auditing.registry import load_rules
 
     out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
@@ -320,7 +320,9 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             graphed = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                             train=True, mode="graph", optimizer=step.optimizer)  # fmt: skip
             gpu_s = out[previous][0]
-            out[stage] = (gpu_s, wall_clock_s(gpu_s, graphed.step.host_s, graphed.step.spread))
+            compiled = list(reports.values())[-1].step  # the kernels the graphs replay
+            replayed = compile_graphs_step(compiled, graphed.step, gpu)
+            out[stage] = (gpu_s, dataclasses.replace(replayed, gpu_s=gpu_s).wall_s)
         else:
             # graph-layers replays the layers from CUDA graphs: its stage and every stage built
             # on it priced as the audit's graph mode (their layers' dispatch is replayed too)
