@@ -129,11 +129,12 @@ class StepTime:
 
     @property
     def bound(self) -> str:
-        return "host" if self.host_s > self.gpu_s else "GPU"
+        return "host" if self.host_s > self.gpu_s + self.idle_s else "GPU"
 
     def text(self) -> str:
+        idle = f" (+{self.idle_s * 1e3:,.3f} idle between kernels)" if self.idle_s else ""
         return (
-            f"{self.mode}: {self.bound}-bound, {self.gpu_s * 1e3:,.3f} ms on the GPU, "
+            f"{self.mode}: {self.bound}-bound, {self.gpu_s * 1e3:,.3f} ms on the GPU{idle}, "
             f"{self.host_s * 1e3:,.3f} ms on the host"
         )
 
