@@ -153,16 +153,19 @@ def compiled_stage(given: StepTime, stage: StepTime) -> StepTime:
     return dataclasses.replace(stage, host_s=host_s)
 
 
-def compile_graphs_step(compiled: StepTime, graph: StepTime, gpu: Any) -> StepTime:
-    """torch.compile's CUDA graphs (mode="reduce-overhead"): the compiled step's GPU work and
-    kernels, launched as the audit's graph mode launches them, with the GPU's idle time
-    between kernels as those graphs replay them. `gpu`: a GPUSpec, or what `audit` takes."""
+def compile_graphs_step(
+    compiled: StepTime, graph: StepTime, gpu: Any, gpu_s: float | None = None
+) -> StepTime:
+    """torch.compile's CUDA graphs (mode="reduce-overhead"): the compiled step's GPU work (or
+    `gpu_s`) and kernels, launched as the audit's graph mode launches them, with the GPU's idle
+    time between kernels as those graphs replay them. `gpu`: a GPUSpec, or what `audit` takes."""
     if not hasattr(gpu, "achievable"):
         from .target import resolve_target
 
         gpu = resolve_target(gpu).spec
     idle = compiled.kernels * device_gap_s(gpu, "compile-graphs")
-    return dataclasses.replace(graph, gpu_s=compiled.gpu_s, kernels=compiled.kernels, idle_s=idle)
+    gpu_s = compiled.gpu_s if gpu_s is None else gpu_s
+    return dataclasses.replace(graph, gpu_s=gpu_s, kernels=compiled.kernels, idle_s=idle)
 
 
 def predicted_step_s(report: Any) -> float:

@@ -321,8 +321,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
                             train=True, mode="graph", optimizer=step.optimizer)  # fmt: skip
             gpu_s = out[previous][0]
             compiled = list(reports.values())[-1].step  # the kernels the graphs replay
-            replayed = compile_graphs_step(compiled, graphed.step, gpu)
-            out[stage] = (gpu_s, dataclasses.replace(replayed, gpu_s=gpu_s).wall_s)
+            out[stage] = (gpu_s, compile_graphs_step(compiled, graphed.step, gpu, gpu_s).wall_s)
         else:
             # graph-layers replays the layers from CUDA graphs: its stage and every stage built
             # on it priced as the audit's graph mode (their layers' dispatch is replayed too)
