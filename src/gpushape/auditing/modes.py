@@ -257,9 +257,8 @@ def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:
         host = host_saving_s(f, ctx) if step.mode in ("eager", "compile") else 0.0
         if not host:
             return f.est_saving_s
-        # eager: the optimizer's GPU work is in step_time's GPU side (a finding with a saving
-        # was priced from the same step), its foreach Python on the host's side; fused, both
-        # shrink
+        # the optimizer's GPU work is in step_time's GPU side (a finding with a saving was
+        # priced from the same step), its foreach Python on the host's side; fused, both shrink
         after = dataclasses.replace(
             step, gpu_s=max(step.gpu_s - f.est_saving_s, 0.0), host_s=max(step.host_s - host, 0.0)
         )
