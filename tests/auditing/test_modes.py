@@ -311,3 +311,38 @@ def test_the_gpu_idles_between_its_kernels_as_the_profile_measured():
     assert shipped.idle_s == pytest.approx(
         compiled.kernels * device_gap_s(calibrated(get_gpu("h200")), "compile-graphs")
     )
+
+
+def test_an_eager_step_with_a_measured_idle_gap_is_priced_at_its_wall_clock():
+    """Where the profile measured the GPU's idle time between eager kernels, the eager header
+    and the share a saving is graded on are the wall clock (kernels and their idle time, or
+    the host's side); without it, kernels and launches in series, as before."""
+    from gpushape.auditing.modes import predicted_step_s
+    from gpushape.hardware import get_gpu
+    from gpushape.hardware.profile import apply_profile
+
+    model, inputs = create_model("bert-base", batch=1)
+    bare = get_gpu("h100")
+    plain = gpushape.audit(model, inputs, gpu=bare, train=True)
+    assert plain.step.idle_s == 0.0
+    assert predicted_step_s(plain) == pytest.approx(
+        max(plain.totals.roofline_time_s, plain.step.wall_s)
+    )
+    profile = {"device_gap": {"eager": {"seconds": 2e-6, "steps": 5}}}
+    gpu = apply_profile(bare, profile)
+    gapped = gpushape.audit(model, inputs, gpu=gpu, train=True)
+    step = gapped.step
+    assert step.idle_s == pytest.approx(step.kernels * 2e-6) and step.idle_s > 0
+    assert predicted_step_s(gapped) == pytest.approx(step.wall_s)
+    assert predicted_step_s(gapped) < gapped.totals.roofline_time_s  # the series overstates
+    # shares are of the traced step's wall clock too, shorter than the series
+    graded = [
+        f for f in gapped.findings
+        if f.est_saving_s and "share_of_step" in f.evidence
+        and "saving_by_mode_s" not in f.evidence and f.fix != "cuda-graphs"
+    ]  # fmt: skip
+    assert graded
+    for f in graded:
+        basis = f.est_saving_s / f.evidence["share_of_step"]
+        assert basis == pytest.approx(step.wall_s, rel=1e-3)  # no optimizer: the same step
+        assert basis < gapped.totals.roofline_time_s

@@ -87,8 +87,12 @@ class AuditContext:
 
     @cached_property
     def step_time_s(self) -> float:
-        """The cost model's time for the traced step: what time savings are a share of."""
-        return self.cost.totals.roofline_time_s
+        """The traced step's time (forward and backward, no optimizer): what time savings are a
+        share of. Its eager wall clock where the profile measured the GPU's idle time between
+        kernels, else the cost model's kernels and launches in series (`modes.traced_step_s`)."""
+        from .modes import traced_step_s
+
+        return traced_step_s(self)
 
     @cached_property
     def optimizer_step(self) -> Any:

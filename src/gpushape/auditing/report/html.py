@@ -12,6 +12,7 @@ from typing import Any
 from ...errors import GpushapeError
 from ..finding import Severity
 from ..fixes import describe
+from ..modes import predicted_step_s
 from .render import (
     combined_text,
     headline,
@@ -66,7 +67,7 @@ def _findings_html(report: Any, show_all: bool) -> str:
             f"<tr><td><span class='sev' style='background:{SEVERITY_COLORS[f.severity]}'>"
             f"{f.severity.label}</span></td><td>{escape(f.rule)}</td>"
             f"<td><code>{escape(module_text(f))}</code></td>"
-            f"<td class='num'>{escape(saving_text(f, report.totals.roofline_time_s))}"
+            f"<td class='num'>{escape(saving_text(f, predicted_step_s(report)))}"
             f"<br><small>{escape(subsumed_text(f))}</small></td>"
             f"<td>{fix}</td><td>{escape(f.message)}<details><summary>evidence</summary>"
             f"<small>{evidence}</small></details></td></tr>"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..fixes import describe
+from ..modes import predicted_step_s
 from .render import (
     combined_text,
     headline,
@@ -26,7 +27,7 @@ def _findings(report: Any, show_all: bool) -> list[str]:
     if not findings:
         none = "No findings: nothing in this design wastes the chip that the rules can see."
         return [none, *notes]
-    step_s = report.totals.roofline_time_s
+    step_s = predicted_step_s(report)
     lines = [
         "| severity | rule | module | est. saving / step | fix | what and why |",
         "| --- | --- | --- | ---: | --- | --- |",

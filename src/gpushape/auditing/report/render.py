@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..finding import Finding, Severity
 from ..fixes import describe
+from ..modes import predicted_step_s
 from .header import header_text
 
 SEVERITY_STYLE = {
@@ -75,7 +76,7 @@ def combined_text(report: Any) -> str:
     c = report.combined
     if c is None or not c.fixes:
         return ""
-    step_s = report.totals.roofline_time_s
+    step_s = predicted_step_s(report)
     share = f" ({c.saving_s / step_s:.1%} of the step)" if step_s > 0 else ""
     inside = f"; {len(c.subsumed)} marked finding(s) are inside them" if c.subsumed else ""
     return (
@@ -93,7 +94,7 @@ def hidden_text(hidden: int) -> str:
 def render_findings(report: Any, console: Console, *, show_all: bool = False) -> None:
     findings, hidden = visible(report.findings, show_all)
     title = headline(report)
-    step_s = report.totals.roofline_time_s
+    step_s = predicted_step_s(report)
     if not findings:
         console.print(escape(title), highlight=False)
         console.print(
