@@ -174,10 +174,10 @@ def main() -> None:
     checked = [recheck(folder / f"loop-{stem(m)}-{mode}.json", gpu) for m, mode in keys]
     where = gpu if isinstance(gpu, str) else f"{gpu.name} ({args.profile})"
     write_results(folder / "loop-lib-recheck.json", checked, gpu_profile=where)
-    print(
+    lines = [
         f"{'model':36} {'mode':8} {'fix':22} {'then':>8} {'now':>8} {'measured':>9} {'now/meas':>9}"
         f" {'here':>8} {'here/meas':>9} {'host x':>7}"
-    )
+    ]
     for c in checked:
         for r in c["rows"]:
             ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
@@ -188,12 +188,15 @@ def main() -> None:
             )
             ratio_here = "-" if r["ratio_here"] is None else f"{r['ratio_here']:.2f}"
             scale = "-" if r["host_scale"] is None else f"{r['host_scale']:.2f}"
-            print(
+            lines.append(
                 f"{r['model'][:36]:36} {r['mode']:8} {r['fix']:22} "
                 f"{r['predicted_wall_s_then'] * 1e3:8.3f} {r['predicted_wall_s'] * 1e3:8.3f} "
                 f"{r['measured_wall_s'] * 1e3:9.3f} {ratio:>9} {here:>8} {ratio_here:>9} "
                 f"{scale:>7}"
             )
+    # the table beside the JSON it comes from, written with it (a log kept by hand went stale)
+    (folder / "loop-lib-recheck.log").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
