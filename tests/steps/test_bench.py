@@ -374,3 +374,23 @@ def test_compile_joined_with_graph_replays_the_compiled_step_on_a_gpu():
     torch.cuda.synchronize()
     for a, b in zip(compiled.step.model.parameters(), graphed.step.model.parameters()):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_cudnn_benchmark_is_on_while_its_variant_runs_and_only_then():
+    """cudnn-benchmark turns torch.backends.cudnn.benchmark on for the variant's own steps
+    (a forward hook sees it) and leaves PyTorch's default to the variants timed beside it."""
+    from gpushape.steps import synthetic_batch
+    from gpushape.steps.variants import Spec, build_variant
+
+    seen = []
+    model = ConvNet()
+    model.register_forward_hook(lambda *_: seen.append(torch.backends.cudnn.benchmark))
+    batch = synthetic_batch(model, (torch.zeros(2, 3, 16, 16),))
+    assert Spec.of("optimize+graph+cudnn-benchmark").cudnn_benchmark
+    before = torch.backends.cudnn.benchmark
+    tuned = build_variant("cudnn-benchmark", model, batch, optimizer="sgd")
+    plain = build_variant("eager", model, batch, optimizer="sgd")
+    tuned.run()
+    plain.run()
+    assert seen == [True, before] and torch.backends.cudnn.benchmark == before
+    assert any("cudnn.benchmark" in n for n in tuned.notes)

@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--vs",
         metavar="V[,V...]",
         help="variants to time against the baseline: eager, channels-last, optimize, "
-        "optimize-compile, fused-optimizer, caller-backward, compile, compile-max-autotune, "
+        "optimize-compile, fused-optimizer, caller-backward, cudnn-benchmark, compile, "
+        "compile-max-autotune, "
         "compile-graphs, graph, aten-random and tuned-kernels (compile options), "
         "or several joined by '+' (optimize+graph; compile+graph: the compiled step captured "
         "whole)",

@@ -9,7 +9,11 @@ order written, model rewrites apply first, then the optimizer's, then how the st
   fix applied by name after the findings' own, kept whatever its prediction;
 - step: `fused-optimizer` (the same optimizer with fused=True), `caller-backward` (the
   backward on the calling thread, `torch.autograd.set_multithreading_enabled(False)`, instead
-  of autograd's per-device worker thread, where Python runs several times slower);
+  of autograd's per-device worker thread, where Python runs several times slower),
+  `cudnn-benchmark` (torch.backends.cudnn.benchmark on while the variant runs, warms up and is
+  captured: cuDNN times its algorithms for each convolution shape once and keeps the fastest,
+  where its heuristic picks one otherwise; off again between its steps, so the variants timed
+  beside it keep PyTorch's default);
 - compile option: `aten-random` (with a compile runner: Inductor's `fallback_random`, random
   numbers drawn by ATen's kernels, as eager draws them, instead of in its generated Triton
   kernels, where each element runs its own Philox rounds: BERT-base's compiled dropout + add +
@@ -46,7 +50,7 @@ from .batch import Batch
 from .step import TrainingStep, build_step
 
 MODEL_PARTS = ("eager", "channels-last", "optimize", "optimize-compile")
-OPTIMIZER_PARTS = ("fused-optimizer", "caller-backward")
+OPTIMIZER_PARTS = ("fused-optimizer", "caller-backward", "cudnn-benchmark")
 COMPILE_PARTS = ("aten-random", "tuned-kernels")
 RUNNER_PARTS = ("compile", "compile-max-autotune", "compile-graphs", "graph")
 COMPILE_RUNNERS = ("compile", "compile-max-autotune", "compile-graphs")
@@ -131,6 +135,8 @@ class Spec:
     fused_optimizer: bool = False
     caller_backward: bool = False
     """The backward on the calling thread, not autograd's per-device worker thread."""
+    cudnn_benchmark: bool = False
+    """torch.backends.cudnn.benchmark on while the variant's steps run (and are captured)."""
     runner: str = "eager"
     """eager, compile, compile-max-autotune, compile-graphs or graph."""
     compile_first: str | None = None
@@ -162,6 +168,7 @@ class Spec:
             optimize_mode=mode,
             fused_optimizer="fused-optimizer" in parts,
             caller_backward="caller-backward" in parts,
+            cudnn_benchmark="cudnn-benchmark" in parts,
             runner=runner,
             compile_first=next((p for p in runners if p in COMPILE_RUNNERS), None)
             if runner == "graph"
@@ -241,13 +248,36 @@ def build_variant(
         notes.append("Triton kernels tuned when compiled (Inductor's coordinate_descent_tuning)")
     if spec.runner == "graph":
         notes += _mask_for_capture(step.model, batch)
-        run = _graphed(step)
+        with _cudnn_benchmark(spec.cudnn_benchmark):  # the algorithms the graph keeps
+            run = _graphed(step)
         steps_run = GRAPH_WARMUP
         notes.append(
             f"whole step in one CUDA graph{', the model compiled' if spec.compile_first else ''}"
         )
         notes += _graph_warnings(step.model)
+    if spec.cudnn_benchmark:
+        run = _with_cudnn_benchmark(run)
+        notes.append("cuDNN's algorithms timed per shape (torch.backends.cudnn.benchmark)")
     return Variant(name, step, run, notes, report, time.perf_counter() - t0, steps_run)
+
+
+@contextlib.contextmanager
+def _cudnn_benchmark(on: bool) -> Iterator[None]:
+    """torch.backends.cudnn.benchmark set to `on` inside, as it was after."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = on or before
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def _with_cudnn_benchmark(run: Any) -> Any:
+    def step() -> Any:
+        with _cudnn_benchmark(True):
+            return run()
+
+    return step
 
 
 def is_compiled(spec: Spec) -> bool:
