@@ -118,4 +118,47 @@ def test_sdpas_own_pick_and_grouped_query_configurations_have_their_own_keys():
     row = rows["default/causal/gqa/d64"]
     assert 0.01 <= row["default/fwd/causal/gqa/d64"] <= 1.0
     assert "kernels" not in row  # the CPU names none; on CUDA the row lists what ran
-    assert {c.backend for c in probe_attention.CONFIGS} == {"flash", "efficient", "default"}
+    assert {c.backend for c in probe_attention.CONFIGS} == {
+        "flash",
+        "efficient",
+        "default",
+        "cudnn_masked",
+    }
+
+
+def test_a_masked_call_gets_the_rates_the_audit_prices_a_materialized_mask_with():
+    """The masked configurations give SDPA an all-true mask and key their rates as the cost
+    model looks them up for cuDNN's kernel given a mask; their model time is that kernel's over
+    every score, as materialized-attention-mask prices it."""
+    from gpushape.auditing.pricing.attention import AttentionShape, fused_records
+    from gpushape.tracing.cost import op_cost
+
+    masked = [c for c in probe_attention.CONFIGS if c.backend == probe_attention.MASKED]
+    assert {c.key(True) for c in masked} == {"cudnn_masked/bwd/d64", "cudnn_masked/bwd/dropout/d64"}
+    spec = get_gpu("h200")
+    b, h, t = 2, 4, 256
+    cfg = AttentionConfig("cudnn_masked", 64, dropout=0.1)
+    fwd_s, bwd_s, fwd_flops, _ = probe_attention.model_s(spec, cfg, (b, h, t), torch.bfloat16)
+    call = AttentionShape(bh=b * h, tq=t, tk=t, d=64, dv=64, dtype="bfloat16", has_mask=True,
+                          dropout=True)  # fmt: skip
+    flat = spec.replace(achievable=__import__("dataclasses").replace(spec.achievable, attention={}))
+    priced = [op_cost(r, flat) for r in fused_records(call, True, "cudnn")]
+    assert (fwd_s, bwd_s) == pytest.approx((priced[0].kernel_time_s, priced[1].kernel_time_s))
+    assert fwd_flops == 4 * b * h * t * t * 64  # every score: no causal half
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("attn_mask"))
+        return real(*args, **kwargs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(probe_attention.F, "scaled_dot_product_attention", spy)
+    try:
+        rows = probe_attention.measure_attention(spec, device="cpu", shape=SHAPE, configs=(cfg,))
+    finally:
+        mp.undo()
+    row = rows["cudnn_masked/dropout/d64"]
+    assert 0.01 <= row["cudnn_masked/fwd/dropout/d64"] <= 1.0
+    assert "mask" in row["workload"]
+    assert seen and all(m is not None and m.dtype == torch.bool and bool(m.all()) for m in seen)

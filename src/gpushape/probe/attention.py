@@ -20,7 +20,13 @@ kernel instead (GPT-2, BERT, ViT-B/16 and a LLaMA-style decoder under torch.comp
 `cudnn_generated_fort_native_sdpa_sm90_flash_*`), whose causal kernel ran about twice as fast
 as the forced flash kernel's. The trace names such a call flash (tracing/routing.py), and the
 GEMM model takes the "default" rate for it where the profile has one. "gqa" configurations
-give K and V a quarter of Q's heads (`enable_gqa`). Each row names the kernels one call ran.
+give K and V a quarter of Q's heads (`enable_gqa`). "cudnn_masked" gives SDPA an all-true
+boolean (T, T) mask and leaves the choice to PyTorch (cuDNN's kernel over every score on the
+H200 and the H100, torch 2.11): the rate a masked call runs at, which the audit prices
+transformers' materialized mask with (materialized-attention-mask) and measured nowhere else
+(the H200's profile had it fitted from one probe's kernel times; the H100 probe's profile had
+none, and priced that fix at nothing where it saved 2.2-3.4 ms). Each row names the kernels one
+call ran.
 """
 
 from __future__ import annotations
@@ -37,11 +43,13 @@ from torch import nn
 from ..hardware import GPUSpec
 from .memory import capped, step_s
 
+MASKED = "cudnn_masked"  # the cost model's backend for SDPA given a mask (tracing/flops/attention)
+
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    # "flash" or "efficient" (torch.nn.attention.SDPBackend names, lower case), or "default":
-    # whatever SDPA picks by itself
+    # "flash" or "efficient" (torch.nn.attention.SDPBackend names, lower case), "default":
+    # whatever SDPA picks by itself, or MASKED: SDPA's own pick given an all-true mask
     backend: str
     head_dim: int
     dropout: float = 0.0
@@ -56,6 +64,9 @@ class AttentionConfig:
 
     @property
     def describe(self) -> str:
+        if self.backend == MASKED:
+            drop = f", dropout {self.dropout}" if self.dropout else ""
+            return f"attention given an all-true boolean mask, head size {self.head_dim}{drop}"
         extra = "".join(
             (
                 f", dropout {self.dropout}" if self.dropout else "",
@@ -99,6 +110,8 @@ CONFIGS = (
     AttentionConfig("default", 64, dropout=0.1, causal=True),
     AttentionConfig("default", 64, causal=True, gqa=True),
     AttentionConfig("default", 128, causal=True, gqa=True),
+    AttentionConfig("cudnn_masked", 64),
+    AttentionConfig("cudnn_masked", 64, dropout=0.1),
 )
 GQA_GROUP = 4  # query heads a K/V head serves in the "gqa" configurations
 
@@ -107,9 +120,19 @@ class _Attention(nn.Module):
     def __init__(self, cfg: AttentionConfig):
         super().__init__()
         self.cfg = cfg
+        self._mask: torch.Tensor | None = None
+
+    def mask(self, q: torch.Tensor) -> torch.Tensor:
+        """The all-true (T, T) boolean mask of a MASKED call, made once."""
+        t = q.shape[-2]
+        if self._mask is None or self._mask.shape[-1] != t or self._mask.device != q.device:
+            self._mask = torch.ones(t, t, dtype=torch.bool, device=q.device)
+        return self._mask
 
     def forward(self, q, k, v):
         extra = {"enable_gqa": True} if self.cfg.gqa else {}
+        if self.cfg.backend == MASKED:
+            extra = {"attn_mask": self.mask(q)}
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.cfg.dropout, is_causal=self.cfg.causal, **extra
         )
@@ -130,6 +153,8 @@ def model_s(
 
     flat = spec.replace(achievable=dataclasses.replace(spec.achievable, attention={}))
     b, h, t = shape
+    if cfg.backend == MASKED:
+        return _masked_model_s(flat, cfg, shape, dtype)
     hq, hkv = _heads(cfg, h)
     qkv = tuple(
         torch.empty(b, heads, t, cfg.head_dim, dtype=dtype, device="meta", requires_grad=True)
@@ -142,6 +167,22 @@ def model_s(
             times[rec.phase] += c.kernel_time_s
             flops[rec.phase] += c.flops
     return times["forward"], times["backward"], flops["forward"], flops["backward"]
+
+
+def _masked_model_s(
+    flat: GPUSpec, cfg: AttentionConfig, shape: tuple[int, int, int], dtype: torch.dtype
+) -> tuple[float, float, int, int]:
+    """A masked call's model time as the audit prices it (cuDNN's kernel given the mask, every
+    score computed), whichever kernel the trace would route it to."""
+    from ..auditing.pricing.attention import AttentionShape, fused_records
+    from ..tracing.cost import op_cost
+
+    b, h, t = shape
+    call = AttentionShape(bh=b * h, tq=t, tk=t, d=cfg.head_dim, dv=cfg.head_dim,
+                          dtype=str(dtype).removeprefix("torch."), has_mask=True,
+                          dropout=cfg.dropout > 0)  # fmt: skip
+    fwd, bwd = (op_cost(r, flat) for r in fused_records(call, True, "cudnn"))
+    return fwd.kernel_time_s, bwd.kernel_time_s, fwd.flops, bwd.flops
 
 
 def _backend(name: str):
@@ -170,7 +211,7 @@ def measure_config(
     )
     attn = _Attention(cfg)
     cuda = torch.device(device).type == "cuda"
-    if cuda and cfg.backend != "default":
+    if cuda and cfg.backend not in ("default", MASKED):
         from torch.nn.attention import sdpa_kernel
 
         def forward() -> Any:
