@@ -56,7 +56,9 @@ def test_bad_variant_names(name, says):
 def test_aten_random_compiles_with_the_modes_options_and_fallback_random(monkeypatch):
     """torch.compile takes a mode or options: aten-random passes the mode's options plus
     Inductor's fallback_random; without it the mode is passed as it is."""
-    from gpushape.steps.variants import Spec, _compiled, _inductor_options
+    from gpushape.steps.compiling import compiled as _compiled
+    from gpushape.steps.compiling import inductor_options as _inductor_options
+    from gpushape.steps.variants import Spec
 
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
@@ -175,7 +177,8 @@ def test_a_captured_hugging_face_step_keeps_flash_attention():
 
 
 def test_compile_graphs_runner_starts_a_graph_step_each_call(monkeypatch):
-    from gpushape.steps.variants import Spec, _each_step_graphed
+    from gpushape.steps.compiling import each_step_graphed as _each_step_graphed
+    from gpushape.steps.variants import Spec
 
     assert Spec.of("optimize-compile+compile-graphs").runner == "compile-graphs"
     assert Spec.of("optimize-compile+compile-graphs").optimize_mode == "compile"
@@ -306,7 +309,7 @@ def test_compile_joined_with_graph_compiles_then_captures_the_whole_step(monkeyp
     assert Spec.of("compile").compile_first is None
     assert Spec.of("compile+graph+aten-random").aten_random
     compiled, captured = [], []
-    monkeypatch.setattr(variants, "_compiled", lambda m, mode, r: compiled.append(mode) or m)
+    monkeypatch.setattr(variants, "compiled", lambda m, mode, r: compiled.append(mode) or m)
     monkeypatch.setattr(variants, "_graphed", lambda step: captured.append(step) or step)
     monkeypatch.setattr(variants, "_mask_for_capture", lambda m, b: [])
     monkeypatch.setattr(variants, "_graph_warnings", lambda m: [])

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gpushape.steps.variants import Spec, is_compiled, room_to_compile
+from gpushape.steps.compiling import is_compiled, room_to_compile
+from gpushape.steps.variants import Spec
 
 LIMIT = torch._dynamo.config.recompile_limit
 

@@ -7,7 +7,8 @@ loop.
 
 `batch.py` makes a synthetic batch and its loss for any model; `step.py` the training step
 (forward, loss, backward, optimizer); `variants.py` the ways a step can run (channels-last,
-optimize, fused optimizer, torch.compile, one CUDA graph); `measure.py` the alternated timing,
+optimize, fused optimizer, torch.compile, one CUDA graph; `compiling.py` how a variant is
+compiled); `measure.py` the alternated timing,
 kernels, GPU busy time and peak memory; `run.py` `bench()`; `fix_by_fix.py` `loop()`; `results.py`
 the CSV rows, tables and plots; `distributed.py` `--nproc N`: DDP under torchrun.
 """

@@ -34,21 +34,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch import nn
 
 from ..errors import GpushapeError
 from .batch import synthetic_batch
+from .compiling import room_to_compile
 from .host_here import host_scale, scaled_target
 from .measure import StepStats
 from .run import measure_variants
 from .step import make_optimizer
-from .variants import Spec, Variant, build_variant, room_to_compile
+from .variants import Spec, Variant, build_variant
 
 STEP_FIXES = ("fused-optimizer", "cuda-graphs")
 GIVEN = "as given"
@@ -206,10 +206,10 @@ def loop(
                                  runner=runner, quiet_sites=True)  # fmt: skip
     last = specs[list(specs)[-1]]
     if "fused-optimizer" in predicted:
-        last = specs["+ fused-optimizer"] = dataclasses.replace(last, fused_optimizer=True)
+        last = specs["+ fused-optimizer"] = replace(last, fused_optimizer=True)
     if "cuda-graphs" in predicted:  # compiled: torch.compile's reduce-overhead mode
         runner = "graph" if mode == "eager" else "compile-graphs"
-        specs["+ cuda-graphs"] = dataclasses.replace(last, runner=runner)
+        specs["+ cuda-graphs"] = replace(last, runner=runner)
     del plan
     with room_to_compile(specs.values()):  # every stage compiles the same model's forward
         built, stages, failed = measure_variants(

@@ -25,6 +25,7 @@ from torch import nn
 from ..bench import environment
 from ..errors import GpushapeError
 from .batch import Batch, synthetic_batch
+from .compiling import room_to_compile
 from .loss_check import LossCurve, LossVerdict, compare, loss_curves
 from .measure import (
     StepStats,
@@ -35,7 +36,7 @@ from .measure import (
     time_blocks,
     warm,
 )
-from .variants import Spec, Variant, build_variant, parse_variant, room_to_compile
+from .variants import Spec, Variant, build_variant, parse_variant
 
 
 @dataclass

@@ -35,10 +35,8 @@ a fresh optimizer of the same kind.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,13 +45,20 @@ from torch import nn
 
 from ..errors import GpushapeError
 from .batch import Batch
+from .compiling import (
+    COMPILE_RUNNERS,
+    compiled,
+    cudnn_benchmark,
+    each_step_graphed,
+    inductor_options,
+    with_cudnn_benchmark,
+)
 from .step import TrainingStep, build_step
 
 MODEL_PARTS = ("eager", "channels-last", "optimize", "optimize-compile")
 OPTIMIZER_PARTS = ("fused-optimizer", "caller-backward", "cudnn-benchmark")
 COMPILE_PARTS = ("aten-random", "tuned-kernels")
 RUNNER_PARTS = ("compile", "compile-max-autotune", "compile-graphs", "graph")
-COMPILE_RUNNERS = ("compile", "compile-max-autotune", "compile-graphs")
 PARTS = MODEL_PARTS + OPTIMIZER_PARTS + COMPILE_PARTS + RUNNER_PARTS
 CHECK_SAMPLES = 2  # optimize() checks each rewrite on this many samples of the batch
 GRAPH_WARMUP = 3  # real steps before a whole-step capture (PyTorch's recipe, on a side stream)
@@ -179,28 +184,6 @@ class Spec:
         )
 
 
-def _inductor_options(spec: Spec) -> dict[str, bool]:
-    """The Inductor options a variant's compile options name."""
-    options = {}
-    if spec.aten_random:
-        options["fallback_random"] = True
-    if spec.tuned_kernels:
-        options["coordinate_descent_tuning"] = True
-    return options
-
-
-def _compiled(model: nn.Module, mode: str | None, extra: dict[str, bool]) -> Any:
-    """torch.compile of `model` in `mode`; with `extra` Inductor options, the mode's options
-    plus those (torch.compile takes a mode or options, not both)."""
-    if not extra:
-        return torch.compile(model, mode=mode)
-    from torch._inductor import list_mode_options
-
-    options = dict(list_mode_options(mode)) if mode else {}
-    options.update(extra)
-    return torch.compile(model, options=options)
-
-
 def build_variant(
     name: str,
     model: nn.Module,
@@ -238,17 +221,17 @@ def build_variant(
     compile_runner = spec.compile_first or spec.runner
     if compile_runner in ("compile", "compile-max-autotune"):
         mode = "max-autotune" if compile_runner == "compile-max-autotune" else None
-        step.forward = _compiled(model, mode, _inductor_options(spec))
+        step.forward = compiled(model, mode, inductor_options(spec))
     if spec.runner == "compile-graphs":
-        compiled = _compiled(model, "reduce-overhead", _inductor_options(spec))
-        step.forward = _each_step_graphed(compiled)
+        graphed = compiled(model, "reduce-overhead", inductor_options(spec))
+        step.forward = each_step_graphed(graphed)
     if spec.aten_random:
         notes.append("random numbers drawn by ATen (Inductor's fallback_random)")
     if spec.tuned_kernels:
         notes.append("Triton kernels tuned when compiled (Inductor's coordinate_descent_tuning)")
     if spec.runner == "graph":
         notes += _mask_for_capture(step.model, batch)
-        with _cudnn_benchmark(spec.cudnn_benchmark):  # the algorithms the graph keeps
+        with cudnn_benchmark(spec.cudnn_benchmark):  # the algorithms the graph keeps
             run = _graphed(step)
         steps_run = GRAPH_WARMUP
         notes.append(
@@ -256,67 +239,9 @@ def build_variant(
         )
         notes += _graph_warnings(step.model)
     if spec.cudnn_benchmark:
-        run = _with_cudnn_benchmark(run)
+        run = with_cudnn_benchmark(run)
         notes.append("cuDNN's algorithms timed per shape (torch.backends.cudnn.benchmark)")
     return Variant(name, step, run, notes, report, time.perf_counter() - t0, steps_run)
-
-
-@contextlib.contextmanager
-def _cudnn_benchmark(on: bool) -> Iterator[None]:
-    """torch.backends.cudnn.benchmark set to `on` inside, as it was after."""
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = on or before
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = before
-
-
-def _with_cudnn_benchmark(run: Any) -> Any:
-    def step() -> Any:
-        with _cudnn_benchmark(True):
-            return run()
-
-    return step
-
-
-def is_compiled(spec: Spec) -> bool:
-    """Whether the variant runs its model under torch.compile."""
-    return (spec.compile_first or spec.runner) in COMPILE_RUNNERS
-
-
-@contextlib.contextmanager
-def room_to_compile(specs: Iterable[Spec], builds_each: int = 1) -> Iterator[None]:
-    """Dynamo's recompile limit raised, while these variants are built and run, to its own
-    allowance for each compiled build. Dynamo keeps one cache of compiled code per Python
-    function, shared by every instance of a module class: each variant of one model, a loop's
-    every stage, adds its entries to the same `forward`'s cache (a rewritten structure, a grad
-    mode, a compile mode). At the limit (8) Dynamo stops compiling that function and runs it
-    eagerly from then on, with a one-line warning: a loop's sixth compiled stage of a
-    LLaMA-style decoder was timed eager (919 kernels a step where its stage before ran 274, 12
-    ms slower). `builds_each`: how often each variant is built (twice where a loss check
-    trains it first)."""
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    allowance = int(getattr(config, name))
-    builds = sum(is_compiled(s) for s in specs) * builds_each
-    if builds <= 1:
-        yield
-        return
-    with config.patch({name: allowance * (builds + 1)}):
-        yield
-
-
-def _each_step_graphed(compiled: Any) -> Any:
-    """A reduce-overhead compiled model whose every call starts a new step of Inductor's CUDA
-    graphs (`cudagraph_mark_step_begin`), as training loops must: each step's outputs may
-    then be overwritten by the next step's replay, never within one."""
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        torch.compiler.cudagraph_mark_step_begin()
-        return compiled(*args, **kwargs)
-
-    return forward
 
 
 def _channels_last(model: nn.Module, batch: Batch) -> tuple[nn.Module, Batch]:
