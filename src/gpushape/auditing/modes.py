@@ -189,12 +189,9 @@ def traced_step_s(ctx: AuditContext) -> float:
     models' eager training steps timed on the H200 (benchmarks/results/bench-h200,
     loop-*-eager.json), it priced five at 1.07-1.27x their measured time and the wall clock
     at 0.94-1.02x (Swin-T, whose step waits on the GPU, at 0.64 and 0.53)."""
-    totals, gap = ctx.cost.totals, device_gap_s(ctx.gpu, "eager")
-    if gap <= 0:
-        return totals.roofline_time_s
-    dispatch = host_cost(ctx.trace, ctx.gpu)
-    host_s = max(totals.launch_s, dispatch.seconds if dispatch is not None else 0.0)
-    return wall_clock_s(totals.kernel_time_s + totals.kernels * gap, host_s, host_spread(ctx.gpu))
+    if device_gap_s(ctx.gpu, "eager") <= 0:
+        return ctx.cost.totals.roofline_time_s
+    return step_time(ctx, "eager", optimizer=False).wall_s
 
 
 def device_gap_s(gpu: Any, kind: str) -> float:
@@ -209,21 +206,25 @@ def compiled_kernel_s(rates) -> float:
     return float(rates.get(COMPILED_KERNEL, 0.0))
 
 
-def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) -> StepTime:
+def step_time(
+    ctx: AuditContext, mode: str, findings: Sequence[Finding] = (), *, optimizer: bool = True
+) -> StepTime:
     """The step in `mode`. Eager: the host's side is the longer of the kernels' launches and,
     where the profile measured the host's rates, its dispatch of every op, view and module call
     (tracing/host.py); graph mode: the graph's launches; compile mode: each kernel at the
     host's measured cost per kernel of a compiled step (`COMPILED_KERNEL`), else a launch, and
     the GPU's side less what Inductor does by itself (`compiled_gpu_saving_s`; of `findings`,
     the rules' findings before `in_mode`). Compiled on the H200, nine models' GPU work was
-    predicted at 0.88-1.09 of what it measured (benchmarks/steps/check_compiled_gpu.py)."""
+    predicted at 0.88-1.09 of what it measured (benchmarks/steps/check_compiled_gpu.py).
+    `optimizer=False`: the traced step alone, without the optimizer's step on either side."""
     totals, achievable = ctx.cost.totals, ctx.gpu.achievable
     # what the step runs in this mode beyond the eager trace (transformers' all-true mask under
     # compile and capture: materialized-attention-mask), so a fix of it is priced on that step
     gpu_s = totals.kernel_time_s + sum(
         float(f.evidence.get("cost_in_mode_s", {}).get(mode, 0.0)) for f in findings
     )
-    gpu_s += ctx.optimizer_gpu_s  # the optimizer's step, after the backward on the GPU's queue
+    if optimizer:  # the optimizer's step, after the backward on the GPU's queue
+        gpu_s += ctx.optimizer_gpu_s
     if mode == "compile":
         gpu_s = max(gpu_s - compiled_gpu_saving_s(ctx, findings), 0.0)
     per_launch = (
@@ -236,7 +237,8 @@ def step_time(ctx: AuditContext, mode: str, findings: Sequence[Finding] = ()) ->
     if mode == "eager":
         dispatch = host_cost(ctx.trace, ctx.gpu)
         if dispatch is not None:  # the optimizer's foreach Python on top of forward, backward
-            host_s = max(host_s, dispatch.seconds + foreach_host_s(ctx.optimizer, achievable.host))
+            foreach_s = foreach_host_s(ctx.optimizer, achievable.host) if optimizer else 0.0
+            host_s = max(host_s, dispatch.seconds + foreach_s)
     marginal = (
         achievable.graph_launch_overhead_s if mode == "graph" else achievable.launch_overhead_s
     )
