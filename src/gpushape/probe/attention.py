@@ -21,12 +21,13 @@ kernel instead (GPT-2, BERT, ViT-B/16 and a LLaMA-style decoder under torch.comp
 as the forced flash kernel's. The trace names such a call flash (tracing/routing.py), and the
 GEMM model takes the "default" rate for it where the profile has one. "gqa" configurations
 give K and V a quarter of Q's heads (`enable_gqa`). "cudnn_masked" gives SDPA an all-true
-boolean (T, T) mask and leaves the choice to PyTorch (cuDNN's kernel over every score on the
-H200 and the H100, torch 2.11): the rate a masked call runs at, which the audit prices
-transformers' materialized mask with (materialized-attention-mask) and measured nowhere else
-(the H200's profile had it fitted from one probe's kernel times; the H100 probe's profile had
-none, and priced that fix at nothing where it saved 2.2-3.4 ms). Each row names the kernels one
-call ran.
+boolean mask as transformers does, (B, 1, T, T) expanded over the heads, and leaves the choice
+to PyTorch (cuDNN's kernel over every score on the H200 and the H100, torch 2.11): the rate a
+masked call runs at, which the audit prices transformers' materialized mask with
+(materialized-attention-mask; the traced call's price is that rule's) and measured nowhere
+else (the H200's profile had it fitted from one probe's kernel times; the H100 probe's profile
+had none, and priced that fix at nothing where it saved 2.2-3.4 ms). Each row names the kernels
+one call ran.
 """
 
 from __future__ import annotations
@@ -123,10 +124,12 @@ class _Attention(nn.Module):
         self._mask: torch.Tensor | None = None
 
     def mask(self, q: torch.Tensor) -> torch.Tensor:
-        """The all-true (T, T) boolean mask of a MASKED call, made once."""
-        t = q.shape[-2]
-        if self._mask is None or self._mask.shape[-1] != t or self._mask.device != q.device:
-            self._mask = torch.ones(t, t, dtype=torch.bool, device=q.device)
+        """The all-true boolean mask of a MASKED call, made once, as transformers gives SDPA
+        one: (B, 1, T, T), expanded over the heads."""
+        b, h, t = q.shape[0], q.shape[1], q.shape[-2]
+        if self._mask is None or self._mask.shape != (b, h, t, t) or self._mask.device != q.device:
+            ones = torch.ones(b, 1, t, t, dtype=torch.bool, device=q.device)
+            self._mask = ones.expand(b, h, t, t)
         return self._mask
 
     def forward(self, q, k, v):
@@ -153,8 +156,6 @@ def model_s(
 
     flat = spec.replace(achievable=dataclasses.replace(spec.achievable, attention={}))
     b, h, t = shape
-    if cfg.backend == MASKED:
-        return _masked_model_s(flat, cfg, shape, dtype)
     hq, hkv = _heads(cfg, h)
     qkv = tuple(
         torch.empty(b, heads, t, cfg.head_dim, dtype=dtype, device="meta", requires_grad=True)
@@ -167,22 +168,6 @@ def model_s(
             times[rec.phase] += c.kernel_time_s
             flops[rec.phase] += c.flops
     return times["forward"], times["backward"], flops["forward"], flops["backward"]
-
-
-def _masked_model_s(
-    flat: GPUSpec, cfg: AttentionConfig, shape: tuple[int, int, int], dtype: torch.dtype
-) -> tuple[float, float, int, int]:
-    """A masked call's model time as the audit prices it (cuDNN's kernel given the mask, every
-    score computed), whichever kernel the trace would route it to."""
-    from ..auditing.pricing.attention import AttentionShape, fused_records
-    from ..tracing.cost import op_cost
-
-    b, h, t = shape
-    call = AttentionShape(bh=b * h, tq=t, tk=t, d=cfg.head_dim, dv=cfg.head_dim,
-                          dtype=str(dtype).removeprefix("torch."), has_mask=True,
-                          dropout=cfg.dropout > 0)  # fmt: skip
-    fwd, bwd = (op_cost(r, flat) for r in fused_records(call, True, "cudnn"))
-    return fwd.kernel_time_s, bwd.kernel_time_s, fwd.flops, bwd.flops
 
 
 def _backend(name: str):
