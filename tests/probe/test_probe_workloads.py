@@ -30,6 +30,7 @@ NEW = (
     "gather",
     "scatter_add",
     "permuted_copy",
+    "permuted_cat",
     "transposed_copy",
     "roll",
     "grouped_conv_nchw",
@@ -155,3 +156,11 @@ def test_the_timed_step_makes_its_output_gradient_once(monkeypatch):
     for _ in range(3):
         step()
     assert len(made) == 1
+
+
+def test_the_cache_append_workload_is_one_permuted_cat_forward():
+    """permuted_cat's workload is what GPT-2's key/value cache runs: one cat of a permuted
+    view onto an empty tensor, forward only, and nothing else the family would price."""
+    ops = _family_ops("permuted_cat")
+    assert len(ops) == 1 and ops[0].phase == "forward" and not BY_FAMILY["permuted_cat"].train
+    assert "aten.cat" in ops[0].op

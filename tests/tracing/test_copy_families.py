@@ -152,3 +152,23 @@ def test_an_indexed_reads_backward_is_an_accumulating_scatter():
         train=False,
     )
     assert memory_family(plain) is None
+
+
+def test_a_cache_append_of_a_permuted_view_is_its_own_family_falling_back_to_the_copy():
+    """A key/value cache's first append (GPT-2's: a (B, T, H, D) view as (B, H, T, D) onto an
+    empty tensor) runs PyTorch's cat kernel on a strided input: permuted_cat, priced as a
+    permuted copy until measured. A cat of contiguous tensors is no copy family."""
+
+    def append(x):
+        heads = x.transpose(1, 2)
+        return torch.cat([heads.new_empty(2, 3, 0, 8), heads], dim=-2)
+
+    (cat,) = _ops(append, (2, 16, 3, 8), name="cat", train=False)
+    assert memory_family(cat) == "permuted_cat"
+    assert op_family(cat, {"permuted_copy": 0.3}) == "permuted_copy"
+    assert op_family(cat, {"permuted_copy": 0.3, "permuted_cat": 0.18}) == "permuted_cat"
+    assert op_family(cat, {"elementwise": 0.86}) is None  # no copy family measured: as before
+    slow = op_cost(cat, _spec(permuted_copy=0.3, permuted_cat=0.15)).memory_s
+    assert slow == pytest.approx(2 * op_cost(cat, _spec(permuted_copy=0.3)).memory_s)
+    (plain,) = _ops(lambda a, b: torch.cat([a, b], dim=-1), (2, 8), (2, 8), name="cat", train=False)
+    assert memory_family(plain) is None

@@ -124,6 +124,12 @@ GROUPED_CONV_NCHW = "grouped_conv_nchw"
 # Copies between layouts (tracing/layout.py `copy_kind`), by how they read their source; roll
 # (its own family above) copies as many times as it has dimensions to roll.
 COPY_FAMILIES = {"permuted": "permuted_copy", "transposed": "transposed_copy"}
+# ... and a `cat` of one non-empty tensor read permuted (a key/value cache's first append:
+# GPT-2's keys and values, (B, T, H, D) viewed as (B, H, T, D)), which PyTorch runs with its cat
+# kernel's strided path: on the H200 GPT-2's 24 such cats took 0.99 ms a step, half the rate
+# of the permuted copy family's workload (benchmarks/hardware/permuted_cat_from_runs.py).
+# Unmeasured, it is priced as a permuted copy.
+PERMUTED_CAT = "permuted_cat"
 # Families whose rate depends on one size of the op (the module docstring): measured as
 # "<family>@<size>" beside the family's own figure, taken at SIZE_BASE's size.
 #   norm, softmax: the row length (last dimension); LayerNorm over 96 or 768 values keeps fewer
@@ -182,6 +188,7 @@ FALLBACK = {
     GROUPED_CONV_NCHW: GROUPED_CONV,
     "scatter_add": "gather",
     ELEMENTWISE_STRIDED: "elementwise",
+    PERMUTED_CAT: "permuted_copy",
 }
 # Families from the op's tags, for ops no table above names.
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
@@ -240,6 +247,7 @@ ALL_FAMILIES = (
     GROUPED_CONV,
     GROUPED_CONV_NCHW,
     *COPY_FAMILIES.values(),
+    PERMUTED_CAT,
     *TAGGED.values(),
     ELEMENTWISE_STRIDED,
     GEMM,
@@ -267,7 +275,7 @@ def memory_family(rec: OpRecord) -> str | None:
         return GEMM
     kind = copy_op_kind(rec)
     if kind is not None:
-        return COPY_FAMILIES[kind]
+        return PERMUTED_CAT if op == "aten.cat" and kind == "permuted" else COPY_FAMILIES[kind]
     if op in INDEX_PUT:
         return "scatter_add" if rec.params.get("accumulate") else None
     family = _BY_PACKET.get(op) or KERNEL_FAMILIES.get(op)
@@ -294,7 +302,7 @@ def op_family(rec: OpRecord, measured: Mapping[str, float]) -> str | None:
     clone by its tags, elementwise)."""
     family = memory_family(rec)
     priced = priced_family(family, measured, variant_size(rec, family))
-    if family in COPY_FAMILIES.values() and priced not in measured:
+    if (family in COPY_FAMILIES.values() or family == PERMUTED_CAT) and priced not in measured:
         return priced_family(_tagged(rec), measured)
     return priced
 

@@ -8,9 +8,11 @@ their gradients back, and nothing reads the cache. The trace shows the copies as
 views alone, the gradient that comes back through the cache is contiguous in the heads'
 layout, which the view that made the heads then copies (`_gradient_copies`).
 Saving: those ops and the backward ops autograd ran for them, as the cost model prices them
-(the cache's `cat` reads its strided input as the permuted copy it is), GPU and host, in
-every mode: compiled, the cache is an output of the graph and the gradient's copy stays too
-(measured on the H200, GPT-2 at 8 x 1024: 1.48 ms of GPU work saved eagerly, 1.16 compiled;
+(the cache's `cat` reads its strided input with the cat kernel's strided path: the
+permuted_cat family, whose H200 rate comes from GPT-2's own step, `benchmarks/hardware/
+permuted_cat_from_runs.py`, until the probe measures it), GPU and host, in every mode:
+compiled, the cache is an output of the graph and the gradient's copy stays too (measured on
+the H200, GPT-2 at 8 x 1024: 1.48 ms of GPU work saved eagerly, 1.16 compiled, 1.25 priced;
 at 32 x 1024, compiled, the kernel assembling the projection's gradient took 4.5 ms with the
 cache's copy in it, `case-gpt2-*.json`, and 70 us a layer without, `probe_compile_qkv.json`).
 The `no-kv-cache` fix runs training forwards with `use_cache=False` and transformers'

@@ -25,6 +25,7 @@ from ._modules import (
     _downsample,
     _embedding,
     _fused,
+    _kv_cat,
     _layer_norm,
     _layer_norm_weight_grad,
     _narrow_mlp,
@@ -149,6 +150,13 @@ WORKLOADS = (
         "permuted_copy",
         "7x7 window partition (Swin) of 64x56x56x96, forward and backward",
         lambda s: _copies(s, "permuted"),
+    ),
+    FamilyWorkload(
+        "permuted_cat",
+        "a key/value cache's first append (GPT-2's): cat of 32x1024x12x64 viewed as "
+        "32x12x1024x64 onto an empty tensor, forward",
+        _kv_cat,
+        train=False,
     ),
     FamilyWorkload(
         "transposed_copy",

@@ -175,3 +175,16 @@ def _copies(scale: float, kind: str) -> _Workload:
     return _Workload(  # Swin's shifted windows: two dimensions rolled
         lambda m, x: torch.roll(x, (-3, -3), (1, 2)), (_rows(scale, 64), side, side, 96)
     )
+
+
+def _kv_cat(scale: float) -> _Workload:
+    """A key/value cache's first append as transformers' DynamicCache makes it: a (B, T, H, D)
+    projection viewed as (B, H, T, D), concatenated onto an empty cache (GPT-2's 12 heads of 64)."""
+    t = 1024 if scale >= SMOKE else 64
+
+    def append(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        heads = x.transpose(1, 2)
+        empty = heads.new_empty(heads.shape[0], heads.shape[1], 0, heads.shape[3])
+        return torch.cat([empty, heads], dim=-2)
+
+    return _Workload(append, (_rows(scale, 32), t, 12, 64))
