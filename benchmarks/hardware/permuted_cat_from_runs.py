@@ -17,7 +17,6 @@ where it came from; a probe run replaces it.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -26,16 +25,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpushape.hardware.lookup import get_gpu  # noqa: E402
-from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
+from _family_row import family_row_main  # noqa: E402
+
 from gpushape.models import resolve_model  # noqa: E402
 from gpushape.probe.memory import capped  # noqa: E402
-from gpushape.probe.profile import write_profile  # noqa: E402
 from gpushape.tracing.cost import op_cost  # noqa: E402
 from gpushape.tracing.families import PERMUTED_CAT, memory_family  # noqa: E402
 from gpushape.tracing.tracer import trace  # noqa: E402
 
-PROFILE = ROOT / "src/gpushape/hardware/profiles/h200-sxm.json"
 RUN = "bench-h200/gpt2.json"
 VARIANT = "optimize"  # kept transformers' default use_cache=True (no-kv-cache came later)
 KERNEL = "CatArrayBatchedCopy"
@@ -75,21 +72,7 @@ def row(spec) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"merge into {PROFILE.name}")
-    args = parser.parse_args()
-    profile = read_profile(PROFILE)
-    spec = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(PROFILE))
-    found = row(spec)
-    us = found["measured_s"] * 1e6, found["family_roofline_s"] * 1e6
-    print(f"{PERMUTED_CAT}: efficiency {found['efficiency']:.4f} ({found['workload']}, "
-          f"{us[0]:.1f} us against {us[1]:.1f})")  # fmt: skip
-    if args.write:
-        current = profile["memory_efficiency"].get(PERMUTED_CAT)
-        if current is not None and "source" not in current:
-            raise SystemExit(f"{PERMUTED_CAT}: the profile has a probe measurement; left as it is")
-        profile["memory_efficiency"][PERMUTED_CAT] = found
-        print(f"wrote {write_profile(profile, PROFILE)}")
+    family_row_main(PERMUTED_CAT, row, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
