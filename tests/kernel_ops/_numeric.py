@@ -153,11 +153,16 @@ def _fresh(t: Any, dtype: torch.dtype | None = None) -> Any:
 
 
 def outputs_and_grads(
-    fn: Callable[..., Any], args: Sequence[Any], grads_out: Sequence[torch.Tensor] | None = None
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    grads_out: Sequence[torch.Tensor] | None = None,
+    whole_backward: bool = False,
 ) -> tuple[tuple[torch.Tensor, ...], list[Any]]:
     """fn(*args)'s outputs (detached) and the gradients of the args that require grad (None
     elsewhere), for grads_out (random when None) cast to each output's dtype. Runs on `args`
-    as given: strided views, CUDA-graph static tensors."""
+    as given: strided views, CUDA-graph static tensors. `whole_backward`: through
+    `torch.autograd.backward` without `inputs` (as a training step runs it; the args must be
+    leaves without a grad yet), not `torch.autograd.grad`."""
     outs = _as_tuple(fn(*args))
     if grads_out is None:
         grads_out = [random_grad_like(o) for o in outs]
@@ -165,9 +170,13 @@ def outputs_and_grads(
     grads: list[Any] = [None] * len(args)
     if wanted:
         diff = [(o, g) for o, g in zip(outs, grads_out) if o.requires_grad]
-        got = torch.autograd.grad(
-            [o for o, _ in diff], wanted, [g.to(o.dtype) for o, g in diff], allow_unused=True
-        )
+        if whole_backward:
+            torch.autograd.backward([o for o, _ in diff], [g.to(o.dtype) for o, g in diff])
+            got = [a.grad for a in wanted]
+        else:
+            got = torch.autograd.grad(
+                [o for o, _ in diff], wanted, [g.to(o.dtype) for o, g in diff], allow_unused=True
+            )
         it = iter(got)
         grads = [
             next(it) if isinstance(a, torch.Tensor) and a.requires_grad else None for a in args
@@ -180,9 +189,11 @@ def _run(
     inputs: Sequence[Any],
     grads_out: Sequence[torch.Tensor],
     dtype: torch.dtype | None = None,
+    whole_backward: bool = False,
 ) -> tuple[tuple[torch.Tensor, ...], list[Any]]:
     """outputs_and_grads on fresh copies of the inputs, optionally cast to dtype."""
-    return outputs_and_grads(fn, [_fresh(t, dtype) for t in inputs], grads_out)
+    fresh = [_fresh(t, dtype) for t in inputs]
+    return outputs_and_grads(fn, fresh, grads_out, whole_backward)
 
 
 def gate_forward_backward(
@@ -193,13 +204,15 @@ def gate_forward_backward(
     names: Sequence[str] | None = None,
     ref_fn: Callable[..., Any] | None = None,
     grad_outputs: Sequence[torch.Tensor] | None = None,
+    whole_backward: bool = False,
     **gate_kwargs: Any,
 ) -> list[GateResult]:
     """Gate every output of `ours_fn(*inputs)` and the gradient of every input that requires grad.
 
     `torch_fn` is PyTorch's own composition, run at the inputs' dtype; the reference is `ref_fn`
     (default: torch_fn) run on float64 copies. grad_outputs default to random tensors, the same
-    values for all three runs. Returns one GateResult per checked tensor.
+    values for all three runs. `whole_backward`: as in `outputs_and_grads`. Returns one
+    GateResult per checked tensor.
     """
     names = list(names) if names is not None else [f"input{i}" for i in range(len(inputs))]
     ref_fn = torch_fn if ref_fn is None else ref_fn
@@ -207,9 +220,9 @@ def gate_forward_backward(
         probe = _as_tuple(torch_fn(*[_fresh(t) for t in inputs]))
     if grad_outputs is None:
         grad_outputs = [random_grad_like(o) for o in probe]
-    ours_out, ours_grads = _run(ours_fn, inputs, grad_outputs)
-    torch_out, torch_grads = _run(torch_fn, inputs, grad_outputs)
-    ref_out, ref_grads = _run(ref_fn, inputs, grad_outputs, dtype=torch.float64)
+    ours_out, ours_grads = _run(ours_fn, inputs, grad_outputs, None, whole_backward)
+    torch_out, torch_grads = _run(torch_fn, inputs, grad_outputs, None, whole_backward)
+    ref_out, ref_grads = _run(ref_fn, inputs, grad_outputs, torch.float64, whole_backward)
     results = []
     for i, (o, t, r) in enumerate(zip(ours_out, torch_out, ref_out)):
         results.append(assert_gate(f"output{i}", o, t, r, **gate_kwargs))

@@ -7,6 +7,10 @@ With dz = dy * [y > 0] (ReLU) or dy, x_hat = (x - mean) * rstd and a = w * rstd:
   dweight = sum(dz * x_hat), dbias = sum(dz), d_residual = dz, sums over the M = N*H*W rows.
 Training takes two passes over the tensors: a reduction (read dy, x, mask bits) and an elementwise
 pass (read dy, x, mask bits; write dx, d_residual). Eval takes one: the reduction writes dx too.
+With a second output gradient (HAS_DY2: the output's gradient arrives in two parts, dy + dy2, a
+ResNet block's output feeding the next block's convolution and its residual add; see `_ops.py`)
+the reduction reads both and, in training, writes dz (WRITE_DZ), which the elementwise pass then
+reads in place of dy and the mask: 7 passes where adding dy + dy2 first took 9.
 The reduction's partial sums are added by its last program per channel block (FUSED) or by a
 finalize kernel, as in the forward (see `_kernels.py`).
 """
@@ -30,17 +34,21 @@ from ._tile_math import (
 @triton.jit
 def _load_dz(
     dy_ptr,
+    dy2_ptr,
     bits_ptr,
     ptr_off,
     m,
     bits_off,
     bm,
     acc_ty: tl.constexpr,
+    HAS_DY2: tl.constexpr,
     RELU: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     dy = tl.load(dy_ptr + ptr_off, mask=m, other=0.0).to(acc_ty)
+    if HAS_DY2:  # the output's gradient in two parts, added in fp32
+        dy += tl.load(dy2_ptr + ptr_off, mask=m, other=0.0).to(acc_ty)
     if RELU:
         packed = tl.load(bits_ptr + bits_off, mask=bm, other=0)
         dy = tl.where(_unpack_bits(packed, BLOCK_L, BLOCK_C), dy, 0.0)
@@ -50,10 +58,12 @@ def _load_dz(
 @triton.jit
 def _bwd_block(
     dy_ptr,
+    dy2_ptr,
     x_ptr,
     bits_ptr,
     dx_ptr,
     dres_ptr,
+    dz_ptr,
     rb,
     rb_end,
     cb,
@@ -68,19 +78,37 @@ def _bwd_block(
     EVAL: tl.constexpr,
     HAS_RES: tl.constexpr,
     RELU: tl.constexpr,
+    HAS_DY2: tl.constexpr,
+    WRITE_DZ: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_C: tl.constexpr,
     CHANNELS_LAST: tl.constexpr,
 ):
-    """dz and dz * (x - mean) of one row block (zero outside it); in eval also writes dx, dres."""
+    """dz and dz * (x - mean) of one row block (zero outside it); in eval also writes dx, dres;
+    with WRITE_DZ, dz."""
     base, row0, rmask = _block_at(rb, rb < rb_end, C, L, BLOCK_L, CHANNELS_LAST)
     ptr_off = base + c_off + offs
     m = rmask[:, None] & cmask[None, :]
     byte = cb * (BLOCK_C // 8) + tl.arange(0, BLOCK_C // 8)
     bm = rmask[:, None] & (byte < NB)[None, :]
     bits_off = row0 * NB + cb * (BLOCK_C // 8) + _bits_offsets(NB, BLOCK_L, BLOCK_C)
-    dz = _load_dz(dy_ptr, bits_ptr, ptr_off, m, bits_off, bm, mean.dtype, RELU, BLOCK_L, BLOCK_C)
+    dz = _load_dz(
+        dy_ptr,
+        dy2_ptr,
+        bits_ptr,
+        ptr_off,
+        m,
+        bits_off,
+        bm,
+        mean.dtype,
+        HAS_DY2,
+        RELU,
+        BLOCK_L,
+        BLOCK_C,
+    )
     x = tl.load(x_ptr + ptr_off, mask=m, other=0.0).to(mean.dtype)
+    if WRITE_DZ:
+        tl.store(dz_ptr + ptr_off, dz.to(dz_ptr.dtype.element_ty), mask=m)
     if EVAL:
         tl.store(dx_ptr + ptr_off, (dz * scale[None, :]).to(dx_ptr.dtype.element_ty), mask=m)
         if HAS_RES:
@@ -102,6 +130,7 @@ def _finish_sums(
 @triton.jit(do_not_specialize=["NB", "n_rb", "P"])  # as _apply_kernel and _stats_kernel
 def _bwd_reduce_kernel(
     dy_ptr,
+    dy2_ptr,  # (O, L, C) view: the output gradient's second part (HAS_DY2)
     x_ptr,  # (O, L, C) views: output gradient and the forward input
     bits_ptr,  # (N*H*W, NB) uint8 ReLU mask bits from the forward (RELU)
     mean_ptr,
@@ -113,6 +142,7 @@ def _bwd_reduce_kernel(
     db_ptr,  # (C,) out (FUSED): dweight, dbias
     dx_ptr,
     dres_ptr,  # EVAL only: dx = dz * w * rstd and d_residual = dz
+    dz_ptr,  # (O, L, C) out (WRITE_DZ): dz, for the elementwise pass
     C,
     L,
     NB,
@@ -123,13 +153,16 @@ def _bwd_reduce_kernel(
     HAS_W: tl.constexpr,
     HAS_RES: tl.constexpr,
     RELU: tl.constexpr,
+    HAS_DY2: tl.constexpr,
+    WRITE_DZ: tl.constexpr,
     FUSED: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_C: tl.constexpr,
     CHANNELS_LAST: tl.constexpr,
 ):
-    # read dy, x and mask bits once (eval: also write dx, dres); row blocks j, j + P, ...
+    # read dy (dy2), x and mask bits once (eval: also write dx, dres; WRITE_DZ: dz); row blocks
+    # j, j + P, ...
     pid = tl.program_id(0)
     n_cb = tl.cdiv(C, BLOCK_C)
     cb = pid % n_cb
@@ -145,10 +178,12 @@ def _bwd_reduce_kernel(
     for rb in range(j, n_rb, 2 * P):
         dz0, dzx0 = _bwd_block(
             dy_ptr,
+            dy2_ptr,
             x_ptr,
             bits_ptr,
             dx_ptr,
             dres_ptr,
+            dz_ptr,
             rb,
             n_rb,
             cb,
@@ -163,16 +198,20 @@ def _bwd_reduce_kernel(
             EVAL,
             HAS_RES,
             RELU,
+            HAS_DY2,
+            WRITE_DZ,
             BLOCK_L,
             BLOCK_C,
             CHANNELS_LAST,
         )
         dz1, dzx1 = _bwd_block(
             dy_ptr,
+            dy2_ptr,
             x_ptr,
             bits_ptr,
             dx_ptr,
             dres_ptr,
+            dz_ptr,
             rb + P,
             n_rb,
             cb,
@@ -187,6 +226,8 @@ def _bwd_reduce_kernel(
             EVAL,
             HAS_RES,
             RELU,
+            HAS_DY2,
+            WRITE_DZ,
             BLOCK_L,
             BLOCK_C,
             CHANNELS_LAST,

@@ -37,9 +37,11 @@ class BackwardPlan(_Layout):
         training: bool,
         relu: bool,
         res_grad: bool,
+        fold: bool = False,
     ):
         super().__init__(x, view)
         self.training, self.res_grad, self.has_w = training, res_grad, weight is not None
+        self.fold = fold
         xk = self.kin(x)
         self.reduce_tiles = t = tiles(
             view, x.element_size(), tuning.bwd_reduce.tile_bytes, tuning.bwd_reduce.block_c
@@ -53,6 +55,7 @@ class BackwardPlan(_Layout):
         example = [
             xk,
             xk,
+            xk,
             bits,
             acc,
             self.example(stat.dtype),
@@ -63,6 +66,7 @@ class BackwardPlan(_Layout):
             acc,
             xk,
             xk,
+            xk,
             view.C,
             view.L,
             view.NB,
@@ -71,7 +75,11 @@ class BackwardPlan(_Layout):
             1e-5,
         ]
         self.reduction = r = _Reduction(
-            _bwd_reduce_kernel, example, dict(flags, EVAL=not training), t, tuning.bwd_reduce
+            _bwd_reduce_kernel,
+            example,
+            dict(flags, EVAL=not training, HAS_DY2=fold, WRITE_DZ=fold and training),
+            t,
+            tuning.bwd_reduce,
         )
         self.finalize = (
             None
@@ -99,13 +107,16 @@ class BackwardPlan(_Layout):
             1,
             view.M,
         ]
+        if fold:  # the reduction wrote dz: the plain pass reads it (no mask, no d_residual)
+            flags = dict(flags, HAS_RES=False, RELU=False)
         self.apply_launch, self.apply_g = _elementwise(
             _bwd_apply_kernel, example, flags, a, tuning.bwd_apply, 14
         )
 
-    def sums(self, ok: bool, dyk, xk, weight, mean, stat, bits, eps: float, dxk, dresk):
-        """(dweight, dbias) in the statistics dtype; in eval also writes dx, d_residual.
-        `ok`: the caller's tensors are 16-byte aligned (runtime.aligned)."""
+    def sums(self, ok: bool, dyk, dy2k, xk, weight, mean, stat, bits, eps: float, dxk, dresk, dzk):
+        """(dweight, dbias) in the statistics dtype; in eval also writes dx, d_residual; with a
+        second gradient in training, dz. `ok`: the caller's tensors are 16-byte aligned
+        (runtime.aligned)."""
         v, t, r = self.view, self.reduce_tiles, self.reduction
         part = torch.empty((2 * r.P, v.C), dtype=self.acc, device=self.device)
         dw, db = torch.empty_like(mean), torch.empty_like(mean)
@@ -113,6 +124,7 @@ class BackwardPlan(_Layout):
         r.launch(
             ok,
             dyk,
+            dy2k,
             xk,
             bits,
             mean,
@@ -124,6 +136,7 @@ class BackwardPlan(_Layout):
             db,
             dxk,
             dresk,
+            dzk,
             v.C,
             v.L,
             v.NB,
@@ -159,15 +172,21 @@ class BackwardPlan(_Layout):
             v.M,
         )
 
-    def run(self, dy, x, weight, mean, stat, bits, eps: float):
-        """(dx, dweight, dbias, d_residual)."""
-        ok = aligned(dy, x, weight, mean, stat, bits)
+    def run(self, dy, x, weight, mean, stat, bits, eps: float, dy2=None):
+        """(dx, dweight, dbias, d_residual); `dy2`: the output gradient's second part (a plan
+        built with `fold`), added to dy inside the kernels."""
+        ok = aligned(dy, dy2, x, weight, mean, stat, bits)
         xk, dyk = self.kin(x), self.kin(dy)
+        dy2k = self.kin(dy2) if self.fold else dyk
         dx, dxk = self.out(x)
         dres, dresk = self.out(x) if self.res_grad else (x.new_empty((0,)),) * 2
         dresk_or_dx = dresk if self.res_grad else dxk
-        dw, db = self.sums(ok, dyk, xk, weight, mean, stat, bits, eps, dxk, dresk_or_dx)
-        if self.training:
+        # the fold's dz: d_residual itself when there is one, else a buffer of its own
+        dzk = (dresk if self.res_grad else torch.empty_like(xk)) if self.fold else dxk
+        dw, db = self.sums(ok, dyk, dy2k, xk, weight, mean, stat, bits, eps, dxk, dresk_or_dx, dzk)
+        if self.training and self.fold:  # dz for dy and the mask; nothing more to write
+            self.grads(ok, dzk, xk, weight, mean, stat, bits, dw, db, dxk, dxk)
+        elif self.training:
             self.grads(ok, dyk, xk, weight, mean, stat, bits, dw, db, dxk, dresk_or_dx)
         for out, buf in ((dx, dxk), (dres, dresk)):
             if buf is not out:

@@ -3,6 +3,8 @@
 Traffic per call, in passes over one (N, C, H, W) tensor (ReLU mask bits cost 1/16 of a pass):
   training forward:  read x (stats); read x, residual; write y, bits   = 4 + 1/16
   training backward: read dy, x, bits (sums); read dy, x, bits; write dx, d_residual = 6 + 1/8
+    with the gradient in two parts (dy + dy2): read dy, dy2, x, bits; write dz (= d_residual);
+    read dz, x; write dx = 7 + 1/16, where adding them first costs 3 more passes (`_ops.py`)
   eval forward: 3 (+1/16), eval backward: 4 (+1/16) — with residual and ReLU.
 SiLU, GELU and Hardswish write no bits (forward 4 with a residual, 3 without) and recompute the
 pre-activation in the backward: 7 passes with a residual, 5 without (`_act_bwd_kernels.py`).
@@ -88,7 +90,10 @@ def forward_plan(
     return _cached(key, build)
 
 
-def backward_plan(x, weight, stat, training: bool, relu: bool, res_grad: bool) -> BackwardPlan:
+def backward_plan(
+    x, weight, stat, training: bool, relu: bool, res_grad: bool, fold: bool = False
+) -> BackwardPlan:
+    """`fold`: the output gradient comes in two parts (dy, dy2), added inside the kernels."""
     key = (
         "bwd",
         x.shape,
@@ -100,13 +105,14 @@ def backward_plan(x, weight, stat, training: bool, relu: bool, res_grad: bool) -
         training,
         relu,
         res_grad,
+        fold,
         tuning_table.generation,
     )
 
     def build():
         view = View.of(x)
         tuning = tuning_table.tuning_for(view.C, view.M, view.channels_last)
-        return BackwardPlan(x, view, tuning, weight, stat, training, relu, res_grad)
+        return BackwardPlan(x, view, tuning, weight, stat, training, relu, res_grad, fold)
 
     return _cached(key, build)
 
@@ -131,12 +137,22 @@ def apply(
 
 
 def backward(
-    dy, x, weight, mean, stat, bits, eps: float, training: bool, relu: bool, res_grad: bool
+    dy,
+    x,
+    weight,
+    mean,
+    stat,
+    bits,
+    eps: float,
+    training: bool,
+    relu: bool,
+    res_grad: bool,
+    dy2=None,
 ):
-    """(dx, dweight, dbias, d_residual); dweight/dbias in the statistics dtype."""
-    return backward_plan(x, weight, stat, training, relu, res_grad).run(
-        dy, x, weight, mean, stat, bits, eps
-    )
+    """(dx, dweight, dbias, d_residual); dweight/dbias in the statistics dtype. `dy2`: a
+    second part of the output gradient (the gradient is dy + dy2), read by the kernels."""
+    plan = backward_plan(x, weight, stat, training, relu, res_grad, dy2 is not None)
+    return plan.run(dy, x, weight, mean, stat, bits, eps, dy2)
 
 
 def act_backward_plan(

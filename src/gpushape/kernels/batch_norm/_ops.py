@@ -13,9 +13,24 @@ element); for SiLU, GELU and Hardswish, bias and the residual instead (reference
 the pre-activation is recomputed from them, `_act_bwd_kernels.py`).
 CPU tensors take the plain-PyTorch reference (`_reference.py`), unless TRITON_INTERPRET=1 (then
 the Triton kernels run in the interpreter).
+
+Residual gradients handed over (eager path only). In a ResNet the output of one block's fused
+norm feeds the next block twice: its first convolution and its residual add. Autograd's engine
+adds the two gradients (one elementwise kernel reading two tensors, writing a third) before the
+first norm's backward reads the sum twice. When the residual of a `_BatchNormActFn` call is the
+direct output of another `_BatchNormActFn` call, the consumer's backward instead appends the
+residual's gradient to its producer's node and returns None for it; the producer's backward
+then reads both parts in its kernels (`_bwd_kernels.py`, 7 passes where 9 were). The engine
+runs a node only after every node that feeds it, so the handed-over part is always there in time.
+Only a backward of the whole graph (`.backward()` without `inputs`) hands over, as a scalar
+leaf passed to the consumer tells (`handover_anchor`): autograd.grad and `inputs=` may capture
+the producer's output's gradient, which must be whole. Nor does a residual tensor with hooks or
+a retained grad (they would see part of the gradient), or one no longer alive to check.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import Tensor
@@ -83,19 +98,42 @@ def _backward_impl(
     """(dx, dweight, dbias, d_residual); dweight/dbias in the statistics dtype. bias and
     residual are read by the smooth activations only (None otherwise); their d_residual is
     full exactly when a residual is given (then res_grad is set)."""
+    args = (x, weight, bias, residual, mean, stat, bits, eps, training, activation, res_grad)
+    return _backward_parts(dy, None, *args)
+
+
+def _backward_parts(
+    dy: Tensor,
+    dy2: Tensor | None,
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    residual: Tensor | None,
+    mean: Tensor,
+    stat: Tensor,
+    bits: Tensor,
+    eps: float,
+    training: bool,
+    activation: str,
+    res_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """_backward_impl's result for the output gradient dy + dy2 (`dy2` None: dy alone);
+    ReLU and no activation read the two parts in their kernels."""
     relu = activation == "relu"
     if x.numel() == 0:
         zeros = torch.zeros_like(mean)
         dres = torch.empty_like(x) if res_grad else x.new_empty((0,))
         return torch.empty_like(x), zeros, zeros.clone(), dres
     if activation in ACT_CODES:
+        dy = dy if dy2 is None else dy + dy2
         args = (dy, x, weight, bias, residual, mean, stat, eps, training)
         if use_triton(x):
             return launch.act_backward(*args, ACT_CODES[activation])
         return _act_backward_ref(*args, activation)
+    args = (dy, x, weight, mean, stat, bits, eps, training, relu, res_grad, dy2)
     if use_triton(x):
-        return launch.backward(dy, x, weight, mean, stat, bits, eps, training, relu, res_grad)
-    return _backward_ref(dy, x, weight, mean, stat, bits, eps, training, relu, res_grad)
+        return launch.backward(*args)
+    return _backward_ref(*args)
 
 
 def _save(ctx, inputs, bits: Tensor) -> None:
@@ -109,24 +147,17 @@ def _save(ctx, inputs, bits: Tensor) -> None:
     ctx.has_residual = residual is not None
 
 
-def _input_grads(ctx, dy: Tensor, backward_fn) -> tuple:
-    """Gradients for (x, mean, stat, weight, bias, residual, eps, training, activation)."""
+def _input_grads(ctx, dy: Tensor, backward_fn, dy2: Tensor | None = None) -> tuple:
+    """Gradients for (x, mean, stat, weight, bias, residual, eps, training, activation), of the
+    output gradient dy (+ dy2: then `_backward_parts` runs, not backward_fn)."""
     x, weight, mean, stat, bits, bias, residual = ctx.saved_tensors
-    identity = ctx.activation == "none"  # then d_residual is dy itself
-    dx, dw, db, dres = backward_fn(
-        dy,
-        x,
-        weight,
-        bias,
-        residual,
-        mean,
-        stat,
-        bits,
-        ctx.eps,
-        ctx.training,
-        ctx.activation,
-        ctx.has_residual and not identity,
-    )
+    identity = ctx.activation == "none" and dy2 is None  # then d_residual is dy itself
+    args = (x, weight, bias, residual, mean, stat, bits, ctx.eps, ctx.training, ctx.activation)
+    res_grad = ctx.has_residual and not identity
+    if dy2 is None:
+        dx, dw, db, dres = backward_fn(dy, *args, res_grad)
+    else:
+        dx, dw, db, dres = _backward_parts(dy, dy2, *args, res_grad)
     dweight = None if weight is None else dw if dw.dtype == weight.dtype else dw.to(weight.dtype)
     bias_dtype = ctx.bias_dtype
     dbias = None if bias_dtype is None else db if db.dtype == bias_dtype else db.to(bias_dtype)
@@ -183,6 +214,7 @@ class _BatchNormActFn(torch.autograd.Function):
         momentum,
         eps,
         activation,
+        anchor,
     ):
         y, mean, stat, bits = _forward(
             x,
@@ -197,12 +229,65 @@ class _BatchNormActFn(torch.autograd.Function):
             activation,
         )
         _save(ctx, (x, mean, stat, weight, bias, residual, eps, training, activation), bits)
+        ctx.set_materialize_grads(False)  # dy is None when every user handed its part over
+        ctx.handed_over = []  # residual gradients of this output, from its users' backward
+        ctx.residual_ref = None if anchor is None else weakref.ref(residual)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        dx, _, _, dweight, dbias, dresidual, *_ = _input_grads(ctx, dy, _backward_impl)
-        return dx, dweight, dbias, None, None, dresidual, None, None, None, None
+        parts = ctx.handed_over
+        if parts:
+            dy2 = parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
+            parts.clear()
+            dy, dy2 = (dy2, None) if dy is None else (dy, dy2)
+        elif dy is None:  # no gradient reached this output
+            return (None,) * 11
+        else:
+            dy2 = None
+        dx, _, _, dweight, dbias, dresidual, *_ = _input_grads(ctx, dy, _backward_impl, dy2)
+        if dresidual is not None and _hand_over(ctx, dresidual):
+            dresidual = None
+        return dx, dweight, dbias, None, None, dresidual, None, None, None, None, None
+
+
+_ANCHORS: dict[torch.device, Tensor] = {}
+
+
+def handover_anchor(residual: Tensor | None) -> Tensor | None:
+    """The extra input of a `_BatchNormActFn` call whose residual may hand its gradient over:
+    `residual` is another call's output as it stands (its grad_fn is that call's node). It is a
+    scalar leaf that requires grad and is never anyone's `inputs=`: the engine will run its
+    node exactly when the backward runs the whole graph (`.backward()` with no `inputs`), the
+    one case where every producer runs and none has its output's gradient captured."""
+    if residual is None or not residual.requires_grad:
+        return None
+    if type(residual.grad_fn) is not _BACKWARD_NODE:
+        return None
+    anchor = _ANCHORS.get(residual.device)
+    if anchor is None:
+        anchor = _ANCHORS[residual.device] = torch.zeros((), device=residual.device)
+        anchor.requires_grad_()
+    return anchor
+
+
+def _hand_over(ctx, dresidual: Tensor) -> bool:
+    """Append the residual's gradient to its producer's node instead of returning it, where
+    that is safe (see the module docstring); True when it was handed over."""
+    residual = ctx.residual_ref() if ctx.residual_ref is not None else None
+    if residual is None or residual._backward_hooks or residual.retains_grad:
+        return False
+    node = residual.grad_fn
+    if type(node) is not _BACKWARD_NODE:  # changed in place since
+        return False
+    anchor_node = ctx.next_functions[-1][0]  # the anchor: the last tensor input
+    if anchor_node is None or not torch._C._will_engine_execute_node(anchor_node):
+        return False  # autograd.grad or backward(inputs=...): outputs may be captured
+    node.handed_over.append(dresidual)
+    return True
+
+
+_BACKWARD_NODE = _BatchNormActFn._backward_cls
 
 
 # ---- custom ops: what torch.compile traces (fake implementations, registered autograd) ----

@@ -114,13 +114,16 @@ def _grads_from_dz(dz, x, weight, mean, rstd, training, dz_read=None):
     return _like(x, a.view(CHANNEL) * dz_x), dw, db
 
 
-def backward_ref(dy, x, weight, mean, stat, bits, eps, training, relu, res_grad):
+def backward_ref(dy, x, weight, mean, stat, bits, eps, training, relu, res_grad, dy2=None):
+    """`dy2`: the output gradient's second part, added in fp32; training's dx pass then reads
+    dz as stored (x's dtype), as the kernels do."""
     acc = mean.dtype
     rstd = _rstd_ref(stat, acc, eps, not training)
-    dz = dy.to(acc)
+    dz = dy.to(acc) if dy2 is None else dy.to(acc) + dy2.to(acc)
     if relu:
         dz = torch.where(unpack_bits_ref(bits, x.shape), dz, 0.0)
-    dx, dw, db = _grads_from_dz(dz, x, weight, mean, rstd, training)
+    stored = dz.to(x.dtype).to(acc) if dy2 is not None else None
+    dx, dw, db = _grads_from_dz(dz, x, weight, mean, rstd, training, stored)
     dres = _like(x, dz) if res_grad else x.new_empty((0,))
     return dx, dw, db, dres
 

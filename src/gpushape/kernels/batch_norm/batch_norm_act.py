@@ -35,6 +35,7 @@ from ._ops import (
     batch_norm_act_apply,
     batch_norm_act_backward,
     batch_norm_stats,
+    handover_anchor,
 )
 from ._reference import TORCH_ACTIVATIONS
 
@@ -136,6 +137,7 @@ def batch_norm_act(
             momentum,
             eps,
             activation,
+            handover_anchor(residual),
         )
     if training:
         mean, stat = batch_norm_stats(x.detach(), running_mean, running_var, momentum, eps)
