@@ -158,7 +158,8 @@ def test_a_training_run_tracks_the_original(optimized):
 def test_revert_restores_the_original_exactly(convnet):
     blocks = list(convnet.blocks)
     model, outcome = _apply(convnet)
-    assert len(outcome.changes) == 8 and applied(model)  # seven sites, one shortcut norm
+    # seven sites, one shortcut norm, the shortcut's input handed over
+    assert len(outcome.changes) == 9 and applied(model)
     restored = revert(model)
     assert restored is convnet and list(restored.blocks) == blocks
     assert not _fused_modules(restored, BatchNormAct2d) and not applied(restored)
@@ -240,7 +241,8 @@ def test_a_shortcut_norm_held_by_the_block_itself():
     outcome = get_transform("fuse-norm-act").apply(block, ctx)
     model = outcome.root
     remember(model, outcome.changes)
-    assert [c.module for c in outcome.changes] == ["bn", "bn_proj"]
+    # proj reads the block's input through hand_over (test_fuse_norm_act_handover.py)
+    assert [c.module for c in outcome.changes] == ["bn", "proj", "bn_proj"]
     assert type(model.bn_proj) is BatchNormAct2d and model.bn_proj.activation == "none"
     torch.testing.assert_close(model(x), original(x))
     restored = revert(model)

@@ -31,6 +31,11 @@ BatchNorm: nothing to fuse, left alone).
 A parent whose forward is replaced on the instance (autocast-bf16's wrapper, a checkpoint) is
 refused too: torch.fx traces the class's forward, and the rewrite would drop the replacement.
 
+In a parent with a fused residual site, an input that also feeds a convolution branch besides
+the first (ResNet's downsampling) reaches that branch through `hand_over`: where the input is a
+fused norm's output, that gradient joins the norm's backward inside its kernels instead of
+autograd's add (the residual's own gradient does so by itself: see kernels/batch_norm/_ops.py).
+
 The fused modules share the norm's parameters and buffers (same objects, same names), so the
 state_dict, its keys and the optimizer's state are unchanged. A rewritten parent becomes an
 fx.GraphModule holding the same children under the same names; undo puts the original back.
@@ -45,6 +50,7 @@ import torch
 from torch import fx, nn
 
 from ..kernels import AddLayerNorm, BatchNormAct2d, LayerNormGELU
+from ..kernels.batch_norm.batch_norm_act import hand_over
 from ._core import (
     Change,
     Outcome,
@@ -258,6 +264,7 @@ def _fuse_in(
         if found is not None:
             residual_norms.append(found)
         _rewrite(site, parent, graph)
+    handed = _hand_over_shared_inputs(graph, parent, fused)
     graph.lint()
     rewritten = fx.GraphModule(parent, graph, class_name=f"Fused{type(parent).__name__}")
     for site in fused:
@@ -278,7 +285,45 @@ def _fuse_in(
         out.changes.append(
             Change(transform=ID, module=name, detail=f"{what} fused", undo=lambda: None)
         )
+    for target in handed:
+        name = f"{fqn}.{target}" if fqn else target
+        detail = "its input's gradient handed to the fused norm that produced the input"
+        out.changes.append(Change(transform=ID, module=name, detail=detail, undo=lambda: None))
     return rewritten
+
+
+def _branch_entry(module: nn.Module) -> bool:
+    """A convolution, or a Sequential that starts with one (after an average pool): a
+    residual's downsampling branch, which reads its input and never changes it in place."""
+    if type(module) is nn.Sequential and len(module):
+        first = module[0]
+        if type(first) is nn.AvgPool2d and len(module) > 1:
+            first = module[1]
+        return isinstance(first, nn.Conv2d) and not has_hooks(module)
+    return isinstance(module, nn.Conv2d)
+
+
+def _hand_over_shared_inputs(graph: fx.Graph, parent: nn.Module, fused: list) -> list[str]:
+    """In a parent with a fused BatchNorm residual site (a ResNet block), each input that
+    feeds several users: the block's first convolution keeps autograd's edge, and every other
+    user that is a convolution branch reads it through `hand_over`, which at run time hands
+    that gradient to the fused norm that produced the input, if one did (the previous block's
+    last norm): the two gradients meet in its kernels, not in autograd's add. (A fused residual
+    site hands over by itself.) Returns the targets of the users so wrapped."""
+    sites = {site["node"] for site in fused if site["kind"] == "bn" and "residual" in site}
+    if not sites:
+        return []
+    handed = []
+    for p in [n for n in graph.nodes if n.op == "placeholder"]:
+        others = [u for u in p.users if u not in sites]
+        for user in others[1:]:
+            if user.op != "call_module" or not _branch_entry(parent.get_submodule(user.target)):
+                continue
+            with graph.inserting_before(user):
+                alias = graph.call_function(hand_over, (p,))
+            user.replace_input_with(p, alias)
+            handed.append(user.target)
+    return handed
 
 
 def _parents(model: nn.Module) -> list[str]:

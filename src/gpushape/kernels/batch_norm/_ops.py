@@ -287,6 +287,34 @@ def _hand_over(ctx, dresidual: Tensor) -> bool:
     return True
 
 
+class _HandOverFn(torch.autograd.Function):
+    """x as another user of it sees it (a view); its gradient from that user is handed over to
+    the `_BatchNormActFn` call that produced x, as a residual's is (`hand_over`)."""
+
+    @staticmethod
+    def forward(ctx, x, anchor):
+        ctx.set_materialize_grads(False)
+        ctx.residual_ref = weakref.ref(x)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None or _hand_over(ctx, g):
+            return None, None
+        return g, None
+
+
+def hand_over(x: Tensor) -> Tensor:
+    """x for one more of its users: where x is a fused norm's output (`_BatchNormActFn`), that
+    user's gradient reaches the norm's backward as a second part, read in its kernels, instead
+    of through autograd's add (a ResNet block's input feeding both its first convolution and
+    its downsampling branch). x itself otherwise, and under torch.compile."""
+    if torch.compiler.is_compiling():
+        return x
+    anchor = handover_anchor(x)
+    return x if anchor is None else _HandOverFn.apply(x, anchor)
+
+
 _BACKWARD_NODE = _BatchNormActFn._backward_cls
 
 

@@ -35,6 +35,7 @@ from ._ops import (
     batch_norm_act_apply,
     batch_norm_act_backward,
     batch_norm_stats,
+    hand_over,
     handover_anchor,
 )
 from ._reference import TORCH_ACTIVATIONS
@@ -46,6 +47,7 @@ __all__ = [
     "batch_norm_act_apply",
     "batch_norm_act_backward",
     "batch_norm_stats",
+    "hand_over",
 ]
 _OP = "batch_norm_act"
 
