@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..errors import GpushapeError
+from .handover import hand_overs
 from .inputs import meta_stand_ins, model_device_types, model_tensors, place, split_inputs
 from .recorder import ModuleStack, Recorder, TraceError, failure_message
 from .records import Trace
@@ -71,7 +72,7 @@ def trace(
         model=name or type(model).__name__,
         train=train,
         device=target.type,
-        ops=recorder.ops,
+        ops=hand_overs(recorder.ops) if train and target.type == "meta" else recorder.ops,
         modules=module_types,
         grad_leaves=len(leaves),
     )
