@@ -8,8 +8,8 @@ convolution and its residual add, or its downsampling branch), the eager path sk
 the norm's backward reads both parts in its kernels (`kernels/batch_norm/_ops.py`). A trace on
 the meta device runs the custom ops, which do not, so `hand_overs` rewrites the recorded
 backward as the GPU runs it: the add is dropped and the norm's backward reads a second
-gradient (`dy2`). Under torch.compile Inductor fuses that add into the norm's backward
-kernels itself, so the rewritten trace stands for both modes.
+gradient (`dy2`). The rewritten trace stands for the eager and graph modes: optimize does not
+apply fuse-norm-act under torch.compile (Inductor fuses PyTorch's own norms and that add).
 
 Approximation: two convolutions' gradients are assumed handed over whenever they meet at a
 fused norm's output; gpushape's rewrite wires that only for a block's downsampling branch
