@@ -234,7 +234,7 @@ def test_gpu_handover_in_a_captured_step_equals_eager():
     are the graph's own buffers."""
     torch.manual_seed(3)
     args, running = _chain_inputs((16, 256, 14, 14), torch.bfloat16, CL, True, "relu", "cuda")
-    fn = _chain(True, True, running)
+    fn = _chain(True, True, tuple(t.cuda() for t in running))  # no host copy while capturing
     static = [a.detach().clone().requires_grad_() for a in args]
 
     def step():
