@@ -78,3 +78,34 @@ def test_nothing_changes_without_a_fused_norm():
     model = ConvNet()
     t = trace(copy.deepcopy(model), x, train=True)
     assert handover.hand_overs(t.ops) is t.ops
+
+
+def test_the_audit_counts_the_adds_fusing_removes(monkeypatch):
+    """unfused-norm-act on the plain model: the stem's BatchNorm -> ReLU output and the first
+    block's output each have their gradient added from two users; fused, those adds are gone,
+    and the finding's saving says so."""
+    from gpushape.auditing.api import audit
+    from gpushape.auditing.rules import unfused_norm_act
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, 16, 16)
+
+    def findings():
+        report = audit(ConvNet(c=32), x, "h200", train=True)
+        return {f.evidence["pattern"]: f for f in report.findings if f.rule == "unfused-norm-act"}
+
+    with_adds = findings()
+    counts = {p: f.evidence["handed_over_adds"] for p, f in with_adds.items()}
+    # the stem's chain (F.relu) and block 0's residual chain; the blocks' inner chains none
+    assert counts == {
+        "BatchNorm2d->relu": 1,
+        "BatchNorm2d->add_->relu_": 1,
+        "BatchNorm2d->relu_": 0,
+    }
+    monkeypatch.setattr(unfused_norm_act, "handed_over_adds", lambda ctx, chains: [])
+    without = findings()
+    for pattern, f in with_adds.items():
+        one = 8 * 32 * 16 * 16 * (2 if f.evidence["dtype"] == "bfloat16" else 4)  # a gradient
+        more = f.evidence["bytes_saved"] - without[pattern].evidence["bytes_saved"]
+        assert more == 2 * one * counts[pattern]
+        assert (f.est_saving_s > without[pattern].est_saving_s) == bool(counts[pattern])

@@ -12,7 +12,10 @@ intermediate tensor of B bytes: 2B in the forward, and in training 2B more for i
 the cost model prices its eager kernels (each family at its measured efficiency) less a fused
 kernel's moving the remaining bytes at the rate measured for gpushape's kernel of that fix
 (`AuditContext.fusion_saving_s`): BatchNormAct2d for a BatchNorm chain, LayerNormGELU for the
-others (and for BatchNorm where the first is not measured).
+others (and for BatchNorm where the first is not measured). In training, a BatchNorm -> ReLU
+chain whose output's gradient autograd adds from two users (a ResNet block's output: the next
+block's convolution and residual, or its downsampling branch) also loses that add: the fused
+backward reads the two parts itself (`handed_over_adds`).
 
 Also the other way round: a residual add whose sum a LayerNorm normalizes next (BERT's
 `LayerNorm(hidden + input)`, a pre-norm block's residual stream). Unfused, the sum is written
@@ -164,6 +167,36 @@ def _fused_family(ctx: AuditContext, norm: OpRecord) -> str:
     return "fused_norm_act"
 
 
+_PARTS = frozenset({"convolution_backward", "threshold_backward"})
+
+
+def handed_over_adds(ctx: AuditContext, chains: list[Chain]) -> list[OpRecord]:
+    """The backward's adds the fused BatchNorm skips (kernels/batch_norm/_ops.py): each sums
+    the gradient of a BatchNorm -> [add ->] ReLU chain's output from two users, a
+    convolution's input gradient and the next block's residual (its ReLU's gradient) or
+    another convolution's (its downsampling branch); fused, the norm's backward reads both
+    parts (one more read) and the add (two reads, one write) is gone."""
+    made = {
+        t.storage: rec
+        for rec in ctx.trace.ops
+        if rec.phase == "backward"
+        for t in rec.outputs[:1]
+        if t.storage is not None
+    }
+    adds = []
+    for chain in chains:
+        if chain.norm.name not in BATCH_NORM_OPS or chain.ops[-1].name.rstrip("_") != "relu":
+            continue
+        for grad in ctx.backward_of(chain.ops[-1]):
+            add = made.get(grad.inputs[0].storage) if grad.inputs else None
+            if add is None or add.name != "add" or add.inplace or len(add.inputs) != 2:
+                continue
+            parts = [made.get(t.storage) for t in add.inputs]
+            if all(p is not None and p.name in _PARTS for p in parts):
+                adds.append(add)
+    return adds
+
+
 @register_rule(RULE, title="normalization then activation as separate kernels")
 def check(ctx: AuditContext) -> Iterable[Finding]:
     add_norm = _add_norm_finding(ctx)
@@ -174,7 +207,9 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         by_pattern.setdefault(chain.pattern, []).append(chain)
     passes = 4 if ctx.train else 2  # write + read, and the same for the gradient in training
     for pattern, chains in by_pattern.items():
-        nbytes = passes * sum(c.intermediate_bytes for c in chains)
+        adds = handed_over_adds(ctx, chains) if ctx.train else []
+        added = sum(a.outputs[0].nbytes for a in adds)  # each add: 3 such passes, 1 kept
+        nbytes = passes * sum(c.intermediate_bytes for c in chains) + 2 * added
         evidence = {
             "pattern": pattern,
             "sites": len(chains),
@@ -182,21 +217,24 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
             "dtype": chains[0].norm.outputs[0].dtype,
             "bytes_saved": nbytes,
             "modules": first_modules(c.norm.module for c in chains),
+            "handed_over_adds": len(adds),
         }
         message = (
             f"{pattern} runs as {1 + len(chains[0].ops)} kernels at {len(chains)} "
             f"site(s): fusing writes and re-reads {nbytes / 1e6:,.1f} MB less a step"
         )
+        if adds:
+            message += (
+                f" (with autograd's add of the gradient at {len(adds)} of their outputs, "
+                "which the fused backward reads in two parts)"
+            )
         if not ctx.train and chains[0].norm.name in BATCH_NORM_OPS:
             message += (
                 " (for inference, folding the BatchNorm into the convolution before it "
                 "and the rest into its epilogue removes these passes altogether)"
             )
-        saving = ctx.fusion_saving_s(
-            [r for c in chains for r in (c.norm, *c.ops)],
-            nbytes,
-            _fused_family(ctx, chains[0].norm),
-        )
+        recs = [r for c in chains for r in (c.norm, *c.ops)] + adds
+        saving = ctx.fusion_saving_s(recs, nbytes, _fused_family(ctx, chains[0].norm))
         yield ctx.finding(
             RULE,
             module_pattern(c.norm.module for c in chains),
@@ -204,5 +242,5 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
             evidence,
             saving_s=saving,
             fix="fuse-norm-act",
-            replaces=[r for c in chains for r in (c.norm, *c.ops)],
+            replaces=recs,
         )
