@@ -59,7 +59,7 @@ for spec in "$@"; do
     calib-attn) run calib-attn "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts attention -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     tune-norms) run tune-norms "$secs" python3 benchmarks/kernels/tune_norms.py ;;
     gputests-bn) run gputests-bn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -k "not 2_pow_31" tests/kernel_ops/test_batch_norm_act_gpu.py ;;
-    tune-bn) run tune-bn "$secs" python3 benchmarks/kernels/tune_batch_norm_act.py --quick ;;
+    tune-bn) run tune-bn "$secs" python3 benchmarks/kernels/tune_batch_norm_act.py --quick ${TUNE_ARGS:-} ;;
     probe-quick) run probe-quick "$secs" python3 -m gpushape probe --quick -o "$OUT/probe-h200-quick/h200-sxm.json" ;;
     probe) run probe "$secs" python3 -m gpushape probe -o "$OUT/probe-h200/h200-sxm.json" ;;
     diag-nchw) run diag-nchw "$secs" python3 benchmarks/audit/diagnose_nchw.py --out "$OUT/diagnose_nchw.json" ;;

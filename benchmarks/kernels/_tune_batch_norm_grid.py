@@ -33,6 +33,9 @@ from gpushape.kernels.batch_norm._tuning import (  # noqa: E402
 EPS, MOMENTUM = 1e-5, 0.1
 DTYPE = torch.bfloat16
 DEVICE = "cuda"  # "cpu": smoke-test under TRITON_INTERPRET=1 (tune_batch_norm_act.py --device)
+# the backward with its gradient in two parts, as ResNet's block outputs take it (a residual
+# gradient handed over: kernels/batch_norm/_ops.py); tune_batch_norm_act.py --handover
+HANDOVER = False
 REDUCTIONS = ("stats", "bwd_reduce")
 BLOCK_C = (64, 128, 256, 512, 1024)  # narrower: row segments of 64 bytes or less
 
@@ -110,6 +113,7 @@ class Buffers:
     x: torch.Tensor
     r: torch.Tensor
     dy: torch.Tensor
+    dy2: torch.Tensor  # the gradient's second part (HANDOVER)
     w: torch.Tensor
     b: torch.Tensor
     rm: torch.Tensor
@@ -134,12 +138,13 @@ class Buffers:
                 memory_format=torch.channels_last
             )
 
-        x, r, dy = act(), act(), act()
+        x, r, dy, dy2 = act(), act(), act(), act()
         stat = dict(device=DEVICE, dtype=torch.float32)
         bufs = Buffers(
             x,
             r,
             dy,
+            dy2,
             1 + 0.2 * torch.randn(c, **stat),
             0.2 * torch.randn(c, **stat),
             torch.zeros(c, **stat),
@@ -156,11 +161,15 @@ class Buffers:
             plan = launch.forward_plan(x, bufs.w, bufs.b, bufs.rm, bufs.rv, r, True, True)
             bufs.mean, bufs.rstd = plan.stats(x, bufs.rm, bufs.rv, MOMENTUM, EPS)
             _, bufs.bits = plan.apply(x, bufs.mean, bufs.rstd, bufs.w, bufs.b, r, EPS)
-            bplan = launch.backward_plan(x, bufs.w, bufs.rstd, True, True, True)
-            bufs.dw, bufs.db = bplan.sums(
-                True, dy, x, bufs.w, bufs.mean, bufs.rstd, bufs.bits, EPS, bufs.dx, bufs.dres
-            )
+            bplan = launch.backward_plan(x, bufs.w, bufs.rstd, True, True, True, HANDOVER)
+            bufs.dw, bufs.db = _sums(bplan, bufs)
         return bufs
+
+
+def _sums(plan, s: Buffers):
+    """The backward's reduction (with HANDOVER: both parts read, dz written to dres)."""
+    dy2, dz = (s.dy2, s.dres) if HANDOVER else (s.dy, s.dx)
+    return plan.sums(True, s.dy, dy2, s.x, s.w, s.mean, s.rstd, s.bits, EPS, s.dx, s.dres, dz)
 
 
 def runner(kind: str, bufs: Buffers, tuning: BatchNormTuning):
@@ -170,13 +179,17 @@ def runner(kind: str, bufs: Buffers, tuning: BatchNormTuning):
         if kind in ("stats", "apply"):
             plan = launch.forward_plan(s.x, s.w, s.b, s.rm, s.rv, s.r, True, True)
         else:
-            plan = launch.backward_plan(s.x, s.w, s.rstd, True, True, True)
+            plan = launch.backward_plan(s.x, s.w, s.rstd, True, True, True, HANDOVER)
     if kind == "stats":
         return lambda: plan.stats(s.x, s.rm, s.rv, MOMENTUM, EPS)
     if kind == "apply":
         return lambda: plan.apply(s.x, s.mean, s.rstd, s.w, s.b, s.r, EPS)
     if kind == "bwd_reduce":
-        return lambda: plan.sums(True, s.dy, s.x, s.w, s.mean, s.rstd, s.bits, EPS, s.dx, s.dres)
+        return lambda: _sums(plan, s)
+    if HANDOVER:  # dz (in dres) and x in, dx out: no mask, no residual gradient
+        return lambda: plan.grads(
+            True, s.dres, s.x, s.w, s.mean, s.rstd, s.bits, s.dw, s.db, s.dx, s.dx
+        )
     return lambda: plan.grads(
         True, s.dy, s.x, s.w, s.mean, s.rstd, s.bits, s.dw, s.db, s.dx, s.dres
     )
@@ -186,6 +199,8 @@ def kernel_bytes(kind: str, shape) -> int:
     """Bytes a kernel moves at least: S = one bf16 tensor, mask bits S/16."""
     s = torch.Size(shape).numel() * 2
     bits = s // 16
+    if HANDOVER and kind in ("bwd_reduce", "bwd_apply"):  # read dy, dy2, x, bits; write dz
+        return {"bwd_reduce": 4 * s + bits, "bwd_apply": 3 * s}[kind]
     return {
         "stats": s,
         "apply": 3 * s + bits,
@@ -200,8 +215,10 @@ _BUFFERS: dict[tuple, Buffers] = {}
 
 
 def job(shape, kind: str, cfg) -> tuple:
-    """A compile job: (shape, kind, the config's fields as sorted (name, value) pairs, device)."""
-    return (tuple(shape), kind, tuple(sorted(dataclasses.asdict(cfg).items())), DEVICE)
+    """A compile job: (shape, kind, the config's fields as sorted (name, value) pairs, device,
+    hand-over)."""
+    fields = tuple(sorted(dataclasses.asdict(cfg).items()))
+    return (tuple(shape), kind, fields, DEVICE, HANDOVER)
 
 
 def sync() -> None:
@@ -216,9 +233,9 @@ def empty_cache() -> None:
 
 def compile_one(job: tuple) -> str | None:
     """Build one job's plan and launch it once (in a pool worker); None, or the error."""
-    shape, kind, fields, device = job
-    global DEVICE
-    DEVICE = device
+    shape, kind, fields, device, handover = job
+    global DEVICE, HANDOVER
+    DEVICE, HANDOVER = device, handover
     try:
         if shape not in _BUFFERS:
             _BUFFERS.clear()

@@ -22,7 +22,7 @@ SPIN_CYCLES = 200_000  # GPU clock cycles of the spin kernel before each timed r
 
 
 def load_gate():
-    path = grid.ROOT / "tests" / "kernels" / "_numeric.py"
+    path = grid.ROOT / "tests" / "kernel_ops" / "_numeric.py"
     spec = importlib.util.spec_from_file_location("gpushape_tests_numeric", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

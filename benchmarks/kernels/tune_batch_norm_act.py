@@ -4,6 +4,7 @@ residual, ReLU).
 
     python benchmarks/kernels/tune_batch_norm_act.py [--quick] [--shapes 256x1024x14x14]
                                                      [--workers 12] [--budget-s 170]
+                                                     [--handover]
 
 1. host: per call, the time the host takes to queue gpushape's fwd and fwd+bwd (N calls, no
    synchronisation: `host_us`) against the time they take to finish (`wall_us`), with the
@@ -135,13 +136,18 @@ def main(argv=None) -> int:
         help="stop sweeping after this many seconds (verifying the winners takes about 20 s more)",
     )
     parser.add_argument(
+        "--handover",
+        action="store_true",
+        help="the backward kernels with the gradient in two parts (ResNet's block outputs)",
+    )
+    parser.add_argument(
         "--device",
         default="cuda",
         choices=["cuda", "cpu"],
         help="cpu only to smoke-test this script (TRITON_INTERPRET=1, tiny shapes)",
     )
     args = parser.parse_args(argv)
-    grid.DEVICE = args.device
+    grid.DEVICE, grid.HANDOVER = args.device, args.handover
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
             "tune_batch_norm_act: needs a CUDA GPU (or --device cpu to smoke-test)", file=sys.stderr

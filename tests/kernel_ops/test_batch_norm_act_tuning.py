@@ -143,3 +143,25 @@ def test_aligned_checks_every_tensor_and_skips_none():
     assert _launch.aligned(t, None, torch.nn.Parameter(torch.zeros(4)))
     assert not _launch.aligned(t, t[1:])  # 4 bytes past a 16-byte boundary
     assert not _launch.aligned(torch.nn.Parameter(torch.zeros(8))[2:])
+
+
+def test_the_tuner_runs_end_to_end_on_the_cpu(interpret, tmp_path):
+    """benchmarks/kernels/tune_batch_norm_act.py --device cpu (its smoke mode), with the backward
+    taking its gradient in two parts: every kernel timed, checked and written to the JSON."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
+    args = ["--device", "cpu", "--quick", "--shapes", "2x16x4x4", "--workers", "0"]
+    done = subprocess.run(
+        [sys.executable, str(script / "tune_batch_norm_act.py"), *args, "--budget-s", "3",
+         "--handover"],
+        env={**os.environ, "OUT": str(tmp_path), "TRITON_INTERPRET": "1"},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = json.loads((tmp_path / "tune_batch_norm_act.json").read_text())["table"]
+    assert [(e["C"], e["rows"]) for e in table] == [(16, 32)]
+    assert "tuned gate: pass" in done.stdout
