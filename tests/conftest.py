@@ -69,3 +69,20 @@ def interpret():
     """Tests that run Triton kernels on CPU tensors need TRITON_INTERPRET=1 (make test sets it)."""
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         pytest.skip("set TRITON_INTERPRET=1 to run Triton kernels on the CPU")
+
+
+@pytest.fixture
+def parts(monkeypatch):
+    """One entry per fused BatchNorm backward that runs: whether it read a second part of its
+    output's gradient (a residual gradient handed over, kernels/batch_norm/_ops.py)."""
+    from gpushape.kernels.batch_norm import _ops
+
+    seen = []
+    real = _ops._backward_parts
+
+    def spy(dy, dy2, *args):
+        seen.append(dy2 is not None)
+        return real(dy, dy2, *args)
+
+    monkeypatch.setattr(_ops, "_backward_parts", spy)
+    return seen

@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpushape.kernels.batch_norm import _ops
 from gpushape.kernels.batch_norm.batch_norm_act import batch_norm_act
 
 from ._batch_norm_cases import CF, CL, TORCH_ACT, _inputs, _keep_off_kinks
@@ -60,20 +59,6 @@ def _chain_inputs(shape, dtype, fmt, training, act0, device="cpu"):
     w2 = (1 + 0.3 * torch.randn(c)).to(device).requires_grad_()
     b2 = (0.2 * torch.randn(c)).to(device).requires_grad_()
     return (x, r, wc, w1, b1, w2, b2), running
-
-
-@pytest.fixture
-def parts(monkeypatch):
-    """How many backward calls read a second gradient part (the hand-over's use)."""
-    seen = []
-    real = _ops._backward_parts
-
-    def spy(dy, dy2, *args):
-        seen.append(dy2 is not None)
-        return real(dy, dy2, *args)
-
-    monkeypatch.setattr(_ops, "_backward_parts", spy)
-    return seen
 
 
 NAMES = ("x", "residual", "conv_weight", "weight1", "bias1", "weight2", "bias2")

@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import fx, nn
 
-from gpushape.kernels.batch_norm import _ops
 from gpushape.kernels.batch_norm.batch_norm_act import hand_over
 from gpushape.transforms import TransformContext, get_transform
 
@@ -21,20 +20,6 @@ from .nets import Bottleneck, ConvNet
 def _fuse(model: nn.Module, x: torch.Tensor):
     outcome = get_transform("fuse-norm-act").apply(model, TransformContext(example_inputs=(x,)))
     return outcome.root or model, outcome
-
-
-@pytest.fixture
-def parts(monkeypatch):
-    """One entry per fused backward: whether it read a second gradient part."""
-    seen = []
-    real = _ops._backward_parts
-
-    def spy(dy, dy2, *args):
-        seen.append(dy2 is not None)
-        return real(dy, dy2, *args)
-
-    monkeypatch.setattr(_ops, "_backward_parts", spy)
-    return seen
 
 
 def _hand_over_users(model: nn.Module) -> list[str]:

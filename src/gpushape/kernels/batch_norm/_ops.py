@@ -102,23 +102,11 @@ def _backward_impl(
     return _backward_parts(dy, None, *args)
 
 
-def _backward_parts(
-    dy: Tensor,
-    dy2: Tensor | None,
-    x: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    residual: Tensor | None,
-    mean: Tensor,
-    stat: Tensor,
-    bits: Tensor,
-    eps: float,
-    training: bool,
-    activation: str,
-    res_grad: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """_backward_impl's result for the output gradient dy + dy2 (`dy2` None: dy alone);
-    ReLU and no activation read the two parts in their kernels."""
+def _backward_parts(dy: Tensor, dy2: Tensor | None, *args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """_backward_impl's result (`args`: its arguments after dy) for the output gradient
+    dy + dy2 (`dy2` None: dy alone); ReLU and no activation read the two parts in their
+    kernels."""
+    x, weight, bias, residual, mean, stat, bits, eps, training, activation, res_grad = args
     relu = activation == "relu"
     if x.numel() == 0:
         zeros = torch.zeros_like(mean)
