@@ -89,3 +89,22 @@ def test_hand_over_is_the_tensor_itself_where_no_fused_norm_made_it():
     assert hand_over(x) is x
     y = x * 2
     assert hand_over(y) is y
+
+
+def test_a_branch_that_pools_first_hands_over_too(interpret, parts):
+    """timm's ResNet-D shortcut: AvgPool2d, then the 1x1 convolution and its norm."""
+    torch.manual_seed(0)
+    original = ConvNet()
+    proj = original.blocks[1].downsample
+    original.blocks[1].downsample = nn.Sequential(nn.AvgPool2d(1, 1), *proj)
+    x = torch.randn(4, 3, 8, 8)
+    fused, _ = _fuse(copy.deepcopy(original), x)
+    assert _hand_over_users(fused) == ["blocks.1.downsample"]
+    target = torch.randint(0, 10, (4,))
+    grads = []
+    for net in (original, fused):
+        nn.functional.cross_entropy(net(x), target).backward()
+        grads.append([p.grad for p in net.parameters()])
+    for got, want in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert parts.count(True) == 2

@@ -109,3 +109,14 @@ def test_the_audit_counts_the_adds_fusing_removes(monkeypatch):
         more = f.evidence["bytes_saved"] - without[pattern].evidence["bytes_saved"]
         assert more == 2 * one * counts[pattern]
         assert (f.est_saving_s > without[pattern].est_saving_s) == bool(counts[pattern])
+
+
+def test_a_branch_that_pools_first_is_priced_as_handed_over():
+    torch.manual_seed(0)
+    model = ConvNet()
+    proj = model.blocks[1].downsample
+    model.blocks[1].downsample = nn.Sequential(nn.AvgPool2d(1, 1), *proj)  # timm's ResNet-D
+    x = torch.randn(4, 3, 8, 8)
+    t = trace(_fused(model, x), x, train=True)
+    assert _adds(t) == []
+    assert sorted(r.module for r in t.ops if r.params.get("handed_over")) == ["blocks.0.bn3", "bn"]

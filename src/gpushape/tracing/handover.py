@@ -26,8 +26,9 @@ BN_BACKWARD = "gpushape.batch_norm_act_backward.default"
 CONV_BACKWARD = "aten.convolution_backward.default"
 ADD = "aten.add.Tensor"
 # (op, output index) whose gradient may be handed over: a fused norm's residual gradient, a
-# convolution's input gradient
-PARTS = {(BN_BACKWARD, 3), (CONV_BACKWARD, 0)}
+# convolution's input gradient, an average pool's (a downsampling branch that pools first:
+# timm's ResNet-D)
+PARTS = {(BN_BACKWARD, 3), (CONV_BACKWARD, 0), ("aten.avg_pool2d_backward.default", 0)}
 
 
 def _is_fold(add: OpRecord, users: dict, made: dict) -> OpRecord | None:

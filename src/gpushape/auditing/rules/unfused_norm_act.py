@@ -167,14 +167,15 @@ def _fused_family(ctx: AuditContext, norm: OpRecord) -> str:
     return "fused_norm_act"
 
 
-_PARTS = frozenset({"convolution_backward", "threshold_backward"})
+_PARTS = frozenset({"convolution_backward", "threshold_backward", "avg_pool2d_backward"})
 
 
 def handed_over_adds(ctx: AuditContext, chains: list[Chain]) -> list[OpRecord]:
     """The backward's adds the fused BatchNorm skips (kernels/batch_norm/_ops.py): each sums
     the gradient of a BatchNorm -> [add ->] ReLU chain's output from two users, a
-    convolution's input gradient and the next block's residual (its ReLU's gradient) or
-    another convolution's (its downsampling branch); fused, the norm's backward reads both
+    convolution's input gradient and the next block's residual (its ReLU's gradient) or its
+    downsampling branch's (a convolution's, or an average pool's in a ResNet-D); fused, the
+    norm's backward reads both
     parts (one more read) and the add (two reads, one write) is gone."""
     made = {
         t.storage: rec
