@@ -91,6 +91,7 @@ for spec in "$@"; do
     # weight gradients' re-read (re-derived offline until this runs); then run correlate-lib
     calib-lib3) run calib-lib3 "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-elementwise_strided,gemm,downsample_conv@2,norm_weight_grad,norm,norm@96,norm@192,norm@384,norm@768}" -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
     # does padding the vocabulary pay under torch.compile (reduce-overhead)? BERT and GPT-2
+    stem) run stem "$secs" python3 benchmarks/kernels/probe_stem.py --out "$OUT/probe_stem.json" ;;
     conv-layers) run conv-layers "$secs" python3 benchmarks/steps/conv_layers.py "${MODEL:-torchvision.models:resnet50}" --input "${INPUT:-256x3x224x224}" --out "$OUT/conv_layers.json" ;;
     compile-cache) run compile-cache "$secs" python3 benchmarks/steps/compile_cache.py --out "$OUT/compile_cache.json" ;;
     compile-pad) run compile-pad "$secs" python3 benchmarks/steps/compile_pad.py --out "$OUT/compile_pad.json" ;;
