@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from gpushape.bench import write_results
+from gpushape.bench import time_fn, write_results
 
 
 def fold_weight(w: torch.Tensor, channels: int = 0) -> torch.Tensor:
@@ -66,16 +66,6 @@ VARIANTS = {
     "s2d": lambda x, w: stem_s2d(x, w),
     "s2d16": lambda x, w: stem_s2d(x, w, 16),
 }
-
-
-def _time(fn, repeats: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats  # ms
 
 
 def main() -> None:
@@ -118,7 +108,7 @@ def main() -> None:
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(args.rounds):
         for k, run in runs.items():
-            times[k].append(_time(run, args.repeats))
+            times[k].append(time_fn(run, warmup=0, repeats=args.repeats).median_s * 1e3)
     medians = {k: statistics.median(v) for k, v in times.items()}
     print(f"stem at batch {args.batch}, bf16, channels_last; ms (median of {args.rounds})")
     for name in VARIANTS:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from gpushape.bench import write_results
+from gpushape.bench import time_fn, write_results
 from gpushape.hardware import calibrated, get_gpu
 from gpushape.models import resolve_model
 
@@ -92,22 +91,6 @@ def record_calls(model: nn.Module, inputs: tuple) -> list[tuple[str, ConvCall]]:
     return calls
 
 
-def _clock(fn, repeats: int, cuda: bool) -> float:
-    """Seconds one call of `fn` takes (CUDA events over `repeats` calls, else the wall)."""
-    if cuda:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e-3 / repeats
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - t0) / repeats
-
-
 def time_call(call: ConvCall, first: bool, device, dtype, fmt, rounds: int, repeats: int) -> dict:
     """Median seconds of each pass of `call` (the input gradient absent for the first)."""
     x = torch.randn(call.input, device=device, dtype=dtype).to(memory_format=fmt)
@@ -124,13 +107,12 @@ def time_call(call: ConvCall, first: bool, device, dtype, fmt, rounds: int, repe
     }
     if not first:
         runs["input grad"] = lambda: bwd(dy, x, w, None, *geometry, (True, False, False))
-    cuda = device.type == "cuda"
     for fn in runs.values():  # warm-up: cuDNN's plans, the allocator
         fn()
     times: dict[str, list[float]] = {p: [] for p in runs}
     for _ in range(rounds):
         for p, fn in runs.items():
-            times[p].append(_clock(fn, repeats, cuda))
+            times[p].append(time_fn(fn, warmup=0, repeats=repeats, device=device).median_s)
     return {p: statistics.median(v) for p, v in times.items()}
 
 
