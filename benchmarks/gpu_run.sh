@@ -60,6 +60,10 @@ for spec in "$@"; do
     tune-norms) run tune-norms "$secs" python3 benchmarks/kernels/tune_norms.py ;;
     gputests-bn) run gputests-bn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -k "not 2_pow_31" tests/kernel_ops/test_batch_norm_act_gpu.py ;;
     tune-bn) run tune-bn "$secs" python3 benchmarks/kernels/tune_batch_norm_act.py --quick ${TUNE_ARGS:-} ;;
+    # ResNet-50's eleven channels_last BatchNorm shapes at batch 256 but the stem's: the four block
+    # outputs with the gradient handed over, the rest plain; tables under $OUT/tune-{ho,plain}
+    # and /tmp/keep (for GPUSHAPE_BATCH_NORM_TUNING in a later call on the same machine)
+    tune-bn-resnet) run tune-bn-resnet "$secs" bash -c 'mkdir -p /tmp/keep; OUT="$OUT/tune-ho" python3 benchmarks/kernels/tune_batch_norm_act.py --quick --handover --budget-s "${HO_BUDGET:-100}" --shapes 256x256x56x56,256x512x28x28,256x1024x14x14,256x2048x7x7 && cp "$OUT/tune-ho/tune_batch_norm_act.json" /tmp/keep/ho.json; OUT="$OUT/tune-plain" python3 benchmarks/kernels/tune_batch_norm_act.py --quick --budget-s "${PLAIN_BUDGET:-200}" --shapes 256x64x56x56,256x128x56x56,256x128x28x28,256x256x28x28,256x256x14x14,256x512x14x14,256x512x7x7 && cp "$OUT/tune-plain/tune_batch_norm_act.json" /tmp/keep/plain.json' ;;
     probe-quick) run probe-quick "$secs" python3 -m gpushape probe --quick -o "$OUT/probe-h200-quick/h200-sxm.json" ;;
     probe) run probe "$secs" python3 -m gpushape probe -o "$OUT/probe-h200/h200-sxm.json" ;;
     diag-nchw) run diag-nchw "$secs" python3 benchmarks/audit/diagnose_nchw.py --out "$OUT/diagnose_nchw.json" ;;

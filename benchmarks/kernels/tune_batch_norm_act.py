@@ -20,8 +20,9 @@ residual, ReLU).
 5. verify: the tuned configuration against the default one at full shape, the gate at batch
    32; default vs tuned fwd and fwd+bwd end to end, alternated (gpushape.bench.compare).
 Writes $OUT/tune_batch_norm_act.json (default ./out); its "table" loads with
-`bench_batch_norm_act.py --tuning FILE`, and the printed TUNED entries paste into
-src/gpushape/kernels/_batch_norm_tuning.py. Prints the summary last.
+`bench_batch_norm_act.py --tuning FILE` and, for any run of gpushape, through
+GPUSHAPE_BATCH_NORM_TUNING=FILE; the printed TUNED entries paste into
+src/gpushape/kernels/batch_norm/_tuning.py. Prints the summary last.
 """
 
 from __future__ import annotations
@@ -343,7 +344,7 @@ def print_summary(shapes, rows, out, e2e, tuned, copy_gbps, checks, path) -> Non
     for name, verdict in checks.items():
         print(f"  {name}: {verdict}")
     print(
-        "\nTUNED entries for src/gpushape/kernels/_batch_norm_tuning.py "
+        "\nTUNED entries for src/gpushape/kernels/batch_norm/_tuning.py "
         "(or: bench_batch_norm_act.py --tuning the JSON above):"
     )
     for s, t in tuned.items():

@@ -127,6 +127,38 @@ def test_load_table_reads_the_tuner_json(tmp_path, monkeypatch):
     assert tuning.tuning_for(512, 200704, True) == tuned and tuning.generation > generation
 
 
+def test_the_environment_variable_loads_several_tables(tmp_path, monkeypatch):
+    """GPUSHAPE_BATCH_NORM_TUNING: files joined by os.pathsep, each added; a bad one names itself."""
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(tuning, "TUNED", {})
+    a, b = BatchNormTuning(stats=ReduceConfig(warps=8)), BatchNormTuning(apply=ApplyConfig(warps=4))
+    paths = []
+    for i, (c, t) in enumerate([(256, a), (512, b)]):
+        paths.append(tmp_path / f"t{i}.json")
+        paths[-1].write_text(
+            json.dumps({"table": [{"C": c, "rows": 1000, "tuning": dataclasses.asdict(t)}]})
+        )
+    assert tuning.load_env_tables(os.pathsep.join(map(str, paths))) == {
+        (256, 1000): a,
+        (512, 1000): b,
+    }
+    assert tuning.tuning_for(512, 1000, True) == b
+    assert tuning.load_env_tables("") == {}
+    with pytest.raises(ValueError, match="GPUSHAPE_BATCH_NORM_TUNING.*missing.json"):
+        tuning.load_env_tables(str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text('{"rows": 3}')
+    with pytest.raises(ValueError, match="bad.json"):
+        tuning.load_env_tables(str(tmp_path / "bad.json"))
+    # at import, in a fresh interpreter
+    code = "from gpushape.kernels.batch_norm import _tuning as t; print(t.tuning_for(256, 1000, True).stats.warps)"
+    env = dict(os.environ, GPUSHAPE_BATCH_NORM_TUNING=str(paths[0]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "8", out.stderr
+
+
 def test_plans_are_cached_per_signature_and_tuning(interpret):
     x, w, b, r = (t.detach() for t in _inputs((2, 8, 3, 4), torch.float32, CL))
     plan = launch.forward_plan(x, w, b, None, None, r, True, True)

@@ -11,6 +11,10 @@ benchmarks/kernels/tune_batch_norm_act.py measured fastest (that script prints e
 form, and writes them to its JSON, which `load_table` reads). A shape not in the table takes
 the entry of the same C with the nearest N*H*W (log scale), else the defaults below. NCHW
 inputs always take the defaults (their tiles run along H*W, not C).
+
+GPUSHAPE_BATCH_NORM_TUNING names tune_batch_norm_act.py JSON files (separated by the OS path
+separator) whose tables are added to TUNED when this module loads: tune on your own chip and
+shapes, then run with the result, no code edited.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,3 +159,25 @@ def load_table(path: str | Path) -> dict[tuple[int, int], BatchNormTuning]:
     TUNED.update(added)
     generation += 1
     return added
+
+
+ENV_VAR = "GPUSHAPE_BATCH_NORM_TUNING"
+
+
+def load_env_tables(value: str | None = None) -> dict[tuple[int, int], BatchNormTuning]:
+    """Load the tables GPUSHAPE_BATCH_NORM_TUNING names (or `value`); returns what they added.
+    A missing or malformed file raises ValueError naming the variable and the file."""
+    value = os.environ.get(ENV_VAR, "") if value is None else value
+    added: dict[tuple[int, int], BatchNormTuning] = {}
+    for path in filter(None, value.split(os.pathsep)):
+        try:
+            added.update(load_table(path))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(
+                f"{ENV_VAR}: cannot load a tuning table from {path!r} "
+                f"({type(e).__name__}: {e}); it takes tune_batch_norm_act.py's JSON"
+            ) from None
+    return added
+
+
+load_env_tables()
