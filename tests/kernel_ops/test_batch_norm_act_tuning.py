@@ -134,7 +134,8 @@ def test_the_environment_variable_loads_several_tables(tmp_path, monkeypatch):
     import sys
 
     monkeypatch.setattr(tuning, "TUNED", {})
-    a, b = BatchNormTuning(stats=ReduceConfig(warps=8)), BatchNormTuning(apply=ApplyConfig(warps=4))
+    a = BatchNormTuning(stats=ReduceConfig(warps=8))
+    b = BatchNormTuning(apply=ApplyConfig(warps=4))
     paths = []
     for i, (c, t) in enumerate([(256, a), (512, b)]):
         paths.append(tmp_path / f"t{i}.json")
@@ -147,13 +148,16 @@ def test_the_environment_variable_loads_several_tables(tmp_path, monkeypatch):
     }
     assert tuning.tuning_for(512, 1000, True) == b
     assert tuning.load_env_tables("") == {}
-    with pytest.raises(ValueError, match="GPUSHAPE_BATCH_NORM_TUNING.*missing.json"):
+    with pytest.raises(ValueError, match=r"GPUSHAPE_BATCH_NORM_TUNING.*missing\.json"):
         tuning.load_env_tables(str(tmp_path / "missing.json"))
     (tmp_path / "bad.json").write_text('{"rows": 3}')
-    with pytest.raises(ValueError, match="bad.json"):
+    with pytest.raises(ValueError, match=r"bad\.json"):
         tuning.load_env_tables(str(tmp_path / "bad.json"))
     # at import, in a fresh interpreter
-    code = "from gpushape.kernels.batch_norm import _tuning as t; print(t.tuning_for(256, 1000, True).stats.warps)"
+    code = (
+        "from gpushape.kernels.batch_norm import _tuning as t; "
+        "print(t.tuning_for(256, 1000, True).stats.warps)"
+    )
     env = dict(os.environ, GPUSHAPE_BATCH_NORM_TUNING=str(paths[0]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "8", out.stderr
