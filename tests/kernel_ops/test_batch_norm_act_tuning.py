@@ -128,7 +128,7 @@ def test_load_table_reads_the_tuner_json(tmp_path, monkeypatch):
 
 
 def test_the_environment_variable_loads_several_tables(tmp_path, monkeypatch):
-    """GPUSHAPE_BATCH_NORM_TUNING: files joined by os.pathsep, each added; a bad one names itself."""
+    """GPUSHAPE_BATCH_NORM_TUNING: files joined by os.pathsep, each added; a bad one is named."""
     import os
     import subprocess
     import sys
