@@ -86,6 +86,24 @@ def _cl(model: torch.nn.Module) -> torch.nn.Module:
     return model.to(memory_format=torch.channels_last)
 
 
+def _s2d(model: torch.nn.Module) -> torch.nn.Module:
+    from gpushape.transforms._s2d import SpaceToDepthConv2d
+
+    model.conv = SpaceToDepthConv2d(model.conv)
+    return model
+
+
+def _with_s2d_rate(rate: float = 0.15):
+    """The H200's profile with a rate for s2d-stem's convolution (none is shipped yet)."""
+    import dataclasses
+
+    from gpushape.hardware.profile import calibrated
+
+    gpu = calibrated("h200")
+    measured = {**gpu.achievable.memory_efficiency, "s2d_stem": rate}
+    return gpu.replace(achievable=dataclasses.replace(gpu.achievable, memory_efficiency=measured))
+
+
 TOKENS = (8, 512, 768)
 CASES: dict[str, Case] = {
     # K = 4095 in bf16 on an H100: the GEMM cliff; K = 4096 is aligned.
@@ -126,6 +144,20 @@ CASES: dict[str, Case] = {
             lambda: (meta(64, 3, 224, 224, channels_last=True),),
         ),
         module="pool",
+    ),
+    # ResNet's stem: cuDNN's padded path, against the same stem already folded by s2d-stem
+    "slow-stem": Case(
+        fires=Side(
+            lambda: _cl(build(Stem, fast_pool=True)),
+            lambda: (meta(64, 3, 224, 224, channels_last=True),),
+            {"gpu": _with_s2d_rate()},
+        ),
+        twin=Side(
+            lambda: _cl(_s2d(build(Stem, fast_pool=True))),
+            lambda: (meta(64, 3, 224, 224, channels_last=True),),
+            {"gpu": _with_s2d_rate()},
+        ),
+        module="conv",
     ),
     "bn-no-running-stats": Case(
         fires=Side(

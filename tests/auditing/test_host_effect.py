@@ -137,6 +137,22 @@ def test_a_foreach_optimizer_costs_the_eager_host_its_python_and_fusing_it_saves
     assert wall_saving_s(f, step, ctx) == pytest.approx(0.0005)
 
 
+def test_s2d_stem_keeps_the_convolution_and_adds_its_folds():
+    from gpushape.auditing.host_effect import EXTRA
+
+    from .cases import CASES
+
+    model, inputs, kwargs = CASES["slow-stem"].fires.build()
+    gpu = kwargs["gpu"]
+    rates = gpu.achievable.host
+    report = gpushape.audit(model, inputs, gpu=gpu, train=True, mode="eager")
+    f = _finding(report, "slow-stem")
+    ctx = _Ctx(gpushape.trace(model, inputs, train=True), gpu)
+    cls, fwd, bwd = EXTRA["s2d-stem"]
+    added = fwd * rate(rates, cls, False) + bwd * rate(rates, cls, True)
+    assert host_saving_s(f, ctx) == pytest.approx(-added) and added > 0
+
+
 @dataclasses.dataclass
 class _Ctx:  # what host_saving_s and wall_saving_s read of an AuditContext
     trace: object

@@ -38,6 +38,7 @@ NEW = (
     "gemm",
     "norm_weight_grad",
     "downsample_conv@2",
+    "s2d_stem",
 )
 BY_FAMILY = {w.family: w for w in WORKLOADS}
 

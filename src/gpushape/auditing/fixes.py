@@ -34,6 +34,9 @@ FIXES: dict[str, str] = {
     "positions, those that carry a label first (the logits then hold those rows)",
     "fast-max-pool": "replace nn.MaxPool2d with gpushape's max-pool kernel, whose backward reads "
     "a 1-byte window position instead of PyTorch's int64 index (gpushape.kernels.MaxPool2d)",
+    "s2d-stem": "compute a strided convolution on few input channels (an RGB stem) as a "
+    "stride-1 convolution over its input folded into the channels (space-to-depth; same "
+    "Parameters)",
     "fold-conv-bias": "drop a convolution's bias that the following BatchNorm cancels",
     "graph-layers": "replay each repeated layer's forward and backward from CUDA graphs while "
     "the training loop stays eager (kept by optimize where a timed step says it pays)",

@@ -14,7 +14,8 @@ forward, ops backward, as the trace of the rewritten module records them); a fix
 (padding, a layout, a smaller head) dispatches the same ops and saves no host time. Sites are
 the finding's `evidence["sites"]`, else the modules its forward ops ran in. Views and module
 calls are left as they were. `fused-optimizer` saves what a foreach step's Python costs beyond
-the fused step (pricing/optimizer_step.py). 0.0 where the profile measured no host rates.
+the fused step (pricing/optimizer_step.py). `EXTRA` says what a fix that keeps the ops adds
+per site (negative saving). 0.0 where the profile measured no host rates.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ INSTEAD = {
     "no-kv-cache": ("op", 0, 0),  # the cache's copies are gone, nothing instead
     "fast-max-pool": ("gpushape", 1, 1),  # gpushape.max_pool2d and its backward
 }
+# fix -> (host class, forward ops, backward ops) a site dispatches on top of the ops it keeps:
+# s2d-stem keeps the convolution and adds the folds (input: pad, pixel_unshuffle, pad;
+# weight: pad, its permuted copy, pad, a channels_last copy; backward: the weight's unfold)
+EXTRA = {"s2d-stem": ("op", 7, 3)}
 # fuse-norm-act by its norm: gpushape's BatchNormAct2d traces as 2 forward ops (statistics,
 # apply) and 1 backward; its row norms (AddLayerNorm, LayerNormGELU, RMSNorm) as 1 and 1
 NORM_ACT = {"batch_norm": ("gpushape", 2, 1), "layer_norm": ("gpushape_norm", 1, 1)}
@@ -46,6 +51,12 @@ def host_saving_s(f: Finding, ctx: AuditContext) -> float:
         return foreach_host_s(ctx.optimizer, rates)
     if not f.replaces or not all(k in rates for k in KEYS):
         return 0.0
+    if f.fix in EXTRA:
+        cls, forward, backward = EXTRA[f.fix]
+        per_site = forward * rate(rates, cls, False) + (
+            backward * rate(rates, cls, True) if ctx.train else 0.0
+        )
+        return -_sites(f, [ctx.trace.ops[i] for i in sorted(f.replaces)]) * per_site
     ops = [ctx.trace.ops[i] for i in sorted(f.replaces)]
     instead = _instead(f, ops, op_class)
     if instead is None:

@@ -18,7 +18,9 @@
    families as "patch_conv@<side>" (probe/workloads/, tracing/gemm_model.py
    `small_cin_rate`). `measure_downsample_conv` measures a patch convolution on aligned
    channels (ConvNeXt's 2x2/2 downsampling: forward and both gradients) the same way, as
-   "downsample_conv@<side>".
+   "downsample_conv@<side>". `measure_s2d_stem` measures the convolution of s2d-stem's module
+   (the stem folded into 16 channels at stride 1, transforms/_s2d.py) the same way, as
+   "s2d_stem".
 
 2. What a tensor-core convolution loses in NCHW against channels_last, as an efficiency of the
    bytes cuDNN's layout conversions move (the nchw-conv rule's model). The rule prices an NCHW
@@ -97,6 +99,38 @@ def measure_patch_conv(
     row["nchw_measured_s"] = conv_rate(
         spec, work.build(scale), batch, size, device=device, repeats=repeats, channels_last=False
     )["measured_s"]
+    row["workload"] = work.describe
+    row["family_roofline_s"] = row["model_s"]  # as the memory families' rows name it
+    if scale != 1.0:
+        row["scale"] = scale
+    return row
+
+
+def measure_s2d_stem(
+    work: Any, spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0, repeats: int = 20
+) -> dict[str, Any]:
+    """The convolution s2d-stem's SpaceToDepthConv2d runs for the stem `work.build` gives (a
+    stride-1 convolution on the folded, aligned channels) the way the stem is measured: its
+    forward and weight gradient against the GEMM model's time for them; kept as "s2d_stem"
+    (tracing/flops/conv.py `rate_key`). The folds are not in it: the cost model prices their
+    copies as it does any copy. The module's whole step and the plain stem's are timed beside
+    it, for reference."""
+    from ..transforms._s2d import SpaceToDepthConv2d
+
+    batch, size = (64, 224) if scale >= 0.05 else (2, 32)
+    stem = work.build(scale)
+    module = SpaceToDepthConv2d(stem)
+    kh, s, p = module.kernel_size[0], module.stride, module.padding[0]
+    side = -(-kh // s)
+    folded = (size + 2 * p - kh) // s + side  # the folded input's side: outputs + side - 1
+    conv = nn.Conv2d(module.channels, stem.out_channels, side, bias=False)
+    row = conv_rate(spec, conv, batch, folded, device=device, repeats=repeats)
+    row["module_measured_s"] = conv_rate(spec, module, batch, size, device=device, repeats=repeats)[
+        "measured_s"
+    ]
+    row["stem_measured_s"] = conv_rate(spec, stem, batch, size, device=device, repeats=repeats)[
+        "measured_s"
+    ]
     row["workload"] = work.describe
     row["family_roofline_s"] = row["model_s"]  # as the memory families' rows name it
     if scale != 1.0:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from .flops.conv import direct_conv
+from .flops.conv import S2D_STEM, direct_conv
 from .flops.registry import packet
 from .layout import copy_op_kind, hidden_copies, runs_nchw, runs_nhwc, strided_operand
 from .records import OpRecord
@@ -240,6 +240,9 @@ PATCH_CONV = "patch_conv"
 PATCH_VARIANTS = ("patch_conv@4", "patch_conv@16")
 DOWNSAMPLE_CONV = "downsample_conv"
 DOWNSAMPLE_VARIANTS = ("downsample_conv@2",)
+# - s2d-stem's convolution (transforms/_s2d.py: a 7x7/2 RGB stem as a stride-1 4x4 convolution
+#   on 16 folded channels): its forward and weight gradient against the GEMM model's time for
+#   them (tracing/flops/conv.py `rate_key`).
 ALL_FAMILIES = (
     *FAMILIES,
     *NCHW_VARIANTS.values(),
@@ -257,6 +260,7 @@ ALL_FAMILIES = (
     COMPILED_POOL,
     *PATCH_VARIANTS,
     *DOWNSAMPLE_VARIANTS,
+    S2D_STEM,
 )
 
 

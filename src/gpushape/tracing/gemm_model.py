@@ -73,6 +73,10 @@ shape at hand. It has four parts.
    ConvNeXt-T's first (64 x 96 x 56 x 56), where this model gives 0.036 (correlate-lib.json). It
    takes the rate measured for the nearest side (profile keys "downsample_conv@<side>",
    `downsample_rate`, forward and both gradients); 1 where none is measured.
+   s2d-stem's convolution (a stem folded into 16 channels, 4x4 at stride 1) is aligned, but
+   cuDNN runs its narrow GEMMs far below this model's rate: its GEMMs carry `rate_key`, and
+   run at the rate the probe measured for the module's step (profile key "s2d_stem"; the
+   model's rate where none is measured).
    These are one chip's measurements, used for every chip until `gpushape probe` measures its
    own cliffs.
 4. Fused attention kernels (flash, memory-efficient) do more than their two or five matmuls:
@@ -252,6 +256,8 @@ def gemm_efficiency(
                 misaligned.append(f"{name}={value}")
                 penalty = min(penalty, p)
     rate = downsample_rate(gemm, gpu, align)
+    if gemm.rate_key:  # a kernel of its own, measured (unmeasured: the model's rate)
+        rate = gpu.achievable.memory_efficiency.get(gemm.rate_key, 1.0)
     kernel = gemm.attention
     if kernel is not None and kernel.backend:
         rate = gpu.achievable.attention_rate(

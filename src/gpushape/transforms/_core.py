@@ -131,6 +131,7 @@ def load_transforms() -> dict[str, TransformInfo]:
         masked_lm_head,
         no_kv_cache,
         pad_channels,
+        s2d_stem,
         sdpa,
     )
 

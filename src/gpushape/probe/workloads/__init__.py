@@ -73,6 +73,12 @@ def _downsample_conv(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str
     return measure_downsample_conv(work, spec, **kwargs)
 
 
+def _s2d_stem(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
+    from ..convs import measure_s2d_stem  # it imports probe/memory.py
+
+    return measure_s2d_stem(work, spec, **kwargs)
+
+
 # BatchNorm2d on NCHW at 16 to 256 channels, each at 64 x 256 x 56 x 56 elements
 _BN_NCHW = {16: (224, 224), 32: (224, 112), 64: (112, 112), 128: (112, 56)}
 
@@ -295,6 +301,15 @@ WORKLOADS = (
         "channels_last, forward and both gradients",
         _downsample,
         measure=_downsample_conv,
+    ),
+    # not a kernel family: s2d-stem's convolution against the GEMM model's rate for it
+    FamilyWorkload(
+        "s2d_stem",
+        "Conv2d(3, 64, 7, stride 2, padding 3) (ResNet's stem) as s2d-stem computes it: "
+        "Conv2d(16, 64, 4) on the space-to-depth input, 64x16x115x115 channels_last, "
+        "forward + weight gradient",
+        lambda s: nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
+        measure=_s2d_stem,
     ),
     FamilyWorkload(
         "patch_conv@16",

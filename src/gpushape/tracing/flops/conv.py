@@ -34,6 +34,11 @@ A patch embedding (`patch_side`: stride equal to a square kernel, no padding: Vi
 ConvNeXt's and Swin's 4x4/4) on fewer input channels than the tensor-core alignment carries its
 patch side on its GEMMs: cuDNN runs those at a rate of their own, measured by patch size
 (tracing/gemm_model.py), not at the 7x7 stride-2 stem's.
+
+The convolution of s2d-stem's SpaceToDepthConv2d (a stem folded into 16 channels, stride 1)
+runs cuDNN kernels the GEMM model prices several times too fast (narrow N, short K): its GEMMs
+carry `rate_key` "s2d_stem", the rate `gpushape probe` measured for that convolution (forward
+and weight gradient) over the model's time for it; the folds are priced as the copies they are.
 """
 
 from __future__ import annotations
@@ -106,8 +111,25 @@ def _per_dim(value, dims: int, default: int) -> tuple[int, ...]:
     return values * dims if len(values) == 1 else values
 
 
+S2D_STEM = "s2d_stem"  # the measured rate's key (tracing/families.py lists it)
+
+
+def rate_key(rec: OpRecord) -> str:
+    """The measured rate a convolution's GEMMs run at, where it is one of gpushape's own
+    modules' (s2d-stem's SpaceToDepthConv2d: the stride-1 convolution over folded channels)."""
+    return S2D_STEM if rec.module_type == "SpaceToDepthConv2d" else ""
+
+
 def _gemm(
-    m: int, n: int, k: int, flops: int, cin: int, cout: int, groups: int, patch: int = 0
+    m: int,
+    n: int,
+    k: int,
+    flops: int,
+    cin: int,
+    cout: int,
+    groups: int,
+    patch: int = 0,
+    rate: str = "",
 ) -> Gemm:
     return Gemm(
         m=m,
@@ -119,6 +141,7 @@ def _gemm(
         align_dims=_align(cin, cout, groups),
         tensor_cores=cin // groups > 1,
         patch=patch,
+        rate_key=rate,
     )
 
 
@@ -143,7 +166,15 @@ def convolution(rec: OpRecord) -> OpWork:
     # one GEMM row per output position (a transposed conv runs as a dgrad kernel, the same way)
     patch = patch_side(rec, names[1])
     gemm = _gemm(
-        n * out_pos, cout // groups, cin // groups * taps, 2 * macs, cin, cout, groups, patch
+        n * out_pos,
+        cout // groups,
+        cin // groups * taps,
+        2 * macs,
+        cin,
+        cout,
+        groups,
+        patch,
+        rate_key(rec),
     )
     return OpWork(flops=2 * macs + bias, min_bytes=io_bytes(rec), gemms=(gemm,))
 
@@ -160,7 +191,15 @@ def convolution_backward(rec: OpRecord) -> OpWork:
     if mask[0]:  # grad_input: one GEMM row per input position
         gemms.append(
             _gemm(
-                n * in_pos, cin // groups, cout // groups * taps, 2 * macs, cin, cout, groups, patch
+                n * in_pos,
+                cin // groups,
+                cout // groups * taps,
+                2 * macs,
+                cin,
+                cout,
+                groups,
+                patch,
+                rate_key(rec),
             )
         )
         flops, kernels = flops + 2 * macs, kernels + 1
@@ -169,7 +208,17 @@ def convolution_backward(rec: OpRecord) -> OpWork:
     if mask[1]:  # grad_weight: one GEMM row per weight row, K runs over batch x positions
         rows, cols, depth = (cin, cout, n * in_pos) if transposed else (cout, cin, n * out_pos)
         gemms.append(
-            _gemm(rows // groups, cols // groups * taps, depth, 2 * macs, cin, cout, groups, patch)
+            _gemm(
+                rows // groups,
+                cols // groups * taps,
+                depth,
+                2 * macs,
+                cin,
+                cout,
+                groups,
+                patch,
+                rate_key(rec),
+            )
         )
         flops, kernels = flops + 2 * macs, kernels + 1
     else:
