@@ -27,6 +27,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...errors import GpushapeError
+
 
 @dataclass(frozen=True, kw_only=True)
 class ReduceConfig:
@@ -164,16 +166,21 @@ def load_table(path: str | Path) -> dict[tuple[int, int], BatchNormTuning]:
 ENV_VAR = "GPUSHAPE_BATCH_NORM_TUNING"
 
 
+class TuningTableError(GpushapeError, ValueError):
+    """A tuning table named by GPUSHAPE_BATCH_NORM_TUNING that cannot be loaded."""
+
+
 def load_env_tables(value: str | None = None) -> dict[tuple[int, int], BatchNormTuning]:
     """Load the tables GPUSHAPE_BATCH_NORM_TUNING names (or `value`); returns what they added.
-    A missing or malformed file raises ValueError naming the variable and the file."""
+    A missing or malformed file raises TuningTableError (a ValueError) naming the variable
+    and the file."""
     value = os.environ.get(ENV_VAR, "") if value is None else value
     added: dict[tuple[int, int], BatchNormTuning] = {}
     for path in filter(None, value.split(os.pathsep)):
         try:
             added.update(load_table(path))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(
+            raise TuningTableError(
                 f"{ENV_VAR}: cannot load a tuning table from {path!r} "
                 f"({type(e).__name__}: {e}); it takes tune_batch_norm_act.py's JSON"
             ) from None
