@@ -39,6 +39,7 @@ NEW = (
     "norm_weight_grad",
     "downsample_conv@2",
     "s2d_stem",
+    "s2d_stem@2",
 )
 BY_FAMILY = {w.family: w for w in WORKLOADS}
 

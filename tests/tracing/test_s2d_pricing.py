@@ -31,7 +31,7 @@ def _gemms(module: nn.Module):
 def test_the_folded_convolution_takes_the_measured_rate():
     stem = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
     ops, gemms = _gemms(SpaceToDepthConv2d(stem))
-    assert len(gemms) == 2 and all(g.rate_key == S2D_STEM for g in gemms)  # forward, wgrad
+    assert len(gemms) == 2 and all(g.rate_key == f"{S2D_STEM}@4" for g in gemms)  # fwd, wgrad
     assert all(dict(g.align_dims)["Cin/groups"] == 16 for g in gemms)
     names = [r.name for r in ops if r.phase == "forward"]
     assert names.count("pixel_unshuffle") == 1 and "constant_pad_nd" in names
@@ -48,11 +48,29 @@ def test_the_folded_convolution_takes_the_measured_rate():
     assert plain_gemms and not any(g.rate_key for g in plain_gemms)
 
 
-def test_the_probe_times_the_folded_convolution_against_the_gemm_model():
+@pytest.mark.parametrize("family", [S2D_STEM, f"{S2D_STEM}@2"])
+def test_the_probe_times_the_folded_convolution_against_the_gemm_model(family):
     row = probe_memory.measure_memory_efficiency(
-        get_gpu("h200"), device="cpu", scale=0.002, families=(S2D_STEM,)
-    )[S2D_STEM]
+        get_gpu("h200"), device="cpu", scale=0.002, families=(family,)
+    )[family]
     assert row["model_s"] > 0 and row["measured_s"] > 0
     assert row["module_measured_s"] > 0 and row["stem_measured_s"] > 0
     raw = row["model_s"] / row["measured_s"]
     assert row["efficiency"] == pytest.approx(min(max(raw, 0.01), 1.0), abs=1e-4)
+
+
+def test_a_3x3_stem_takes_the_rate_measured_nearest_its_folded_side():
+    """A 3x3/2 stem folds to a 2x2 kernel: "s2d_stem@2" where measured, else the 4x4's."""
+    _, gemms = _gemms(SpaceToDepthConv2d(nn.Conv2d(3, 32, 3, stride=2, padding=1, bias=False)))
+    assert {g.rate_key for g in gemms} == {f"{S2D_STEM}@2"}
+    gpu = calibrated("h200")
+
+    def rate(measured):
+        spec = gpu.replace(
+            achievable=dataclasses.replace(gpu.achievable, memory_efficiency=measured)
+        )
+        return gemm_efficiency(gemms[0], spec, "bf16").kernel_rate
+
+    assert rate({S2D_STEM: 0.2, f"{S2D_STEM}@2": 0.1}) == 0.1
+    assert rate({S2D_STEM: 0.2}) == 0.2
+    assert rate({}) == 1.0

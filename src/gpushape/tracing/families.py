@@ -240,9 +240,11 @@ PATCH_CONV = "patch_conv"
 PATCH_VARIANTS = ("patch_conv@4", "patch_conv@16")
 DOWNSAMPLE_CONV = "downsample_conv"
 DOWNSAMPLE_VARIANTS = ("downsample_conv@2",)
+S2D_VARIANTS = (S2D_STEM, f"{S2D_STEM}@2")
 # - s2d-stem's convolution (transforms/_s2d.py: a 7x7/2 RGB stem as a stride-1 4x4 convolution
 #   on 16 folded channels): its forward and weight gradient against the GEMM model's time for
-#   them (tracing/flops/conv.py `rate_key`).
+#   them (tracing/flops/conv.py `rate_key`), by its folded kernel side: "s2d_stem" at 4,
+#   "s2d_stem@2" (a 3x3 stride-2 stem folded).
 ALL_FAMILIES = (
     *FAMILIES,
     *NCHW_VARIANTS.values(),
@@ -260,7 +262,7 @@ ALL_FAMILIES = (
     COMPILED_POOL,
     *PATCH_VARIANTS,
     *DOWNSAMPLE_VARIANTS,
-    S2D_STEM,
+    *S2D_VARIANTS,
 )
 
 

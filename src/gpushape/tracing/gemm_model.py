@@ -75,8 +75,8 @@ shape at hand. It has four parts.
    `downsample_rate`, forward and both gradients); 1 where none is measured.
    s2d-stem's convolution (a stem folded into 16 channels, 4x4 at stride 1) is aligned, but
    cuDNN runs its narrow GEMMs far below this model's rate: its GEMMs carry `rate_key`, and
-   run at the rate the probe measured for the module's step (profile key "s2d_stem"; the
-   model's rate where none is measured).
+   run at the rate the probe measured for that convolution at the nearest folded kernel side
+   (profile keys "s2d_stem" at side 4, "s2d_stem@2"; the model's rate where none is measured).
    These are one chip's measurements, used for every chip until `gpushape probe` measures its
    own cliffs.
 4. Fused attention kernels (flash, memory-efficient) do more than their two or five matmuls:
@@ -93,6 +93,7 @@ from dataclasses import dataclass
 
 from ..hardware import GPUSpec
 from .families import DOWNSAMPLE_CONV, PATCH_CONV, nearest_size
+from .flops.conv import S2D_STEM_SIDE
 from .flops.registry import Gemm
 
 TILES = ((128, 256), (256, 128), (128, 128), (128, 64), (64, 128))
@@ -212,6 +213,16 @@ def small_cin_rate(gemm: Gemm, gpu: GPUSpec) -> float:
     return gpu.achievable.small_cin_conv
 
 
+def measured_rate(key: str, gpu: GPUSpec) -> float:
+    """The rate measured for a GEMM's own kernel, `Gemm.rate_key` "<family>@<side>": the
+    family's measurement at the side nearest (its own figure at S2D_STEM_SIDE); 1: none."""
+    family, _, side = key.partition("@")
+    measured = gpu.achievable.memory_efficiency
+    if not side.isdigit():
+        return measured.get(key, 1.0)
+    return measured.get(nearest_size(family, measured, int(side), S2D_STEM_SIDE), 1.0)
+
+
 def downsample_rate(gemm: Gemm, gpu: GPUSpec, align: int | None) -> float:
     """The measured rate of a patch convolution whose channels per group meet the alignment
     `align` (a downsampling layer), at the measured side nearest its own; 1: unmeasured, or not
@@ -257,7 +268,7 @@ def gemm_efficiency(
                 penalty = min(penalty, p)
     rate = downsample_rate(gemm, gpu, align)
     if gemm.rate_key:  # a kernel of its own, measured (unmeasured: the model's rate)
-        rate = gpu.achievable.memory_efficiency.get(gemm.rate_key, 1.0)
+        rate = measured_rate(gemm.rate_key, gpu)
     kernel = gemm.attention
     if kernel is not None and kernel.backend:
         rate = gpu.achievable.attention_rate(

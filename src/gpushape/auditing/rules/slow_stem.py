@@ -11,7 +11,8 @@ Fires on forward convolutions of exactly `nn.Conv2d` that s2d-stem takes (ungrou
 an equal stride of 2 or more, a kernel larger than the stride, fewer input channels than the
 alignment). Saving: the traced convolution and its backward, less s2d-stem's module traced on
 the same input (its folds as the copies they are, its convolution at the rate the probe
-measured for it, "s2d_stem"). Where the profile has no such rate the finding is info, with no
+measured for it at the nearest folded kernel side: "s2d_stem" at 4, a 7x7/2 stem's, and
+"s2d_stem@2", a 3x3/2 stem's). Where the profile has no such rate the finding is info, with no
 saving: the folded convolution's narrow GEMMs run several times below the model's rate, which
 alone would promise far too much. The same in every mode: under torch.compile Inductor calls
 cuDNN for both convolutions. **Fix:** `s2d-stem`.
@@ -23,7 +24,8 @@ from collections.abc import Iterable
 
 import torch
 
-from ...tracing.flops.conv import S2D_STEM
+from ...tracing.families import nearest_size
+from ...tracing.flops.conv import S2D_STEM, S2D_STEM_SIDE
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding, Severity
@@ -57,6 +59,12 @@ def takes(rec: OpRecord, align: int) -> bool:
         and kw > sw
         and x.shape[1] < align
     )
+
+
+def folded_side(rec: OpRecord) -> int:
+    """The kernel side of the stride-1 convolution s2d-stem makes of this one."""
+    stride = _pair(rec.params.get("stride"), 1)[0]
+    return -(-max(rec.inputs[1].shape[2:]) // stride)
 
 
 def _replacement_s(ctx: AuditContext, rec: OpRecord, align: int) -> float:
@@ -94,7 +102,9 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         return
     ops = [o for r in convs for o in ctx.with_backward(r)]
     before_s = ctx.time_s(ops)
-    measured = S2D_STEM in ctx.gpu.achievable.memory_efficiency
+    rates = ctx.gpu.achievable.memory_efficiency
+    sides = {folded_side(r) for r in convs}
+    measured = all(nearest_size(S2D_STEM, rates, n, S2D_STEM_SIDE) in rates for n in sides)
     after_s = sum(_replacement_s(ctx, r, align) for r in convs) if measured else None
     saving = max(before_s - after_s, 0.0) if after_s is not None else None
     if saving is not None and saving <= 0:

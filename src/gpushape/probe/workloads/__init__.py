@@ -312,6 +312,14 @@ WORKLOADS = (
         measure=_s2d_stem,
     ),
     FamilyWorkload(
+        "s2d_stem@2",
+        "Conv2d(3, 32, 3, stride 2, padding 1) (EfficientNet's, MobileNet's stem) as s2d-stem "
+        "computes it: Conv2d(16, 32, 2) on the space-to-depth input, 64x16x113x113 "
+        "channels_last, forward + weight gradient",
+        lambda s: nn.Conv2d(3, 32, 3, stride=2, padding=1, bias=False),
+        measure=_s2d_stem,
+    ),
+    FamilyWorkload(
         "patch_conv@16",
         "Conv2d(3, 768, 16, stride 16) (ViT-B/16's) on 64x3x224x224 channels_last, "
         "forward + weight gradient",

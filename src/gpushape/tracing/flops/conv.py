@@ -37,8 +37,10 @@ patch side on its GEMMs: cuDNN runs those at a rate of their own, measured by pa
 
 The convolution of s2d-stem's SpaceToDepthConv2d (a stem folded into 16 channels, stride 1)
 runs cuDNN kernels the GEMM model prices several times too fast (narrow N, short K): its GEMMs
-carry `rate_key` "s2d_stem", the rate `gpushape probe` measured for that convolution (forward
-and weight gradient) over the model's time for it; the folds are priced as the copies they are.
+carry `rate_key` "s2d_stem@<folded side>", priced at the rate `gpushape probe` measured for
+that convolution at the nearest side (forward and weight gradient, over the model's time for
+them; "s2d_stem" itself at side 4, ResNet's 7x7/2, "s2d_stem@2" a 3x3/2 stem's); the folds are
+priced as the copies they are.
 """
 
 from __future__ import annotations
@@ -112,12 +114,17 @@ def _per_dim(value, dims: int, default: int) -> tuple[int, ...]:
 
 
 S2D_STEM = "s2d_stem"  # the measured rate's key (tracing/families.py lists it)
+S2D_STEM_SIDE = 4  # the folded kernel side S2D_STEM itself is measured at (ResNet's 7x7/2)
 
 
 def rate_key(rec: OpRecord) -> str:
     """The measured rate a convolution's GEMMs run at, where it is one of gpushape's own
-    modules' (s2d-stem's SpaceToDepthConv2d: the stride-1 convolution over folded channels)."""
-    return S2D_STEM if rec.module_type == "SpaceToDepthConv2d" else ""
+    modules' (s2d-stem's SpaceToDepthConv2d: the stride-1 convolution over folded channels):
+    "s2d_stem@<folded kernel side>", priced at the measured side nearest it."""
+    if rec.module_type != "SpaceToDepthConv2d":
+        return ""
+    weight = rec.input("weight") if rec.has_input("weight") else rec.inputs[1]
+    return f"{S2D_STEM}@{max(weight.shape[2:], default=S2D_STEM_SIDE)}"
 
 
 def _gemm(
