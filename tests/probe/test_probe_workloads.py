@@ -40,6 +40,7 @@ NEW = (
     "downsample_conv@2",
     "s2d_stem",
     "s2d_stem@2",
+    "s2d_fold",
 )
 BY_FAMILY = {w.family: w for w in WORKLOADS}
 

@@ -1,6 +1,6 @@
-"""s2d-stem's convolution is priced at the rate the probe measured for it ("s2d_stem"), the
-GEMM model's rate where none is; its folds are priced as copies; the probe's workload for it
-times the folded convolution against the GEMM model."""
+"""s2d-stem's convolution is priced at the rate the probe measured for it ("s2d_stem" by folded
+kernel side), the GEMM model's rate where none is; its input's fold as memory family
+"s2d_fold"; the probe's workload times the folded convolution against the GEMM model."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from torch import nn
 from gpushape.hardware import get_gpu
 from gpushape.hardware.profile import calibrated
 from gpushape.probe import memory as probe_memory
-from gpushape.tracing.flops.conv import S2D_STEM
+from gpushape.tracing.families import memory_family
+from gpushape.tracing.flops.conv import S2D_FOLD, S2D_STEM
 from gpushape.tracing.flops.registry import op_work
 from gpushape.tracing.gemm_model import gemm_efficiency
 from gpushape.tracing.inputs import TensorSpec
@@ -33,8 +34,9 @@ def test_the_folded_convolution_takes_the_measured_rate():
     ops, gemms = _gemms(SpaceToDepthConv2d(stem))
     assert len(gemms) == 2 and all(g.rate_key == f"{S2D_STEM}@4" for g in gemms)  # fwd, wgrad
     assert all(dict(g.align_dims)["Cin/groups"] == 16 for g in gemms)
-    names = [r.name for r in ops if r.phase == "forward"]
-    assert names.count("pixel_unshuffle") == 1 and "constant_pad_nd" in names
+    folds = [r for r in ops if r.module_type == "SpaceToDepthFold"]
+    assert [r.name for r in folds] == ["constant_pad_nd", "pixel_unshuffle", "constant_pad_nd"]
+    assert {memory_family(r) for r in folds} == {S2D_FOLD}  # the input's fold, by its module
     gpu = calibrated("h200")
     measured = {**gpu.achievable.memory_efficiency, S2D_STEM: 0.2}
     rated = gpu.replace(achievable=dataclasses.replace(gpu.achievable, memory_efficiency=measured))

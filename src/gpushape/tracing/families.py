@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from .flops.conv import S2D_STEM, direct_conv
+from .flops.conv import S2D_FOLD, S2D_STEM, direct_conv
 from .flops.registry import packet
 from .layout import copy_op_kind, hidden_copies, runs_nchw, runs_nhwc, strided_operand
 from .records import OpRecord
@@ -241,6 +241,8 @@ PATCH_VARIANTS = ("patch_conv@4", "patch_conv@16")
 DOWNSAMPLE_CONV = "downsample_conv"
 DOWNSAMPLE_VARIANTS = ("downsample_conv@2",)
 S2D_VARIANTS = (S2D_STEM, f"{S2D_STEM}@2")
+# - s2d-stem's fold of its input (SpaceToDepthFold: a pad, pixel_unshuffle and a channel pad,
+#   copies that ran at about a quarter of the copy rate on an H100): S2D_FOLD, by module.
 # - s2d-stem's convolution (transforms/_s2d.py: a 7x7/2 RGB stem as a stride-1 4x4 convolution
 #   on 16 folded channels): its forward and weight gradient against the GEMM model's time for
 #   them (tracing/flops/conv.py `rate_key`), by its folded kernel side: "s2d_stem" at 4,
@@ -263,11 +265,14 @@ ALL_FAMILIES = (
     *PATCH_VARIANTS,
     *DOWNSAMPLE_VARIANTS,
     *S2D_VARIANTS,
+    S2D_FOLD,
 )
 
 
 def memory_family(rec: OpRecord) -> str | None:
     """The family whose measured efficiency prices `rec`'s bytes; None: the copy rate."""
+    if rec.module_type == "SpaceToDepthFold":
+        return S2D_FOLD
     op = packet(rec.op)
     if op in CONV_OPS:
         if not direct_conv(rec):

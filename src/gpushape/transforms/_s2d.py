@@ -90,6 +90,23 @@ def fold_input(
     return folded.contiguous(memory_format=torch.channels_last)
 
 
+class SpaceToDepthFold(nn.Module):
+    """`fold_input` as a module, so that the trace tells its copies apart (the cost model prices
+    them at the rate the probe measured for them, memory family `s2d_fold`)."""
+
+    def __init__(
+        self, kernel: tuple[int, int], stride: int, padding: tuple[int, int], channels: int
+    ):
+        super().__init__()
+        self.kernel, self.stride, self.padding, self.channels = kernel, stride, padding, channels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fold_input(x, self.kernel, self.stride, self.padding, self.channels)
+
+    def extra_repr(self) -> str:
+        return f"stride={self.stride}, padding={self.padding}, channels={self.channels}"
+
+
 class SpaceToDepthConv2d(nn.Module):
     """An nn.Conv2d (stride s >= 2, fewer input channels than `align`) computed as a stride-1
     convolution over its input folded s x s into the channels. Holds the convolution's own
@@ -106,6 +123,7 @@ class SpaceToDepthConv2d(nn.Module):
         self.padding = _pair(conv.padding)
         folded = conv.in_channels * self.stride**2
         self.channels = -(-folded // align) * align  # the folded channels, aligned
+        self.fold = SpaceToDepthFold(self.kernel_size, self.stride, self.padding, self.channels)
         self.weight = conv.weight
         self.bias = conv.bias
 
@@ -127,7 +145,7 @@ class SpaceToDepthConv2d(nn.Module):
             raise ValueError(
                 f"SpaceToDepthConv2d: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}"
             )
-        folded = fold_input(x, self.kernel_size, self.stride, self.padding, self.channels)
+        folded = self.fold(x)
         weight = fold_weight(self.weight, self.stride, self.channels)
         return F.conv2d(folded, weight.contiguous(memory_format=torch.channels_last), self.bias)
 

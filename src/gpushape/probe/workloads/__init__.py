@@ -30,6 +30,7 @@ from ._modules import (
     _layer_norm_weight_grad,
     _narrow_mlp,
     _rows,
+    _s2d_fold,
     _Workload,
 )
 
@@ -310,6 +311,13 @@ WORKLOADS = (
         "forward + weight gradient",
         lambda s: nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
         measure=_s2d_stem,
+    ),
+    FamilyWorkload(
+        "s2d_fold",
+        "s2d-stem's fold of ResNet's stem input (pad 3, pixel_unshuffle 2, channels 12 -> 16) "
+        "on 64x3x224x224 channels_last, forward",
+        _s2d_fold,
+        train=False,
     ),
     FamilyWorkload(
         "s2d_stem@2",

@@ -188,3 +188,15 @@ def _kv_cat(scale: float) -> _Workload:
         return torch.cat([empty, heads], dim=-2)
 
     return _Workload(append, (_rows(scale, 32), t, 12, 64))
+
+
+def _s2d_fold(scale: float) -> nn.Module:
+    """s2d-stem's input fold for ResNet's 7x7/2 stem, on an input it owns (forward only)."""
+    from ...transforms._s2d import SpaceToDepthFold
+
+    return _Workload(
+        lambda m, x: m.layers["fold"](x),
+        (_rows(scale, 64), 3, _side(scale, 224), _side(scale, 224)),
+        channels_last=True,
+        modules={"fold": SpaceToDepthFold((7, 7), 2, (3, 3), 16)},
+    )

@@ -115,6 +115,7 @@ def _per_dim(value, dims: int, default: int) -> tuple[int, ...]:
 
 S2D_STEM = "s2d_stem"  # the measured rate's key (tracing/families.py lists it)
 S2D_STEM_SIDE = 4  # the folded kernel side S2D_STEM itself is measured at (ResNet's 7x7/2)
+S2D_FOLD = "s2d_fold"  # the memory family of its input's fold (pad, pixel_unshuffle, pad)
 
 
 def rate_key(rec: OpRecord) -> str:
