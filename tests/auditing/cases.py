@@ -93,14 +93,15 @@ def _s2d(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _with_s2d_rate(rate: float = 0.15):
-    """The H200's profile with a rate for s2d-stem's convolution (none is shipped yet)."""
+def _with_s2d_rate(rate: float = 0.15, fold: float = 0.21):
+    """The H200's profile with rates for s2d-stem's convolution and fold (none is shipped yet;
+    these are about an H100's)."""
     import dataclasses
 
     from gpushape.hardware.profile import calibrated
 
     gpu = calibrated("h200")
-    measured = {**gpu.achievable.memory_efficiency, "s2d_stem": rate}
+    measured = {**gpu.achievable.memory_efficiency, "s2d_stem": rate, "s2d_fold": fold}
     return gpu.replace(achievable=dataclasses.replace(gpu.achievable, memory_efficiency=measured))
 
 

@@ -76,3 +76,31 @@ def test_a_3x3_stem_takes_the_rate_measured_nearest_its_folded_side():
     assert rate({S2D_STEM: 0.2, f"{S2D_STEM}@2": 0.1}) == 0.1
     assert rate({S2D_STEM: 0.2}) == 0.2
     assert rate({}) == 1.0
+
+
+def test_the_rule_is_info_until_both_rates_are_measured_and_quiet_on_a_3x3_stem():
+    """slow-stem prices the fold and the folded convolution at measured rates only: with the
+    convolution's rate alone it says nothing it cannot back; with both, ResNet's 7x7/2 stem
+    saves and a 3x3/2 stem (whose fold costs what its convolution gains) stays quiet."""
+    from gpushape import audit
+
+    gpu = calibrated("h200")
+
+    def findings(kernel, measured):
+        spec = gpu.replace(
+            achievable=dataclasses.replace(
+                gpu.achievable, memory_efficiency={**gpu.achievable.memory_efficiency, **measured}
+            )
+        )
+        model = nn.Sequential(nn.Conv2d(3, 32, kernel, 2, kernel // 2, bias=False), nn.ReLU())
+        model = model.to(torch.bfloat16, memory_format=torch.channels_last)
+        x = TensorSpec((256, 3, 224, 224), torch.bfloat16, channels_last=True)
+        report = audit(model, (x,), gpu=spec, train=True, rules=["slow-stem"])
+        return [f for f in report.findings if f.rule == "slow-stem"]
+
+    rates = {S2D_STEM: 0.148, f"{S2D_STEM}@2": 0.155, S2D_FOLD: 0.212}  # an H100's
+    (info,) = findings(7, {S2D_STEM: 0.148})
+    assert info.est_saving_s is None and "no rate measured" in info.message
+    (found,) = findings(7, rates)
+    assert found.est_saving_s > 0 and found.fix == "s2d-stem"
+    assert findings(3, rates) == []

@@ -10,12 +10,13 @@ transforms/_s2d.py): 4x4 on 16 channels for ResNet's stem, 1.31x the multiply-ad
 Fires on forward convolutions of exactly `nn.Conv2d` that s2d-stem takes (ungrouped, undilated,
 an equal stride of 2 or more, a kernel larger than the stride, fewer input channels than the
 alignment). Saving: the traced convolution and its backward, less s2d-stem's module traced on
-the same input (its folds as the copies they are, its convolution at the rate the probe
-measured for it at the nearest folded kernel side: "s2d_stem" at 4, a 7x7/2 stem's, and
-"s2d_stem@2", a 3x3/2 stem's). Where the profile has no such rate the finding is info, with no
-saving: the folded convolution's narrow GEMMs run several times below the model's rate, which
-alone would promise far too much. The same in every mode: under torch.compile Inductor calls
-cuDNN for both convolutions. **Fix:** `s2d-stem`.
+the same input (its input's fold at the rate the probe measured for it, "s2d_fold"; its
+convolution at the rate measured at the nearest folded kernel side: "s2d_stem" at 4, a 7x7/2
+stem's, and "s2d_stem@2", a 3x3/2 stem's). Where the profile lacks those rates the finding is
+info, with no saving: the folded convolution's narrow GEMMs run several times below the model's
+rate and the fold near a quarter of the copy rate (an H100), so unmeasured they would promise
+far too much (0.38 ms for a 3x3/2 stem where 0.02 was measured). The same in every mode:
+under torch.compile Inductor calls cuDNN for both convolutions. **Fix:** `s2d-stem`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Iterable
 import torch
 
 from ...tracing.families import nearest_size
-from ...tracing.flops.conv import S2D_STEM, S2D_STEM_SIDE
+from ...tracing.flops.conv import S2D_FOLD, S2D_STEM, S2D_STEM_SIDE
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding, Severity
@@ -104,7 +105,9 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     before_s = ctx.time_s(ops)
     rates = ctx.gpu.achievable.memory_efficiency
     sides = {folded_side(r) for r in convs}
-    measured = all(nearest_size(S2D_STEM, rates, n, S2D_STEM_SIDE) in rates for n in sides)
+    measured = S2D_FOLD in rates and all(
+        nearest_size(S2D_STEM, rates, n, S2D_STEM_SIDE) in rates for n in sides
+    )
     after_s = sum(_replacement_s(ctx, r, align) for r in convs) if measured else None
     saving = max(before_s - after_s, 0.0) if after_s is not None else None
     if saving is not None and saving <= 0:
