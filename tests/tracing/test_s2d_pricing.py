@@ -100,7 +100,7 @@ def test_the_rule_is_info_until_both_rates_are_measured_and_quiet_on_a_3x3_stem(
 
     rates = {S2D_STEM: 0.148, f"{S2D_STEM}@2": 0.155, S2D_FOLD: 0.212}  # an H100's
     (info,) = findings(7, {S2D_STEM: 0.148})
-    assert info.est_saving_s is None and "no rate measured" in info.message
+    assert info.est_saving_s is None and "has not measured the fold" in info.message
     (found,) = findings(7, rates)
     assert found.est_saving_s > 0 and found.fix == "s2d-stem"
     assert findings(3, rates) == []

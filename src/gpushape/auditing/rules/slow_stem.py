@@ -132,7 +132,7 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
     if after_s is None:
         message = (
             f"{head}; folded space-to-depth they would read aligned channels, but this chip's "
-            "profile has no rate measured for the folded convolution (`gpushape probe`)"
+            "profile has not measured the fold and the folded convolution (`gpushape probe`)"
         )
         yield ctx.finding(
             RULE, module_pattern(r.module for r in convs), message, evidence,
