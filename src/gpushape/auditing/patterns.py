@@ -70,6 +70,18 @@ CONV_OPS = frozenset(
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm"})
 
 
+def param_pair(rec: OpRecord, name: str, default: int) -> tuple[int, int]:
+    """A 2-D op's int[2] argument `name` (stride, padding, kernel_size...) as a pair: one
+    value for both sides; `default` where the op was not given it."""
+    value = rec.params.get(name)
+    if value is None or value == []:
+        return default, default
+    if isinstance(value, int):
+        return value, value
+    items = tuple(int(v) for v in value)
+    return (items[0], items[0]) if len(items) == 1 else (items[0], items[1])
+
+
 def following(ops: Sequence[OpRecord], start: int, *, limit: int = 8) -> Iterator[OpRecord]:
     """The forward ops that do work after position `start` of `ops` (at most `limit`)."""
     seen = 0

@@ -27,7 +27,7 @@ from ...tracing.layout import runs_nchw
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding
-from ..patterns import module_pattern
+from ..patterns import module_pattern, param_pair
 from ..registry import register_rule
 
 RULE = "slow-max-pool"
@@ -40,22 +40,13 @@ QUIET = {
 }
 
 
-def _pair(value, default: int) -> tuple[int, int]:
-    if value is None or value == []:
-        return default, default
-    if isinstance(value, int):
-        return value, value
-    items = tuple(int(v) for v in value)
-    return (items[0], items[0]) if len(items) == 1 else (items[0], items[1])
-
-
 def takes(rec: OpRecord) -> bool:
     """Whether gpushape's MaxPool2d computes this traced max pool (what fast-max-pool swaps)."""
-    kh, kw = _pair(rec.params.get("kernel_size"), 1)
+    kh, kw = param_pair(rec, "kernel_size", 1)
     return (
         rec.module_type == "MaxPool2d"
         and len(rec.inputs[0].shape) == 4
-        and _pair(rec.params.get("dilation"), 1) == (1, 1)
+        and param_pair(rec, "dilation", 1) == (1, 1)
         and not rec.params.get("ceil_mode", False)
         and kh * kw <= MAX_TAPS
         and str(rec.inputs[0].dtype) in ("float32", "float16", "bfloat16")

@@ -30,19 +30,10 @@ from ...tracing.flops.conv import S2D_FOLD, S2D_STEM, S2D_STEM_SIDE
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding, Severity
-from ..patterns import module_pattern
+from ..patterns import module_pattern, param_pair
 from ..registry import register_rule
 
 RULE = "slow-stem"
-
-
-def _pair(value, default: int) -> tuple[int, int]:
-    if value is None or value == []:
-        return default, default
-    if isinstance(value, int):
-        return value, value
-    items = tuple(int(v) for v in value)
-    return (items[0], items[0]) if len(items) == 1 else (items[0], items[1])
 
 
 def takes(rec: OpRecord, align: int) -> bool:
@@ -50,11 +41,11 @@ def takes(rec: OpRecord, align: int) -> bool:
     x, w = rec.inputs[0], rec.inputs[1]
     if rec.module_type != "Conv2d" or len(x.shape) != 4 or len(w.shape) != 4:
         return False
-    (sh, sw), (kh, kw) = _pair(rec.params.get("stride"), 1), tuple(w.shape[2:])
+    (sh, sw), (kh, kw) = param_pair(rec, "stride", 1), tuple(w.shape[2:])
     return (
         not rec.params.get("transposed", False)
         and int(rec.params.get("groups", 1)) == 1
-        and _pair(rec.params.get("dilation"), 1) == (1, 1)
+        and param_pair(rec, "dilation", 1) == (1, 1)
         and sh == sw >= 2
         and kh > sh
         and kw > sw
@@ -64,7 +55,7 @@ def takes(rec: OpRecord, align: int) -> bool:
 
 def folded_side(rec: OpRecord) -> int:
     """The kernel side of the stride-1 convolution s2d-stem makes of this one."""
-    stride = _pair(rec.params.get("stride"), 1)[0]
+    stride = param_pair(rec, "stride", 1)[0]
     return -(-max(rec.inputs[1].shape[2:]) // stride)
 
 
@@ -79,7 +70,7 @@ def _replacement_s(ctx: AuditContext, rec: OpRecord, align: int) -> float:
     dtype = getattr(torch, str(w.dtype))
     o, c, kh, kw = w.shape
     conv = nn.Conv2d(
-        c, o, (kh, kw), _pair(rec.params.get("stride"), 1), _pair(rec.params.get("padding"), 0),
+        c, o, (kh, kw), param_pair(rec, "stride", 1), param_pair(rec, "padding", 0),
         bias=len(rec.inputs) > 2 and rec.has_input("bias"), device="meta", dtype=dtype,
     )  # fmt: skip
     module = SpaceToDepthConv2d(conv, align)

@@ -128,29 +128,26 @@ def rate_key(rec: OpRecord) -> str:
     return f"{S2D_STEM}@{max(weight.shape[2:], default=S2D_STEM_SIDE)}"
 
 
-def _gemm(
-    m: int,
-    n: int,
-    k: int,
-    flops: int,
-    cin: int,
-    cout: int,
-    groups: int,
-    patch: int = 0,
-    rate: str = "",
-) -> Gemm:
-    return Gemm(
-        m=m,
-        n=n,
-        k=k,
-        flops=flops,
-        family="conv",
-        batch=groups,
-        align_dims=_align(cin, cout, groups),
-        tensor_cores=cin // groups > 1,
-        patch=patch,
-        rate_key=rate,
-    )
+def _gemms(rec: OpRecord, weight: str, cin: int, cout: int, groups: int):
+    """A maker of the op's GEMMs, (m, n, k, flops) -> Gemm, carrying what the convolution
+    says of all of them: alignment, tensor cores, patch side, measured rate."""
+    patch, rate = patch_side(rec, weight), rate_key(rec)
+
+    def gemm(m: int, n: int, k: int, flops: int) -> Gemm:
+        return Gemm(
+            m=m,
+            n=n,
+            k=k,
+            flops=flops,
+            family="conv",
+            batch=groups,
+            align_dims=_align(cin, cout, groups),
+            tensor_cores=cin // groups > 1,
+            patch=patch,
+            rate_key=rate,
+        )
+
+    return gemm
 
 
 @register_formula(
@@ -172,18 +169,8 @@ def convolution(rec: OpRecord) -> OpWork:
     if is_direct(cin, groups):
         return OpWork(flops=2 * macs + bias, min_bytes=io_bytes(rec))
     # one GEMM row per output position (a transposed conv runs as a dgrad kernel, the same way)
-    patch = patch_side(rec, names[1])
-    gemm = _gemm(
-        n * out_pos,
-        cout // groups,
-        cin // groups * taps,
-        2 * macs,
-        cin,
-        cout,
-        groups,
-        patch,
-        rate_key(rec),
-    )
+    make = _gemms(rec, names[1], cin, cout, groups)
+    gemm = make(n * out_pos, cout // groups, cin // groups * taps, 2 * macs)
     return OpWork(flops=2 * macs + bias, min_bytes=io_bytes(rec), gemms=(gemm,))
 
 
@@ -195,39 +182,15 @@ def convolution_backward(rec: OpRecord) -> OpWork:
     macs = conv_macs(n, cin, cout, groups, in_pos, out_pos, taps, transposed)
     mask = tuple(rec.params.get("output_mask", (True, True, True)))
     gemms, flops, kernels, skip = [], 0, 0, []
-    patch = patch_side(rec, "weight")
+    make = _gemms(rec, "weight", cin, cout, groups)
     if mask[0]:  # grad_input: one GEMM row per input position
-        gemms.append(
-            _gemm(
-                n * in_pos,
-                cin // groups,
-                cout // groups * taps,
-                2 * macs,
-                cin,
-                cout,
-                groups,
-                patch,
-                rate_key(rec),
-            )
-        )
+        gemms.append(make(n * in_pos, cin // groups, cout // groups * taps, 2 * macs))
         flops, kernels = flops + 2 * macs, kernels + 1
     else:
         skip.append("weight")  # only the input gradient reads the weight
     if mask[1]:  # grad_weight: one GEMM row per weight row, K runs over batch x positions
         rows, cols, depth = (cin, cout, n * in_pos) if transposed else (cout, cin, n * out_pos)
-        gemms.append(
-            _gemm(
-                rows // groups,
-                cols // groups * taps,
-                depth,
-                2 * macs,
-                cin,
-                cout,
-                groups,
-                patch,
-                rate_key(rec),
-            )
-        )
+        gemms.append(make(rows // groups, cols // groups * taps, depth, 2 * macs))
         flops, kernels = flops + 2 * macs, kernels + 1
     else:
         skip.append("input")  # only the weight gradient reads the input
