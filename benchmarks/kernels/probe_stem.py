@@ -1,5 +1,5 @@
 """CNN stems (a strided convolution on 3 input channels) as cuDNN runs them, against s2d-stem's
-SpaceToDepthConv2d computing the same sums (src/gpushape/transforms/_s2d.py): where does the
+SpaceToDepthConv2d computing the same sums (src/gpushape/models/space_to_depth.py): where does the
 space-to-depth stem pay?
 
 With 3 input channels cuDNN pads the NHWC input to 8 channels every call (its
@@ -31,7 +31,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from gpushape.bench import time_fn, write_results
-from gpushape.transforms._s2d import SpaceToDepthConv2d
+from gpushape.models.space_to_depth import SpaceToDepthConv2d
 
 STEMS = "7:2:3:64,3:2:1:32,3:2:1:16"
 

@@ -87,7 +87,7 @@ def _cl(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _s2d(model: torch.nn.Module) -> torch.nn.Module:
-    from gpushape.transforms._s2d import SpaceToDepthConv2d
+    from gpushape.models.space_to_depth import SpaceToDepthConv2d
 
     model.conv = SpaceToDepthConv2d(model.conv)
     return model

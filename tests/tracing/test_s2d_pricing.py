@@ -12,6 +12,7 @@ from torch import nn
 
 from gpushape.hardware import get_gpu
 from gpushape.hardware.profile import calibrated
+from gpushape.models.space_to_depth import SpaceToDepthConv2d
 from gpushape.probe import memory as probe_memory
 from gpushape.tracing.families import memory_family
 from gpushape.tracing.flops.conv import S2D_FOLD, S2D_STEM
@@ -19,7 +20,6 @@ from gpushape.tracing.flops.registry import op_work
 from gpushape.tracing.gemm_model import gemm_efficiency
 from gpushape.tracing.inputs import TensorSpec
 from gpushape.tracing.tracer import trace
-from gpushape.transforms._s2d import SpaceToDepthConv2d
 
 X = TensorSpec((8, 3, 64, 64), torch.bfloat16, channels_last=True)
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
+from gpushape.models.space_to_depth import SpaceToDepthConv2d, fold_input, fold_weight, why_not
 from gpushape.transforms import optimize, revert
-from gpushape.transforms._s2d import SpaceToDepthConv2d, fold_input, fold_weight, why_not
 
 CONFIGS = [  # (kernel, stride, padding, in_channels, H, W, bias)
     (7, 2, 3, 3, 224, 224, False),  # ResNet's stem

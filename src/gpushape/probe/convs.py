@@ -19,7 +19,7 @@
    `small_cin_rate`). `measure_downsample_conv` measures a patch convolution on aligned
    channels (ConvNeXt's 2x2/2 downsampling: forward and both gradients) the same way, as
    "downsample_conv@<side>". `measure_s2d_stem` measures the convolution of s2d-stem's module
-   (the stem folded into 16 channels at stride 1, transforms/_s2d.py) the same way, as
+   (the stem folded into 16 channels at stride 1, models/space_to_depth.py) the same way, as
    "s2d_stem".
 
 2. What a tensor-core convolution loses in NCHW against channels_last, as an efficiency of the
@@ -115,7 +115,7 @@ def measure_s2d_stem(
     (tracing/flops/conv.py `rate_key`). The folds are not in it: the cost model prices their
     copies as it does any copy. The module's whole step and the plain stem's are timed beside
     it, for reference."""
-    from ..transforms._s2d import SpaceToDepthConv2d
+    from ..models.space_to_depth import SpaceToDepthConv2d
 
     batch, size = (64, 224) if scale >= 0.05 else (2, 32)
     stem = work.build(scale)

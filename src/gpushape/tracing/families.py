@@ -243,7 +243,7 @@ DOWNSAMPLE_VARIANTS = ("downsample_conv@2",)
 S2D_VARIANTS = (S2D_STEM, f"{S2D_STEM}@2")
 # - s2d-stem's fold of its input (SpaceToDepthFold: a pad, pixel_unshuffle and a channel pad,
 #   copies that ran at about a quarter of the copy rate on an H100): S2D_FOLD, by module.
-# - s2d-stem's convolution (transforms/_s2d.py: a 7x7/2 RGB stem as a stride-1 4x4 convolution
+# - s2d-stem's convolution (models/space_to_depth.py: a 7x7/2 RGB stem as a stride-1 4x4 convolution
 #   on 16 folded channels): its forward and weight gradient against the GEMM model's time for
 #   them (tracing/flops/conv.py `rate_key`), by its folded kernel side: "s2d_stem" at 4,
 #   "s2d_stem@2" (a 3x3 stride-2 stem folded).

@@ -1,7 +1,7 @@
 """s2d-stem: a strided convolution on fewer input channels than the tensor-core alignment (the
 RGB stem of a CNN: ResNet's 7x7 stride-2 on 3 channels) becomes `SpaceToDepthConv2d`, the same
-convolution computed at stride 1 over its input folded s x s into the channels (transforms/
-_s2d.py says how and why it is exact).
+convolution computed at stride 1 over its input folded s x s into the channels
+(models/space_to_depth.py says how and why it is exact).
 
 cuDNN runs a 3-channel stem poorly: it pads the input to 8 channels on every call and runs an
 older kernel, at about 7% of what its GEMMs would take aligned (the profile's `conv_small_cin`,
@@ -29,6 +29,7 @@ import math
 from torch import nn
 
 from ..hardware.alignment import granularity, target_gpu
+from ..models.space_to_depth import SpaceToDepthConv2d, why_not
 from ._core import (
     Outcome,
     Refusal,
@@ -38,7 +39,6 @@ from ._core import (
     register_transform,
     swap_module,
 )
-from ._s2d import SpaceToDepthConv2d, why_not
 
 ID = "s2d-stem"
 

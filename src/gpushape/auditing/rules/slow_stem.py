@@ -5,7 +5,7 @@ cuDNN pads a 3-channel input to 8 channels on every call and runs an older kerne
 probe measured ResNet's 7x7 stride-2 stem at 7% of the rate its GEMMs would take aligned (the
 profile's `conv_small_cin`, which the cost model already charges it). The same sums run as a
 stride-1 convolution over the input folded s x s into aligned channels (s2d-stem,
-transforms/_s2d.py): 4x4 on 16 channels for ResNet's stem, 1.31x the multiply-adds.
+models/space_to_depth.py): 4x4 on 16 channels for ResNet's stem, 1.31x the multiply-adds.
 
 Fires on forward convolutions of exactly `nn.Conv2d` that s2d-stem takes (ungrouped, undilated,
 an equal stride of 2 or more, a kernel larger than the stride, fewer input channels than the
@@ -63,8 +63,8 @@ def _replacement_s(ctx: AuditContext, rec: OpRecord, align: int) -> float:
     """s2d-stem's module for this convolution, traced on its input and priced like the trace."""
     from torch import nn
 
+    from ...models.space_to_depth import SpaceToDepthConv2d
     from ...tracing.tracer import trace
-    from ...transforms._s2d import SpaceToDepthConv2d
 
     x, w = rec.inputs[0], rec.inputs[1]
     dtype = getattr(torch, str(w.dtype))

@@ -192,7 +192,7 @@ def _kv_cat(scale: float) -> _Workload:
 
 def _s2d_fold(scale: float) -> nn.Module:
     """s2d-stem's input fold for ResNet's 7x7/2 stem, on an input it owns (forward only)."""
-    from ...transforms._s2d import SpaceToDepthFold
+    from ...models.space_to_depth import SpaceToDepthFold
 
     return _Workload(
         lambda m, x: m.layers["fold"](x),
