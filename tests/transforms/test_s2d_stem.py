@@ -182,3 +182,22 @@ def test_on_the_gpu_in_bf16_eager_and_compiled(compiled):
         errs.append([_rel(a, b) for a, b in ((y, ref_y), (dw, ref[1]))])
     for plain, folded in zip(*errs):
         assert folded <= max(2 * plain, 1e-2)
+
+
+def test_optimize_picks_it_from_the_finding_where_the_profile_measured_its_rates():
+    """With the fold's and the folded convolution's rates in the profile, slow-stem prices a
+    saving and optimize applies s2d-stem by itself, compile mode too; without them it does not."""
+    import dataclasses
+
+    from gpushape.hardware.profile import calibrated
+
+    h200 = calibrated("h200")
+    rates = {**h200.achievable.memory_efficiency, "s2d_stem": 0.148, "s2d_fold": 0.212}
+    gpu = h200.replace(achievable=dataclasses.replace(h200.achievable, memory_efficiency=rates))
+    x = torch.randn(32, 3, 224, 224)  # at 4 x 128² the priced fold outweighs the gain
+    for mode in ("graph", "compile"):
+        model, report = optimize(Net(), (x,), gpu=gpu, dtype=torch.float32, mode=mode)
+        assert "s2d-stem" in [c.transform for c in report.applied], mode
+        assert report.predicted_saving_s["s2d-stem"] > 0
+    _, report = optimize(Net(), (x,), gpu="h200", dtype=torch.float32, mode="graph")
+    assert "s2d-stem" not in [c.transform for c in report.applied]
