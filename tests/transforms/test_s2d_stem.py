@@ -57,6 +57,23 @@ def test_equal_to_the_convolution_forward_and_every_gradient_in_float64(config, 
         torch.testing.assert_close(g, ref, rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.parametrize("x_nhwc", [False, True])
+@pytest.mark.parametrize("w_nhwc", [False, True])
+def test_the_output_has_the_layout_the_convolution_would_give(x_nhwc, w_nhwc):
+    """channels_last out where the input or the weight is, contiguous otherwise: an NCHW model
+    stays NCHW downstream of its stem."""
+    conv = nn.Conv2d(3, 8, 7, stride=2, padding=3)
+    x = torch.randn(2, 3, 32, 32)
+    if x_nhwc:
+        x = x.to(memory_format=torch.channels_last)
+    if w_nhwc:
+        conv = conv.to(memory_format=torch.channels_last)
+    want, got = conv(x), SpaceToDepthConv2d(conv)(x)
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        assert got.is_contiguous(memory_format=fmt) == want.is_contiguous(memory_format=fmt)
+    assert got.is_contiguous(memory_format=torch.channels_last) == (x_nhwc or w_nhwc)
+
+
 def test_bf16_within_the_rounding_of_the_convolution():
     """Both in bf16 against float64: the folded sums round no worse than cuDNN's / ATen's."""
     torch.manual_seed(1)
@@ -77,7 +94,7 @@ def test_bf16_within_the_rounding_of_the_convolution():
 
 def test_the_folds_place_every_tap():
     """W'[o, c s^2 + i s + j, a, b] = w[o, c, s a + i, s b + j], zero past the kernel; the input
-    folds likewise, channels padded with zeros, channels_last."""
+    folds likewise, channels padded with zeros, in the layout asked for."""
     w = torch.arange(2 * 3 * 7 * 7, dtype=torch.float64).reshape(2, 3, 7, 7) + 1
     f = fold_weight(w, 2, 16)
     assert f.shape == (2, 16, 4, 4) and not f[:, 12:].any()
@@ -88,7 +105,9 @@ def test_the_folds_place_every_tap():
     x = torch.randn(1, 3, 10, 10)
     folded = fold_input(x, (7, 7), 2, (3, 3), 16)
     assert folded.shape == (1, 16, 8, 8) and not folded[:, 12:].any()
-    assert folded.is_contiguous(memory_format=torch.channels_last)
+    assert folded.is_contiguous()  # the input's layout by default
+    nhwc = fold_input(x, (7, 7), 2, (3, 3), 16, torch.channels_last)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last) and torch.equal(nhwc, folded)
     assert torch.equal(folded[0, 4 * 1 + 2 * 1 + 0, 2, 3], x[0, 1, 2 * 2 + 1 - 3, 2 * 3 + 0 - 3])
 
 
@@ -184,20 +203,30 @@ def test_on_the_gpu_in_bf16_eager_and_compiled(compiled):
         assert folded <= max(2 * plain, 1e-2)
 
 
+class NoNorm(Net):
+    """Net without its BatchNorm (whose fused kernel the CPU would interpret slowly)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.Identity()
+
+
 def test_optimize_picks_it_from_the_finding_where_the_profile_measured_its_rates():
     """With the fold's and the folded convolution's rates in the profile, slow-stem prices a
-    saving and optimize applies s2d-stem by itself, compile mode too; without them it does not."""
+    saving (in compile mode too) and optimize applies s2d-stem by itself; without them not."""
     import dataclasses
 
+    from gpushape import audit
     from gpushape.hardware.profile import calibrated
 
     h200 = calibrated("h200")
     rates = {**h200.achievable.memory_efficiency, "s2d_stem": 0.148, "s2d_fold": 0.212}
     gpu = h200.replace(achievable=dataclasses.replace(h200.achievable, memory_efficiency=rates))
     x = torch.randn(32, 3, 224, 224)  # at 4 x 128² the priced fold outweighs the gain
-    for mode in ("graph", "compile"):
-        _, report = optimize(Net(), (x,), gpu=gpu, dtype=torch.float32, mode=mode)
-        assert "s2d-stem" in [c.transform for c in report.applied], mode
-        assert report.predicted_saving_s["s2d-stem"] > 0
-    _, report = optimize(Net(), (x,), gpu="h200", dtype=torch.float32, mode="graph")
+    _, report = optimize(NoNorm(), (x,), gpu=gpu, dtype=torch.float32, mode="graph")
+    assert "s2d-stem" in [c.transform for c in report.applied]
+    assert report.predicted_saving_s["s2d-stem"] > 0
+    compiled = audit(NoNorm(), (x,), gpu=gpu, train=True, mode="compile", dtype=torch.float32)
+    assert next(f for f in compiled.findings if f.rule == "slow-stem").est_saving_s > 0
+    _, report = optimize(NoNorm(), (x,), gpu="h200", dtype=torch.float32, mode="graph")
     assert "s2d-stem" not in [c.transform for c in report.applied]

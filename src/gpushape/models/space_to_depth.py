@@ -56,6 +56,12 @@ def why_not(conv: nn.Module, align: int) -> str | None:
     return None
 
 
+def layout(x: torch.Tensor) -> torch.memory_format:
+    """channels_last where `x` is laid out so (and not plainly contiguous), else contiguous."""
+    nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return torch.channels_last if nhwc else torch.contiguous_format
+
+
 def fold_weight(w: torch.Tensor, stride: int, channels: int) -> torch.Tensor:
     """(O, C, kh, kw) -> (O, `channels`, ceil(kh/s), ceil(kw/s)): the kernel of the stride-1
     convolution over the space-to-depth input (see the module docstring); channels past C s^2
@@ -71,10 +77,17 @@ def fold_weight(w: torch.Tensor, stride: int, channels: int) -> torch.Tensor:
 
 
 def fold_input(
-    x: torch.Tensor, kernel: tuple[int, int], stride: int, padding: tuple[int, int], channels: int
+    x: torch.Tensor,
+    kernel: tuple[int, int],
+    stride: int,
+    padding: tuple[int, int],
+    channels: int,
+    memory_format: torch.memory_format | None = None,
 ) -> torch.Tensor:
     """The convolution's input padded, folded s x s into the channels, zero channels up to
-    `channels`, channels_last: what the folded kernel runs over at stride 1."""
+    `channels`, in `memory_format` (default: the input's, channels_last or contiguous): what
+    the folded kernel runs over at stride 1."""
+    memory_format = memory_format or layout(x)
     s = stride
     (kh, kw), (ph, pw) = kernel, padding
     h, w = x.shape[-2:]
@@ -87,7 +100,7 @@ def fold_input(
     extra = channels - folded.shape[1]
     if extra > 0:
         folded = F.pad(folded, (0, 0, 0, 0, 0, extra))
-    return folded.contiguous(memory_format=torch.channels_last)
+    return folded.contiguous(memory_format=memory_format)
 
 
 class SpaceToDepthFold(nn.Module):
@@ -100,8 +113,10 @@ class SpaceToDepthFold(nn.Module):
         super().__init__()
         self.kernel, self.stride, self.padding, self.channels = kernel, stride, padding, channels
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fold_input(x, self.kernel, self.stride, self.padding, self.channels)
+    def forward(
+        self, x: torch.Tensor, memory_format: torch.memory_format | None = None
+    ) -> torch.Tensor:
+        return fold_input(x, self.kernel, self.stride, self.padding, self.channels, memory_format)
 
     def extra_repr(self) -> str:
         return f"stride={self.stride}, padding={self.padding}, channels={self.channels}"
@@ -127,27 +142,19 @@ class SpaceToDepthConv2d(nn.Module):
         self.weight = conv.weight
         self.bias = conv.bias
 
-    @classmethod
-    def from_torch(cls, conv: nn.Conv2d, align: int = 8) -> SpaceToDepthConv2d:
-        return cls(conv, align)
-
-    def to_torch(self) -> nn.Conv2d:
-        """An nn.Conv2d holding this module's Parameters (the same objects)."""
-        conv = nn.Conv2d(
-            self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding,
-            bias=self.bias is not None, device="meta",
-        )  # fmt: skip
-        conv.weight, conv.bias = self.weight, self.bias
-        return conv
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(
                 f"SpaceToDepthConv2d: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}"
             )
-        folded = self.fold(x)
+        # the layout the original convolution would run and return in (channels_last where its
+        # input or its weight is): a channels_last output would turn an NCHW model channels_last
+        # downstream, a change of layout that is not this module's to make
+        nhwc = torch.channels_last in (layout(x), layout(self.weight))
+        memory_format = torch.channels_last if nhwc else torch.contiguous_format
+        folded = self.fold(x, memory_format)
         weight = fold_weight(self.weight, self.stride, self.channels)
-        return F.conv2d(folded, weight.contiguous(memory_format=torch.channels_last), self.bias)
+        return F.conv2d(folded, weight.contiguous(memory_format=memory_format), self.bias)
 
     def extra_repr(self) -> str:
         return (
