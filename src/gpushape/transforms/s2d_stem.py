@@ -71,7 +71,7 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
             out.refusals.append(Refusal(transform=ID, module=fqn, reason=reason))
             continue
         new = SpaceToDepthConv2d(module, align)
-        detail = f"{module!r} -> {new!r}"
+        detail = f"{module!r} -> SpaceToDepthConv2d({new.extra_repr()})"
         out.changes.append(
             swap_module(module, new, places[id(module)], transform=ID, fqn=fqn, detail=detail)
         )
