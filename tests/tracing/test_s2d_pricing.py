@@ -104,3 +104,19 @@ def test_the_rule_is_info_until_both_rates_are_measured_and_quiet_on_a_3x3_stem(
     (found,) = findings(7, rates)
     assert found.est_saving_s > 0 and found.fix == "s2d-stem"
     assert findings(3, rates) == []
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_trace_keeps_the_models_layout_past_the_stem(channels_last):
+    """The meta trace sees what runs: downstream of the folded stem an NCHW model stays NCHW
+    (the cost model prices NCHW convolutions with their conversions), a channels_last one
+    channels_last."""
+    stem = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+    model = nn.Sequential(SpaceToDepthConv2d(stem), nn.BatchNorm2d(64)).to(torch.bfloat16)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    x = TensorSpec((8, 3, 64, 64), torch.bfloat16, channels_last=channels_last)
+    ops = trace(model, (x,), train=True).ops
+    norm = next(r for r in ops if "batch_norm" in r.name and r.phase == "forward")
+    want = "channels_last" if channels_last else "contiguous"
+    assert norm.inputs[0].memory_format == want
