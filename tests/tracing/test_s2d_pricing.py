@@ -120,3 +120,23 @@ def test_the_trace_keeps_the_models_layout_past_the_stem(channels_last):
     norm = next(r for r in ops if "batch_norm" in r.name and r.phase == "forward")
     want = "channels_last" if channels_last else "contiguous"
     assert norm.inputs[0].memory_format == want
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_the_rule_leaves_a_stem_padded_otherwise_than_with_zeros(mode):
+    """s2d-stem refuses a padding_mode other than zeros; the rule, which sees the padding as ops
+    of the module before its convolution, says nothing there either."""
+    from gpushape import audit
+
+    gpu = calibrated("h200")
+    measured = {**gpu.achievable.memory_efficiency, S2D_STEM: 0.148, S2D_FOLD: 0.212}
+    spec = gpu.replace(achievable=dataclasses.replace(gpu.achievable, memory_efficiency=measured))
+    x = TensorSpec((256, 3, 224, 224), torch.bfloat16, channels_last=True)
+
+    def found(padding_mode):
+        conv = nn.Conv2d(3, 64, 7, 2, 3, bias=False, padding_mode=padding_mode)
+        model = conv.to(torch.bfloat16, memory_format=torch.channels_last)
+        report = audit(model, (x,), gpu=spec, train=True, rules=["slow-stem"])
+        return [f for f in report.findings if f.rule == "slow-stem"]
+
+    assert found("zeros") and not found(mode)

@@ -8,9 +8,9 @@ stride-1 convolution over the input folded s x s into aligned channels (s2d-stem
 models/space_to_depth.py): 4x4 on 16 channels for ResNet's stem, 1.31x the multiply-adds.
 
 Fires on forward convolutions of exactly `nn.Conv2d` that s2d-stem takes (ungrouped, undilated,
-an equal stride of 2 or more, a kernel larger than the stride, fewer input channels than the
-alignment). Saving: the traced convolution and its backward, less s2d-stem's module traced on
-the same input (its input's fold at the rate the probe measured for it, "s2d_fold"; its
+zero padding, an equal stride of 2 or more, a kernel larger than the stride, fewer input
+channels than the alignment). Saving: the traced convolution and its backward, less s2d-stem's
+module traced on the same input (its input's fold at the rate the probe measured for it, "s2d_fold"; its
 convolution at the rate measured at the nearest folded kernel side: "s2d_stem" at 4, a 7x7/2
 stem's, and "s2d_stem@2", a 3x3/2 stem's). Where the profile lacks those rates the finding is
 info, with no saving: the folded convolution's narrow GEMMs run several times below the model's
@@ -89,7 +89,18 @@ def _replacement_s(ctx: AuditContext, rec: OpRecord, align: int) -> float:
 @register_rule(RULE, title="a strided convolution on few input channels (an RGB stem)")
 def check(ctx: AuditContext) -> Iterable[Finding]:
     align = ctx.gpu.tc_alignment("bf16") or 8
-    convs = [r for r in ctx.forward_compute() if r.name == "convolution" and takes(r, align)]
+    # a padding_mode other than zeros pads in the module before the convolution (reflection,
+    # replication, the circular copies): s2d-stem folds only zero padding
+    padded = {
+        r.module
+        for r in ctx.forward_compute()
+        if r.module_type == "Conv2d" and r.name != "convolution"
+    }
+    convs = [
+        r
+        for r in ctx.forward_compute()
+        if r.name == "convolution" and r.module not in padded and takes(r, align)
+    ]
     if not convs:
         return
     ops = [o for r in convs for o in ctx.with_backward(r)]
