@@ -10,13 +10,13 @@ models/space_to_depth.py): 4x4 on 16 channels for ResNet's stem, 1.31x the multi
 Fires on forward convolutions of exactly `nn.Conv2d` that s2d-stem takes (ungrouped, undilated,
 zero padding, an equal stride of 2 or more, a kernel larger than the stride, fewer input
 channels than the alignment). Saving: the traced convolution and its backward, less s2d-stem's
-module traced on the same input (its input's fold at the rate the probe measured for it, "s2d_fold"; its
-convolution at the rate measured at the nearest folded kernel side: "s2d_stem" at 4, a 7x7/2
-stem's, and "s2d_stem@2", a 3x3/2 stem's). Where the profile lacks those rates the finding is
-info, with no saving: the folded convolution's narrow GEMMs run several times below the model's
-rate and the fold near a quarter of the copy rate (an H100), so unmeasured they would promise
-far too much (0.38 ms for a 3x3/2 stem where 0.02 was measured). The same in every mode:
-under torch.compile Inductor calls cuDNN for both convolutions. **Fix:** `s2d-stem`.
+module traced on the same input (its input's fold at the rate the probe measured for it,
+"s2d_fold"; its convolution at the rate measured at the nearest folded kernel side: "s2d_stem"
+at 4, a 7x7/2 stem's, and "s2d_stem@2", a 3x3/2 stem's). Where the profile lacks those rates the
+finding is info, with no saving: the folded convolution's narrow GEMMs run several times below
+the model's rate and the fold near a quarter of the copy rate (an H100), so unmeasured they
+would promise far too much (0.38 ms for a 3x3/2 stem where 0.02 was measured). The same in every
+mode: under torch.compile Inductor calls cuDNN for both convolutions. **Fix:** `s2d-stem`.
 """
 
 from __future__ import annotations
