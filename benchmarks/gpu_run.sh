@@ -7,6 +7,10 @@ set -u
 OUT=${OUT:-./out}
 mkdir -p "$OUT/logs"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# the profile the calib-* steps measure against and update in place (later steps then use it):
+# the shipped H200 profile unless CALIB_PROFILE names another GPU's (calibrate_memory_efficiency.py
+# refuses a profile of another chip than the one present)
+export CALIB_PROFILE=${CALIB_PROFILE:-src/gpushape/hardware/profiles/h200-sxm.json}
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
@@ -52,11 +56,11 @@ for spec in "$@"; do
     correlate-nchw) run correlate-nchw "$secs" python3 benchmarks/trace/correlate.py --models resnet50,resnet50-nchw --stem correlate-nchw ;;
     correlate-flat) run correlate-flat "$secs" python3 benchmarks/trace/correlate.py --flat-memory ;;
     # eager kernels' memory efficiency added to the shipped profile, which later steps then use
-    calib-mem) run calib-mem "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
+    calib-mem) run calib-mem "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     # fused attention's rates added to the shipped profile, which later steps then use
-    calib-bn-family) run calib-bn-family "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families fused_batch_norm_act -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
-    calib-nchw) run calib-nchw "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-batch_norm_nchw,pool_nchw,nchw_conversion}" -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
-    calib-attn) run calib-attn "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts attention -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
+    calib-bn-family) run calib-bn-family "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families fused_batch_norm_act --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
+    calib-nchw) run calib-nchw "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-batch_norm_nchw,pool_nchw,nchw_conversion}" --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
+    calib-attn) run calib-attn "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts attention --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     tune-norms) run tune-norms "$secs" python3 benchmarks/kernels/tune_norms.py ;;
     gputests-bn) run gputests-bn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -k "not 2_pow_31" tests/kernel_ops/test_batch_norm_act_gpu.py ;;
     tune-bn) run tune-bn "$secs" python3 benchmarks/kernels/tune_batch_norm_act.py --quick ${TUNE_ARGS:-} ;;
@@ -82,12 +86,12 @@ for spec in "$@"; do
     bench-gpt2) run bench-gpt2 "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:gpt2 --vs "${VS:-optimize,compile,optimize-compile+compile,optimize+graph}" --rounds "${ROUNDS:-5}" --kernels "${KERNELS:-0}" --csv "$OUT/bench-h200/bench.csv" --plot "$OUT/bench-h200/gpt2.png" -o "$OUT/bench-h200/gpt2.json"' ;;
     bench-bert) run bench-bert "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:bert --batch 32 --optimizer adamw-fused --vs "${VS:-optimize,compile,optimize-compile+compile,optimize+graph}" --rounds "${ROUNDS:-5}" --kernels "${KERNELS:-0}" --csv "$OUT/bench-h200/bench.csv" --plot "$OUT/bench-h200/bert.png" -o "$OUT/bench-h200/bert.json"' ;;
     # the families library models need (depthwise convs, LayerNorm at 768 and 384) into the shipped profile
-    calib-lib) run calib-lib "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-grouped_conv,norm@768,norm@384}" -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
+    calib-lib) run calib-lib "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-grouped_conv,norm@768,norm@384}" --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     # eight library models: depthwise convnets, plain and windowed ViTs, GPT-2, a GQA LLaMA, BERT
     # the families the eight library models showed mispriced, by the size or layout their rate
     # depends on (NCHW BatchNorm by channels, LayerNorm rows of 96 and 192, NCHW depthwise by
     # kernel side), the embedding's two passes, layout copies and roll, patch embeddings
-    calib-lib2) run calib-lib2 "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-batch_norm_nchw@16,batch_norm_nchw@32,batch_norm_nchw@64,batch_norm_nchw@128,norm@96,norm@192,grouped_conv_nchw,grouped_conv_nchw@5,grouped_conv_nchw@3,gather,scatter_add,permuted_copy,transposed_copy,roll,patch_conv@4,patch_conv@16}" -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
+    calib-lib2) run calib-lib2 "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-batch_norm_nchw@16,batch_norm_nchw@32,batch_norm_nchw@64,batch_norm_nchw@128,norm@96,norm@192,grouped_conv_nchw,grouped_conv_nchw@5,grouped_conv_nchw@3,gather,scatter_add,permuted_copy,transposed_copy,roll,patch_conv@4,patch_conv@16}" --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     # GPT-2 at batch 16 (issue #17's tokens/s line): torch.compile against optimize-compile + compile
     bench-gpt2-b16) run bench-gpt2-b16 "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:gpt2 --batch 16 --optimizer adamw-fused --vs "${VS16:-compile,optimize-compile+compile}" --rounds "${ROUNDS:-5}" --csv "$OUT/bench-h200/bench.csv" -o "$OUT/bench-h200/gpt2-b16.json"' ;;
     bench-gpt2-b32) run bench-gpt2-b32 "$secs" bash -c 'mkdir -p "$OUT/bench-h200" && python3 -m gpushape bench hf:gpt2 --batch 32 --optimizer adamw-fused --vs "${VS32:-compile,optimize-compile+compile-graphs}" --rounds "${ROUNDS:-5}" --csv "$OUT/bench-h200/bench.csv" -o "$OUT/bench-h200/gpt2-b32.json"' ;;
@@ -95,7 +99,7 @@ for spec in "$@"; do
     # ops on broadcast operands, memory-bound GEMMs, ConvNeXt's 2x2/2 downsampling, the LayerNorm
     # weight-gradient kernel over <= 64k rows) and the LayerNorm rows, whose bytes now count the
     # weight gradients' re-read (re-derived offline until this runs); then run correlate-lib
-    calib-lib3) run calib-lib3 "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-elementwise_strided,gemm,downsample_conv@2,norm_weight_grad,norm,norm@96,norm@192,norm@384,norm@768}" -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
+    calib-lib3) run calib-lib3 "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-elementwise_strided,gemm,downsample_conv@2,norm_weight_grad,norm,norm@96,norm@192,norm@384,norm@768}" --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     # does padding the vocabulary pay under torch.compile (reduce-overhead)? BERT and GPT-2
     stem) run stem "$secs" python3 benchmarks/kernels/probe_stem.py --out "$OUT/probe_stem.json" ;;
     conv-layers) run conv-layers "$secs" python3 benchmarks/steps/conv_layers.py "${MODEL:-torchvision.models:resnet50}" --input "${INPUT:-256x3x224x224}" --out "$OUT/conv_layers.json" ;;
@@ -128,7 +132,7 @@ for spec in "$@"; do
     loops-lib) run loops-lib "$secs" bash -c 'mkdir -p "$OUT/bench-h200"; for mode in ${MODE:-eager}; do if [ "$mode" = eager ]; then def="timm:mobilenetv3_large_100 timm:efficientnet_b0 timm:vit_base_patch16_224 timm:swin_tiny_patch4_window7_224 hf:gpt2 hf:bert"; else def="timm:mobilenetv3_large_100 timm:efficientnet_b0 timm:swin_tiny_patch4_window7_224 hf:bert"; fi; for m in ${MODELS:-$def}; do s=$(echo "$m" | tr ":/?&=" "_____"); extra=""; [ "$m" = hf:bert ] && extra="--batch 32 --optimizer adamw-fused"; echo "== $m ($mode)"; python3 -m gpushape bench "$m" $extra --optimize --mode "$mode" --rounds "${ROUNDS:-8}" --csv "$OUT/bench-h200/loop-lib.csv" -o "$OUT/bench-h200/loop-$s-$mode.json" 2>&1 | tail -n 25; done; done' ;;
     host-gpt2) run host-gpt2 "$secs" python3 benchmarks/steps/host_profile.py hf:gpt2 --vs "${VS:-eager,optimize}" --out "$OUT/host-gpt2.json" ;;
     # the host's dispatch rates into the shipped profile, then the host model against real steps
-    calib-host) run calib-host "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts host -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
+    calib-host) run calib-host "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts host --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     # compiled steps of timm models the compile-mode host model extrapolates to (kernels and
     # issue time per step, for benchmarks/steps/fit_compile_host.py): the audit predicts them
     # host-bound, several slower than eager (benchmarks/results/audit-cpu/sweep_timm.log)
@@ -143,7 +147,7 @@ for spec in "$@"; do
     # gpushape's max pool: its GPU tests, the kernel against PyTorch's, its family's rate into the
     # shipped profile (which later steps then use)
     pool) run pool "$secs" bash -c 'python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernel_ops/test_max_pool_gpu.py tests/transforms/test_fast_max_pool.py && python3 benchmarks/kernels/bench_max_pool.py --out "$OUT/bench_max_pool.json"' ;;
-    calib-pool) run calib-pool "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families fused_max_pool -o "$OUT/h200-sxm.json" && cp "$OUT/h200-sxm.json" src/gpushape/hardware/profiles/h200-sxm.json' ;;
+    calib-pool) run calib-pool "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families fused_max_pool --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     masked-sdpa) run masked-sdpa "$secs" python3 benchmarks/kernels/probe_masked_sdpa.py --out "$OUT/probe_masked_sdpa.json" ;;
     compile-qkv) run compile-qkv "$secs" python3 benchmarks/kernels/probe_compile_qkv.py --dropout "${DROPOUT:-0.1}" --out "$OUT/probe_compile_qkv.json" ;;
     roofline-resnet) run roofline-resnet "$secs" python3 benchmarks/steps/roofline_step.py torchvision.models:resnet50 --input 256x3x224x224 --vs "${VS:-optimize+graph,channels-last+compile}" --target 8000 --out "$OUT/roofline_resnet50.json" ;;

@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
 
-from gpushape.hardware.lookup import get_gpu  # noqa: E402
+from gpushape.hardware.lookup import current_gpu, get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
 from gpushape.probe.attention import measure_attention, pass_rates  # noqa: E402
 from gpushape.probe.convs import measure_small_cin_conv  # noqa: E402
@@ -63,6 +63,14 @@ def main() -> None:
         sys.exit("calibrate_memory_efficiency.py: needs a CUDA GPU (or --device cpu --scale 0.002)")
     profile = read_profile(args.profile)
     spec = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(args.profile))
+    here = current_gpu() if args.device == "cuda" else None
+    if here is not None and here.name != spec.name:
+        # every efficiency is this GPU's time against the profile's copy and GEMM rates: another
+        # chip's would skew each row by the ratio of the two chips' rates
+        sys.exit(
+            f"calibrate_memory_efficiency.py: this GPU is {here.name}, {args.profile} is "
+            f"{spec.name}'s profile; pass --profile with this GPU's (gpushape probe makes one)"
+        )
     rows = stem = attention = None
     if "memory" in parts:
         families = tuple(args.families.split(",")) if args.families else None

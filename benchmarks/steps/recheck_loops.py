@@ -10,7 +10,8 @@ not rebuilt: its stage is the stage before, priced in graph mode as the loop pri
 optimizer's fix is priced from its finding, as in the loop. Prints old and new prediction
 beside the measured saving; writes them to <folder>/loop-lib-recheck.json.
 
-    python benchmarks/steps/recheck_loops.py [--folder loops-h200-2] [--profile PROFILE.json]
+    python benchmarks/steps/recheck_loops.py [--folder loops-h200-2] [--profile PROFILE.json] \
+        [--loops loop-resnet50-eager-0650.json ...]
 """
 
 from __future__ import annotations
@@ -50,10 +51,12 @@ GPU = "h200-sxm"
 def _args(command: str) -> dict:
     words = shlex.split(command)
     out = {"model": words[words.index("bench") + 1], "batch": None, "optimizer": "auto"}
-    for flag, key in (("--batch", "batch"), ("--optimizer", "optimizer"), ("--mode", "mode")):
+    flags = (("--batch", "batch"), ("--optimizer", "optimizer"), ("--mode", "mode"))
+    for flag, key in (*flags, ("--input", "input")):
         if flag in words:
             out[key] = words[words.index(flag) + 1]
     out["batch"] = int(out["batch"]) if out["batch"] else None
+    out["inputs"] = [out.pop("input")] if "input" in out else None
     return out
 
 
@@ -92,7 +95,7 @@ def recheck(path: Path, gpu=GPU) -> dict:
 def _recheck(path: Path, data: dict, gpu) -> dict:
     args = _args(data["environment"]["command"])
     mode = data["mode"]
-    r = resolve_model(args["model"], batch=args["batch"])
+    r = resolve_model(args["model"], batch=args["batch"], inputs=args["inputs"])
     batch = synthetic_batch(r.model, r.example_inputs)
     report = audit(r.model, r.example_inputs, gpu, dtype=_dtype(r.model), train=True,
                    optimizer=make_optimizer(r.model, batch, args["optimizer"]),
@@ -159,6 +162,12 @@ def main() -> None:
         help="price on the chip this profile was measured on, calibrated by it (default: the "
         "H200 with its shipped profile); for loops on another GPU, the profile its run used",
     )
+    p.add_argument(
+        "--loops",
+        nargs="+",
+        default=None,
+        help="loop JSONs in the folder to re-predict (default: the runs loop-lib.csv lists)",
+    )
     args = p.parse_args()
     gpu = GPU
     if args.profile is not None:
@@ -168,10 +177,14 @@ def main() -> None:
         profile = read_profile(args.profile)
         gpu = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(args.profile))
     folder = RESULTS / args.folder
-    with open(folder / "loop-lib.csv", newline="") as f:
-        keys = list(dict.fromkeys((r["model"], r["mode"]) for r in csv.DictReader(f)))
-    stem = lambda m: "".join("_" if c in ":/?&=" else c for c in m)
-    checked = [recheck(folder / f"loop-{stem(m)}-{mode}.json", gpu) for m, mode in keys]
+    if args.loops:
+        files = [folder / name for name in args.loops]
+    else:
+        with open(folder / "loop-lib.csv", newline="") as f:
+            keys = list(dict.fromkeys((r["model"], r["mode"]) for r in csv.DictReader(f)))
+        stem = lambda m: "".join("_" if c in ":/?&=" else c for c in m)
+        files = [folder / f"loop-{stem(m)}-{mode}.json" for m, mode in keys]
+    checked = [recheck(path, gpu) for path in files]
     where = gpu if isinstance(gpu, str) else f"{gpu.name} ({args.profile})"
     write_results(folder / "loop-lib-recheck.json", checked, gpu_profile=where)
     lines = [

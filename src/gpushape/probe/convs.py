@@ -106,6 +106,37 @@ def measure_patch_conv(
     return row
 
 
+def s2d_stem_workload(
+    work: Any, scale: float = 1.0
+) -> tuple[nn.Module, nn.Module, nn.Conv2d, int, int, int]:
+    """(stem, its SpaceToDepthConv2d, the stride-1 convolution that module runs, batch, the
+    input's side, the folded input's side) for the stem `work.build` gives, as
+    `measure_s2d_stem` times them."""
+    from ..models.space_to_depth import SpaceToDepthConv2d
+
+    batch, size = (64, 224) if scale >= 0.05 else (2, 32)
+    stem = work.build(scale)
+    module = SpaceToDepthConv2d(stem)
+    kh, s, p = module.kernel_size[0], module.stride, module.padding[0]
+    side = -(-kh // s)
+    folded = (size + 2 * p - kh) // s + side  # the folded input's side: outputs + side - 1
+    conv = nn.Conv2d(
+        module.channels, stem.out_channels, side, bias=False, device=stem.weight.device
+    )
+    return stem, module, conv, batch, size, folded
+
+
+def rate_model_s(
+    spec: GPUSpec, conv: nn.Conv2d, batch: int, size: int, dtype: torch.dtype = torch.bfloat16
+) -> float:
+    """The time `conv_rate` divides by the measured one: the GEMM model's, no alignment
+    penalty and no measured rates applied."""
+    spec = spec.replace(
+        achievable=dataclasses.replace(spec.achievable, small_cin_conv=0.0, memory_efficiency={})
+    )
+    return model_s(spec, conv.to(dtype), batch, size, dtype)
+
+
 def measure_s2d_stem(
     work: Any, spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0, repeats: int = 20
 ) -> dict[str, Any]:
@@ -115,15 +146,7 @@ def measure_s2d_stem(
     (tracing/flops/conv.py `rate_key`). The folds are not in it: the cost model prices their
     copies as it does any copy. The module's whole step and the plain stem's are timed beside
     it, for reference."""
-    from ..models.space_to_depth import SpaceToDepthConv2d
-
-    batch, size = (64, 224) if scale >= 0.05 else (2, 32)
-    stem = work.build(scale)
-    module = SpaceToDepthConv2d(stem)
-    kh, s, p = module.kernel_size[0], module.stride, module.padding[0]
-    side = -(-kh // s)
-    folded = (size + 2 * p - kh) // s + side  # the folded input's side: outputs + side - 1
-    conv = nn.Conv2d(module.channels, stem.out_channels, side, bias=False)
+    stem, module, conv, batch, size, folded = s2d_stem_workload(work, scale)
     row = conv_rate(spec, conv, batch, folded, device=device, repeats=repeats)
     row["module_measured_s"] = conv_rate(spec, module, batch, size, device=device, repeats=repeats)[
         "measured_s"
@@ -183,11 +206,8 @@ def conv_rate(
 ) -> dict[str, Any]:
     """One training step of `conv` (forward and weight gradient, the input needs none) timed
     against the GEMM model's time without its alignment penalty."""
-    spec = spec.replace(
-        achievable=dataclasses.replace(spec.achievable, small_cin_conv=0.0, memory_efficiency={})
-    )
     conv = conv.to(dtype)
-    predicted = model_s(spec, conv, batch, size, dtype)
+    predicted = rate_model_s(spec, conv, batch, size, dtype)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     conv = conv.to(device, memory_format=layout)
     x = torch.randn(batch, conv.in_channels, size, size, device=device, dtype=dtype)
