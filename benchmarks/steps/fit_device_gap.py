@@ -18,8 +18,11 @@ priced the step host-bound and each fix's GPU saving as not reaching the wall cl
 --write the medians go into the shipped profile as `device_gap`, which auditing/modes.py adds
 to each step's GPU side.
 
-    python benchmarks/steps/fit_device_gap.py [--gpu h200] [--write] \\
-        [--out benchmarks/results/steps-h200/device_gap_fit.json]
+    python benchmarks/steps/fit_device_gap.py [--gpu h200] [--write] [--profile PATH] \\
+        [--skip loops-h100-15] [--out benchmarks/results/steps-h200/device_gap_fit.json]
+
+(--profile: write into that profile instead of the shipped one, e.g. the H100 probe's under
+benchmarks/results; --skip: leave a result folder out of the fit, to judge it out of sample.)
 """
 
 from __future__ import annotations
@@ -130,11 +133,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", default="h200", help="the results' GPU kind: h200 or h100")
     p.add_argument("--write", action="store_true", help="put the fit into the shipped profile")
+    p.add_argument("--profile", type=Path, default=None, help="with --write: this profile instead")
+    p.add_argument("--skip", action="append", default=[], help="a result folder to leave out")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     folders = sorted(RESULTS.glob(f"bench-{args.gpu}")) + sorted(
         RESULTS.glob(f"loops-{args.gpu}-*")
     )
+    folders = [f for f in folders if f.name not in args.skip]
     rows = [r for folder in folders for f in sorted(folder.glob("*.json")) for r in steps_of(f)]
     fitted = fit(rows)
     print(f"{'kind':15} {'steps':>5} {'median us':>9} {'p25-p75 us':>12}")
@@ -144,11 +150,11 @@ def main() -> None:
     if args.out:
         write_results(args.out, {"fit": fitted, "steps": rows}, gpu_profile=args.gpu)
     if args.write:
-        path = PROFILES / f"{args.gpu}-sxm.json"
+        path = args.profile or PROFILES / f"{args.gpu}-sxm.json"
         profile = json.loads(path.read_text())
         profile["device_gap"] = {**profile.get("device_gap", {}), **fitted}
         write_profile(profile, path)
-        print(f"wrote device_gap into {path.relative_to(ROOT)}")
+        print(f"wrote device_gap into {path}")
 
 
 if __name__ == "__main__":
