@@ -32,7 +32,7 @@ def test_the_loop_times_graph_layers_first():
     savings it lets reach the wall clock."""
     from types import SimpleNamespace
 
-    from gpushape.steps.fix_by_fix import _applied_order
+    from gpushape.steps.loop_plan import applied_order as _applied_order
 
     report = SimpleNamespace(
         applied=[SimpleNamespace(transform=t) for t in
@@ -58,7 +58,7 @@ def test_the_loop_times_a_fix_optimize_rolled_back_where_a_finding_still_names_i
     from types import SimpleNamespace
 
     from gpushape.auditing.finding import Severity
-    from gpushape.steps.fix_by_fix import disputed
+    from gpushape.steps.loop_plan import disputed
 
     slower = "predicted slower on this chip: step 28.036 -> 28.915 ms (GPU 28.036 -> 28.915 ms)"
     rolled = [
@@ -74,6 +74,30 @@ def test_the_loop_times_a_fix_optimize_rolled_back_where_a_finding_still_names_i
     report = SimpleNamespace(rolled_back=rolled)
     assert disputed(report, SimpleNamespace(findings=findings)) == ["fuse-qkv"]
     assert disputed(None, SimpleNamespace(findings=findings)) == []
+
+
+def test_a_fix_applied_by_name_counts_the_places_its_own_stage_rewrote():
+    """A disputed fix is not in the planning copy's applied list (optimize rolled it back
+    there): its places come from the report of the stage that applied it by name (the BERT
+    loop of 2026-12-06, compiled on an H100, showed fuse-qkv at 0 places for 12 layers)."""
+    from types import SimpleNamespace
+
+    from gpushape.steps.loop_plan import applied_count, places
+
+    def report(*ts):
+        return SimpleNamespace(applied=[SimpleNamespace(transform=t) for t in ts])
+
+    plan = report("masked-lm-head")
+    planned = {t: applied_count(plan, t) for t in ("masked-lm-head", "fuse-qkv")}
+    assert planned == {"masked-lm-head": 1, "fuse-qkv": 0}
+    built = {
+        "+ masked-lm-head": SimpleNamespace(optimize_report=report("masked-lm-head")),
+        "+ fuse-qkv": SimpleNamespace(optimize_report=report("masked-lm-head", *["fuse-qkv"] * 12)),
+    }
+    assert places(planned, built) == {"masked-lm-head": 1, "fuse-qkv": 12}
+    # a stage that failed to build leaves the count as planned
+    assert places(planned, {}) == planned
+    assert applied_count(None, "fuse-qkv") == 0
 
 
 def test_busy_time_counts_copies_but_the_kernel_count_does_not(monkeypatch):

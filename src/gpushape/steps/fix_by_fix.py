@@ -45,6 +45,8 @@ from ..errors import GpushapeError
 from .batch import synthetic_batch
 from .compiling import room_to_compile
 from .host_here import host_scale, scaled_target
+from .loop_plan import GRAPH_LAYERS, applied_count, disputed, places
+from .loop_plan import applied_order as _applied_order
 from .measure import StepStats
 from .run import measure_variants
 from .step import make_optimizer
@@ -53,10 +55,6 @@ from .variants import Spec, Variant, build_variant
 STEP_FIXES = ("fused-optimizer", "cuda-graphs")
 GIVEN = "as given"
 NONE = (0.0, 0.0, [])  # no finding names the fix
-GRAPH_LAYERS = "graph-layers"  # kept by optimize on a timing; its stage priced in graph mode
-# fixes graph-layers needs in place before it captures anything: no-kv-cache (a layer called
-# with a key/value cache is refused: a replay would not update the cache)
-BEFORE_GRAPH_LAYERS = ("no-kv-cache",)
 # graph-layers captures the layers only: the model's attention mask is built eagerly outside
 # them, so a captured step's all-true mask (materialized-attention-mask) is not in its stages
 NOT_IN_LAYER_CAPTURE = ("materialized-attention-mask",)
@@ -198,7 +196,7 @@ def loop(
     )
     applied = _applied_order(plan.optimize_report)
     applied += [t for t in disputed(plan.optimize_report, report) if t not in applied]
-    places = {t: sum(c.transform == t for c in plan.optimize_report.applied) for t in applied}
+    planned = {t: applied_count(plan.optimize_report, t) for t in applied}
     runner = "compile" if mode == "compile" else "eager"
     specs = {GIVEN: Spec(runner=runner)}
     for i, tid in enumerate(applied):
@@ -227,7 +225,7 @@ def loop(
         )
     say("predicting each stage's step")
     expected = _expected(specs, built, report, predicted, gpu, mode)
-    rows = _rows(stages, expected, predicted, places)
+    rows = _rows(stages, expected, predicted, places(planned, built))
     scale = host_scale(stages.get(GIVEN), report.step.host_s if report.step else None)
     if scale is not None:
         say(f"predicting each stage again on this host's rates (x {scale:.2f} the profile's)")
@@ -249,38 +247,6 @@ def loop(
         failed=failed,
         host_scale=scale,
     )
-
-
-def _applied_order(report: Any) -> list[str]:
-    """The transforms optimize applied, in its order, except graph-layers first: it changes
-    what the host spends, not the GPU's work, so with it in place the fixes after it are timed
-    where their GPU savings show in the wall clock (a host-bound step would hide them), which is
-    what the audit prices them as."""
-    seen: list[str] = []
-    for change in report.applied if report else []:
-        if change.transform not in seen:
-            seen.append(change.transform)
-    if GRAPH_LAYERS in seen:
-        first = [t for t in seen if t in BEFORE_GRAPH_LAYERS]
-        seen = first + [GRAPH_LAYERS] + [t for t in seen if t not in (*first, GRAPH_LAYERS)]
-    return seen
-
-
-def disputed(optimize_report: Any, audit_report: Any) -> list[str]:
-    """Fixes of high or medium findings that optimize rolled back as predicted slower (its
-    audit of the whole rewritten step saw costs the finding's own pricing does not): the loop
-    applies them by name after the others, so the step timed says which of the two was right.
-    Not ones rolled back for failing their numeric check."""
-    from ..auditing.finding import Severity
-
-    if optimize_report is None:
-        return []
-    named = {f.fix for f in audit_report.findings if f.fix and f.severity >= Severity.MEDIUM}
-    return [
-        r.transform
-        for r in optimize_report.rolled_back
-        if r.transform in named and r.reason.startswith("predicted slower")
-    ]
 
 
 def _last_report(built: dict[str, Variant]) -> Any:
