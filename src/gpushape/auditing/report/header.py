@@ -56,9 +56,20 @@ def header_lines(report: Any) -> list[str]:
 
 
 def _step(report: Any) -> str:
-    """' (eager: host-bound, ...)' where the audit knows its mode."""
+    """' (eager: host-bound, ...)' where the audit knows its mode. Where the step is priced as
+    its kernels and launches in series (eager on a profile that has not measured how the GPU
+    idles between kernels: `predicted_step_s`), says so rather than which side binds, which
+    would contradict the sum printed before it."""
     step = getattr(report, "step", None)
-    return f" ({step.text()})" if step is not None else ""
+    if step is None:
+        return ""
+    totals = report.totals
+    if step.mode == "eager" and not step.idle_s and predicted_step_s(report) > step.wall_s:
+        return (
+            f" (eager: {totals.kernel_time_s * 1e3:,.3f} ms of kernels and "
+            f"{totals.launch_s * 1e3:,.3f} ms of launches, in series: unmeasured overlap)"
+        )
+    return f" ({step.text()})"
 
 
 def header_text(report: Any) -> str:
