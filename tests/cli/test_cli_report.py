@@ -135,7 +135,7 @@ def test_default_without_a_gpu_is_h100_and_says_so(capsys, nets, no_gpu):
     # the datasheet has no measured idle time between kernels: the step is priced as kernels
     # and launches in series, and the header says that, not which side binds (the sum it
     # prints would contradict "GPU-bound")
-    assert "of launches, in series" in second and "-bound" not in second
+    assert "ms of launches, not overlapped)" in second and "-bound" not in second
 
 
 def test_default_is_the_gpu_present_with_its_profile(capsys, nets, h200_here):

@@ -66,8 +66,8 @@ def _step(report: Any) -> str:
     totals = report.totals
     if step.mode == "eager" and not step.idle_s and predicted_step_s(report) > step.wall_s:
         return (
-            f" (eager: {totals.kernel_time_s * 1e3:,.3f} ms of kernels and "
-            f"{totals.launch_s * 1e3:,.3f} ms of launches, in series: unmeasured overlap)"
+            f" (eager: {totals.kernel_time_s * 1e3:,.3f} ms of kernels + "
+            f"{totals.launch_s * 1e3:,.3f} ms of launches, not overlapped)"
         )
     return f" ({step.text()})"
 
