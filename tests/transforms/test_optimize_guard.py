@@ -99,3 +99,22 @@ def test_where_graph_layers_will_be_tried_a_host_bound_rollback_is_judged_on_the
     more_gpu = _Guard(before, (x,), "h200", torch.bfloat16, True, "eager", graphable=True,
                       model=Elementwise(extra=False))  # fmt: skip
     assert more_gpu.slower(Elementwise(extra=True)) is not None
+
+
+def test_a_transform_asked_for_by_name_that_finds_nothing_says_so():
+    """`--transforms s2d-stem` on a model without a stem printed an empty table: a named
+    transform with no place to rewrite is reported as not applied, with the reason; one that
+    applied is not."""
+    from gpushape.transforms import optimize
+
+    x = torch.randn(64, 1024, device="meta")
+    _, report = optimize(Extra(extra=False), (x,), gpu="h200", transforms=["s2d-stem", "sdpa"])
+    named = {r.transform: r.reason for r in report.skipped}
+    assert named == {
+        "s2d-stem": "found nothing in this model that it rewrites",
+        "sdpa": "found nothing in this model that it rewrites",
+    }
+    assert not report.applied
+    # a finding-driven run names nothing it was not asked for
+    _, report = optimize(Extra(extra=False), (x,), gpu="h200")
+    assert all(r.reason != "found nothing in this model that it rewrites" for r in report.skipped)

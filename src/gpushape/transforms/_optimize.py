@@ -175,9 +175,21 @@ def optimize(
         model = _apply_one(model, tid, site_ctx, ref, out, guard if transforms is None else None)
     if graphable:
         model = _measured(model, GRAPH_LAYERS, ctx, out)
+    _nothing_found(transforms or (), out)
     flags = audit_flags(model)
     out.after = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode, flags=flags)
     return model, out
+
+
+def _nothing_found(asked: Any, out) -> None:
+    """A transform asked for by name that found no place to rewrite says so (else the report
+    would not mention it): `gpushape optimize hf:gpt2 --transforms s2d-stem` printed an empty
+    table."""
+    said = {r.transform for r in (*out.applied, *out.refused, *out.rolled_back, *out.skipped)}
+    for tid in asked:
+        if tid not in said:
+            reason = "found nothing in this model that it rewrites"
+            out.skipped.append(Refusal(transform=tid, module="", reason=reason))
 
 
 def _measured(model: nn.Module, tid: str, ctx: TransformContext, out) -> nn.Module:
