@@ -99,6 +99,16 @@ def test_decoder_gets_a_causal_lm_head_and_token_ids(transformers):
     assert r.model.model.embed_tokens.weight.dtype == torch.bfloat16
 
 
+def test_gpt2_names_the_loss_transformers_falls_back_to(transformers):
+    """GPT2LMHeadModel's class name tells transformers no loss type: it falls back to the
+    causal LM loss with a warning the user cannot act on. The built model names that loss, so
+    the step is the same and the warning goes; a model with its own loss type keeps it."""
+    gpt2 = resolve_model("hf:gpt2?n_layer=1").model
+    assert gpt2.loss_type == "ForCausalLM"
+    bert = resolve_model(f"hf:bert?{SMALL_BERT}").model
+    assert bert.loss_type == "ForMaskedLM"
+
+
 def test_config_overrides_reach_the_constructor(transformers):
     """LLaMA derives head_dim from hidden_size in its config's constructor."""
     r = resolve_model(f"hf:llama?{SMALL_LLAMA}")

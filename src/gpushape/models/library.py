@@ -164,7 +164,23 @@ def hf_model(
         cfg = _hf_config(transformers, name, config)
     cls = _hf_class(transformers, name, cfg, head)
     model = _hf_build(transformers, name, cls, cfg, attn, dtype, device)
+    _name_default_loss(transformers, model)
     return model, _hf_inputs(transformers, model, cfg, batch, seq, dtype, device)
+
+
+def _name_default_loss(transformers: ModuleType, model: nn.Module) -> None:
+    """A model whose loss type transformers cannot tell from its class name (GPT-2's
+    GPT2LMHeadModel) falls back to the causal LM loss with a warning on every first call
+    ("`loss_type=None` was set in the config but it is unrecognized"): name that same loss,
+    so the step is unchanged and the warning, which is not the user's to act on, goes."""
+    try:
+        from transformers.loss.loss_utils import LOSS_MAPPING
+    except ImportError:  # an older transformers: nothing to name
+        return
+    if "loss_type" in type(model).__dict__ or getattr(model, "loss_type", None) in LOSS_MAPPING:
+        return
+    if hasattr(model, "loss_type") and "ForCausalLM" in LOSS_MAPPING:
+        model.loss_type = "ForCausalLM"
 
 
 def _hf_build(transformers, name, cls, cfg, attn, dtype, device) -> nn.Module:
