@@ -169,18 +169,13 @@ def hf_model(
 
 
 def _name_default_loss(transformers: ModuleType, model: nn.Module) -> None:
-    """A model whose loss type transformers cannot tell from its class name (GPT-2's
-    GPT2LMHeadModel) falls back to the causal LM loss with a warning on every first call
-    ("`loss_type=None` was set in the config but it is unrecognized"): name that same loss,
-    so the step is unchanged and the warning, which is not the user's to act on, goes."""
-    try:
-        from transformers.loss.loss_utils import LOSS_MAPPING
-    except ImportError:  # an older transformers: nothing to name
-        return
-    if "loss_type" in type(model).__dict__ or getattr(model, "loss_type", None) in LOSS_MAPPING:
-        return
-    if hasattr(model, "loss_type") and "ForCausalLM" in LOSS_MAPPING:
-        model.loss_type = "ForCausalLM"
+    """GPT-2's GPT2LMHeadModel (no loss type in its class name) named the causal LM loss that
+    transformers falls back to: the same step, without its "`loss_type=None`" warning."""
+    mapping = getattr(getattr(transformers, "loss", None), "loss_utils", None)
+    known = getattr(mapping, "LOSS_MAPPING", {})  # transformers < 4.46: no loss types
+    if "ForCausalLM" in known and hasattr(model, "loss_type") and model.loss_type not in known:
+        with contextlib.suppress(AttributeError):  # a read-only loss_type stays
+            model.loss_type = "ForCausalLM"
 
 
 def _hf_build(transformers, name, cls, cfg, attn, dtype, device) -> nn.Module:
