@@ -102,6 +102,11 @@ def _recheck(path: Path, data: dict, gpu) -> dict:
                    mode=mode)  # fmt: skip
     predicted = predictions(report)
     names = list(data["stages"])
+    captured = [
+        SimpleNamespace(transform=c["transform"], module=c["module"])
+        for c in (data.get("optimize") or {}).get("applied", [])
+        if c["transform"] == GRAPH_LAYERS
+    ]
     runner = "compile" if mode == "compile" else "eager"
     specs, built, applied = {GIVEN: Spec(runner=runner)}, {}, []
     built[GIVEN] = _stage(r.model, batch, (), mode, args["optimizer"], gpu)
@@ -114,6 +119,8 @@ def _recheck(path: Path, data: dict, gpu) -> dict:
         specs[name] = Spec(optimize_mode=mode, transforms=tuple(applied), runner=stage_runner,
                            fused_optimizer="fused-optimizer" in applied)  # fmt: skip
         built[name] = _stage(r.model, batch, tuple(applied), mode, args["optimizer"], gpu)
+        if GRAPH_LAYERS in applied:  # the layers the run captured, for their replays' host
+            built[name].optimize_report = SimpleNamespace(applied=captured)
     expected = _expected(specs, built, report, predicted, gpu, mode)
     # the loop's second prediction: the host's rates scaled to the run's own host, from its
     # issue time of the step as given (steps/host_here.py)

@@ -195,3 +195,17 @@ def test_grouped_convolutions_are_their_own_class_priced_as_convolutions_until_m
     grouped = {**rates, "grouped_conv": 3e-5, "grouped_conv/backward": 9e-5}
     grown = host_cost(trace, _gpu(grouped)).seconds - host_cost(trace, _gpu(rates)).seconds
     assert grown == pytest.approx(1e-5 + 3e-5)
+
+
+@pytest.mark.gpu
+def test_the_probe_prices_a_layer_replayed_from_cuda_graphs():
+    """graph-layers' replay rates (probe/host.py `_graph_layer_rates`): a layer's fixed host
+    cost is positive, a parameter's at least 0, and a profile reads both."""
+    from gpushape.probe.host import _graph_layer_rates
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (run `pytest -m gpu` on the GPU machine)")
+    rows = _graph_layer_rates(torch.device("cuda"), torch.bfloat16, 3)
+    assert rows["graph_layer"]["seconds"] > 0 and rows["graph_layer_param"]["seconds"] >= 0
+    spec = apply_profile(get_gpu("h100"), {"host": rows})
+    assert spec.achievable.host["graph_layer"] == rows["graph_layer"]["seconds"]

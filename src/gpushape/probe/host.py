@@ -212,6 +212,8 @@ def measure_host(
     }
     if classes is None or "optimizer" in classes:
         out.update(_optimizer_rates(dev, dtype, repeats))
+    if dev.type == "cuda" and (classes is None or "graph_layer" in classes):
+        out.update(_graph_layer_rates(dev, dtype, repeats))
     out["accumulate_grad"] = {
         "seconds": _accumulate_rate(dev, dtype, links, repeats),
         "workload": f"backward of torch.stack of {links} leaf tensors, less of {links // 4}, "
@@ -297,3 +299,65 @@ def _step_s(optimizer: torch.optim.Optimizer, dev: torch.device, repeats: int) -
         times.append(time.perf_counter() - t0)
     _sync(dev)
     return statistics.median(times)
+
+
+# graph-layers' replay (transforms/graph_layers.py): a chain of this many layers, each captured
+# by torch.cuda.make_graphed_callables, with 1 and with 4 Linear(16, 16) in it
+GRAPH_CHAIN = 24
+GRAPH_LINEARS = (1, 4)
+
+
+def _graph_layer_rates(dev: torch.device, dtype: torch.dtype, repeats: int) -> dict[str, Any]:
+    """`graph_layer`: host seconds one layer replayed from CUDA graphs costs for its forward
+    and backward (two graph launches, the copies into the graphs' static inputs, the autograd
+    function around them, its gradients' detaches), less its parameter tensors' share,
+    `graph_layer_param` (per parameter tensor). A chain of `GRAPH_CHAIN` graphed layers on a
+    4x16 tensor, forward and backward issued with the GPU held busy, at two sizes of layer. On
+    a lent H100 a profiled MobileNetV3 step spent about 0.5 ms of host a graphed block."""
+    from ..bench.timer import hold_gpu
+
+    def chain_s(linears: int) -> float:
+        layers = tuple(
+            nn.Sequential(*(nn.Linear(16, 16) for _ in range(linears))).to(dev, dtype)
+            for _ in range(GRAPH_CHAIN)
+        )
+        samples = tuple(
+            (torch.randn(4, 16, device=dev, dtype=dtype, requires_grad=True),) for _ in layers
+        )
+        graphed = torch.cuda.make_graphed_callables(layers, samples)
+        x = torch.randn(4, 16, device=dev, dtype=dtype, requires_grad=True)
+        times = []
+        for i in range(repeats + 2):
+            _sync(dev)
+            hold_gpu(0.05)
+            t0 = time.perf_counter()
+            y = x
+            for layer in graphed:
+                y = layer(y)
+            torch.autograd.backward(y, torch.ones_like(y))
+            if i > 1:  # two warm-up steps
+                times.append(time.perf_counter() - t0)
+        _sync(dev)
+        return statistics.median(times) / GRAPH_CHAIN
+
+    try:
+        small, large = (chain_s(n) for n in GRAPH_LINEARS)
+    except Exception as exc:  # no CUDA graphs here
+        return {"graph_layer/error": {"error": f"{type(exc).__name__}: {exc}"[:200]}}
+    params = tuple(2 * n for n in GRAPH_LINEARS)  # weight and bias of each Linear
+    per_param = max(large - small, 0.0) / (params[1] - params[0])
+    what = f"a chain of {GRAPH_CHAIN} layers of {{}} Linear(16, 16) replayed from CUDA graphs"
+    return {
+        "graph_layer": {
+            "seconds": max(small - per_param * params[0], 0.0),
+            "workload": what.format(GRAPH_LINEARS[0]) + ", forward and backward, a layer, "
+            "less its parameters' share",
+            "calls": GRAPH_CHAIN,
+        },
+        "graph_layer_param": {
+            "seconds": per_param,
+            "workload": what.format(f"{GRAPH_LINEARS[0]} and {GRAPH_LINEARS[1]}")
+            + ": the difference per parameter tensor",
+            "calls": GRAPH_CHAIN,
+        },
+    }

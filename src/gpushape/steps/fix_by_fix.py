@@ -292,15 +292,23 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             # graph-layers replays the layers from CUDA graphs: its stage and every stage built
             # on it priced as the audit's graph mode (their layers' dispatch is replayed too)
             graphed = spec.runner == "graph" or GRAPH_LAYERS in spec.transforms
-            run_mode = "graph" if graphed else mode
             layers_only = graphed and spec.runner != "graph"
             rules = (
                 [r for r in load_rules() if r not in NOT_IN_LAYER_CAPTURE] if layers_only else None
             )
-            stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
-                                 train=True, mode=run_mode, optimizer=step.optimizer,
-                                 rules=rules)  # fmt: skip
-            gpu_s, wall_s = _step_of(stage_report)
+            # graph-layers: the eager step with the captured layers' dispatch replaced by their
+            # replays, where the profile has the rates (graph_layers_host.py); else graph mode
+            partly = _graph_layers_step(built[stage], gpu, rules) if layers_only else None
+            run_mode = "graph" if graphed else mode
+            if partly is not None:
+                stage_report, stage_step = partly
+            else:
+                stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
+                                     train=True, mode=run_mode, optimizer=step.optimizer,
+                                     rules=rules)  # fmt: skip
+                stage_step = stage_report.step
+            gpu_s, wall_s = _step_of(stage_report) if stage_step is None else (
+                stage_step.gpu_s, stage_step.wall_s)  # fmt: skip
             if run_mode == "compile" and report.step is not None and stage_report.step:
                 compiled = compiled_stage(report.step, stage_report.step)  # kernels at a launch
                 gpu_s, wall_s = compiled.gpu_s, compiled.wall_s
@@ -311,6 +319,27 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
                 out[stage] = (out[stage][0] - fused[0], out[stage][1] - fused[1])
         previous = stage
     return out
+
+
+def _graph_layers_step(variant: Any, gpu: Any, rules: Any) -> tuple[Any, Any] | None:
+    """(the stage's eager audit, its step with graph-layers' host) where the profile prices
+    graph-layers' replays and the stage says which layers it captured; else None."""
+    from ..auditing.api import audit
+    from ..auditing.target import resolve_target
+    from .graph_layers_host import graph_layers_host_s, rates_of
+
+    spec = gpu if hasattr(gpu, "achievable") else resolve_target(gpu).spec
+    report = getattr(variant, "optimize_report", None)
+    captured = [c.module for c in getattr(report, "applied", ()) if c.transform == GRAPH_LAYERS]
+    if rates_of(spec) is None or not captured:
+        return None
+    step = variant.step
+    eager = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model), train=True,
+                  mode="eager", optimizer=step.optimizer, rules=rules)  # fmt: skip
+    if eager.step is None:
+        return None
+    host = graph_layers_host_s(step.model, step.batch.inputs, spec, captured, eager.step.host_s)
+    return None if host is None else (eager, replace(eager.step, host_s=host))
 
 
 def _rows(stages, expected, predicted, places) -> list[FixRow]:

@@ -1,0 +1,75 @@
+"""The host of an eager step whose layers graph-layers replays (steps/graph_layers_host.py): the
+eager step's host less the captured layers' dispatch, plus each captured layer's replay at the
+profile's rates; the loop's stage pricing falls back to graph mode without those rates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from gpushape.auditing.target import resolve_target
+from gpushape.steps.graph_layers_host import graph_layers_host_s, layers_dispatch_s, rates_of
+from gpushape.tracing.tracer import trace
+
+
+class Stack(nn.Module):
+    def __init__(self, blocks: int = 4):
+        super().__init__()
+        self.stem = nn.Linear(64, 64)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)) for _ in range(blocks)
+        )
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+def _spec(**rates):
+    """The H200's profile with its host rates but graph-layers' replaced by `rates`."""
+    spec = resolve_target("h200").spec
+    host = {k: v for k, v in spec.achievable.host.items() if not k.startswith("graph_layer")}
+    return spec.replace(achievable=dataclasses.replace(spec.achievable, host={**host, **rates}))
+
+
+def test_without_the_rates_the_stage_is_not_priced_this_way():
+    model, x = Stack(), torch.empty(32, 64, device="meta")
+    bare = _spec()
+    assert rates_of(bare) is None
+    assert graph_layers_host_s(model, (x,), bare, ["blocks.0"], 1e-3) is None
+    assert graph_layers_host_s(model, (x,), _spec(graph_layer=1e-4), [], 1e-3) is None
+
+
+def test_captured_layers_trade_their_dispatch_for_their_replays():
+    model, x = Stack(), torch.empty(32, 64, device="meta")
+    spec = _spec(graph_layer=50e-6, graph_layer_param=2e-6)
+    assert rates_of(spec) == (50e-6, 2e-6)
+    captured = [f"blocks.{i}" for i in range(4)]
+    traced = trace(model, (x,), train=True)
+    inside = layers_dispatch_s(traced, spec.achievable.host, captured)
+    one = layers_dispatch_s(traced, spec.achievable.host, captured[:1])
+    assert inside == pytest.approx(4 * one) and inside > 0
+    # nothing outside the captured layers is taken off: the stem and the head stay
+    everything = layers_dispatch_s(traced, spec.achievable.host, ["stem", "head", *captured])
+    assert everything > inside
+    eager_host = 10e-3
+    host = graph_layers_host_s(model, (x,), spec, captured, eager_host)
+    replays = 4 * 50e-6 + 4 * 4 * 2e-6  # four blocks of two Linears: 4 parameter tensors each
+    assert host == pytest.approx(eager_host - inside + replays)
+    # a per-parameter rate of 0 is not kept in a profile: it counts as none
+    assert rates_of(_spec(graph_layer=50e-6)) == (50e-6, 0.0)
+
+
+def test_a_name_that_is_not_a_module_counts_no_parameters():
+    model, x = Stack(), torch.empty(32, 64, device="meta")
+    spec = _spec(graph_layer=50e-6, graph_layer_param=2e-6)
+    host = graph_layers_host_s(model, (x,), spec, ["blocks.0", "nope"], 10e-3)
+    traced = trace(model, (x,), train=True)
+    inside = layers_dispatch_s(traced, spec.achievable.host, ["blocks.0"])
+    assert host == pytest.approx(10e-3 - inside + 2 * 50e-6 + 4 * 2e-6)
