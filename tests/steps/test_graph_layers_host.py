@@ -73,3 +73,29 @@ def test_a_name_that_is_not_a_module_counts_no_parameters():
     traced = trace(model, (x,), train=True)
     inside = layers_dispatch_s(traced, spec.achievable.host, ["blocks.0"])
     assert host == pytest.approx(10e-3 - inside + 2 * 50e-6 + 4 * 2e-6)
+
+
+def test_the_loop_prices_a_graph_layers_stage_with_the_replays_where_it_can():
+    """fix_by_fix's stage pricing: the stage's eager audit with the host replaced, where the
+    profile has the rates and the stage names the layers it captured; else None (graph mode)."""
+    from types import SimpleNamespace
+
+    from gpushape.steps.batch import synthetic_batch
+    from gpushape.steps.fix_by_fix import _graph_layers_step
+    from gpushape.steps.step import build_step
+
+    model = Stack()
+    batch = synthetic_batch(model, (torch.randn(32, 64),))
+    captured = [SimpleNamespace(transform="graph-layers", module=f"blocks.{i}") for i in range(4)]
+    variant = SimpleNamespace(
+        step=build_step(model, batch, "sgd"), optimize_report=SimpleNamespace(applied=captured)
+    )
+    spec = _spec(graph_layer=50e-6, graph_layer_param=2e-6)
+    report, step = _graph_layers_step(variant, spec, None)
+    assert report.step.mode == "eager" and step.gpu_s == report.step.gpu_s
+    names = [c.module for c in captured]
+    expected = graph_layers_host_s(model, batch.inputs, spec, names, report.step.host_s)
+    assert step.host_s == pytest.approx(expected) and step.host_s != report.step.host_s
+    assert _graph_layers_step(variant, _spec(), None) is None  # no rates: graph mode
+    nothing = SimpleNamespace(step=variant.step, optimize_report=SimpleNamespace(applied=[]))
+    assert _graph_layers_step(nothing, spec, None) is None  # nothing captured
