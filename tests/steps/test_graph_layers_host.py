@@ -81,7 +81,7 @@ def test_the_loop_prices_a_graph_layers_stage_with_the_replays_where_it_can():
     from types import SimpleNamespace
 
     from gpushape.steps.batch import synthetic_batch
-    from gpushape.steps.fix_by_fix import _graph_layers_step
+    from gpushape.steps.graph_layers_host import stage_step as _graph_layers_step
     from gpushape.steps.step import build_step
 
     model = Stack()
@@ -96,6 +96,14 @@ def test_the_loop_prices_a_graph_layers_stage_with_the_replays_where_it_can():
     names = [c.module for c in captured]
     expected = graph_layers_host_s(model, batch.inputs, spec, names, report.step.host_s)
     assert step.host_s == pytest.approx(expected) and step.host_s != report.step.host_s
+    # the captured layers' kernels idle between each other as a graph's: the profile's gap
+    from gpushape.auditing.modes import device_gap_s
+
+    gap = device_gap_s(spec, "eager") - device_gap_s(spec, "graph")
+    assert gap > 0 and 0 <= step.idle_s < report.step.idle_s
+    assert (report.step.idle_s - step.idle_s) / gap == pytest.approx(
+        round((report.step.idle_s - step.idle_s) / gap)
+    )  # a whole number of kernels
     assert _graph_layers_step(variant, _spec(), None) is None  # no rates: graph mode
     nothing = SimpleNamespace(step=variant.step, optimize_report=SimpleNamespace(applied=[]))
     assert _graph_layers_step(nothing, spec, None) is None  # nothing captured

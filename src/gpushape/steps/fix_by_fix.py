@@ -44,6 +44,7 @@ from torch import nn
 from ..errors import GpushapeError
 from .batch import synthetic_batch
 from .compiling import room_to_compile
+from .graph_layers_host import fused_step, stage_step
 from .host_here import host_scale, scaled_target
 from .loop_plan import GRAPH_LAYERS, applied_count, disputed, places
 from .loop_plan import applied_order as _applied_order
@@ -273,6 +274,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
 
     out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
     reports = {GIVEN: report}
+    partly_steps: dict[str, Any] = {}  # stages priced as graph-layers runs them
     previous = GIVEN
     for stage, spec in specs.items():
         if stage == GIVEN or stage not in built:
@@ -282,6 +284,11 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             last = predictions(list(reports.values())[-1])
             gpu_s, wall_s, _ = last.get("fused-optimizer", predicted.get("fused-optimizer", NONE))
             out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
+            if previous in partly_steps:  # graph-layers' step: its host, not the eager audit's
+                after = fused_step(
+                    partly_steps[previous], built[previous].step.optimizer, gpu_s, gpu
+                )
+                out[stage], partly_steps[stage] = (out[previous][0] - gpu_s, after.wall_s), after
         elif spec.runner == "compile-graphs":  # the compiled kernels, launched from graphs
             graphed = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                             train=True, mode="graph", optimizer=step.optimizer)  # fmt: skip
@@ -298,48 +305,30 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             )
             # graph-layers: the eager step with the captured layers' dispatch replaced by their
             # replays, where the profile has the rates (graph_layers_host.py); else graph mode
-            partly = _graph_layers_step(built[stage], gpu, rules) if layers_only else None
+            partly = stage_step(built[stage], gpu, rules) if layers_only else None
             run_mode = "graph" if graphed else mode
             if partly is not None:
-                stage_report, stage_step = partly
+                stage_report, graphed_step = partly
+                partly_steps[stage] = graphed_step
             else:
                 stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                                      train=True, mode=run_mode, optimizer=step.optimizer,
                                      rules=rules)  # fmt: skip
-                stage_step = stage_report.step
-            gpu_s, wall_s = _step_of(stage_report) if stage_step is None else (
-                stage_step.gpu_s, stage_step.wall_s)  # fmt: skip
+                graphed_step = stage_report.step
+            gpu_s, wall_s = _step_of(stage_report) if graphed_step is None else (
+                graphed_step.gpu_s, graphed_step.wall_s)  # fmt: skip
             if run_mode == "compile" and report.step is not None and stage_report.step:
                 compiled = compiled_stage(report.step, stage_report.step)  # kernels at a launch
                 gpu_s, wall_s = compiled.gpu_s, compiled.wall_s
             out[stage] = (gpu_s, wall_s)
             reports[stage] = stage_report
             if spec.runner == "graph" and "+ fused-optimizer" in out:
+                # the graph replays the fused step's kernels: what fusing saves there is GPU
+                # time (its host saving, in the eager finding's wall, is the graph's already)
                 fused = predicted.get("fused-optimizer", (0.0, 0.0, []))
-                out[stage] = (out[stage][0] - fused[0], out[stage][1] - fused[1])
+                out[stage] = (out[stage][0] - fused[0], out[stage][1] - fused[0])
         previous = stage
     return out
-
-
-def _graph_layers_step(variant: Any, gpu: Any, rules: Any) -> tuple[Any, Any] | None:
-    """(the stage's eager audit, its step with graph-layers' host) where the profile prices
-    graph-layers' replays and the stage says which layers it captured; else None."""
-    from ..auditing.api import audit
-    from ..auditing.target import resolve_target
-    from .graph_layers_host import graph_layers_host_s, rates_of
-
-    spec = gpu if hasattr(gpu, "achievable") else resolve_target(gpu).spec
-    report = getattr(variant, "optimize_report", None)
-    captured = [c.module for c in getattr(report, "applied", ()) if c.transform == GRAPH_LAYERS]
-    if rates_of(spec) is None or not captured:
-        return None
-    step = variant.step
-    eager = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model), train=True,
-                  mode="eager", optimizer=step.optimizer, rules=rules)  # fmt: skip
-    if eager.step is None:
-        return None
-    host = graph_layers_host_s(step.model, step.batch.inputs, spec, captured, eager.step.host_s)
-    return None if host is None else (eager, replace(eager.step, host_s=host))
 
 
 def _rows(stages, expected, predicted, places) -> list[FixRow]:

@@ -14,12 +14,14 @@ channels-last at twice its measured saving and CUDA graphs of the whole step, wh
            module calls, as tracing/host.py prices them) + per captured layer
            (graph_layer + graph_layer_param x its parameter tensors)
 
-with `graph_layer` and `graph_layer_param` the profile's host rates (probe/host.py). None
-where the profile lacks them: the stage is then priced as before.
+with `graph_layer` and `graph_layer_param` the profile's host rates (probe/host.py); and the
+GPU's idle time between the captured layers' kernels that of a graph's (`graph_layers_step`).
+None where the profile lacks the rates: the stage is then priced as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from torch import nn
@@ -62,19 +64,98 @@ def graph_layers_host_s(
 ) -> float | None:
     """The stage's host seconds (module docstring), from the eager audit's `eager_host_s`;
     None where the profile has no graph-layer rates or no layer was captured."""
+    if not _priced(gpu, captured):
+        return None
+    return _host_s(_trace(model, inputs), model, gpu, captured, eager_host_s)
+
+
+def graph_layers_step(
+    model: nn.Module, inputs: Any, gpu: Any, captured: list[str], eager_step: Any
+) -> Any | None:
+    """The eager audit's step (`auditing.modes.StepTime`) as graph-layers runs it: its host
+    `graph_layers_host_s`, and the captured layers' kernels idling between each other as a
+    CUDA graph's do (the profile's device gap for "graph" in place of "eager"; on an H100
+    1.30 against 0.25 us a kernel: MobileNetV3's 14 graphed blocks saved 0.64 ms a step where
+    the GPU set the pace, `benchmarks/results/loops-h100-18`). None as graph_layers_host_s."""
+    from ..auditing.modes import device_gap_s
+    from ..tracing.cost import cost
+
+    if not _priced(gpu, captured):
+        return None
+    traced = _trace(model, inputs)
+    host_s = _host_s(traced, model, gpu, captured, eager_step.host_s)
+    costed = cost(traced, gpu)
+    kernels = sum(
+        costed.ops[r.index].kernels
+        for r in traced.ops
+        if r.kind == "compute" and r.module and _inside(r.module, captured)
+    )
+    saved = kernels * max(device_gap_s(gpu, "eager") - device_gap_s(gpu, "graph"), 0.0)
+    idle_s = max(eager_step.idle_s - saved, 0.0)
+    return dataclasses.replace(eager_step, host_s=host_s, idle_s=idle_s)
+
+
+def _priced(gpu: Any, captured: list[str]) -> bool:
+    host = getattr(getattr(gpu, "achievable", None), "host", None) or {}
+    return rates_of(gpu) is not None and bool(captured) and all(k in host for k in ("op", "view"))
+
+
+def _trace(model: nn.Module, inputs: Any) -> Any:
     from ..models.labels import with_labels
     from ..tracing.tracer import trace
 
-    per_layer = rates_of(gpu)
-    host = getattr(gpu.achievable, "host", None) or {}
-    if per_layer is None or not captured or not all(k in host for k in ("op", "view")):
-        return None
-    traced = trace(model, with_labels(model, inputs), train=True)
+    return trace(model, with_labels(model, inputs), train=True)
+
+
+def _host_s(traced: Any, model: nn.Module, gpu: Any, captured: list[str], eager_s: float) -> float:
+    per_layer, param = rates_of(gpu)
     params = 0
     for name in captured:
         try:
             params += sum(1 for _ in model.get_submodule(name).parameters())
         except AttributeError:
             continue
-    replay = len(captured) * per_layer[0] + params * per_layer[1]
-    return max(eager_host_s - layers_dispatch_s(traced, host, captured), 0.0) + replay
+    replay = len(captured) * per_layer + params * param
+    return max(eager_s - layers_dispatch_s(traced, gpu.achievable.host, captured), 0.0) + replay
+
+
+def stage_step(variant: Any, gpu: Any, rules: Any) -> tuple[Any, Any] | None:
+    """(the stage's eager audit, its step with graph-layers' host) where the profile prices
+    graph-layers' replays and the stage says which layers it captured; else None."""
+    from ..auditing.api import audit
+    from ..auditing.target import resolve_target
+    from .loop_plan import GRAPH_LAYERS
+
+    spec = gpu if hasattr(gpu, "achievable") else resolve_target(gpu).spec
+    report = getattr(variant, "optimize_report", None)
+    captured = [c.module for c in getattr(report, "applied", ()) if c.transform == GRAPH_LAYERS]
+    if rates_of(spec) is None or not captured:
+        return None
+    step = variant.step
+    eager = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model), train=True,
+                  mode="eager", optimizer=step.optimizer, rules=rules)  # fmt: skip
+    if eager.step is None:
+        return None
+    graphed = graph_layers_step(step.model, step.batch.inputs, spec, captured, eager.step)
+    return None if graphed is None else (eager, graphed)
+
+
+def fused_step(graphed: Any, optimizer: Any, gpu_saving_s: float, gpu: Any) -> Any:
+    """A graph-layers stage's step (`stage_step`) with its optimizer fused: the GPU's work less
+    the fused step's saving, the host's less what the foreach step's Python cost it
+    (auditing/pricing/optimizer_step.py) at `gpu`'s rates. Not the eager finding's wall saving,
+    which counts the eager step's host: on the graphed step the two can differ in sign."""
+    from ..auditing.pricing.optimizer_step import foreach_host_s
+    from ..auditing.target import resolve_target
+
+    spec = gpu if hasattr(gpu, "achievable") else resolve_target(gpu).spec
+    host = foreach_host_s(optimizer, spec.achievable.host or {})
+    return dataclasses.replace(
+        graphed,
+        gpu_s=max(graphed.gpu_s - gpu_saving_s, 0.0),
+        host_s=max(graphed.host_s - host, 0.0),
+    )
+
+
+def _dtype(model: nn.Module) -> Any:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
