@@ -36,6 +36,19 @@ from gpushape.probe.profile import write_profile  # noqa: E402
 DEFAULT = ROOT / "src" / "gpushape" / "hardware" / "profiles" / "h200-sxm.json"
 
 
+def other_chip(here, spec, path) -> str | None:
+    """Why the profile at `path` (for chip `spec`) cannot be calibrated on the GPU `here`, or
+    None: every efficiency is this GPU's time over the profile's copy and GEMM times, so another
+    chip's profile would skew each row by the ratio of the two chips' rates (the H100's s2d
+    rows of 2026-12-06, calibrated against the H200's: 0.212 where its own rates give 0.299)."""
+    if here is None or here.name == spec.name:
+        return None
+    return (
+        f"this GPU is {here.name}, {path} is {spec.name}'s profile; pass --profile with this "
+        "GPU's (gpushape probe makes one)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", type=Path, default=DEFAULT)
@@ -63,14 +76,9 @@ def main() -> None:
         sys.exit("calibrate_memory_efficiency.py: needs a CUDA GPU (or --device cpu --scale 0.002)")
     profile = read_profile(args.profile)
     spec = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(args.profile))
-    here = current_gpu() if args.device == "cuda" else None
-    if here is not None and here.name != spec.name:
-        # every efficiency is this GPU's time against the profile's copy and GEMM rates: another
-        # chip's would skew each row by the ratio of the two chips' rates
-        sys.exit(
-            f"calibrate_memory_efficiency.py: this GPU is {here.name}, {args.profile} is "
-            f"{spec.name}'s profile; pass --profile with this GPU's (gpushape probe makes one)"
-        )
+    wrong = other_chip(current_gpu() if args.device == "cuda" else None, spec, args.profile)
+    if wrong:
+        sys.exit(f"calibrate_memory_efficiency.py: {wrong}")
     rows = stem = attention = None
     if "memory" in parts:
         families = tuple(args.families.split(",")) if args.families else None

@@ -70,3 +70,19 @@ def test_a_scaled_or_untraced_row_is_refused(rederive):
         rederive(row, "s2d_stem", spec)
     with pytest.raises(ValueError, match="traced"):
         rederive(profile["memory_efficiency"]["patch_conv@4"], "patch_conv@4", spec)
+
+
+def test_calibration_refuses_a_profile_of_another_chip(monkeypatch):
+    """calibrate_memory_efficiency.py measures against the profile's own copy and GEMM times:
+    on an H100 with the H200's profile it stops with a one-line reason; the profile of the chip
+    present, or no GPU (a smoke run on the CPU), passes."""
+    from gpushape.hardware.lookup import get_gpu
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "hardware"))
+    other_chip = __import__("calibrate_memory_efficiency").other_chip
+    h100, h200 = get_gpu("h100"), get_gpu("h200")
+    reason = other_chip(h100, h200, "h200-sxm.json")
+    assert reason and "h200-sxm.json" in reason and h100.name in reason
+    assert "\n" not in reason and "--profile" in reason
+    assert other_chip(h200, h200, "h200-sxm.json") is None
+    assert other_chip(None, h200, "h200-sxm.json") is None
