@@ -1,14 +1,22 @@
 """The optional libraries behind `hf:` and `timm:` models: importing them, or a one-line
-`MissingLibraryError` naming the pip extra."""
+`MissingLibraryError` naming the pip extra; and `timm:` models' builder (models/library.py
+builds `hf:` ones): no pretrained weights, an image batch at the model's configured size."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
 
 from ..errors import GpushapeError
+from .input_spec import make_input
 
 _INSTALL = {"hf": "transformers", "timm": "timm"}
+IMAGE_BATCH = 64
 
 
 class MissingLibraryError(GpushapeError, ImportError):
@@ -48,3 +56,44 @@ def _one_line(exc: BaseException) -> str:
 def _first(exc: BaseException, limit: int = 120) -> str:
     text = _one_line(exc)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def timm_model(
+    name: str,
+    *,
+    batch: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "meta",
+    attn: str | None = None,
+    **kwargs: Any,
+) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A timm model built without pretrained weights, and an image batch for it."""
+    timm = _library("timm")
+    device = torch.device(device)
+    if attn not in (None, "sdpa", "eager"):
+        raise GpushapeError(f"timm:{name}: attn={attn!r}; use sdpa or eager")
+    try:
+        with torch.device(device):
+            model = timm.create_model(name, pretrained=False, **kwargs)
+    except Exception as exc:
+        raise GpushapeError(_timm_failure(timm, name, exc)) from exc
+    if attn is not None:
+        for module in model.modules():
+            if hasattr(module, "fused_attn"):
+                module.fused_attn = attn == "sdpa"
+    model = model.to(dtype=dtype)
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    channels, height, width = cfg.get("input_size", (3, 224, 224))
+    if "img_size" in kwargs:
+        size = kwargs["img_size"]
+        height, width = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+    channels = kwargs.get("in_chans", channels)
+    return model, (make_input((batch or IMAGE_BATCH, channels, height, width), dtype, device),)
+
+
+def _timm_failure(timm: ModuleType, name: str, exc: Exception) -> str:
+    if "Unknown model" in str(exc):
+        near = difflib.get_close_matches(name, timm.list_models(), n=4)
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        return f"timm:{name}: timm {timm.__version__} has no model {name!r}{hint}"
+    return f"timm:{name}: timm.create_model failed: {type(exc).__name__}: {_one_line(exc)}"

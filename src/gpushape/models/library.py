@@ -58,14 +58,13 @@ import torch
 from torch import nn
 
 from ..errors import GpushapeError
+from ._libraries import IMAGE_BATCH, _library, _one_line, timm_model
 from ._libraries import MissingLibraryError as MissingLibraryError  # re-exported
-from ._libraries import _library, _one_line
 from ._libraries import library_missing as library_missing  # re-exported
 from .input_spec import make_input, parse_input_spec
 
 PREFIXES = ("hf", "timm")
 TEXT_DEFAULTS = {"decoder": (8, 1024), "encoder": (16, 512)}  # batch, sequence length
-IMAGE_BATCH = 64
 AUDIO_BATCH = 8  # log-mel features (Whisper: 30 s of them) or 5 s of 16 kHz samples
 AUDIO_SAMPLES = 5 * 16_000
 HF_HEADS = {  # --head: (Auto class, mapping of model type -> class name)
@@ -356,47 +355,3 @@ def _quiet(transformers: ModuleType) -> Iterator[None]:
         yield
     finally:
         logging.set_verbosity(level)
-
-
-# --- timm --------------------------------------------------------------------------------
-
-
-def timm_model(
-    name: str,
-    *,
-    batch: int | None = None,
-    dtype: torch.dtype = torch.bfloat16,
-    device: str | torch.device = "meta",
-    attn: str | None = None,
-    **kwargs: Any,
-) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """A timm model built without pretrained weights, and an image batch for it."""
-    timm = _library("timm")
-    device = torch.device(device)
-    if attn not in (None, "sdpa", "eager"):
-        raise GpushapeError(f"timm:{name}: attn={attn!r}; use sdpa or eager")
-    try:
-        with torch.device(device):
-            model = timm.create_model(name, pretrained=False, **kwargs)
-    except Exception as exc:
-        raise GpushapeError(_timm_failure(timm, name, exc)) from exc
-    if attn is not None:
-        for module in model.modules():
-            if hasattr(module, "fused_attn"):
-                module.fused_attn = attn == "sdpa"
-    model = model.to(dtype=dtype)
-    cfg = getattr(model, "pretrained_cfg", None) or {}
-    channels, height, width = cfg.get("input_size", (3, 224, 224))
-    if "img_size" in kwargs:
-        size = kwargs["img_size"]
-        height, width = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
-    channels = kwargs.get("in_chans", channels)
-    return model, (make_input((batch or IMAGE_BATCH, channels, height, width), dtype, device),)
-
-
-def _timm_failure(timm: ModuleType, name: str, exc: Exception) -> str:
-    if "Unknown model" in str(exc):
-        near = difflib.get_close_matches(name, timm.list_models(), n=4)
-        hint = f"; did you mean {', '.join(near)}?" if near else ""
-        return f"timm:{name}: timm {timm.__version__} has no model {name!r}{hint}"
-    return f"timm:{name}: timm.create_model failed: {type(exc).__name__}: {_one_line(exc)}"
