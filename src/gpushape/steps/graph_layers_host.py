@@ -123,10 +123,10 @@ def stage_step(variant: Any, gpu: Any, rules: Any) -> tuple[Any, Any] | None:
     """(the stage's eager audit, its step with graph-layers' host) where the profile prices
     graph-layers' replays and the stage says which layers it captured; else None."""
     from ..auditing.api import audit
-    from ..auditing.target import resolve_target
+    from .fix_by_fix import _dtype
     from .loop_plan import GRAPH_LAYERS
 
-    spec = gpu if hasattr(gpu, "achievable") else resolve_target(gpu).spec
+    spec = _spec(gpu)
     report = getattr(variant, "optimize_report", None)
     captured = [c.module for c in getattr(report, "applied", ()) if c.transform == GRAPH_LAYERS]
     if rates_of(spec) is None or not captured:
@@ -146,10 +146,8 @@ def fused_step(graphed: Any, optimizer: Any, gpu_saving_s: float, gpu: Any) -> A
     (auditing/pricing/optimizer_step.py) at `gpu`'s rates. Not the eager finding's wall saving,
     which counts the eager step's host: on the graphed step the two can differ in sign."""
     from ..auditing.pricing.optimizer_step import foreach_host_s
-    from ..auditing.target import resolve_target
 
-    spec = gpu if hasattr(gpu, "achievable") else resolve_target(gpu).spec
-    host = foreach_host_s(optimizer, spec.achievable.host or {})
+    host = foreach_host_s(optimizer, _spec(gpu).achievable.host or {})
     return dataclasses.replace(
         graphed,
         gpu_s=max(graphed.gpu_s - gpu_saving_s, 0.0),
@@ -157,5 +155,8 @@ def fused_step(graphed: Any, optimizer: Any, gpu_saving_s: float, gpu: Any) -> A
     )
 
 
-def _dtype(model: nn.Module) -> Any:
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+def _spec(gpu: Any) -> Any:
+    """A GPUSpec, or what `audit` takes for one, as a GPUSpec."""
+    from ..auditing.target import resolve_target
+
+    return gpu if hasattr(gpu, "achievable") else resolve_target(gpu).spec
