@@ -46,6 +46,11 @@ def test_probe_end_to_end_on_cpu_at_toy_sizes(monkeypatch, capsys, tmp_path):
     }
     assert all(r["flops_per_s"] > 0 for rows in profile["sweeps"].values() for r in rows)
     assert profile["ceilings"]["copy_bytes_per_s"] > 0
+    # where the time went, part by part (the quick probe's budget is kept by these)
+    actual = profile["probe"]["timing"]["actual_s"]
+    for part in ("ceilings", "host", "module_glue", "memory_efficiency", "attention"):
+        assert actual[part] >= 0, part
+    assert all("wall_s" in row for row in profile["attention"].values())
     errors = {c["id"]: c["error"] for c in profile["guide_claims"] if "error" in c}
     assert not errors  # every claim's measurement ran (and its two variants agreed)
     assert 0.01 <= profile["conv_small_cin"]["efficiency"] <= 1
@@ -79,7 +84,9 @@ def test_quick_probe_on_the_gpu(tmp_path):
     out = tmp_path / "profile.json"
     assert main(["probe", "--quick", "-o", str(out)]) == 0
     profile = json.loads(out.read_text())
-    assert profile["probe"]["timing"]["total_s"] < 90
+    assert profile["probe"]["timing"]["total_s"] < 90, profile["probe"]["timing"]["actual_s"]
+    # the kernels' names are a record the full probe keeps; listing them costs the quick one
+    assert not any("kernels" in row for row in profile["attention"].values())
     assert profile["tc_align_elems"]["bf16"] in (8, 16)
     spec = load_profile(out)
     assert 0.5 < spec.achievable.memory_bandwidth_fraction <= 1.05

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,8 +185,12 @@ def measure_config(
     shape: tuple[int, int, int] = (8, 16, 1024),
     dtype: torch.dtype = torch.bfloat16,
     repeats: int = 20,
+    kernels: bool = True,
 ) -> dict[str, Any]:
-    """One configuration's forward and backward efficiency and what they came from."""
+    """One configuration's forward and backward efficiency and what they came from; with
+    `kernels`, the names of the kernels it ran (a record only: the profiler costs a lent
+    machine about a second a configuration, so the quick probe leaves it out)."""
+    started = time.perf_counter()
     model_fwd, model_bwd, flops_fwd, flops_bwd = model_s(spec, cfg, shape, dtype)
     b, h, t = shape
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -218,7 +223,7 @@ def measure_config(
     fwd_s = step_s(forward_only, device, repeats)
     both_s = step_s(step, device, repeats)
     bwd_s = max(both_s - fwd_s, 0.0)
-    ran = kernels_run(step) if cuda else []
+    ran = kernels_run(step) if cuda and kernels else []
     return {
         cfg.key(False): capped(model_fwd, fwd_s),
         cfg.key(True): capped(model_bwd, bwd_s),
@@ -231,6 +236,7 @@ def measure_config(
         "tflops_fwd": _tflops(flops_fwd, fwd_s),
         "tflops_bwd": _tflops(flops_bwd, bwd_s),
         **({"kernels": ran} if ran else {}),
+        "wall_s": round(time.perf_counter() - started, 2),
     }
 
 
@@ -260,6 +266,7 @@ def measure_attention(
     shape: tuple[int, int, int] = (8, 16, 1024),
     configs: tuple[AttentionConfig, ...] = CONFIGS,
     on_config=None,
+    kernels: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """{workload name: measure_config(...)} for each configuration; one that cannot run (no such
     kernel on this GPU or build) gets {"error": ...} and leaves the model's rate alone."""
@@ -269,7 +276,7 @@ def measure_attention(
         if on_config is not None:
             on_config(cfg)
         try:
-            out[name] = measure_config(spec, cfg, device=device, shape=shape)
+            out[name] = measure_config(spec, cfg, device=device, shape=shape, kernels=kernels)
         except (RuntimeError, ValueError, NotImplementedError) as exc:
             out[name] = {
                 "error": f"{type(exc).__name__}: {str(exc)[:300]}",
