@@ -23,6 +23,7 @@ import argparse
 import datetime as dt
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,8 +68,18 @@ def rederive(row: dict, family: str, spec, why: str = WHY) -> dict:
             "from_family_roofline_s": row.get("family_roofline_s"),
             "from_efficiency": row.get("efficiency"),
             "why": why,
+            # the row's earlier re-derivations, newest first: none of their reasons is lost
+            **(
+                {"before": [_latest(row["rederived"]), *row["rederived"].get("before", [])]}
+                if "rederived" in row
+                else {}
+            ),
         },
     }
+
+
+def _latest(rederived: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in rederived.items() if k != "before"}
 
 
 def main() -> None:

@@ -3,6 +3,8 @@ spec and the estimate follows; the H200 anchor for channels_last bounds nchw-con
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,19 +17,30 @@ from .models import ManyTiny
 
 
 def test_launch_bound_saving_is_launches_times_eager_minus_graph_overhead():
-    """Fully launch-bound (40 tiny layers), the saving is kernels x (eager - graph)."""
+    """Fully launch-bound (40 tiny layers, GEMMs without a kernel latency), the saving is
+    kernels x (eager - graph). With the latency, the graph's replay waits on the GPU's tiny
+    GEMMs (4 us each): the saving is the eager host less the GPU's time."""
+    from gpushape.auditing.modes import host_spread, wall_clock_s
+
     h200 = get_gpu("h200")
+    a = dataclasses.replace(h200.achievable, gemm_latency_s=0.0)
     model, inputs = build(ManyTiny), (meta(16, 64),)
-    (f,) = audit(model, inputs, gpu=h200, profile=None, rules=["launch-bound"]).findings
-    a = h200.achievable
+    (f,) = audit(
+        model, inputs, gpu=h200.replace(achievable=a), profile=None, rules=["launch-bound"]
+    ).findings
     assert f.est_saving_s == pytest.approx(
         f.evidence["kernels"] * (a.launch_overhead_s - a.graph_launch_overhead_s)
     )
+    (real,) = audit(model, inputs, gpu=h200, profile=None, rules=["launch-bound"]).findings
+    gpu_s, host_s = real.evidence["gpu_time_s"], real.evidence["eager_host_time_s"]
+    assert real.evidence["graph_launch_time_s"] < gpu_s < host_s
+    spread = host_spread(h200)
+    assert real.est_saving_s == pytest.approx(
+        wall_clock_s(gpu_s, host_s, spread)
+        - wall_clock_s(gpu_s, real.evidence["graph_launch_time_s"], spread)
+    )
     slower = h200.replace(
-        achievable=type(a)(
-            launch_overhead_s=2 * a.launch_overhead_s,
-            graph_launch_overhead_s=a.graph_launch_overhead_s,
-        )
+        achievable=dataclasses.replace(a, launch_overhead_s=2 * a.launch_overhead_s)
     )
     (g,) = audit(model, inputs, gpu=slower, profile=None, rules=["launch-bound"]).findings
     assert g.est_saving_s > f.est_saving_s

@@ -199,3 +199,34 @@ def test_a_flash_call_takes_the_rate_of_what_sdpa_picks_by_itself_and_grouped_qu
     old = {**profile, "attention": {"flash/causal/d64": profile["attention"]["flash/causal/d64"]}}
     b = apply_profile(get_gpu("h200"), old).achievable
     assert b.attention_rate("flash", False, False, True, 64, gqa=True) == 0.24
+
+
+def _gemm_rows(spec, latency_s: float) -> list[dict]:
+    """bf16 GEMM sweep rows timed as the cost model prices them with `latency_s`."""
+    from gpushape.tracing.flops.registry import Gemm
+    from gpushape.tracing.gemm_model import gemm_efficiency
+
+    rows = []
+    for m in [1, 8, 32, *range(64, 2049, 32)]:
+        n = k = 4096
+        eff = gemm_efficiency(Gemm(m=m, n=n, k=k, flops=2 * m * n * k), spec, "bf16")
+        compute = 2 * m * n * k / (spec.attainable_flops("bf16") * eff.efficiency) + latency_s
+        memory = 2 * (m * k + k * n + m * n) / spec.attainable_bandwidth_bytes_per_s()
+        rows.append({"dtype": "bf16", "m": m, "n": n, "k": k, "time_s": max(compute, memory)})
+    return rows
+
+
+def test_the_gemm_latency_is_fitted_on_the_sweeps_and_read_from_a_profile():
+    """The probe fits a GEMM kernel's latency on its small GEMMs' times (the cost model
+    prices each kernel with it); the profile carries it to every audit on that chip."""
+    from gpushape.probe.profile import fit_gemm_latency
+
+    spec = get_gpu("h200")
+    fit = fit_gemm_latency({"gemm_batch": _gemm_rows(spec, 5e-6)}, spec)
+    assert fit["seconds"] == pytest.approx(5e-6)
+    assert fit["median_abs_log_error"]["with"] < 0.01 < fit["median_abs_log_error"]["without"]
+    assert fit_gemm_latency({"gemm_batch": _gemm_rows(spec, 5e-6)[:10]}, spec) == {}  # too few
+    calibrated = profile.apply_profile(spec, {"gemm_latency": fit})
+    assert calibrated.achievable.gemm_latency_s == pytest.approx(5e-6)
+    assert "gemm_latency_s" in calibrated.achievable.measured
+    assert profile.apply_profile(spec, {}).achievable.gemm_latency_s == 4e-6  # the default

@@ -134,6 +134,11 @@ def _summary(profile: dict[str, Any], spec: Any) -> Table:
         f"{c.get('graph_launch_overhead_s', float('nan')) * 1e6:.2f} us",
         "-",
     )
+    latency = profile.get("gemm_latency") or {}
+    if latency.get("seconds") is not None:
+        table.add_row(
+            "GEMM kernel latency (fit)", f"{latency['seconds'] * 1e6:.2f} us", "4.00 us assumed"
+        )
     for dtype, g in profile["tc_align_elems"].items():
         table.add_row(
             f"{dtype} alignment cliff",

@@ -108,6 +108,9 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
     for key in ("launch_overhead_s", "graph_launch_overhead_s"):
         if key in ceilings:
             fields[key] = float(ceilings[key])
+    latency = profile.get("gemm_latency", {})
+    if isinstance(latency, dict) and latency.get("seconds") is not None:
+        fields["gemm_latency_s"] = float(latency["seconds"])
     efficiency = {
         family: float(row["efficiency"])
         for family, row in profile.get("memory_efficiency", {}).items()
@@ -146,6 +149,7 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
                         "memory_bandwidth_fraction",
                         "launch_overhead_s",
                         "graph_launch_overhead_s",
+                        "gemm_latency_s",
                         "memory_efficiency",
                         "small_cin_conv",
                         "attention",

@@ -76,6 +76,10 @@ class Achievable:
     memory_bandwidth_fraction: float = 0.88  # device-to-device copy / datasheet bandwidth
     launch_overhead_s: float = 5e-6  # one eager kernel launch, CPU side, PyTorch dispatch incl.
     graph_launch_overhead_s: float = 1.5e-6  # one kernel replayed from a CUDA graph
+    # A GEMM or convolution kernel's time beyond its FLOPs at the shape's rate: filling the
+    # pipeline, the last tiles' epilogue, the tail (tracing/gemm_model.py). `gpushape probe` fits
+    # it on its GEMM sweeps; the default is what the H200's and H100's sweeps gave (4 us).
+    gemm_latency_s: float = 4e-6
     # Eager kernels' bandwidth / the copy rate, by memory family (tracing/families.py); measured
     # by `gpushape probe`. A family not here runs at the copy rate.
     memory_efficiency: Mapping[str, float] = field(default_factory=lambda: _frozen({}))

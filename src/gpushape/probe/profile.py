@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import platform
 import shlex
+import statistics
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -157,6 +159,52 @@ def _device_name(device: str) -> str:
     return platform.processor() or "cpu"
 
 
+LATENCY_SWEEPS = ("wave", "gemm_batch", "gemm_align")
+LATENCY_MOST_S = 100e-6  # the GEMMs the latency is fitted on: those under this time
+LATENCY_GRID_S = tuple(round(i * 0.25, 2) * 1e-6 for i in range(41))  # 0 to 10 us
+# the full probe's sweeps hold 41 such points on an H100 or H200 and fitted 3.25-4.25 us; the
+# quick probe's 29 gave 1.0-7.0 us on one chip, too few to fit (the default stays)
+_LATENCY_MIN_POINTS = 36
+
+
+def fit_gemm_latency(sweeps: Mapping[str, Rows], spec: GPUSpec) -> dict[str, Any]:
+    """The GEMM kernel latency (`Achievable.gemm_latency_s`) that best explains the bf16 GEMM
+    sweeps' small products: each aligned point under LATENCY_MOST_S is priced as the cost model
+    prices it on `spec` (its measured peaks: max(FLOPs at the shape's rate + latency, bytes at
+    the copy rate)), and the latency on a 0.25 us grid with the least median |log(predicted /
+    measured)| is kept. {} when the sweeps hold too few such points (a CPU smoke test's)."""
+    from ..tracing.flops.registry import Gemm
+    from ..tracing.gemm_model import gemm_efficiency
+
+    rate = spec.attainable_flops("bf16")
+    bandwidth = spec.attainable_bandwidth_bytes_per_s() * spec.achievable.memory("gemm")
+    points = []
+    for name in LATENCY_SWEEPS:
+        for r in sweeps.get(name, []):
+            m, n, k, t = r.get("m"), r.get("n"), r.get("k"), r.get("time_s")
+            if r.get("dtype") != "bf16" or not (m and n and k and t) or t >= LATENCY_MOST_S:
+                continue
+            if any(d % spec.tc_alignment("bf16") for d in (n, k)):
+                continue
+            eff = gemm_efficiency(Gemm(m=m, n=n, k=k, flops=2 * m * n * k), spec, "bf16")
+            compute_s = 2 * m * n * k / (rate * eff.efficiency)
+            points.append((compute_s, 2 * (m * k + k * n + m * n) / bandwidth, t))
+    if len(points) < _LATENCY_MIN_POINTS:
+        return {}
+
+    def error(latency: float) -> float:
+        return statistics.median(abs(math.log(max(c + latency, b) / t)) for c, b, t in points)
+
+    best = min(LATENCY_GRID_S, key=error)
+    return {
+        "seconds": best,
+        "points": len(points),
+        "median_abs_log_error": {"without": round(error(0.0), 4), "with": round(error(best), 4)},
+        "workload": f"bf16 GEMMs of the {', '.join(LATENCY_SWEEPS)} sweeps under "
+        f"{LATENCY_MOST_S * 1e6:.0f} us, aligned N and K",
+    }
+
+
 def tensor_core_peaks(analysis: Mapping[str, Any]) -> dict[str, float]:
     """The large-GEMM peaks of the dtypes that run on tensor cores, by dtype key."""
     return {d: f for d, f in analysis["gemm_peak"].items() if d not in _CUDA_CORE_DTYPES}
@@ -176,6 +224,7 @@ def build_profile(
     stem: Mapping[str, Any] | None = None,
     attention: Mapping[str, Any] | None = None,
     host: Mapping[str, Any] | None = None,
+    gemm_latency: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     peaks = analysis["gemm_peak"]
     ceiling_out: dict[str, Any] = {
@@ -203,6 +252,7 @@ def build_profile(
         "tc_align_elems": dict(analysis["tc_align_elems"]),
         "cliffs": {"gemm": analysis["gemm"], "conv": analysis["conv"], "batch": analysis["batch"]},
         "wave_quantization": analysis["wave"],
+        "gemm_latency": dict(gemm_latency or {}),
         "memory_efficiency": dict(memory or {}),
         "conv_small_cin": dict(stem or {}),
         "attention": dict(attention or {}),

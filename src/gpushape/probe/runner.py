@@ -169,6 +169,8 @@ def run_probe(
                 }
             },
         )
+        latency = probe_profile.fit_gemm_latency(sweeps, measured)
+        measured = apply_profile(measured, {"gemm_latency": latency})
         memory = _memory_efficiency(plan, cfg, measured, bar, job)
         actual_s["memory_efficiency"] = sum(r["wall_s"] for r in memory.values())
         bar.update(job, description="convolution on 3 input channels (stem)")
@@ -213,6 +215,7 @@ def run_probe(
         stem=stem,
         attention=attention,
         host=host,
+        gemm_latency=latency,
     )
 
 

@@ -2,6 +2,8 @@
 
 Per op (FLOPs and minimum bytes from `flops.py`):
     compute_s = sum over its GEMMs of flops / (attainable tensor-core FLOP/s x GEMM efficiency)
+                + gpu.achievable.gemm_latency_s per matrix product or convolution (one
+                  kernel each: its pipeline's fill, epilogue and tail, `gemm_model.py`)
                 + the rest of its FLOPs / CUDA-core FLOP/s of its dtype
     memory_s  = (min_bytes + reread_bytes) / (gpu.attainable_bandwidth_bytes_per_s() x
                                               efficiency of the op's memory family)
@@ -46,7 +48,7 @@ from ..errors import GpushapeError
 from ..hardware import GPUSpec, dtype_key, get_gpu
 from .families import hidden_copy_families, op_family
 from .flops.registry import OpWork, op_work
-from .gemm_model import GemmEfficiency, gemm_efficiency
+from .gemm_model import LATENCY_FAMILIES, GemmEfficiency, gemm_efficiency
 from .layout import conversion_bytes_of, conversion_passes
 from .norm_grads import weight_grad_cost
 from .records import OpRecord, Trace
@@ -267,6 +269,8 @@ def op_cost(
         tc = g.tensor_cores and gpu.has_tensor_cores(key)
         eff = gemm_efficiency(g, gpu, key, tensor_cores=tc)
         compute_s += g.flops / (gpu.attainable_flops(key, tensor_cores=tc) * eff.efficiency)
+        if g.family in LATENCY_FAMILIES:  # one kernel's fill, epilogue and tail
+            compute_s += gpu.achievable.gemm_latency_s
         effs.append(eff)
         gemm_flops += g.flops
         math_key, used_tc = key, used_tc or tc

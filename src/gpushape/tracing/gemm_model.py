@@ -5,7 +5,7 @@
 
 `gpu.attainable_flops(dtype)` is what a large aligned GEMM reaches (datasheet peak x a GEMM
 fraction, assumed or measured by `gpushape probe` at 8192^3); this model scales it for the
-shape at hand. It has four parts.
+shape at hand. It has five parts.
 
 1. Tile quantization. cuBLAS and cuDNN cover the M x N output with BM x BN tiles, one thread
    block (CTA) each, and a partial tile at an edge costs a whole one:
@@ -27,13 +27,18 @@ shape at hand. It has four parts.
 2. Wave quantization. CTAs run in waves of `gpu.sm_count`, one per SM (these large-tile kernels
    fill an SM's shared memory), and a partly filled last wave takes as long as a full one:
        waves = ceil(ctas / sm_count), wave_eff = ctas / (waves x sm_count)
-   Split-K: when the tiles do not fill one wave and the GEMM is deep and narrow
+   Split-K: when the tiles do not fill one wave and the GEMM is deep
    (K >= SPLIT_K_DEPTH_RATIO x max(M, N), as weight gradients are: M = Cout, N = Cin x taps,
-   K = batch x positions), the library splits K over min(sm_count // tiles,
-   K // SPLIT_K_MIN_DEPTH) CTAs per tile. A skinny GEMM without a deep K gets no split: the
-   H200 ran M=128, N=K=4096 at 0.22 of the large-GEMM rate, where this model's best tile
-   (128x64, 64 CTAs) says 0.48, so skinny GEMMs are predicted optimistically (they are near
-   the memory roofline anyway).
+   K = batch x positions), the library shares the tiles' K loops, in chunks of
+   SPLIT_K_MIN_DEPTH, out evenly over one wave of CTAs (stream-K; cuBLAS's Hopper kernels do,
+   and split-K does nearly as well): wave_eff = chunks / (ceil(chunks / sm_count) x sm_count).
+   An earlier rule split K only in whole multiples of the tiles and only at K >= 4 max(M, N);
+   it priced the MLP weight gradients of GPT-2, BERT, ViT and LLaMA (768 x 3072 outputs over
+   8192-16384 rows: 72 large tiles) at 0.55 of the rate, and their Linear modules at
+   1.16-1.24x their measured time on the H200; with stream-K, 0.98-1.05x
+   (correlate-h200/correlate-lib.json). A skinny GEMM without a deep K gets no split: the
+   H200 ran M=128, N=K=4096 in 14.6 us, which its 64 CTAs of 128x64 and the kernel latency
+   (part 5) price at 14.7.
    Attention kernels give one CTA to each (batch x head, block of ATTENTION_BLOCK_ROWS query
    rows) forward, key rows backward; only the row dimension is tiled.
    Quantization = tile_eff x wave_eff, divided by its value at the reference shape (8192^3,
@@ -84,6 +89,15 @@ shape at hand. It has four parts.
    size 64 thin tiles. Their efficiency is multiplied by the rate `gpushape probe` measured for
    the kernel's backend, pass, dropout and causal flags at the nearest head size
    (`Achievable.attention_rate`, probe/attention.py; 1 where unmeasured).
+5. Kernel latency. Each matrix product or convolution kernel takes `gemm_latency_s` beyond its
+   FLOPs at this rate (`LATENCY_FAMILIES`; cost.py adds it): filling the pipeline before the
+   first MMA, the last tiles' epilogue, SMs that finish at different times. Small GEMMs are
+   mostly this. `gpushape probe` fits it on its bf16 GEMM sweeps (probe/profile.py
+   `fit_gemm_latency`): on the H200's and H100's sweeps the GEMMs under 100 us were predicted
+   at 0.74-0.77x their time (median) without it and 0.90-1.0x with 4 us; BERT's 768-wide
+   projections in a training step (correlate-h200/correlate-lib.json) went from 0.77-0.79x to
+   0.99-1.02x, which is what fusing three of them into one saves beyond their FLOPs. Fused
+   attention's rates are measured per kernel (part 4) and include it.
 """
 
 from __future__ import annotations
@@ -101,8 +115,9 @@ LARGE_TILES = ((256, 128), (128, 256))  # a matrix product's, where they fill ha
 LARGE_TILES_MIN_WAVE = 0.5
 ATTENTION_BLOCK_ROWS = 128
 SPLIT_K_MIN_DEPTH = 256
-SPLIT_K_DEPTH_RATIO = 4
+SPLIT_K_DEPTH_RATIO = 2
 REFERENCE_GEMM = (8192, 8192, 8192)
+LATENCY_FAMILIES = ("gemm", "conv")  # kernels that pay `Achievable.gemm_latency_s` (part 5)
 
 # Penalty by the fraction of the required 16-byte alignment a dimension reaches (see above).
 GEMM_MISALIGNED = {2: 0.33, 4: 0.33}  # 1/2 aligned, 1/4 aligned
@@ -140,12 +155,14 @@ def _quantize(m: int, n: int, k: int, batch: int, sms: int, bm: int, bn: int):
     tiles_m, tiles_n = math.ceil(m / bm), math.ceil(n / bn)
     tile_eff = (m * n) / (tiles_m * bm * tiles_n * bn)
     tiles = tiles_m * tiles_n * batch
-    split = 1
     if tiles < sms and k >= SPLIT_K_DEPTH_RATIO * max(m, n):
-        split = max(1, min(sms // tiles, k // SPLIT_K_MIN_DEPTH))
-    ctas = tiles * split
+        # stream-K: the tiles' K loops, in chunks, shared out evenly over one wave of CTAs
+        units = tiles * max(1, k // SPLIT_K_MIN_DEPTH)
+        ctas = min(units, sms)
+        return tile_eff, units / (math.ceil(units / sms) * sms), ctas, math.ceil(ctas / tiles), 1
+    ctas = tiles
     waves = math.ceil(ctas / sms)
-    return tile_eff, ctas / (waves * sms), ctas, split, waves
+    return tile_eff, ctas / (waves * sms), ctas, 1, waves
 
 
 def _best_tile(gemm: Gemm, sms: int):
