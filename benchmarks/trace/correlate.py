@@ -22,6 +22,7 @@ batch 16), built on the GPU from gpushape.models:
     a library model with image inputs, and its inputs, to channels_last, as the zoo's resnet50
     always is: library models run as built, NCHW, by default)
     python benchmarks/trace/correlate.py --device cpu --quick   # checks the plumbing, no GPU
+    (--profile P: calibrated by that profile, the GPU's own, e.g. one `gpushape probe` wrote)
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from _attribution import module_ranges, spearman, time_per_module
 
 import gpushape
 from gpushape.bench import time_fn, write_results
-from gpushape.hardware import current_gpu, get_gpu
+from gpushape.hardware import current_gpu, get_gpu, load_profile
 from gpushape.hardware.profile import calibrated
 from gpushape.models import create_model, resolve_model
 
@@ -308,6 +309,12 @@ def main() -> None:
         help="the catalog's datasheet numbers, not the shipped profile",
     )
     parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="calibrate by this profile (this GPU's own: `gpushape probe -o`), not the shipped one",
+    )
+    parser.add_argument(
         "--flat-memory",
         action="store_true",
         help="the profile without its eager-kernel efficiencies (every memory "
@@ -331,7 +338,14 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("correlate.py: no CUDA device (use --device cpu to check the plumbing)")
     gpu = current_gpu() if args.device == "cuda" else get_gpu("h200")
-    if not args.datasheet:
+    if args.profile is not None:
+        theirs = load_profile(args.profile)
+        if args.device == "cuda" and theirs.name != gpu.name:
+            sys.exit(
+                f"correlate.py: {args.profile} is {theirs.name}'s profile; this GPU is {gpu.name}"
+            )
+        gpu = theirs
+    elif not args.datasheet:
         gpu = calibrated(gpu)
     stem = "correlate"
     if args.flat_memory:
@@ -344,6 +358,7 @@ def main() -> None:
         out_dir / f"{stem}.json",
         results,
         gpu_spec=gpu.name,
+        profile=str(args.profile) if args.profile else "shipped" if not args.datasheet else None,
         memory_efficiency=dict(gpu.achievable.memory_efficiency),
         method="torch.profiler device time per module (forward: module ranges; "
         "backward: autograd sequence numbers), mean over steps; step time "
