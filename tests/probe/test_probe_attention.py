@@ -9,6 +9,7 @@ import torch
 
 from gpushape.hardware import get_gpu
 from gpushape.probe import attention as probe_attention
+from gpushape.probe import plan as probe_plan
 from gpushape.probe.attention import AttentionConfig
 
 SHAPE = (1, 2, 16)
@@ -164,3 +165,44 @@ def test_a_masked_call_gets_the_rates_the_audit_prices_a_materialized_mask_with(
     ran = [m for m in seen if m is None or m.device.type != "meta"]  # not the model's trace
     assert ran and all(m is not None and m.dtype == torch.bool and bool(m.all()) for m in ran)
     assert all(m.shape == (1, 2, 16, 16) and m.stride(1) == 0 for m in ran)  # (B, 1, T, T) expanded
+
+
+def test_a_rate_measured_at_several_lengths_is_taken_at_the_calls_length():
+    """The probe measures some configurations at short sequences too ("@t256"); a call
+    between two measured lengths takes the rate interpolated in log2 of its length, one
+    outside them the nearest, and a call of a configuration measured at one length that one."""
+    from gpushape.hardware.spec import ATTENTION_PROBE_SEQ, Achievable
+
+    assert probe_attention.CONFIGS and {c.key(False) for c in probe_attention.CONFIGS if c.seq} >= {
+        "default/fwd/d64@t256"
+    }
+    assert probe_plan.full_plan().attention_shape[2] == ATTENTION_PROBE_SEQ
+    assert probe_plan.quick_plan().attention_shape[2] == ATTENTION_PROBE_SEQ
+    rates = Achievable(
+        attention={
+            "default/fwd/d64": 0.8,
+            "default/fwd/d64@t256": 0.4,
+            "default/bwd/d64": 0.6,
+        }
+    )
+    rate = lambda seq: rates.attention_rate("default", False, False, False, 64, seq=seq)
+    assert rate(1024) == pytest.approx(0.8) and rate(4096) == pytest.approx(0.8)
+    assert rate(256) == pytest.approx(0.4) and rate(197) == pytest.approx(0.4)
+    assert rate(512) == pytest.approx(0.6)  # halfway in log2 between 256 and 1024
+    assert rate(0) == pytest.approx(0.8)  # no length: the probe's own
+    assert rates.attention_rate("default", True, False, False, 64, seq=197) == 0.6
+
+
+def test_a_short_configuration_keeps_the_probes_tokens():
+    cfg = AttentionConfig("default", 64, seq=256)
+    assert cfg.shape((8, 16, 1024)) == (32, 16, 256)
+    assert cfg.key(True) == "default/bwd/d64@t256" and "sequences of 256" in cfg.describe
+    assert AttentionConfig("default", 64).shape((8, 16, 1024)) == (8, 16, 1024)
+    rows = probe_attention.measure_attention(
+        get_gpu("h200"),
+        device="cpu",
+        shape=(1, 2, 16),
+        configs=(AttentionConfig("default", 64, seq=32),),
+    )
+    assert "default/fwd/d64@t32" in rows["default/d64@t32"]
+    assert "32" in rows["default/d64@t32"]["workload"]

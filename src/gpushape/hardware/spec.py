@@ -62,6 +62,25 @@ class SMLimits:
     max_shared_mem_per_block_bytes: int
 
 
+ATTENTION_PROBE_SEQ = 1024  # the sequence length of the probe's attention calls (probe/plan.py)
+
+
+def _by_length(rates: Mapping[int, float], seq: int) -> float:
+    """A rate measured at several sequence lengths, at `seq`: linear in log2 of the length
+    between the two measured around it, the nearest one's outside them."""
+    lengths = sorted(rates)
+    if seq <= lengths[0]:
+        return rates[lengths[0]]
+    if seq >= lengths[-1]:
+        return rates[lengths[-1]]
+    hi = next(n for n in lengths if n >= seq)
+    lo = max(n for n in lengths if n <= seq)
+    if hi == lo:
+        return rates[lo]
+    w = math.log2(seq / lo) / math.log2(hi / lo)
+    return rates[lo] + w * (rates[hi] - rates[lo])
+
+
 @dataclass(frozen=True, kw_only=True)
 class Achievable:
     """What real kernels reach, as fractions of the datasheet, plus launch costs.
@@ -130,22 +149,34 @@ class Achievable:
         causal: bool,
         head_dim: int,
         gqa: bool = False,
+        seq: int = 0,
     ) -> float:
         """The measured factor for one fused attention kernel (1 when nothing fits): the
         configuration with the same backend, pass and flags at the nearest measured head size;
         failing that, without the grouped-query flag, then without the causal flag, then
         without dropout. A flash call is priced at the rate of what SDPA picks by itself
-        ("default", probe/attention.py: cuDNN's kernel on the H200) where that was measured."""
+        ("default", probe/attention.py: cuDNN's kernel on the H200) where that was measured.
+        Where that configuration was also measured at other sequence lengths ("...@t256"; a
+        key without "@t" is at ATTENTION_PROBE_SEQ), the rate at `seq` is interpolated between
+        them in log2 of the length, and held at the nearest one outside them (`seq` 0: the
+        probe's own length)."""
         if not self.attention or head_dim <= 0:
             return 1.0
         for name in ("default", "flash") if backend == "flash" else (backend,):
-            rate = self._attention_rate(name, backward, dropout, causal, head_dim, gqa)
+            rate = self._attention_rate(name, backward, dropout, causal, head_dim, gqa, seq)
             if rate is not None:
                 return rate
         return 1.0
 
     def _attention_rate(
-        self, backend: str, backward: bool, dropout: bool, causal: bool, head_dim: int, gqa: bool
+        self,
+        backend: str,
+        backward: bool,
+        dropout: bool,
+        causal: bool,
+        head_dim: int,
+        gqa: bool,
+        seq: int,
     ) -> float | None:
         stage = "bwd" if backward else "fwd"
         tried = ((dropout, causal, gqa), (dropout, causal, False), (dropout, False, False),
@@ -153,14 +184,14 @@ class Achievable:
         for flags in dict.fromkeys(tried):
             named = (("dropout", flags[0]), ("causal", flags[1]), ("gqa", flags[2]))
             prefix = "/".join((backend, stage, *(n for n, on in named if on))) + "/d"
-            sizes = {
-                int(k[len(prefix) :]): v
-                for k, v in self.attention.items()
-                if k.startswith(prefix) and k[len(prefix) :].isdigit()
-            }
+            sizes: dict[int, dict[int, float]] = {}
+            for k, v in self.attention.items():
+                size, _, length = k[len(prefix) :].partition("@t")
+                if k.startswith(prefix) and size.isdigit() and (not length or length.isdigit()):
+                    sizes.setdefault(int(size), {})[int(length or ATTENTION_PROBE_SEQ)] = v
             if sizes:
                 near = min(sizes, key=lambda d: (abs(math.log2(d / head_dim)), d))
-                return sizes[near]
+                return _by_length(sizes[near], seq or ATTENTION_PROBE_SEQ)
         return None
         return 1.0
 

@@ -57,12 +57,21 @@ class AttentionConfig:
     dropout: float = 0.0
     causal: bool = False
     gqa: bool = False  # K and V with a quarter of Q's heads, enable_gqa=True
+    # the sequence length, at the same number of tokens (batch x length) as the probe's shape;
+    # 0: the probe's own length (its key carries no "@t")
+    seq: int = 0
 
     def key(self, backward: bool) -> str:
-        """The profile's key: "flash/fwd/d64", "efficient/bwd/dropout/d128", ..."""
+        """The profile's key: "flash/fwd/d64", "efficient/bwd/dropout/d128",
+        "default/fwd/d64@t256" (a configuration of its own sequence length)..."""
         return attention_key(
             self.backend, backward, self.dropout > 0, self.causal, self.head_dim, self.gqa
-        )
+        ) + (f"@t{self.seq}" if self.seq else "")
+
+    def shape(self, shape: tuple[int, int, int]) -> tuple[int, int, int]:
+        """(batch, heads, length) of this configuration's call, given the probe's."""
+        b, h, t = shape
+        return (max(b * t // self.seq, 1), h, self.seq) if self.seq else shape
 
     @property
     def describe(self) -> str:
@@ -74,6 +83,7 @@ class AttentionConfig:
                 f", dropout {self.dropout}" if self.dropout else "",
                 ", causal" if self.causal else "",
                 ", grouped-query (4 query heads a K/V head)" if self.gqa else "",
+                f", sequences of {self.seq}" if self.seq else "",
             )
         )
         return f"{self.backend} attention, head size {self.head_dim}{extra}"
@@ -114,6 +124,12 @@ CONFIGS = (
     AttentionConfig("default", 128, causal=True, gqa=True),
     AttentionConfig("cudnn_masked", 64),
     AttentionConfig("cudnn_masked", 64, dropout=0.1),
+    # short sequences (ViT-B/16's 197 tokens): the same tokens in more, shorter sequences, where
+    # each query block's set-up and epilogue weigh more (on a lent H100, ViT-B/16's attention
+    # ran at about half the rate measured at 1024)
+    AttentionConfig("default", 64, seq=256),
+    AttentionConfig("default", 128, seq=256),
+    AttentionConfig("default", 64, causal=True, seq=256),
 )
 GQA_GROUP = 4  # query heads a K/V head serves in the "gqa" configurations
 
@@ -191,6 +207,7 @@ def measure_config(
     `kernels`, the names of the kernels it ran (a record only: the profiler costs a lent
     machine about a second a configuration, so the quick probe leaves it out)."""
     started = time.perf_counter()
+    shape = cfg.shape(shape)
     model_fwd, model_bwd, flops_fwd, flops_bwd = model_s(spec, cfg, shape, dtype)
     b, h, t = shape
     gen = torch.Generator(device="cpu").manual_seed(0)

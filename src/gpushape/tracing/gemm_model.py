@@ -289,7 +289,13 @@ def gemm_efficiency(
     kernel = gemm.attention
     if kernel is not None and kernel.backend:
         rate = gpu.achievable.attention_rate(
-            kernel.backend, kernel.backward, kernel.dropout, kernel.causal, gemm.k, kernel.gqa
+            kernel.backend,
+            kernel.backward,
+            kernel.dropout,
+            kernel.causal,
+            gemm.k,
+            kernel.gqa,
+            seq=gemm.m,  # the rows a CTA tiles: the query length forward, the keys' backward
         )
     return GemmEfficiency(
         gemm=gemm,
