@@ -172,7 +172,8 @@ def fit_gemm_latency(sweeps: Mapping[str, Rows], spec: GPUSpec) -> dict[str, Any
     sweeps' small products: each aligned point under LATENCY_MOST_S is priced as the cost model
     prices it on `spec` (its measured peaks: max(FLOPs at the shape's rate + latency, bytes at
     the copy rate)), and the latency on a 0.25 us grid with the least median |log(predicted /
-    measured)| is kept. {} when the sweeps hold too few such points (a CPU smoke test's)."""
+    measured)| is kept. {} when the sweeps hold too few such points (the quick probe's, a
+    CPU smoke test's)."""
     from ..tracing.flops.registry import Gemm
     from ..tracing.gemm_model import gemm_efficiency
 

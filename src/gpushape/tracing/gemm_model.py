@@ -87,17 +87,19 @@ shape at hand. It has five parts.
 4. Fused attention kernels (flash, memory-efficient) do more than their two or five matmuls:
    online softmax and rescaling, the backward's recomputation, Philox for dropout, and at head
    size 64 thin tiles. Their efficiency is multiplied by the rate `gpushape probe` measured for
-   the kernel's backend, pass, dropout and causal flags at the nearest head size
-   (`Achievable.attention_rate`, probe/attention.py; 1 where unmeasured).
+   the kernel's backend, pass, dropout and causal flags at the nearest head size, by the
+   call's sequence length where measured at several (`Achievable.attention_rate`,
+   probe/attention.py; 1 where unmeasured).
 5. Kernel latency. Each matrix product or convolution kernel takes `gemm_latency_s` beyond its
    FLOPs at this rate (`LATENCY_FAMILIES`; cost.py adds it): filling the pipeline before the
    first MMA, the last tiles' epilogue, SMs that finish at different times. Small GEMMs are
    mostly this. `gpushape probe` fits it on its bf16 GEMM sweeps (probe/profile.py
-   `fit_gemm_latency`): on the H200's and H100's sweeps the GEMMs under 100 us were predicted
-   at 0.74-0.77x their time (median) without it and 0.90-1.0x with 4 us; BERT's 768-wide
-   projections in a training step (correlate-h200/correlate-lib.json) went from 0.77-0.79x to
-   0.99-1.02x, which is what fusing three of them into one saves beyond their FLOPs. Fused
-   attention's rates are measured per kernel (part 4) and include it.
+   `fit_gemm_latency`): the median |log(predicted / measured)| of the GEMMs under 100 us in
+   the shipped H200 profile's sweeps was 0.22 without it and 0.09 with the 3.25 us fitted, in
+   the H100 probe's 0.32 and 0.11 (3.5 us). BERT's 768-wide projections in a training step
+   (correlate-h200/correlate-lib.json) went from 0.77-0.79x their measured time to 0.98-1.01x,
+   which is what fusing three of them into one saves beyond their FLOPs. Fused attention's
+   rates are measured per kernel (part 4) and include it.
 """
 
 from __future__ import annotations
