@@ -211,6 +211,18 @@ def test_report_markdown_and_plots(synthetic_profile, tmp_path):
     for name in pngs:
         assert f"(plots/{name})" in md
         assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+    assert "## GEMM kernel latency" in md and "Not fitted" in md  # the synthetic sweeps: too few
+
+
+def test_report_states_the_fitted_gemm_latency(synthetic_profile, tmp_path):
+    fit = {
+        "seconds": 3.25e-6,
+        "points": 41,
+        "median_abs_log_error": {"without": 0.224, "with": 0.087},
+        "workload": "bf16 GEMMs of the wave, gemm_batch, gemm_align sweeps under 100 us",
+    }
+    md = write_report({**synthetic_profile, "gemm_latency": fit}, tmp_path).read_text()
+    assert "3.25 us a GEMM or convolution kernel" in md and "0.224 without it, 0.087" in md
 
 
 def test_report_renders_again_from_the_profile_file(synthetic_profile, tmp_path):

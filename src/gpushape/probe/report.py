@@ -141,6 +141,21 @@ def _conv_and_batch(profile: Mapping[str, Any], plots: dict[str, Path]) -> list[
         lines.append(f"Not measured: {wave.get('error', 'no wave sweep')}.")
     if "wave" in plots:
         lines.append(f"\n![wave quantization](plots/{plots['wave'].name})\n")
+    latency = profile.get("gemm_latency") or {}
+    lines += ["", "## GEMM kernel latency", ""]
+    if latency.get("seconds") is not None:
+        err = latency["median_abs_log_error"]
+        lines.append(
+            f"{latency['seconds'] * 1e6:.2f} us a GEMM or convolution kernel beyond its FLOPs at "
+            f"the shape's rate (fill, epilogue, tail), fitted on {latency['points']} "
+            f"{latency['workload']}: median |log(predicted / measured)| {err['without']:.3f} "
+            f"without it, {err['with']:.3f} with it. The cost model adds it to every such kernel."
+        )
+    else:
+        lines.append(
+            "Not fitted (too few small GEMMs in these sweeps: the full probe fits it); the cost "
+            "model keeps its default."
+        )
     return [*lines, ""]
 
 
