@@ -23,6 +23,7 @@ from rich.text import Text
 
 from ..errors import NoCudaError
 from ..hardware import current_gpu
+from ..hardware.spec import Achievable
 from .output import check_file, check_folder, to_stdout, write_text
 
 
@@ -137,7 +138,9 @@ def _summary(profile: dict[str, Any], spec: Any) -> Table:
     latency = profile.get("gemm_latency") or {}
     if latency.get("seconds") is not None:
         table.add_row(
-            "GEMM kernel latency (fit)", f"{latency['seconds'] * 1e6:.2f} us", "4.00 us assumed"
+            "GEMM kernel latency (fit)",
+            f"{latency['seconds'] * 1e6:.2f} us",
+            f"{Achievable().gemm_latency_s * 1e6:.2f} us assumed",
         )
     for dtype, g in profile["tc_align_elems"].items():
         table.add_row(

@@ -193,7 +193,6 @@ class Achievable:
                 near = min(sizes, key=lambda d: (abs(math.log2(d / head_dim)), d))
                 return _by_length(sizes[near], seq or ATTENTION_PROBE_SEQ)
         return None
-        return 1.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -204,8 +204,8 @@ def measure_config(
     kernels: bool = True,
 ) -> dict[str, Any]:
     """One configuration's forward and backward efficiency and what they came from; with
-    `kernels`, the names of the kernels it ran (a record only: the profiler costs a lent
-    machine about a second a configuration, so the quick probe leaves it out)."""
+    `kernels`, the names of the kernels it ran (a record only, which the quick probe leaves
+    out to stay under its 90 s)."""
     started = time.perf_counter()
     shape = cfg.shape(shape)
     model_fwd, model_bwd, flops_fwd, flops_bwd = model_s(spec, cfg, shape, dtype)
