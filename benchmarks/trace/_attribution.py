@@ -97,15 +97,10 @@ def node_modules(events) -> dict[int, str]:
     return seq_module
 
 
-def time_per_module(events, *, device: bool = True) -> tuple[dict[str, float], float, float]:
-    """(seconds per module, seconds not attributed, total seconds) over the profiled events.
-
-    device=True sums kernels' device time (CUDA); device=False sums CPU self time of aten ops
-    (for checking this attribution on a machine without a GPU).
-    """
+def _attributed(events, device: bool) -> Iterator[tuple[str | None, str, float]]:
+    """(module or None, op name, seconds) of every op that ran kernels (device=True) or, on a
+    machine without a GPU, of every aten op's CPU self time (device=False)."""
     seq_module = node_modules(events)
-    per_module: dict[str, float] = defaultdict(float)
-    unattributed = total = 0.0
     for e in events:
         # Kernels appear twice: as device events of their own and inside the CPU op that
         # launched them (its self device time). Count them once, through the CPU op.
@@ -116,16 +111,39 @@ def time_per_module(events, *, device: bool = True) -> tuple[dict[str, float], f
         t = _self_time_us(e, device) * 1e-6
         if t <= 0:
             continue
-        total += t
         module = _forward_module(e)
         if module is None:
             node = _backward_node(e)
             module = seq_module.get(node.sequence_nr) if node is not None else None
+        yield module, e.name, t
+
+
+def time_per_module(events, *, device: bool = True) -> tuple[dict[str, float], float, float]:
+    """(seconds per module, seconds not attributed, total seconds) over the profiled events.
+
+    device=True sums kernels' device time (CUDA); device=False sums CPU self time of aten ops
+    (for checking this attribution on a machine without a GPU).
+    """
+    per_module: dict[str, float] = defaultdict(float)
+    unattributed = total = 0.0
+    for module, _, t in _attributed(events, device):
+        total += t
         if module is None:
             unattributed += t
         else:
             per_module[module] += t
     return dict(per_module), unattributed, total
+
+
+def time_per_module_op(events, *, device: bool = True) -> dict[str, dict[str, float]]:
+    """Seconds per module and, within it, per op that launched the kernels (the innermost:
+    `aten::cudnn_convolution`, not the `aten::conv2d` around it), as `time_per_module` counts
+    them; ops attributed to no module are left out."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for module, op, t in _attributed(events, device):
+        if module is not None:
+            out[module][op] += t
+    return {m: dict(ops) for m, ops in out.items()}
 
 
 def ranks(values: np.ndarray) -> np.ndarray:

@@ -22,7 +22,8 @@ batch 16), built on the GPU from gpushape.models:
     a library model with image inputs, and its inputs, to channels_last, as the zoo's resnet50
     always is: library models run as built, NCHW, by default)
     python benchmarks/trace/correlate.py --device cpu --quick   # checks the plumbing, no GPU
-    (--profile P: calibrated by that profile, the GPU's own, e.g. one `gpushape probe` wrote)
+    (--profile P: calibrated by that profile, the GPU's own, e.g. one `gpushape probe` wrote;
+    --ops: each module's ops too, both sides, for op_breakdown.py)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _attribution import module_ranges, spearman, time_per_module
+from _attribution import module_ranges, spearman, time_per_module, time_per_module_op
 from _correlate_report import plot, print_table
 
 import gpushape
@@ -157,6 +158,12 @@ def check(name, model, inputs, meta_trace, device) -> dict:
 
 def predict(meta_trace, gpu) -> tuple[dict, dict]:
     report = gpushape.cost(meta_trace, gpu, math="bf16")
+    ops: dict[str, dict[str, float]] = {}
+    for op in report.ops:  # per module, per op (forward and backward apart): kernel seconds
+        if op.kernel_time_s > 0 and op.module:
+            key = f"{op.op} ({op.phase})"
+            mine = ops.setdefault(op.module, {})
+            mine[key] = mine.get(key, 0.0) + op.kernel_time_s
     per_module = {
         path: {
             "type": m.module_type,
@@ -164,6 +171,7 @@ def predict(meta_trace, gpu) -> tuple[dict, dict]:
             "roofline_time_s": m.total.roofline_time_s,
             "flops": m.total.flops,
             "min_bytes": m.total.min_bytes,
+            "ops": ops.get(path, {}),
         }
         for path, m in report.by_module().items()
     }
@@ -185,12 +193,15 @@ def measure(model, inputs, steps: int, device: str) -> dict:
             train_step(model, inputs)
         if on_gpu:
             torch.cuda.synchronize()
-    per_module, unattributed, total = time_per_module(prof.events(), device=on_gpu)
+    events = prof.events()
+    per_module, unattributed, total = time_per_module(events, device=on_gpu)
+    per_op = time_per_module_op(events, device=on_gpu)
     timing = time_fn(
         lambda: train_step(model, inputs), warmup=2, repeats=max(steps, 5), device=device
     )
     return {
         "per_module_s": {k: v / steps for k, v in per_module.items()},
+        "per_module_op_s": {m: {o: t / steps for o, t in ops.items()} for m, ops in per_op.items()},
         "unattributed_s": unattributed / steps,
         "total_s": total / steps,
         "step_median_s": timing.median_s,
@@ -258,6 +269,14 @@ def run_model(name: str, args, gpu) -> dict:
         ratio_kernel=predicted_totals["kernel_time_s"] / measured["total_s"],
         ratio_roofline_vs_step=predicted_totals["roofline_time_s"] / measured["step_median_s"],
     )
+    if args.ops:  # each compared module's ops, both sides (benchmarks/trace/op_breakdown.py)
+        result["ops"] = {
+            r["module"]: {
+                "predicted_s": predicted[r["module"]]["ops"],
+                "measured_s": measured["per_module_op_s"].get(r["module"], {}),
+            }
+            for r in result["rows"]
+        }
     del model, inputs
     if args.device == "cuda":
         torch.cuda.empty_cache()
@@ -298,6 +317,12 @@ def main() -> None:
         action="store_true",
         help="library models with image inputs (timm:, hf: vision) and their inputs in "
         "channels_last (default: as built, NCHW)",
+    )
+    parser.add_argument(
+        "--ops",
+        action="store_true",
+        help="also keep each module's ops, predicted and measured (the JSON's `ops`; "
+        "benchmarks/trace/op_breakdown.py reads them)",
     )
     args = parser.parse_args()
     if args.quick:
