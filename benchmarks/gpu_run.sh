@@ -61,6 +61,8 @@ for spec in "$@"; do
     calib-bn-family) run calib-bn-family "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families fused_batch_norm_act --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     calib-nchw) run calib-nchw "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-batch_norm_nchw,pool_nchw,nchw_conversion}" --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     calib-attn) run calib-attn "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts attention --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
+    # the kernel floor (the shortest a kernel runs: probe/memory.py) into CALIB_PROFILE
+    kernel-floor) run kernel-floor "$secs" bash -c 'python3 benchmarks/hardware/measure_kernel_floor.py --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     # graph-layers' replay rates (graph_layer, graph_layer_param) into CALIB_PROFILE's host rates alone
     graph-rates) run graph-rates "$secs" bash -c 'python3 benchmarks/hardware/graph_layer_rates.py --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     tune-norms) run tune-norms "$secs" python3 benchmarks/kernels/tune_norms.py ;;

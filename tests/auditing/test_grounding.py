@@ -23,7 +23,7 @@ def test_launch_bound_saving_is_launches_times_eager_minus_graph_overhead():
     from gpushape.auditing.modes import host_spread, wall_clock_s
 
     h200 = get_gpu("h200")
-    a = dataclasses.replace(h200.achievable, gemm_latency_s=0.0)
+    a = dataclasses.replace(h200.achievable, gemm_latency_s=0.0, kernel_floor_s=0.0)
     model, inputs = build(ManyTiny), (meta(16, 64),)
     (f,) = audit(
         model, inputs, gpu=h200.replace(achievable=a), profile=None, rules=["launch-bound"]

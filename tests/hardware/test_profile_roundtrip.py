@@ -230,3 +230,16 @@ def test_the_gemm_latency_is_fitted_on_the_sweeps_and_read_from_a_profile():
     assert calibrated.achievable.gemm_latency_s == pytest.approx(5e-6)
     assert "gemm_latency_s" in calibrated.achievable.measured
     assert profile.apply_profile(spec, {}).achievable.gemm_latency_s == 4e-6  # the default
+
+
+def test_the_kernel_floor_is_read_from_a_profile_and_unmeasured_on_a_cpu():
+    """The probe's kernel floor (probe/memory.py) reaches every audit on that chip; a CPU has
+    no kernels to time, so there it is not measured and the default stands."""
+    from gpushape.probe.memory import measure_kernel_floor
+
+    spec = get_gpu("h200")
+    calibrated = profile.apply_profile(spec, {"kernel_floor": {"seconds": 2.5e-6, "kernels": 5}})
+    assert calibrated.achievable.kernel_floor_s == pytest.approx(2.5e-6)
+    assert "kernel_floor_s" in calibrated.achievable.measured
+    assert profile.apply_profile(spec, {"kernel_floor": {}}).achievable.kernel_floor_s == 1.5e-6
+    assert measure_kernel_floor("cpu") is None

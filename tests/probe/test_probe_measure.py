@@ -112,3 +112,14 @@ def test_gpu_measurements_are_plausible():
     assert 0.3 < flops / spec.peak_flops("bf16") <= 1.05
     eager, graph = pm.launch_overhead_s(cfg), pm.graph_launch_overhead_s(cfg)
     assert 0 < graph < eager < 1e-4
+
+
+@pytest.mark.gpu
+def test_the_kernel_floor_is_a_microsecond_or_two_on_the_gpu():
+    """A kernel over a few kilobytes runs about 1-2 us on Hopper (the profiler's times of
+    tiny modules on the H200 and H100): far above its bytes' time, far below a launch."""
+    from gpushape.probe.memory import measure_kernel_floor
+
+    floor = measure_kernel_floor("cuda")
+    assert floor is not None and set(floor["by_op"]) == {"add", "mul", "sigmoid", "sum", "fill"}
+    assert 0.3e-6 < floor["seconds"] < 6e-6

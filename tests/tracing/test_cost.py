@@ -50,6 +50,30 @@ def test_every_gemm_kernel_pays_the_latency_once():
     assert narrow - wide == pytest.approx(3 * mm_s(768, 0.0) - mm_s(3 * 768, 0.0) + 2e-3)
 
 
+def test_a_kernel_with_almost_nothing_to_do_costs_the_floor_and_a_matrix_product_its_latency():
+    """A squeeze-and-excitation gate's few kilobytes take the kernel floor (1.0-1.6 us a
+    kernel in the profiler on the H200 and H100), not nanoseconds; a large kernel's bytes
+    and a GEMM's FLOPs and latency are untouched by it."""
+    import dataclasses
+
+    floor = H100.achievable.kernel_floor_s
+    assert floor > 0
+    tiny = trace_fn(torch.sigmoid, (meta(64, 960, dtype=torch.bfloat16),))
+    op = _cost(tiny).ops[only(tiny, "sigmoid").index]
+    assert op.kernels == 1 and op.memory_s == pytest.approx(floor)
+    assert op.kernel_time_s == pytest.approx(floor)
+    none = H100.replace(achievable=dataclasses.replace(H100.achievable, kernel_floor_s=0.0))
+    bytes_s = 2 * 64 * 960 * 2 / H100.attainable_bandwidth_bytes_per_s()
+    assert bytes_s < floor
+    assert gpushape.cost(tiny, none).ops[op.index].memory_s == pytest.approx(bytes_s)
+    n = 1 << 24  # 32 MB: far above the floor, priced by its bytes alone either way
+    big = trace_fn(torch.sigmoid, (meta(n, dtype=torch.bfloat16),))
+    assert _cost(big).ops[0].memory_s == pytest.approx(gpushape.cost(big, none).ops[0].memory_s)
+    mm = trace_fn(torch.mm, (meta(8, 8, dtype=torch.bfloat16), meta(8, 8, dtype=torch.bfloat16)))
+    small = _cost(mm).ops[only(mm, "mm").index]  # its latency, not the floor, bounds it
+    assert small.memory_s < floor < H100.achievable.gemm_latency_s <= small.compute_s
+
+
 def test_elementwise_add_is_memory_bound_at_the_attainable_bandwidth():
     n = 1 << 20
     t = trace_fn(torch.add, (meta(n, dtype=torch.bfloat16), meta(n, dtype=torch.bfloat16)))

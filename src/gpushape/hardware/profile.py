@@ -111,6 +111,9 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
     latency = profile.get("gemm_latency", {})
     if isinstance(latency, dict) and latency.get("seconds") is not None:
         fields["gemm_latency_s"] = float(latency["seconds"])
+    floor = profile.get("kernel_floor", {})
+    if isinstance(floor, dict) and floor.get("seconds") is not None:
+        fields["kernel_floor_s"] = float(floor["seconds"])
     efficiency = {
         family: float(row["efficiency"])
         for family, row in profile.get("memory_efficiency", {}).items()
@@ -150,6 +153,7 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
                         "launch_overhead_s",
                         "graph_launch_overhead_s",
                         "gemm_latency_s",
+                        "kernel_floor_s",
                         "memory_efficiency",
                         "small_cin_conv",
                         "attention",

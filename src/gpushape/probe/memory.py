@@ -11,18 +11,31 @@ capped to [0.01, 1]. The profile keeps it under "memory_efficiency" and the cost
 divides the family's memory time by it. Counting bytes with gpushape's own formulas keeps the
 measurement and the prediction on one scale: the fraction absorbs whatever extra passes and
 poor access patterns the eager kernels have.
+
+The kernel floor (`measure_kernel_floor`): how long the GPU takes to run a kernel that has almost
+nothing to do. The cost model prices a memory-bound kernel by its bytes at its family's rate,
+which for a squeeze-and-excitation gate over 64 x 960 values comes to nanoseconds. No kernel is
+that short: it is scheduled, its blocks start, its one wave drains. The profiler's times of such
+modules on an H200 and an H100 (benchmarks/results/correlate-h200, correlate-h100: MobileNetV3's
+and EfficientNet-B0's squeeze-and-excitation activations and gates) are 1.0-1.6 us a kernel;
+priced without a floor they came to 0.01-0.06 of that. `Achievable.kernel_floor_s` is the floor;
+it is measured as the median device time (torch.profiler, as those times were taken) of a few
+elementwise and reduction kernels on a few kilobytes. A profiler session can leave CUPTI attached
+and later launches in the process slower (bench/timer.py `kernel_times`): the probe measures the
+floor after everything it times.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..bench.timer import cuda_graph, time_fn
+from ..bench.timer import cuda_graph, kernel_times, time_fn
 from ..hardware import GPUSpec
 from .workloads import WORKLOADS, FamilyWorkload
 
@@ -32,6 +45,7 @@ __all__ = [
     "LayerNormWeightGrad",
     "capped",
     "measure_family",
+    "measure_kernel_floor",
     "measure_memory_efficiency",
     "measure_weight_grad",
     "modeled_s",
@@ -211,3 +225,45 @@ def measure_memory_efficiency(
                 "workload": work.describe,
             }
     return out
+
+
+# the kernel floor (module docstring)
+FLOOR_ELEMENTS = 4096  # 8 KB of bf16: far below a wave of any GPU's blocks
+FLOOR_CALLS = 20  # profiled calls of each op (after warm-up)
+
+
+def _tiny_ops(device: str) -> dict[str, Any]:
+    x = torch.randn(FLOOR_ELEMENTS, device=device, dtype=torch.bfloat16)
+    y = torch.randn(FLOOR_ELEMENTS, device=device, dtype=torch.bfloat16)
+    return {
+        "add": lambda: x + y,
+        "mul": lambda: x * y,
+        "sigmoid": lambda: torch.sigmoid(x),
+        "sum": lambda: x.sum(),
+        "fill": lambda: torch.zeros_like(x),
+    }
+
+
+def measure_kernel_floor(device: str = "cuda", calls: int = FLOOR_CALLS) -> dict[str, Any] | None:
+    """{"seconds": the median kernel's device time, "by_op": microseconds per op, ...}: the
+    kernel floor on `device`; None without CUDA (a CPU has no kernels to time)."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return None
+    by_op: dict[str, float] = {}
+    durations: list[float] = []
+    for name, fn in _tiny_ops(device).items():
+        kernels = kernel_times(fn, calls=calls, warmup=3)
+        us = [t for name, t in kernels if not name.startswith(("Memset", "Memcpy"))]
+        if not us:
+            continue
+        by_op[name] = round(statistics.median(us), 3)
+        durations.extend(us)
+    if not durations:
+        return None
+    return {
+        "seconds": statistics.median(durations) * 1e-6,
+        "by_op": by_op,
+        "workload": f"add, mul, sigmoid, sum and a fill of {FLOOR_ELEMENTS} bf16 values, each kernel's "
+        f"device time (torch.profiler, mean of {calls} calls), median over the ops",
+        "kernels": len(durations),
+    }

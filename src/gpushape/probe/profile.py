@@ -226,6 +226,7 @@ def build_profile(
     attention: Mapping[str, Any] | None = None,
     host: Mapping[str, Any] | None = None,
     gemm_latency: Mapping[str, Any] | None = None,
+    kernel_floor: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     peaks = analysis["gemm_peak"]
     ceiling_out: dict[str, Any] = {
@@ -254,6 +255,7 @@ def build_profile(
         "cliffs": {"gemm": analysis["gemm"], "conv": analysis["conv"], "batch": analysis["batch"]},
         "wave_quantization": analysis["wave"],
         "gemm_latency": dict(gemm_latency or {}),
+        "kernel_floor": dict(kernel_floor or {}),
         "memory_efficiency": dict(memory or {}),
         "conv_small_cin": dict(stem or {}),
         "attention": dict(attention or {}),

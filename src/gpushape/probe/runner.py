@@ -197,6 +197,9 @@ def run_probe(
             claims, context, on_claim=lambda c: _on_claim(bar, job, c)
         )
         actual_s["guide_claims"] = time.perf_counter() - t0
+        t0 = time.perf_counter()  # last: its profiler session may slow later launches
+        floor = probe_memory.measure_kernel_floor(cfg.device)
+        actual_s["kernel_floor"] = time.perf_counter() - t0
     timing = {
         "estimate_s": {k: round(v[1], 2) for k, v in _by_sweep(tasks).items()},
         "actual_s": {k: round(v, 2) for k, v in actual_s.items()},
@@ -216,6 +219,7 @@ def run_probe(
         attention=attention,
         host=host,
         gemm_latency=latency,
+        kernel_floor=floor,
     )
 
 

@@ -10,7 +10,9 @@ Per op (FLOPs and minimum bytes from `flops.py`):
                 (reread_bytes: the second pass of two-pass algorithms such as BatchNorm in
                 training, whose statistics must be complete before any output is written;
                 the family efficiency: what eager kernels of its kind reach against the copy
-                rate, measured by `gpushape probe`, 1 where unmeasured: `families.py`)
+                rate, measured by `gpushape probe`, 1 where unmeasured: `families.py`),
+                and no less than gpu.achievable.kernel_floor_s per kernel other than a
+                matrix product's (the shortest a kernel runs: `probe/floor.py`)
     layout_s        = an NCHW convolution on tensor cores: cuDNN's NHWC conversions' bytes
                       (`layout.py`) / (copy rate x the profile's "nchw_conversion" efficiency);
                       a LayerNorm or softmax given a non-contiguous input: the copy its kernel
@@ -282,15 +284,20 @@ def op_cost(
     memory_s = (work.min_bytes + work.reread_bytes - columns_bytes) / (
         bandwidth * gpu.achievable.memory(op_family(rec, measured))
     )
+    floor = gpu.achievable.kernel_floor_s  # each kernel but the matrix products'
+    memory_s = max(memory_s, max(work.kernels - len(work.gemms), 0) * floor)
     kernel_s = max(compute_s, memory_s)
     kernels = work.kernels
     layout_s = 0.0
     passes = conversion_passes(rec) if used_tc else 0
     if passes:  # cuDNN's NHWC conversions: kernels of their own, after and before the GEMM
-        layout_s = conversion_bytes_of(rec) / (bandwidth * gpu.achievable.memory("nchw_conversion"))
+        layout_s = max(
+            conversion_bytes_of(rec) / (bandwidth * gpu.achievable.memory("nchw_conversion")),
+            2 * passes * floor,
+        )
         kernels += 2 * passes
     for nbytes, family in hidden_copy_families(rec, measured):  # a copy kernel before the op
-        layout_s += nbytes / (bandwidth * gpu.achievable.memory(family))
+        layout_s += max(nbytes / (bandwidth * gpu.achievable.memory(family)), floor)
         kernels += 1
     kernel_s += layout_s + weight_grad_s
     launch_s = kernels * gpu.achievable.launch_overhead_s
