@@ -263,7 +263,7 @@ def measure_kernel_floor(device: str = "cuda", calls: int = FLOOR_CALLS) -> dict
     return {
         "seconds": statistics.median(durations) * 1e-6,
         "by_op": by_op,
-        "workload": f"add, mul, sigmoid, sum and a fill of {FLOOR_ELEMENTS} bf16 values, each kernel's "
-        f"device time (torch.profiler, mean of {calls} calls), median over the ops",
+        "workload": f"add, mul, sigmoid, sum and a fill of {FLOOR_ELEMENTS} bf16 values, each "
+        f"kernel's device time (torch.profiler, mean of {calls} calls), median over the ops",
         "kernels": len(durations),
     }
