@@ -101,7 +101,7 @@ class Achievable:
     gemm_latency_s: float = 4e-6
     # The shortest any other kernel runs on the GPU: a kernel over a few kilobytes is not
     # done in nanoseconds (its blocks start, its one wave drains). `gpushape probe` measures it
-    # (probe/floor.py); the default is what fitted the profiler's times of tiny modules on the
+    # (probe/memory.py); the default is what fitted the profiler's times of tiny modules on the
     # H200 and the H100 (tracing/cost.py).
     kernel_floor_s: float = 1.5e-6
     # Eager kernels' bandwidth / the copy rate, by memory family (tracing/families.py); measured

@@ -251,12 +251,12 @@ def measure_kernel_floor(device: str = "cuda", calls: int = FLOOR_CALLS) -> dict
         return None
     by_op: dict[str, float] = {}
     durations: list[float] = []
-    for name, fn in _tiny_ops(device).items():
+    for op, fn in _tiny_ops(device).items():
         kernels = kernel_times(fn, calls=calls, warmup=3)
-        us = [t for name, t in kernels if not name.startswith(("Memset", "Memcpy"))]
+        us = [t for kernel, t in kernels if not kernel.startswith(("Memset", "Memcpy"))]
         if not us:
             continue
-        by_op[name] = round(statistics.median(us), 3)
+        by_op[op] = round(statistics.median(us), 3)
         durations.extend(us)
     if not durations:
         return None
