@@ -12,7 +12,7 @@ Per op (FLOPs and minimum bytes from `flops.py`):
                 the family efficiency: what eager kernels of its kind reach against the copy
                 rate, measured by `gpushape probe`, 1 where unmeasured: `families.py`),
                 and no less than gpu.achievable.kernel_floor_s per kernel other than a
-                matrix product's (the shortest a kernel runs: `probe/floor.py`)
+                matrix product's (the shortest a kernel runs: `probe/memory.py`)
     layout_s        = an NCHW convolution on tensor cores: cuDNN's NHWC conversions' bytes
                       (`layout.py`) / (copy rate x the profile's "nchw_conversion" efficiency);
                       a LayerNorm or softmax given a non-contiguous input: the copy its kernel
