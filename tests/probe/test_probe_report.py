@@ -223,6 +223,13 @@ def test_report_states_the_fitted_gemm_latency(synthetic_profile, tmp_path):
     }
     md = write_report({**synthetic_profile, "gemm_latency": fit}, tmp_path).read_text()
     assert "3.25 us a GEMM or convolution kernel" in md and "0.224 without it, 0.087" in md
+    assert "Kernel floor" not in md  # not measured: not claimed
+
+
+def test_report_states_the_measured_kernel_floor(synthetic_profile, tmp_path):
+    floor = {"seconds": 1.2e-6, "by_op": {"add": 1.1, "sum": 1.9}, "workload": "tiny kernels"}
+    md = write_report({**synthetic_profile, "kernel_floor": floor}, tmp_path).read_text()
+    assert "Kernel floor: 1.20 us" in md and "add 1.10, sum 1.90 us" in md
 
 
 def test_report_renders_again_from_the_profile_file(synthetic_profile, tmp_path):

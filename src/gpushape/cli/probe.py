@@ -142,6 +142,13 @@ def _summary(profile: dict[str, Any], spec: Any) -> Table:
             f"{latency['seconds'] * 1e6:.2f} us",
             f"{Achievable().gemm_latency_s * 1e6:.2f} us assumed",
         )
+    floor = profile.get("kernel_floor") or {}
+    if floor.get("seconds") is not None:
+        table.add_row(
+            "kernel floor",
+            f"{floor['seconds'] * 1e6:.2f} us",
+            f"{Achievable().kernel_floor_s * 1e6:.2f} us assumed",
+        )
     for dtype, g in profile["tc_align_elems"].items():
         table.add_row(
             f"{dtype} alignment cliff",

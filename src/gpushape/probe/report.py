@@ -156,6 +156,15 @@ def _conv_and_batch(profile: Mapping[str, Any], plots: dict[str, Path]) -> list[
             "Not fitted (too few small GEMMs in these sweeps: the full probe fits it); the cost "
             "model keeps its default."
         )
+    floor = profile.get("kernel_floor") or {}
+    if floor.get("seconds") is not None:
+        by_op = ", ".join(f"{op} {us:.2f}" for op, us in floor.get("by_op", {}).items())
+        lines += [
+            "",
+            f"Kernel floor: {floor['seconds'] * 1e6:.2f} us, the shortest any other kernel runs "
+            f"({floor.get('workload', 'tiny kernels')}; {by_op} us). The cost model prices no "
+            "kernel but a matrix product's below it.",
+        ]
     return [*lines, ""]
 
 
