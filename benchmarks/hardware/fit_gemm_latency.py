@@ -10,23 +10,17 @@ measured times and prices them with the profile's measured peaks and copy rate).
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed or not
+from _on_profile import profile_parser, write_stamped
 
-from gpushape.hardware.lookup import get_gpu  # noqa: E402
-from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
-from gpushape.probe.profile import fit_gemm_latency, write_profile  # noqa: E402
+from gpushape.hardware.lookup import get_gpu
+from gpushape.hardware.profile import apply_profile, read_profile
+from gpushape.probe.profile import fit_gemm_latency
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", type=Path, required=True)
-    parser.add_argument("-o", "--output", type=Path, default=None, help="default: over --profile")
+    parser = profile_parser(__doc__)
     parser.add_argument("--dry-run", action="store_true", help="print the fit, write nothing")
     args = parser.parse_args()
     profile = read_profile(args.profile)
@@ -46,10 +40,9 @@ def main() -> None:
     if args.dry_run:
         return
     profile["gemm_latency"] = fit
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    profile.setdefault("probe", {})["gemm_latency_fitted_at"] = stamp
-    profile["probe"]["gemm_latency_command"] = " ".join(sys.argv)
-    print(f"wrote {write_profile(profile, args.output or args.profile)}")
+    write_stamped(
+        profile, args.output or args.profile, "gemm_latency_fitted_at", "gemm_latency_command"
+    )
 
 
 if __name__ == "__main__":
