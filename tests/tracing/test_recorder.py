@@ -56,6 +56,34 @@ def test_forward_ops_carry_module_path_type_and_phase():
     assert t.model == "Net" and not t.train and t.device == "meta"
 
 
+class _Rotary(nn.Module):
+    """A function wrapped in a module at call time (transformers 5.25's kernel-hub wrappers
+    do this for the rotary embedding): the model does not hold it."""
+
+    def forward(self, x):
+        return x * 2.0 + 1.0
+
+
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.proj(_Rotary()(x))
+
+
+def test_ops_of_a_module_built_during_forward_belong_to_its_caller():
+    """Its ops are the caller's, as the profiler's module ranges and the module paths a user
+    can name see them (a path "attn._Rotary" names nothing `get_submodule` finds)."""
+    net = nn.Sequential()
+    net.add_module("attn", _Attention())
+    t = gpushape.trace(net, (meta(4, 8),), train=True)
+    assert {op.module for op in ops_named(t, "mul")} == {"attn"}
+    assert {op.module_type for op in ops_named(t, "add")} == {"_Attention"}
+    assert all(op.module in t.modules for op in t.ops)
+
+
 def test_backward_ops_belong_to_the_module_whose_forward_made_them():
     t = gpushape.trace(_meta_net(), (meta(2, 3, 8, 8),), train=True)
     assert t.backward_ops()

@@ -168,15 +168,14 @@ class ModuleStack:
         self.stack: list[tuple[str, str]] = [("", type(root).__name__)]
         self.failed_in: tuple[str, str] | None = None
 
-    def _name(self, module: nn.Module) -> str:
-        name = self.names.get(id(module))
-        if name is None:  # a module built during forward: name it under its caller
-            parent = self.stack[-1][0]
-            name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
-        return name
-
     def push(self, module: nn.Module, args: Any) -> None:
-        self.stack.append((self._name(module), type(module).__name__))
+        name = self.names.get(id(module))
+        if name is None:  # a module the model does not hold (built during forward: transformers
+            # 5.25 wraps functions such as its rotary embedding in one): its ops are its
+            # caller's, as the profiler's module ranges and the user's module paths see them
+            self.stack.append(self.stack[-1])
+        else:
+            self.stack.append((name, type(module).__name__))
 
     def pop(self, module: nn.Module, args: Any, output: Any) -> None:
         if sys.exc_info()[1] is not None and self.failed_in is None:
