@@ -19,7 +19,9 @@ Per op (FLOPs and minimum bytes from `flops.py`):
                       first makes (`layout.hidden_copies`) at its copy family's efficiency
     weight_grad_s   = a LayerNorm backward whose weight gradients PyTorch sums with one block
                       per 32 columns (`norm_grads.py`): that kernel's time; its bytes leave
-                      memory_s
+                      memory_s. A convolution backward's bias gradient: grad_output read once
+                      more by a kernel of its own, at the "reduction" figure for its columns
+                      (`flops/conv.py bias_grad_pass`; ConvNeXt-T's depthwise convs have biases)
     kernel_time_s   = max(compute_s, memory_s) + layout_s + weight_grad_s   # time on the GPU
     launch_s        = kernels x gpu.achievable.launch_overhead_s   (conversions: 2 a pass,
                                                                   hidden copies: 1 each)
@@ -48,7 +50,8 @@ from typing import Literal
 
 from ..errors import GpushapeError
 from ..hardware import GPUSpec, dtype_key, get_gpu
-from .families import hidden_copy_families, op_family
+from .families import hidden_copy_families, op_family, priced_family
+from .flops.conv import bias_grad_pass
 from .flops.registry import OpWork, op_work
 from .gemm_model import LATENCY_FAMILIES, GemmEfficiency, gemm_efficiency
 from .layout import conversion_bytes_of, conversion_passes
@@ -299,6 +302,11 @@ def op_cost(
     for nbytes, family in hidden_copy_families(rec, measured):  # a copy kernel before the op
         layout_s += max(nbytes / (bandwidth * gpu.achievable.memory(family)), floor)
         kernels += 1
+    bias = bias_grad_pass(rec)  # a convolution's bias gradient: a column sum of its own
+    if bias is not None:  # (its kernel is counted in `work.kernels`, so under the floor too)
+        nbytes, columns = bias
+        family = priced_family("reduction", measured, columns)
+        weight_grad_s += nbytes / (bandwidth * gpu.achievable.memory(family))
     kernel_s += layout_s + weight_grad_s
     launch_s = kernels * gpu.achievable.launch_overhead_s
     if work.flops == 0 and work.min_bytes == 0 and work.kernels == 0:

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 
 from ..records import OpRecord
-from .registry import Gemm, OpWork, io_bytes, register_formula
+from .registry import Gemm, OpWork, io_bytes, packet, register_formula
 
 
 def _channels(rec: OpRecord, x: str, w: str):
@@ -174,7 +174,10 @@ def convolution(rec: OpRecord) -> OpWork:
     return OpWork(flops=2 * macs + bias, min_bytes=io_bytes(rec), gemms=(gemm,))
 
 
-@register_formula("aten.convolution_backward", "aten.convolution_backward_overrideable")
+BACKWARD_OPS = ("aten.convolution_backward", "aten.convolution_backward_overrideable")
+
+
+@register_formula(*BACKWARD_OPS)
 def convolution_backward(rec: OpRecord) -> OpWork:
     grad_out = rec.input("grad_output")
     n, cin, cout, groups, in_pos, taps, transposed = _channels(rec, "input", "weight")
@@ -201,3 +204,18 @@ def convolution_backward(rec: OpRecord) -> OpWork:
     return OpWork(
         flops=flops, min_bytes=io_bytes(rec, skip=skip), gemms=tuple(gemms), kernels=max(kernels, 1)
     )
+
+
+def bias_grad_pass(rec: OpRecord) -> tuple[int, int | None] | None:
+    """(bytes, columns) of the bias gradient a convolution's backward sums in a kernel of its
+    own (`grad_output.sum` over batch and positions): grad_output read once more, which
+    `io_bytes` does not count. Channels_last, that kernel is a column sum over as many columns
+    as output channels, like a Linear's bias gradient (the "reduction@<columns>" figures);
+    NCHW, the sum runs along rows (columns None). None: no bias gradient asked."""
+    if packet(rec.op) not in BACKWARD_OPS:
+        return None
+    mask = tuple(rec.params.get("output_mask", (True, True, True)))
+    if len(mask) < 3 or not mask[2]:
+        return None
+    grad_out = rec.input("grad_output")
+    return grad_out.nbytes, (int(grad_out.shape[1]) if grad_out.channels_last else None)
