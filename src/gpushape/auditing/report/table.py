@@ -137,9 +137,10 @@ def render_table(report: Report, console: Any = None, *, top: int = 15) -> None:
     console.print(
         f"FLOPs count a multiply-add as 2 (FLOPs = 2 x MACs): {t.gemm_flops / 2e9:,.3f} GMACs "
         f"in matmuls, convolutions and attention of {t.flops / 1e9:,.3f} GFLOP in all.\n"
-        f"Predicted time per op = max(FLOPs / attainable FLOP/s x GEMM efficiency, min bytes / "
-        f"attainable bandwidth) (+ cuDNN's layout conversions for an NCHW convolution) + launch "
-        f"overhead x kernels: {t.kernel_time_s * 1e3:,.3f} ms on "
+        f"Predicted time per op = max(FLOPs / attainable FLOP/s x GEMM efficiency + a GEMM "
+        f"kernel's latency, min bytes / attainable bandwidth or the kernel floor) (+ cuDNN's "
+        f"layout conversions for an NCHW convolution) + launch overhead x kernels: "
+        f"{t.kernel_time_s * 1e3:,.3f} ms on "
         f"the GPU + {t.launch_s * 1e3:,.3f} ms launching {t.kernels} kernels (eager, not "
         f"overlapped).",
         highlight=False,
