@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -123,3 +124,20 @@ def test_the_breakdown_sets_predicted_beside_measured_by_base_op():
     assert copy.split()[-1] == "0.00"
     assert any(line.strip().startswith("a (Conv2d)") for line in lines)
     assert "no per-op data" in report({"model": "x", "rows": []}, 1, 1)[0]
+
+
+def test_the_breakdown_reads_a_results_file_and_names_a_bad_one(tmp_path, capsys):
+    from op_breakdown import main
+
+    result = {
+        "model": "m",
+        "batch": 2,
+        "rows": [{"module": "a", "type": "Linear", "predicted_kernel_s": 1e-3, "measured_s": 2e-3}],
+        "ops": {"a": {"predicted_s": {"aten.mm.default (forward)": 1e-3}, "measured_s": {}}},
+    }
+    path = tmp_path / "correlate.json"
+    path.write_text(json.dumps({"environment": {}, "results": [result]}))
+    assert main([str(path), "--models", "m"]) == 0
+    assert "m (batch 2): ops by measured ms a step" in capsys.readouterr().out
+    assert main([str(tmp_path / "missing.json")]) == 2
+    assert "op_breakdown.py: cannot read" in capsys.readouterr().err
