@@ -135,20 +135,14 @@ def _summary(profile: dict[str, Any], spec: Any) -> Table:
         f"{c.get('graph_launch_overhead_s', float('nan')) * 1e6:.2f} us",
         "-",
     )
-    latency = profile.get("gemm_latency") or {}
-    if latency.get("seconds") is not None:
-        table.add_row(
-            "GEMM kernel latency (fit)",
-            f"{latency['seconds'] * 1e6:.2f} us",
-            f"{Achievable().gemm_latency_s * 1e6:.2f} us assumed",
-        )
-    floor = profile.get("kernel_floor") or {}
-    if floor.get("seconds") is not None:
-        table.add_row(
-            "kernel floor",
-            f"{floor['seconds'] * 1e6:.2f} us",
-            f"{Achievable().kernel_floor_s * 1e6:.2f} us assumed",
-        )
+    assumed = Achievable()
+    for key, label, default_s in (
+        ("gemm_latency", "GEMM kernel latency (fit)", assumed.gemm_latency_s),
+        ("kernel_floor", "kernel floor", assumed.kernel_floor_s),
+    ):
+        seconds = (profile.get(key) or {}).get("seconds")
+        if seconds is not None:
+            table.add_row(label, f"{seconds * 1e6:.2f} us", f"{default_s * 1e6:.2f} us assumed")
     for dtype, g in profile["tc_align_elems"].items():
         table.add_row(
             f"{dtype} alignment cliff",
