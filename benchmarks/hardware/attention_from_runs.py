@@ -4,8 +4,8 @@ The probe measures what SDPA picks by itself (`gpushape.probe.attention`, backen
 Until it has run on the H200, the same rates are taken from the training steps the library
 loops timed there: torch.profiler's time of cuDNN's attention kernels in one step
 (`top_kernels`: `cudnn_generated_fort_native_sdpa_sm90_flash_fprop_*` forward,
-`..._bprop_*` backward) over the calls the model makes, against the GEMM model's time for that
-call (the probe's own `model_s`, its attention factor left at 1). Only each pass's main kernel
+`..._bprop_*` backward) over the calls the model makes, against the GEMM model's compute time for
+that call (the probe's own `model_s`, its attention factor left at 1). Only each pass's main kernel
 is in the lists (cuDNN's backward runs small helper kernels too), so the backward's rate is
 slightly optimistic. A row says which run and stage it came from; a probe run replaces it.
 

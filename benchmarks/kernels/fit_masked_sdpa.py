@@ -3,7 +3,7 @@ times, into a gpushape profile's "attention" rows as backend "cudnn_masked".
 
 On the H200 (torch 2.11) every masked bf16 call the probe made ran cuDNN's attention kernels,
 eagerly and compiled, over the whole square of scores. The rates are those kernels' times
-against the GEMM model's for the same work (the cost model's price at rate 1), forward and
+against the GEMM model's compute time for the same work (at rate 1), forward and
 backward, without and with dropout, from the probe's bidirectional shape (BERT's) with a 2-D
 boolean all-true mask; materialized-attention-mask prices a masked call with them. The causal
 shape's masked calls (GPT-2's) are printed against what the rates predict for them, as a check
@@ -66,7 +66,8 @@ def fit(probe: dict, profile: dict) -> tuple[dict, list[str]]:
         row = rows[f"{b}x{h}x{t}x{d} eager, {MASK}, dropout {0.1 if dropout else 0.0}"]
         fwd_s, bwd_s = kernel_s(row, "fprop"), kernel_s(row, "bprop")
         fwd_cost, bwd_cost = _costs(flat, b, h, t, d, dropout)
-        model_fwd, model_bwd = fwd_cost.kernel_time_s, bwd_cost.kernel_time_s
+        # the rate scales the model's compute side alone (probe/attention.py): taken against it
+        model_fwd, model_bwd = fwd_cost.compute_s, bwd_cost.compute_s
         flags = "dropout/" if dropout else ""
         new[f"{BACKEND}/{flags}d{d}"] = {
             f"{BACKEND}/fwd/{flags}d{d}": round(model_fwd / fwd_s, 4),

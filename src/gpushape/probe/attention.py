@@ -8,9 +8,13 @@ and at head size 64 their tiles are thin, so they run well below that. For each 
 in CONFIGS, one SDPA call (bf16, B x H x T x D) is timed forward, and forward + backward, from a
 CUDA graph, and the same call is traced by gpushape to get the model's time per pass:
 
-    efficiency = model time (this module's factor left at 1) / measured time,  per pass
+    efficiency = model compute time (this module's factor left at 1) / measured time,  per pass
 
-capped to [0.01, 1]. The profile keeps them under "attention"; the GEMM model multiplies an
+capped to [0.01, 1]. The factor scales the GEMM model's compute side alone (tracing/gemm_model.py),
+so it is taken against that side: an attention call over short sequences (ViT-B/16's 197 tokens
+at head size 64) has a larger memory time than compute time in the model at factor 1, and a
+factor taken against that memory time priced the call below its measured time (33 us against
+46.5 forward on the H200). The profile keeps them under "attention"; the GEMM model multiplies an
 attention kernel's efficiency by the one measured for its backend, pass, dropout and causal
 flags at the nearest head size (`Achievable.attention_rate`).
 
@@ -166,8 +170,8 @@ def _heads(cfg: AttentionConfig, h: int) -> tuple[int, int]:
 def model_s(
     spec: GPUSpec, cfg: AttentionConfig, shape: tuple[int, int, int], dtype: torch.dtype
 ) -> tuple[float, float, int, int]:
-    """The GEMM model's forward and backward time for this call (no measured attention
-    factor), then the FLOPs of each pass."""
+    """The GEMM model's forward and backward compute time for this call (no measured attention
+    factor: what that factor scales), then the FLOPs of each pass."""
     from ..tracing.cost import op_cost
     from ..tracing.tracer import trace
 
@@ -182,7 +186,7 @@ def model_s(
     for rec in trace(_Attention(cfg), qkv, train=True).ops:
         if "scaled_dot_product" in rec.op:
             c = op_cost(rec, flat)
-            times[rec.phase] += c.kernel_time_s
+            times[rec.phase] += c.compute_s
             flops[rec.phase] += c.flops
     return times["forward"], times["backward"], flops["forward"], flops["backward"]
 
