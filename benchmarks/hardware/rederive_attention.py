@@ -4,7 +4,8 @@ cost model changed what they are taken against. No GPU needed.
     python benchmarks/hardware/rederive_attention.py [--profile P] [-o OUT] [--why TEXT] [--dry-run]
 
 A rate is the GEMM model's compute time for one SDPA call (its attention factor left at 1)
-over the call's measured time, per pass (`gpushape.probe.attention.model_s`). Each row the
+over the call's measured time less the model's time for the kernels it runs beside its main
+one, per pass (`gpushape.probe.attention.model_s`, `passes_s`). Each row the
 probe measured keeps those measured times (`measured_fwd_s`, `measured_bwd_s`) and the call's
 shape (`workload`, "B x H x T x D"): this recomputes the model's side with the current code
 and the rates from the stored times, and marks the row "rederived" (when, why, the rates it
@@ -29,12 +30,15 @@ sys.path.insert(0, str(ROOT / "src"))  # this working tree's gpushape, installed
 
 from gpushape.hardware.lookup import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
-from gpushape.probe.attention import AttentionConfig, model_s  # noqa: E402
+from gpushape.probe.attention import AttentionConfig, model_s, passes_s  # noqa: E402
 from gpushape.probe.memory import capped  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
 
 DEFAULT = ROOT / "src" / "gpushape" / "hardware" / "profiles" / "h200-sxm.json"
-WHY = "rates taken against the GEMM model's compute time (they scale that side alone)"
+WHY = (
+    "rates taken against the GEMM model's compute time (they scale that side alone), the "
+    "kernels beside the main one priced apart (attention_pass)"
+)
 # rows derived by another script from committed runs (see the docstring)
 OTHERS = ("attention_from_runs.py", "probe_masked_sdpa.py")
 _KEY = re.compile(r"^(\w+)/(fwd|bwd)((?:/(?:dropout|causal|gqa))*)/d(\d+)(?:@t(\d+))?$")
@@ -73,9 +77,10 @@ def rederive(row: dict[str, Any], spec, why: str = WHY) -> dict[str, Any] | None
     b, h, t, _ = (int(x) for x in shape[-1])
     cfg, _ = config_of(keys[0])
     model_fwd, model_bwd, _, _ = model_s(spec, cfg, (b, h, t), torch.bfloat16)
+    beside_fwd, beside_bwd = passes_s(spec, cfg, (b, h, t), torch.bfloat16)
     rates = {
-        k: capped(*((model_bwd, row["measured_bwd_s"]) if config_of(k)[1] else
-                    (model_fwd, row["measured_fwd_s"])))
+        k: capped(*((model_bwd, row["measured_bwd_s"] - beside_bwd) if config_of(k)[1] else
+                    (model_fwd, row["measured_fwd_s"] - beside_fwd)))
         for k in keys
     }  # fmt: skip
     before = {k: row[k] for k in keys}
@@ -88,6 +93,7 @@ def rederive(row: dict[str, Any], spec, why: str = WHY) -> dict[str, Any] | None
         **rates,
         "model_fwd_s": model_fwd,
         "model_bwd_s": model_bwd,
+        "passes_bwd_s": beside_bwd,
         "rederived": {
             "at": stamp,
             "from": before,

@@ -4,6 +4,7 @@ kernel times: the profile cannot drift from its sources (rows the probe measured
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -40,3 +41,28 @@ def test_a_causal_call_is_priced_at_cudnns_rate_not_the_forced_flash_kernels():
     assert (
         a.attention_rate("flash", True, False, True, 64) > 1.5 * a.attention["flash/bwd/causal/d64"]
     )
+
+
+@pytest.mark.parametrize(
+    "profile",
+    ["src/gpushape/hardware/profiles/h200-sxm.json", "benchmarks/results/probe-h100/h100-sxm.json"],
+)
+def test_the_attention_pass_rate_is_what_the_committed_runs_give(monkeypatch, profile):
+    """The "attention_pass" family (a fused backward's row sums and dQ conversion) in the shipped
+    H200 profile and the H100 probe's, against attention_pass_from_runs.py's derivation from
+    each chip's committed BERT step: the kernels named, about half the copy rate."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "hardware"))
+    mod = __import__("attention_pass_from_runs")
+    from gpushape.hardware.lookup import get_gpu
+    from gpushape.hardware.profile import apply_profile, read_profile
+
+    data = read_profile(ROOT / profile)
+    spec = apply_profile(get_gpu(data["gpu"]), data, origin="test")
+    flat = spec.replace(
+        achievable=dataclasses.replace(spec.achievable, memory_efficiency={})
+    )  # the copy rate
+    derived = mod.row(data["gpu"], flat)
+    shipped = data["memory_efficiency"]["attention_pass"]
+    assert shipped["efficiency"] == pytest.approx(derived["efficiency"], rel=1e-3)
+    assert 0.3 < derived["efficiency"] < 0.9
+    assert len(derived["kernels"]) == 2

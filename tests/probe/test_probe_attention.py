@@ -129,8 +129,9 @@ def test_sdpas_own_pick_and_grouped_query_configurations_have_their_own_keys():
 
 def test_a_masked_call_gets_the_rates_the_audit_prices_a_materialized_mask_with():
     """The masked configurations give SDPA an all-true mask and key their rates as the cost
-    model looks them up for cuDNN's kernel given a mask; their model time is that kernel's over
-    every score, as materialized-attention-mask prices it."""
+    model looks them up for cuDNN's kernel given a mask; their model time is that kernel's
+    compute time over every score (what the rate scales), as materialized-attention-mask
+    prices it."""
     from gpushape.auditing.pricing.attention import AttentionShape, fused_records
     from gpushape.tracing.cost import op_cost
 
@@ -144,7 +145,7 @@ def test_a_masked_call_gets_the_rates_the_audit_prices_a_materialized_mask_with(
                           dropout=True)  # fmt: skip
     flat = spec.replace(achievable=__import__("dataclasses").replace(spec.achievable, attention={}))
     priced = [op_cost(r, flat) for r in fused_records(call, True, "cudnn")]
-    assert (fwd_s, bwd_s) == pytest.approx((priced[0].kernel_time_s, priced[1].kernel_time_s))
+    assert (fwd_s, bwd_s) == pytest.approx((priced[0].compute_s, priced[1].compute_s))
     assert fwd_flops == 4 * b * h * t * t * 64  # every score: no causal half
     seen = []
     real = torch.nn.functional.scaled_dot_product_attention

@@ -8,15 +8,21 @@ and at head size 64 their tiles are thin, so they run well below that. For each 
 in CONFIGS, one SDPA call (bf16, B x H x T x D) is timed forward, and forward + backward, from a
 CUDA graph, and the same call is traced by gpushape to get the model's time per pass:
 
-    efficiency = model compute time (this module's factor left at 1) / measured time,  per pass
+    efficiency = model compute time (this module's factor left at 1)
+                 / (measured time - the model's time for the kernels beside the main one)
 
-capped to [0.01, 1]. The factor scales the GEMM model's compute side alone (tracing/gemm_model.py),
-so it is taken against that side: an attention call over short sequences (ViT-B/16's 197 tokens
-at head size 64) has a larger memory time than compute time in the model at factor 1, and a
-factor taken against that memory time priced the call below its measured time (33 us against
-46.5 forward on the H200). The profile keeps them under "attention"; the GEMM model multiplies an
-attention kernel's efficiency by the one measured for its backend, pass, dropout and causal
-flags at the nearest head size (`Achievable.attention_rate`).
+per pass, capped to [0.01, 1]. The factor scales the GEMM model's compute side alone
+(tracing/gemm_model.py), so it is taken against that side: an attention call over short
+sequences (ViT-B/16's 197 tokens at head size 64) has a larger memory time than compute time
+in the model at factor 1, and a factor taken against that memory time priced the call below
+its measured time (33 us against 46.5 forward on the H200). A fused backward also runs
+memory-bound kernels beside its main one (dO . O row sums, dQ's float32 zeroing and
+conversion), which the cost model prices apart (`tracing.flops.attention.backward_passes`, the
+"attention_pass" family): the timed call less their modelled time is what the main kernel's
+rate is taken against. The profile keeps the
+rates under "attention"; the GEMM model multiplies an attention kernel's efficiency by the one
+measured for its backend, pass, dropout and causal flags at the nearest head size
+(`Achievable.attention_rate`).
 
 "flash" and "efficient" force that backend. "default" leaves the choice to PyTorch, as a model
 calling SDPA does: on the H200 with torch 2.11 a call the flash kernel could take ran cuDNN's
@@ -167,11 +173,9 @@ def _heads(cfg: AttentionConfig, h: int) -> tuple[int, int]:
     return h, (max(h // GQA_GROUP, 1) if cfg.gqa else h)
 
 
-def model_s(
-    spec: GPUSpec, cfg: AttentionConfig, shape: tuple[int, int, int], dtype: torch.dtype
-) -> tuple[float, float, int, int]:
-    """The GEMM model's forward and backward compute time for this call (no measured attention
-    factor: what that factor scales), then the FLOPs of each pass."""
+def _costs(spec: GPUSpec, cfg: AttentionConfig, shape: tuple[int, int, int], dtype: torch.dtype):
+    """The cost model's OpCost of each SDPA op of one call, forward and backward, with no
+    measured attention factor."""
     from ..tracing.cost import op_cost
     from ..tracing.tracer import trace
 
@@ -182,13 +186,37 @@ def model_s(
         torch.empty(b, heads, t, cfg.head_dim, dtype=dtype, device="meta", requires_grad=True)
         for heads in (hq, hkv, hkv)
     )
+    ops = trace(_Attention(cfg), qkv, train=True).ops
+    return [op_cost(rec, flat) for rec in ops if "scaled_dot_product" in rec.op]
+
+
+def model_s(
+    spec: GPUSpec, cfg: AttentionConfig, shape: tuple[int, int, int], dtype: torch.dtype
+) -> tuple[float, float, int, int]:
+    """The GEMM model's forward and backward compute time for this call (no measured attention
+    factor: what that factor scales), then the FLOPs of each pass."""
     times, flops = {"forward": 0.0, "backward": 0.0}, {"forward": 0, "backward": 0}
-    for rec in trace(_Attention(cfg), qkv, train=True).ops:
-        if "scaled_dot_product" in rec.op:
-            c = op_cost(rec, flat)
-            times[rec.phase] += c.compute_s
-            flops[rec.phase] += c.flops
+    for c in _costs(spec, cfg, shape, dtype):
+        times[c.phase] += c.compute_s
+        flops[c.phase] += c.flops
     return times["forward"], times["backward"], flops["forward"], flops["backward"]
+
+
+def passes_s(
+    spec: GPUSpec, cfg: AttentionConfig, shape: tuple[int, int, int], dtype: torch.dtype
+) -> tuple[float, float]:
+    """The cost model's forward and backward time for the memory-bound kernels the call runs
+    beside its main ones (a fused backward's row sums and dQ conversion:
+    `tracing.flops.attention.backward_passes`), at `spec`'s "attention_pass" rate. A timed
+    call includes them; the main kernels' rate is taken without. The memory-efficient kernel
+    runs none, and a masked call's rate keeps them (the cost model prices such calls' backward
+    with none beside: `tracing/flops/attention.py`): 0 for those."""
+    times = {"forward": 0.0, "backward": 0.0}
+    if cfg.backend in ("efficient", MASKED):
+        return 0.0, 0.0
+    for c in _costs(spec, cfg, shape, dtype):
+        times[c.phase] += c.passes_s
+    return times["forward"], times["backward"]
 
 
 def _backend(name: str):
@@ -213,6 +241,7 @@ def measure_config(
     started = time.perf_counter()
     shape = cfg.shape(shape)
     model_fwd, model_bwd, flops_fwd, flops_bwd = model_s(spec, cfg, shape, dtype)
+    beside_fwd, beside_bwd = passes_s(spec, cfg, shape, dtype)
     b, h, t = shape
     gen = torch.Generator(device="cpu").manual_seed(0)
     hq, hkv = _heads(cfg, h)
@@ -246,14 +275,15 @@ def measure_config(
     bwd_s = max(both_s - fwd_s, 0.0)
     ran = kernels_run(step) if cuda and kernels else []
     return {
-        cfg.key(False): capped(model_fwd, fwd_s),
-        cfg.key(True): capped(model_bwd, bwd_s),
+        cfg.key(False): capped(model_fwd, fwd_s - beside_fwd),
+        cfg.key(True): capped(model_bwd, bwd_s - beside_bwd),
         "workload": f"{cfg.describe}, {b}x{h}x{t}x{cfg.head_dim}",
         "dtype": str(dtype).removeprefix("torch."),
         "measured_fwd_s": fwd_s,
         "measured_bwd_s": bwd_s,
         "model_fwd_s": model_fwd,
         "model_bwd_s": model_bwd,
+        "passes_bwd_s": beside_bwd,
         "tflops_fwd": _tflops(flops_fwd, fwd_s),
         "tflops_bwd": _tflops(flops_bwd, bwd_s),
         **({"kernels": ran} if ran else {}),

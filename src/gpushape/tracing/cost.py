@@ -22,7 +22,10 @@ Per op (FLOPs and minimum bytes from `flops.py`):
                       memory_s. A convolution backward's bias gradient: grad_output read once
                       more by a kernel of its own, at the "reduction" figure for its columns
                       (`flops/conv.py bias_grad_pass`; ConvNeXt-T's depthwise convs have biases)
-    kernel_time_s   = max(compute_s, memory_s) + layout_s + weight_grad_s   # time on the GPU
+    passes_s        = kernels an op runs beside its main one, each (bytes, family) at its
+                      family's rate and no less than the floor: a fused attention backward's
+                      dO . O row sums, dQ's float32 zeroing and conversion (`flops/attention.py`)
+    kernel_time_s   = max(compute_s, memory_s) + layout_s + weight_grad_s + passes_s
     launch_s        = kernels x gpu.achievable.launch_overhead_s   (conversions: 2 a pass,
                                                                   hidden copies: 1 each)
     roofline_time_s = kernel_time_s + launch_s          # serial: launch not hidden
@@ -93,6 +96,9 @@ class OpCost:
     layout_s: float = 0.0
     # a LayerNorm backward's weight gradients summed one block per 32 columns (in kernel_s)
     weight_grad_s: float = 0.0
+    # memory-bound kernels the op runs beside its main one (flops/registry.py OpWork.passes: a
+    # fused attention backward's row sums and dQ conversion; in kernel_s)
+    passes_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +294,11 @@ def op_cost(
         bandwidth * gpu.achievable.memory(op_family(rec, measured))
     )
     floor = gpu.achievable.kernel_floor_s  # each kernel but the matrix products'
-    memory_s = max(memory_s, max(work.kernels - len(work.gemms), 0) * floor)
+    passes_s = sum(  # kernels of their own beside the main one, each at its family's rate
+        max(nbytes / (bandwidth * gpu.achievable.memory(family)), floor)
+        for nbytes, family in work.passes
+    )
+    memory_s = max(memory_s, max(work.kernels - len(work.gemms) - len(work.passes), 0) * floor)
     kernel_s = max(compute_s, memory_s)
     kernels = work.kernels
     layout_s = 0.0
@@ -307,7 +317,7 @@ def op_cost(
         nbytes, columns = bias
         family = priced_family("reduction", measured, columns)
         weight_grad_s += nbytes / (bandwidth * gpu.achievable.memory(family))
-    kernel_s += layout_s + weight_grad_s
+    kernel_s += layout_s + weight_grad_s + passes_s
     launch_s = kernels * gpu.achievable.launch_overhead_s
     if work.flops == 0 and work.min_bytes == 0 and work.kernels == 0:
         bound: Bound = "none"
@@ -340,4 +350,5 @@ def op_cost(
         misaligned=tuple(m for e in effs for m in e.misaligned),
         layout_s=layout_s,
         weight_grad_s=weight_grad_s,
+        passes_s=passes_s,
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from .flops.attention import ATTENTION_PASS
 from .flops.conv import S2D_FOLD, S2D_STEM, direct_conv
 from .flops.registry import packet
 from .layout import copy_op_kind, hidden_copies, runs_nchw, runs_nhwc, strided_operand
@@ -266,6 +267,7 @@ ALL_FAMILIES = (
     *DOWNSAMPLE_VARIANTS,
     *S2D_VARIANTS,
     S2D_FOLD,
+    ATTENTION_PASS,  # a fused attention backward's kernels beside its main one (flops/attention)
 )
 
 

@@ -23,6 +23,8 @@ values a meta trace does not have.
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..records import OpRecord
 from .registry import AttentionKernel, Gemm, OpWork, io_bytes, register_formula
 
@@ -139,5 +141,46 @@ def attention_forward(rec: OpRecord) -> OpWork:
     "flash_attn._flash_attn_backward",
 )
 def attention_backward(rec: OpRecord) -> OpWork:
-    """Three kernels on CUDA: dO . O row sums, the main pass, the dQ conversion."""
-    return _work(rec, backward=True, kernels=3)
+    """Three kernels on CUDA: dO . O row sums, the main pass, the dQ conversion (a fourth sums
+    a grouped-query call's dK and dV over the query heads a K/V head serves)."""
+    work = _work(rec, backward=True, kernels=3)
+    passes = backward_passes(rec)
+    if not passes:
+        return work
+    return dataclasses.replace(work, passes=passes, kernels=3 + (len(passes) > 3))
+
+
+# The kernels FlashAttention-2's and cuDNN's backward run beside the main one (seen in the
+# profiler on the H100 and the H200: `compute_dot_do_o`, `convert_dq_to_16bits`,
+# `fmha_reduce_head`, a memset): memory-bound, priced at the "attention_pass" family's rate
+# (the memset at the copy rate). The memory-efficient kernel and CPU's flash run none.
+_PASS_OPS = (
+    "aten._scaled_dot_product_flash_attention_backward",
+    "aten._scaled_dot_product_cudnn_attention_backward",
+    FLASH_ATTN + "backward",
+)
+ATTENTION_PASS = "attention_pass"
+
+
+def backward_passes(rec: OpRecord) -> tuple[tuple[int, str | None], ...]:
+    """(bytes, memory family) of each memory-bound kernel a fused attention backward runs
+    beside its main one: dQ's float32 accumulator zeroed; the row sums of dO . O (dO and O
+    read, a float32 per row written); dQ converted from float32; and, where K and V have fewer
+    heads than Q, dK and dV summed over the query heads each K/V head serves."""
+    if not rec.op.startswith(_PASS_OPS):
+        return ()
+    b, hq, tq, tk, d, dv, _ = _shapes(rec)
+    size = rec.inputs[0].itemsize if rec.inputs else 2
+    rows, dq = b * hq * tq, b * hq * tq * d
+    passes: list[tuple[int, str | None]] = [
+        (4 * dq, None),
+        (2 * rows * dv * size + 4 * rows, ATTENTION_PASS),
+        (dq * (4 + size), ATTENTION_PASS),
+    ]
+    if _grouped(rec):
+        hkv = (
+            rec.input("k").shape[2] if rec.op.startswith(FLASH_ATTN) else rec.input("key").shape[1]
+        )
+        expanded = b * hq * tk * (d + dv) * size
+        passes.append((expanded + b * hkv * tk * (d + dv) * size, ATTENTION_PASS))
+    return tuple(passes)

@@ -80,6 +80,11 @@ class OpWork:
     # pass (BatchNorm in training: a statistics pass reads the input before the normalising
     # pass reads it again). Time counts them; min_bytes and intensity do not.
     reread_bytes: int = 0
+    # Memory-bound kernels the op runs in sequence with its main one, (bytes moved, memory
+    # family or None for the copy rate) each: a fused attention backward's dO . O row sums,
+    # the zeroing and conversion of its float32 dQ. Time counts each on its own (added, not
+    # overlapped with the main kernel); min_bytes and intensity do not.
+    passes: tuple[tuple[int, str | None], ...] = ()
 
     @property
     def gemm_flops(self) -> int:
