@@ -288,7 +288,8 @@ def memory_family(rec: OpRecord) -> str | None:
         return GEMM
     kind = copy_op_kind(rec)
     if kind is not None:
-        return PERMUTED_CAT if op == "aten.cat" and kind == "permuted" else COPY_FAMILIES[kind]
+        joined = op in ("aten.cat", "aten.stack")
+        return PERMUTED_CAT if joined and kind == "permuted" else COPY_FAMILIES[kind]
     if op in INDEX_PUT:
         return "scatter_add" if rec.params.get("accumulate") else None
     family = _BY_PACKET.get(op) or KERNEL_FAMILIES.get(op)

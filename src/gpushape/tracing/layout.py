@@ -165,16 +165,45 @@ def copy_kind(src: TensorMeta, dst: TensorMeta) -> str | None:
 
 def copy_op_kind(rec: OpRecord) -> str | None:
     """`copy_kind` of a copy op (clone, _to_copy, copy_, and a cat of one non-empty tensor:
-    a key/value cache's first append); None for any other op."""
+    a key/value cache's first append), and of a cat or stack of several whose inputs read
+    unlike their slices of the output ("permuted" where any input is read so: the backward of
+    `qkv.unbind(0)` stacks dQ, dK and dV laid out as the permuted views they were, as timm's
+    attention makes them); None for any other op."""
     op = packet(rec.op)
-    if op == "aten.cat":
+    if op in ("aten.cat", "aten.stack") and rec.outputs:
         full = [t for t in rec.inputs if t.numel]
-        return copy_kind(full[0], rec.outputs[0]) if len(full) == 1 and rec.outputs else None
+        if op == "aten.cat" and len(full) == 1:
+            return copy_kind(full[0], rec.outputs[0])
+        return _joined_kind(full, rec.outputs[0], rec.params.get("dim", 0), op == "aten.stack")
     if op not in COPY_OPS or not rec.inputs:
         return None
     if op == "aten.copy_":  # copy_(self, src): self is the destination
         return copy_kind(rec.inputs[1], rec.inputs[0]) if len(rec.inputs) > 1 else None
     return copy_kind(rec.inputs[0], rec.outputs[0]) if rec.outputs else None
+
+
+def _joined_kind(parts: list[TensorMeta], out: TensorMeta, dim, stacked: bool) -> str | None:
+    """How a cat (or stack) reads its inputs into their slices of `out`: "permuted" where any
+    input's dimensions lie in memory in another order than its slice's and its innermost row
+    (the slice's) is contiguous, else "transposed" where any lies otherwise, else None. A
+    slice is strided by `out`'s strides (less the stacked dimension), so the order of the
+    strides, not their values, tells a plain copy."""
+    if not isinstance(dim, int) or len(out.strides) != len(out.shape):
+        return None
+    dim %= len(out.shape)
+    strides = out.strides[:dim] + out.strides[dim + 1 :] if stacked else out.strides
+    kinds = set()
+    for t in parts:
+        if len(t.shape) != len(strides) or len(t.strides) != len(t.shape):
+            continue
+        dims = [d for d, size in enumerate(t.shape) if size > 1]
+        if not dims or any(t.strides[d] == 0 for d in dims):
+            continue
+        if sorted(dims, key=lambda d: -t.strides[d]) == sorted(dims, key=lambda d: -strides[d]):
+            continue
+        inner = min(dims, key=lambda d: strides[d])
+        kinds.add("permuted" if t.strides[inner] == 1 else "transposed")
+    return next((k for k in ("permuted", "transposed") if k in kinds), None)
 
 
 def hidden_copies(rec: OpRecord) -> tuple[tuple[TensorMeta, str], ...]:
