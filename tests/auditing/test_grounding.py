@@ -371,3 +371,31 @@ def test_separate_qkv_against_fused_qkv_measured_at_llama_7b():
     )
     (f,) = report.findings
     assert 31e-6 / 1.5 <= f.est_saving_s <= 31e-6 * 1.5
+
+
+def test_separate_qkvs_saving_is_what_the_trace_of_the_fused_model_saves():
+    """The rule prices both sides with synthesized records; the loop prices the step traced
+    before and after `fuse-qkv`. They agree: the fused side pays the split's backward (one cat
+    of the three output gradients) and the bias gradients are column sums at their widths'
+    figures (tracing/families.py), as the trace prices them."""
+    import copy
+
+    import gpushape
+    from gpushape.hardware.profile import calibrated
+
+    from .models import Attention
+
+    spec = calibrated("h200-sxm")
+    model = build(Attention, fused_qkv=False).to(torch.bfloat16)
+    # inside a network, the block's input carries a gradient (the three input gradients summed)
+    x = (meta(32, 512, 768, dtype=torch.bfloat16).requires_grad_(),)
+    (finding,) = audit(model, x, gpu=spec, dtype=torch.bfloat16, rules=["separate-qkv"]).findings
+    fused, _ = gpushape.optimize(copy.deepcopy(model), x, gpu=spec, dtype=torch.bfloat16,
+                                 transforms=["fuse-qkv"])  # fmt: skip
+
+    def kernel_s(m) -> float:
+        return gpushape.cost(gpushape.trace(m, x, train=True), spec).totals.kernel_time_s
+
+    traced = kernel_s(model) - kernel_s(fused)
+    e = finding.evidence
+    assert e["time_separate_s"] - e["time_fused_s"] == pytest.approx(traced, rel=0.1)

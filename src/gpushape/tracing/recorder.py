@@ -139,6 +139,23 @@ def failure_message(
     return text
 
 
+def kept_tags(func: torch._ops.OpOverload) -> tuple[str, ...]:
+    """The tags a record of `func` carries ("pointwise", "reduction", ...), sorted."""
+    return tuple(sorted(str(t).removeprefix("Tag.") for t in set(func.tags) & _KEPT_TAGS))
+
+
+def op_tags(op: str) -> tuple[str, ...]:
+    """`kept_tags` of an op named as records name it ("aten.sum.dim_IntList"); () for a name
+    that is not an ATen overload."""
+    namespace, _, rest = op.partition(".")
+    packet, _, overload = rest.partition(".")
+    try:
+        func = getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+    except (AttributeError, RuntimeError):
+        return ()
+    return kept_tags(func) if isinstance(func, torch._ops.OpOverload) else ()
+
+
 class _Schema:
     """Per-op facts computed once: argument names, op name, kind, in-place."""
 
@@ -148,7 +165,7 @@ class _Schema:
         self.name = str(func)  # "aten.convolution.default"
         self.arg_names = tuple(a.name for a in func._schema.arguments)
         tags = set(func.tags)
-        self.tags = tuple(sorted(str(t).removeprefix("Tag.") for t in tags & _KEPT_TAGS))
+        self.tags = kept_tags(func)
         packet = self.name.rsplit(".", 1)[0]
         self.inplace = _INPLACE_TAG in tags or packet.endswith("_")
         if func.is_view or _INPLACE_VIEW_TAG in tags or packet in _VIEW_OPS:

@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ...tracing.recorder import op_tags
 from ...tracing.records import DTYPE_BYTES, OpRecord, TensorMeta
 
 
@@ -65,7 +66,9 @@ def record(
     like: OpRecord | None = None,
     phase: str = "forward",
 ) -> OpRecord:
-    """A new op record (module and phase taken from `like` when given)."""
+    """A new op record (module and phase taken from `like` when given), with the tags the
+    tracer gives `op` ("reduction" for a sum...), so that it is priced in the same memory
+    family as a traced one."""
     return OpRecord(
         index=like.index if like else -1,
         op=op,
@@ -77,4 +80,5 @@ def record(
         input_names=tuple(inputs),
         outputs=tuple(outputs),
         params=dict(params or {}),
+        tags=op_tags(op),
     )
