@@ -374,10 +374,9 @@ def test_separate_qkv_against_fused_qkv_measured_at_llama_7b():
 
 
 def test_separate_qkvs_saving_is_what_the_trace_of_the_fused_model_saves():
-    """The rule prices both sides with synthesized records; the loop prices the step traced
-    before and after `fuse-qkv`. They agree: the fused side pays the split's backward (one cat
-    of the three output gradients) and the bias gradients are column sums at their widths'
-    figures (tracing/families.py), as the trace prices them."""
+    """The rule's synthesized records against the step traced before and after `fuse-qkv`:
+    the fused side pays the split's backward (a cat of the three output gradients), and bias
+    gradients are column sums at their widths' figures, as the trace prices them."""
     import copy
 
     import gpushape

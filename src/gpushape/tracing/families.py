@@ -125,12 +125,11 @@ GROUPED_CONV_NCHW = "grouped_conv_nchw"
 # Copies between layouts (tracing/layout.py `copy_kind`), by how they read their source; roll
 # (its own family above) copies as many times as it has dimensions to roll.
 COPY_FAMILIES = {"permuted": "permuted_copy", "transposed": "transposed_copy"}
-# ... and a `cat` of one non-empty tensor read permuted (a key/value cache's first append:
-# GPT-2's keys and values, (B, T, H, D) viewed as (B, H, T, D)), which PyTorch runs with its cat
-# kernel's strided path: on the H200 GPT-2's 24 such cats took 0.99 ms a step, half the rate
-# of the permuted copy family's workload (benchmarks/hardware/permuted_cat_from_runs.py).
-# Unmeasured, it is priced as a permuted copy.
-PERMUTED_CAT = "permuted_cat"
+# ... and a cat or stack read permuted (a key/value cache's first append, GPT-2's (B, T, H, D)
+# viewed as (B, H, T, D); an unbound qkv's dQ, dK, dV stacked): PyTorch's cat kernel's strided
+# path, on the H200 half the permuted copy's rate (GPT-2's 24 cache cats, 0.99 ms a step:
+# benchmarks/hardware/permuted_cat_from_runs.py); unmeasured, priced as a permuted copy.
+PERMUTED_CAT, JOINED = "permuted_cat", ("aten.cat", "aten.stack")
 # Families whose rate depends on one size of the op (the module docstring): measured as
 # "<family>@<size>" beside the family's own figure, taken at SIZE_BASE's size.
 #   norm, softmax: the row length (last dimension); LayerNorm over 96 or 768 values keeps fewer
@@ -287,9 +286,8 @@ def memory_family(rec: OpRecord) -> str | None:
     if op in GEMM_OPS:
         return GEMM
     kind = copy_op_kind(rec)
-    if kind is not None:
-        joined = op in ("aten.cat", "aten.stack")
-        return PERMUTED_CAT if joined and kind == "permuted" else COPY_FAMILIES[kind]
+    if kind is not None:  # a cat or stack read permuted: PyTorch's cat kernel's strided path
+        return PERMUTED_CAT if op in JOINED and kind == "permuted" else COPY_FAMILIES[kind]
     if op in INDEX_PUT:
         return "scatter_add" if rec.params.get("accumulate") else None
     family = _BY_PACKET.get(op) or KERNEL_FAMILIES.get(op)
