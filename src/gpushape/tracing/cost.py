@@ -20,8 +20,9 @@ Per op (FLOPs and minimum bytes from `flops.py`):
     weight_grad_s   = a LayerNorm backward whose weight gradients PyTorch sums with one block
                       per 32 columns (`norm_grads.py`): that kernel's time; its bytes leave
                       memory_s. A convolution backward's bias gradient: grad_output read once
-                      more by a kernel of its own, at the "reduction" figure for its columns
-                      (`flops/conv.py bias_grad_pass`; ConvNeXt-T's depthwise convs have biases)
+                      more by a kernel of its own, priced as a sum of its rows into its channels
+                      (`flops/conv.py bias_grad_pass`, `sums.py`; ConvNeXt-T's depthwise
+                      convs have biases)
     passes_s        = kernels an op runs beside its main one, each (bytes, family) at its
                       family's rate and no less than the floor: a fused attention backward's
                       dO . O row sums, dQ's float32 zeroing and conversion (`flops/attention.py`)
@@ -53,13 +54,14 @@ from typing import Literal
 
 from ..errors import GpushapeError
 from ..hardware import GPUSpec, dtype_key, get_gpu
-from .families import hidden_copy_families, op_family, priced_family
+from .families import hidden_copy_families, op_family, sum_family
 from .flops.conv import bias_grad_pass
 from .flops.registry import OpWork, op_work
 from .gemm_model import LATENCY_FAMILIES, GemmEfficiency, gemm_efficiency
 from .layout import conversion_bytes_of, conversion_passes
 from .norm_grads import weight_grad_cost
 from .records import OpRecord, Trace
+from .sums import CHANNEL_SUM, COLUMN_SUM
 
 MathMode = Literal["bf16", "fp16", "fp32", "tf32"]
 MATH_MODES = ("bf16", "fp16", "fp32", "tf32")
@@ -314,8 +316,8 @@ def op_cost(
         kernels += 1
     bias = bias_grad_pass(rec)  # a convolution's bias gradient: a column sum of its own
     if bias is not None:  # (its kernel is counted in `work.kernels`, so under the floor too)
-        nbytes, columns = bias
-        family = priced_family("reduction", measured, columns)
+        nbytes, rows, channels, nhwc = bias
+        family = sum_family(COLUMN_SUM if nhwc else CHANNEL_SUM, measured, rows, channels)
         weight_grad_s += nbytes / (bandwidth * gpu.achievable.memory(family))
     kernel_s += layout_s + weight_grad_s + passes_s
     launch_s = kernels * gpu.achievable.launch_overhead_s

@@ -26,6 +26,7 @@ from .flops.conv import S2D_FOLD, S2D_STEM, direct_conv
 from .flops.registry import packet
 from .layout import copy_op_kind, hidden_copies, runs_nchw, runs_nhwc, strided_operand
 from .records import OpRecord
+from .sums import CHANNEL_SUM, column_width, grid_key, row_length, sum_shape
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "norm": (
@@ -189,6 +190,7 @@ FALLBACK = {
     "scatter_add": "gather",
     ELEMENTWISE_STRIDED: "elementwise",
     PERMUTED_CAT: "permuted_copy",
+    CHANNEL_SUM: "reduction",
 }
 # Families from the op's tags, for ops no table above names.
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
@@ -267,6 +269,7 @@ ALL_FAMILIES = (
     *S2D_VARIANTS,
     S2D_FOLD,
     ATTENTION_PASS,  # a fused attention backward's kernels beside its main one (flops/attention)
+    CHANNEL_SUM,  # an NCHW per-channel sum (tracing/sums.py)
 )
 
 
@@ -303,7 +306,8 @@ def _tagged(rec: OpRecord) -> str | None:
         if tag in rec.tags:
             if name == "elementwise" and strided_operand(rec):
                 return ELEMENTWISE_STRIDED
-            return name
+            shape = sum_shape(rec) if name == "reduction" else None
+            return shape[0] if shape else name
     return None
 
 
@@ -313,6 +317,9 @@ def op_family(rec: OpRecord, measured: Mapping[str, float]) -> str | None:
     layouts whose kind is unmeasured is priced as the op was before copies had families (a
     clone by its tags, elementwise)."""
     family = memory_family(rec)
+    shape = sum_shape(rec)
+    if shape is not None and family == shape[0]:  # a sum down to one value a channel
+        return sum_family(family, measured, shape[1], shape[2])
     priced = priced_family(family, measured, variant_size(rec, family))
     if (family in COPY_FAMILIES.values() or family == PERMUTED_CAT) and priced not in measured:
         return priced_family(_tagged(rec), measured)
@@ -336,6 +343,18 @@ def priced_family(
     if family in FALLBACK:
         return priced_family(FALLBACK[family], measured, size)
     return family
+
+
+def sum_family(family: str, measured: Mapping[str, float], rows: int, channels: int) -> str:
+    """The figure pricing a sum of `rows` into `channels` values (tracing/sums.py): the nearest
+    point of the family's measured grid, else of the column sums' grid (an unmeasured NCHW
+    sum), else the family's figure by width as `priced_family` picks it."""
+    for name in dict.fromkeys((family, FALLBACK.get(family, family))):
+        key = grid_key(name, measured, rows, channels)
+        if key is not None:
+            return key
+    width = channels if family == "reduction" else None
+    return priced_family(family, measured, width) or family
 
 
 def nearest_size(family: str, measured: Mapping[str, float], size: int, base: int) -> str:
@@ -364,27 +383,6 @@ def variant_size(rec: OpRecord, family: str | None) -> int | None:
         weight = rec.input("weight") if rec.has_input("weight") else rec.inputs[1]
         return int(weight.shape[-1]) if len(weight.shape) > 2 else None
     return None
-
-
-def column_width(rec: OpRecord) -> int | None:
-    """A column sum's width: the columns a reduction keeps where it sums every leading
-    dimension of its input and keeps the last (a bias gradient); None for other reductions."""
-    first = rec.inputs[0] if rec.inputs else None
-    out = rec.outputs[0] if rec.outputs else None
-    if first is None or out is None or len(first.shape) < 2:
-        return None
-    width, rank = int(first.shape[-1]), len(first.shape)
-    dims = rec.params.get("dim")
-    dims = (dims,) if isinstance(dims, int) else tuple(dims or ())
-    if (rank - 1) in {d % rank for d in dims}:
-        return None  # the last dimension is summed: a row sum (a square input's too)
-    return width if out.numel == width and first.numel > width else None
-
-
-def row_length(rec: OpRecord) -> int | None:
-    """The length of the rows a norm or softmax works on: its input's last dimension."""
-    first = rec.inputs[0] if rec.inputs else None
-    return int(first.shape[-1]) if first is not None and first.shape else None
 
 
 def hidden_copy_families(

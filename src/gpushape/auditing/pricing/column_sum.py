@@ -14,16 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...tracing.families import column_width, memory_family, op_family
+from ...tracing.families import memory_family, op_family
+from ...tracing.sums import sum_shape
 
 FAMILY = "reduction"
 
 
 def column_sums(trace: Any) -> list[int]:
     """The trace indices of the step's column sums (a bias gradient's `sum(0)`)."""
-    return [
-        r.index for r in trace.ops if memory_family(r) == FAMILY and column_width(r) is not None
-    ]
+    return [r.index for r in trace.ops if _channel_sum(r)]
 
 
 def compiled_column_sum_saving_s(ctx: Any) -> float:
@@ -33,9 +32,16 @@ def compiled_column_sum_saving_s(ctx: Any) -> float:
     base = achievable.memory(FAMILY)
     saving = 0.0
     for r in ctx.trace.ops:
-        if memory_family(r) != FAMILY or column_width(r) is None:
+        if not _channel_sum(r):
             continue
         rate = achievable.memory(op_family(r, achievable.memory_efficiency))
         if rate < base:
             saving += ctx.op_cost(r).kernel_time_s * (1.0 - rate / base)
     return saving
+
+
+def _channel_sum(r: Any) -> bool:
+    """A column sum priced as one (tracing/sums.py); NCHW per-channel sums are left to the
+    fusion pricing (pricing/inductor_fusion.py), as Inductor fuses them into their producer."""
+    shape = sum_shape(r)
+    return shape is not None and shape[0] == FAMILY and memory_family(r) == FAMILY

@@ -206,16 +206,17 @@ def convolution_backward(rec: OpRecord) -> OpWork:
     )
 
 
-def bias_grad_pass(rec: OpRecord) -> tuple[int, int | None] | None:
-    """(bytes, columns) of the bias gradient a convolution's backward sums in a kernel of its
-    own (`grad_output.sum` over batch and positions): grad_output read once more, which
-    `io_bytes` does not count. Channels_last, that kernel is a column sum over as many columns
-    as output channels, like a Linear's bias gradient (the "reduction@<columns>" figures);
-    NCHW, the sum runs along rows (columns None). None: no bias gradient asked."""
+def bias_grad_pass(rec: OpRecord) -> tuple[int, int, int, bool] | None:
+    """(bytes, rows, channels, channels_last) of the bias gradient a convolution's backward
+    sums in a kernel of its own (`grad_output.sum` over batch and positions): grad_output read
+    once more, which `io_bytes` does not count, summed from batch x positions rows into one
+    value an output channel. Channels_last that kernel is a column sum, like a Linear's bias
+    gradient; NCHW a per-channel sum (tracing/sums.py prices both). None: no bias gradient."""
     if packet(rec.op) not in BACKWARD_OPS:
         return None
     mask = tuple(rec.params.get("output_mask", (True, True, True)))
     if len(mask) < 3 or not mask[2]:
         return None
     grad_out = rec.input("grad_output")
-    return grad_out.nbytes, (int(grad_out.shape[1]) if grad_out.channels_last else None)
+    channels = max(int(grad_out.shape[1]), 1)
+    return grad_out.nbytes, grad_out.numel // channels, channels, grad_out.channels_last
