@@ -309,6 +309,11 @@ def test_the_gpu_idles_between_its_kernels_as_the_profile_measured():
     assert replayed.gpu_s == compiled.gpu_s and replayed.kernels == compiled.kernels
     assert replayed.idle_s == pytest.approx(compiled.kernels * 1e-6)
     assert replayed.host_s == graph.host_s
+    # a fit that found a time a step too ("step_seconds") adds it once, whatever the kernels
+    stepped = {"compile": {"seconds": 0.3e-6, "step_seconds": 1e-3, "steps": 5}}
+    timed = gpushape.audit(model, inputs, gpu=apply_profile(bare, {"device_gap": stepped}),
+                           train=True, mode="compile").step  # fmt: skip
+    assert timed.idle_s == pytest.approx(timed.kernels * 0.3e-6 + 1e-3)
     shipped = compile_graphs_step(compiled, graph, "h200")  # a name: its shipped profile's
     assert shipped.idle_s == pytest.approx(
         compiled.kernels * device_gap_s(calibrated(get_gpu("h200")), "compile-graphs")

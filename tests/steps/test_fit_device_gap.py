@@ -79,3 +79,29 @@ def test_only_steps_the_gpu_set_the_pace_of_are_fitted(tmp_path, monkeypatch):
     assert fitted["compile"]["seconds"] == pytest.approx(3.5e-6)  # the median: robust
     assert fitted["compile"]["steps"] == 4
     assert fdg.steps_of(tmp_path / "missing.json") == []
+
+
+def _steps(model: str, idle_ms, kernels) -> list[dict]:
+    return [{"model": model, "kind": "compile", "gpu_bound": True, "kernels": k,
+             "busy_s": 0.02, "wall_s": 0.02 + i / 1e3, "gap_s": i / 1e3 / k}
+            for i, k in zip(idle_ms, kernels)]  # fmt: skip
+
+
+def test_a_time_a_step_is_kept_only_where_it_predicts_other_models_better():
+    """Idle time that stays put as kernels change (the H100's compiled steps) is fitted as a
+    time a step; idle time in proportion to the kernels keeps the gap a kernel."""
+    kernels = (300, 500, 800)
+    flat = [r for m in "abc" for r in _steps(m, (1.2, 1.2, 1.2), kernels)]
+    fitted = fdg.fit(flat)["compile"]
+    assert fitted["form"] == "per step and kernel" and fitted["models"] == 3
+    assert fitted["step_seconds"] == pytest.approx(1.2e-3) and fitted["seconds"] == 0.0
+    err = fitted["held_out_error_s"]
+    assert err["per step and kernel"] < err["per kernel"]
+    scaled = [r for m, x in zip("abc", (0.9, 1.0, 1.1))
+              for r in _steps(m, [k * 2.5e-3 * x for k in kernels], kernels)]  # fmt: skip
+    fitted = fdg.fit(scaled)["compile"]
+    assert fitted["form"] == "per kernel" and fitted["step_seconds"] == 0.0
+    assert fitted["seconds"] == pytest.approx(2.5e-6)
+    assert fdg.line(scaled) == pytest.approx((0.0, 2.5e-6), abs=1e-12)  # the same on average
+    one_model = _steps("a", (1.2, 1.2, 1.2), kernels)  # nothing held out to judge the line by
+    assert fdg.fit(one_model)["compile"]["form"] == "per kernel"

@@ -139,6 +139,11 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
         for k, v in profile.get("device_gap", {}).items()
         if isinstance(v, dict) and v.get("seconds") is not None
     }
+    gap.update(  # a time a step beside the time a kernel, where the fit found one
+        (f"{k}/step", float(v["step_seconds"]))
+        for k, v in profile.get("device_gap", {}).items()
+        if isinstance(v, dict) and v.get("step_seconds")
+    )
     if gap:
         fields["device_gap"] = {**old.device_gap, **gap}
     if fields:

@@ -128,7 +128,8 @@ class Achievable:
     # kernel, by how the step runs: "eager", "compile", "graph" (the whole step replayed from
     # one CUDA graph), "compile-graphs" (torch.compile's CUDA graphs); fitted on GPU-bound
     # timed steps, their wall clock less their kernels' busy time
-    # (benchmarks/steps/fit_device_gap.py). Empty: unmeasured (counted as none).
+    # (benchmarks/steps/fit_device_gap.py); "<kind>/step": a time a step beside it, where the
+    # fit found the idle time follows the step more than its kernels. Empty: unmeasured.
     device_gap: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
     source: str = "assumed"
     measured: tuple[str, ...] = ()
