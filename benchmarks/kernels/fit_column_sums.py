@@ -5,7 +5,9 @@ per-channel sums). The cost model then prices each such sum at the grid point ne
 shape (tracing/sums.py) instead of by its width alone.
 
 Each figure is the cost model's price of the sum (its minimum bytes at the profile's copy rate,
-every memory family's efficiency left out) over the time measured from CUDA graphs.
+every memory family's efficiency and the kernel floor left out) over the time measured from
+CUDA graphs: a small sum's time is its rate's to carry, so the model then prices it at what
+was measured rather than at the floor.
 
     python benchmarks/kernels/fit_column_sums.py column_sums.json \\
         [--profile src/gpushape/hardware/profiles/h200-sxm.json] [-o PROFILE]
@@ -43,7 +45,9 @@ class _Sum(nn.Module):
 
 def roofline_s(spec, shape: list[int]) -> float:
     """The cost model's price of the sum of a bf16 tensor of `shape` at the copy rate."""
-    flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
+    flat = spec.replace(  # bytes over the copy rate alone: no family, no kernel floor
+        achievable=dataclasses.replace(spec.achievable, memory_efficiency={}, kernel_floor_s=0.0)
+    )
     x = torch.empty(*shape, dtype=torch.bfloat16, device="meta")
     return sum(op_cost(r, flat).memory_s for r in trace(_Sum(), (x,), train=False).ops)
 

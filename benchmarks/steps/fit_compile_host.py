@@ -18,12 +18,17 @@ auditing/modes.py uses for compile mode's host side.
 
     python benchmarks/steps/fit_compile_host.py --write-profile \\
         --out benchmarks/results/steps-h200/compile_host_fit.json
+
+Another GPU kind's runs (`--gpu h100`): every compile-mode loop under results/loops-<gpu>-*
+and bench-<gpu> (its stage "as given", at the batch or input its command gave), written with
+--write-profile into --profile (e.g. the H100 probe's under benchmarks/results).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -96,14 +101,33 @@ def _stats(name: str, variant: str) -> dict:
     return data["variants"][variant]
 
 
-def kernels_of(model: str, batch) -> int:
+def discovered(gpu: str) -> tuple[tuple, ...]:
+    """(result file, "as given", model, batch or --input spec) of every compile-mode loop
+    committed for `gpu` (its command names the batch or input, else the model's default)."""
+    runs = []
+    for path in sorted(RESULTS.glob(f"loops-{gpu}-*/loop-*compile*.json")) + sorted(
+        RESULTS.glob(f"bench-{gpu}/loop-*compile*.json")
+    ):
+        data = json.loads(path.read_text())
+        if data.get("mode") != "compile" or "as given" not in data.get("stages", {}):
+            continue
+        words = shlex.split(data["environment"].get("command", ""))
+        batch = None
+        for flag, cast in (("--batch", int), ("--input", str)):
+            if flag in words:
+                batch = cast(words[words.index(flag) + 1])
+        runs.append((str(path.relative_to(RESULTS)), "as given", data["model"], batch))
+    return tuple(runs)
+
+
+def kernels_of(model: str, batch, gpu: str = "h200-sxm") -> int:
     """The cost model's kernels of one training step of `model` (what the audit counts)."""
     if isinstance(batch, str):
         r = resolve_model(model, inputs=[batch])
     else:
         r = resolve_model(model, batch=batch)
     trace = gpushape.trace(r.model, r.example_inputs, train=True)
-    return compiled_kernels(trace, gpushape.cost(trace, "h200-sxm"))
+    return compiled_kernels(trace, gpushape.cost(trace, gpu))
 
 
 def main() -> None:
@@ -112,13 +136,18 @@ def main() -> None:
         "--out", default=str(ROOT / "benchmarks/results/steps-h200/compile_host_fit.json")
     )
     p.add_argument("--write-profile", action="store_true")
+    p.add_argument("--gpu", default="h200", help="whose runs: h200 (the list above) or another")
+    p.add_argument("--profile", type=Path, default=PROFILE, help="the profile --write-profile sets")
     args = p.parse_args()
+    runs = RUNS if args.gpu == "h200" else discovered(args.gpu)
+    if not runs:
+        raise SystemExit(f"no compile-mode loops under {RESULTS} for {args.gpu}")
     counted: dict[tuple, int] = {}
     rows = []
-    for name, variant, model, batch in RUNS:
+    for name, variant, model, batch in runs:
         key = (model, batch)
         if key not in counted:
-            counted[key] = kernels_of(model, batch)
+            counted[key] = kernels_of(model, batch, f"{args.gpu}-sxm")
         s = _stats(name, variant)
         rows.append({
             "file": name,
@@ -140,14 +169,14 @@ def main() -> None:
         "workload": "host seconds per kernel of a torch.compile'd training step (the cost "
         "model's kernels): issue time of one step over its kernels, median over "
         f"{len(used)} runs ({len(counted)} models and batches) whose host did not wait on the "
-        "GPU, from benchmarks/results (bench-h200, loops-h200-*)",
+        f"GPU, from benchmarks/results (bench-{args.gpu}, loops-{args.gpu}-*)",
         "calls": len(used),
     }
     write_results(args.out, {"rate": entry, "rows": rows})
     if args.write_profile:
-        profile = json.loads(PROFILE.read_text())
-        profile["host"]["compiled_kernel"] = entry
-        write_profile(profile, PROFILE)
+        profile = json.loads(args.profile.read_text())
+        profile.setdefault("host", {})["compiled_kernel"] = entry
+        write_profile(profile, args.profile)
     print(f"compiled_kernel {rate * 1e6:.1f} us a kernel (median of {len(used)} runs)")
     print(f"{'file':52} {'kernels meas/pred':>18} {'issue ms':>9} {'GPU ms':>7} {'us/k':>6} "
           f"{'pred/meas':>9} {'left out':>8}")  # fmt: skip

@@ -121,6 +121,7 @@ def test_fit_column_sums_prices_each_timed_sum_at_its_measured_time(monkeypatch,
 
     timed = [("columns", 50176, 192, [50176, 192], 98.0),
              ("columns", 16384, 768, [16384, 768], 21.0),
+             ("columns", 3136, 96, [3136, 96], 7.6),  # under the kernel floor at the copy rate
              ("nchw", 50176, 192, [64, 192, 28, 28], 96.0)]  # fmt: skip
     probe = {
         "environment": {"date_utc": "2026-12-06T17:00:00+00:00"},
