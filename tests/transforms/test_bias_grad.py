@@ -91,3 +91,50 @@ def test_on_the_gpu_at_bert_sizes(rows, width):
     w = (torch.randn(width, 768, device="cuda") / 28).bfloat16().requires_grad_()
     b = torch.randn(width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     gate_forward_backward(linear_gemv_bias, F.linear, [x, w, b], names=["x", "weight", "bias"])
+
+
+def test_only_the_named_weights_are_rerouted(monkeypatch):
+    monkeypatch.setattr(_bias_grad, "MIN_ROWS", 16)
+    a, b = (nn.Linear(8, 24).to(torch.bfloat16) for _ in range(2))
+    x = torch.randn(32, 8, dtype=torch.bfloat16)
+    with gemv_bias_grads(only={id(a.weight)}) as mode:
+        ya, yb = a(x), b(x)
+    assert mode.weights == {id(a.weight)}
+    assert "LinearGemvBias" in type(ya.grad_fn).__name__
+    assert "LinearGemvBias" not in type(yb.grad_fn).__name__
+
+
+def test_a_graphed_layer_captured_inside_a_whole_step_keeps_its_gemv(monkeypatch):
+    """cuda-graphs after graph-layers: a stream capturing the whole step runs each graphed layer
+    eagerly, and then with the bias gradients the layer's graphs took by a GEMV (its own
+    Linears only); outside a capture the layer's own forward runs as it is."""
+    from gpushape.transforms import _graph_replay
+    from gpushape.transforms._graph_replay import MARK, GraphedForward, LayerState
+
+    monkeypatch.setattr(_bias_grad, "MIN_ROWS", 16)
+    block = nn.Sequential(nn.Linear(8, 24), nn.GELU(), nn.Linear(24, 8)).to(torch.bfloat16)
+    state = LayerState(None, None)  # no capture to match: every call takes the layer's forward
+    state.gemv_weights = {id(block[0].weight)}
+    block.__dict__[MARK] = state
+    block.forward = GraphedForward(block)
+    x = torch.randn(32, 8, dtype=torch.bfloat16, requires_grad=True)
+    gemv = "LinearGemvBias"
+
+    def gemv_nodes(out) -> int:  # the GEMV Functions in out's autograd graph
+        seen, todo = set(), [out.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is not None and node not in seen:
+                seen.add(node)
+                todo += [n for n, _ in node.next_functions]
+        return sum(gemv in type(n).__name__ for n in seen)
+
+    assert gemv_nodes(block(x)) == 0
+    monkeypatch.setattr(_graph_replay, "_capturing", lambda: True)
+    out = block(x)
+    assert gemv_nodes(out) == 1  # the first Linear's: the second was not the graphs'
+    got = torch.autograd.grad(out.float().square().sum(), [x, *block.parameters()])
+    block.__dict__.pop("forward")
+    ref = torch.autograd.grad(block(x).float().square().sum(), [x, *block.parameters()])
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r)

@@ -72,17 +72,19 @@ def takes(x: object, weight: object, bias: object) -> bool:
 
 class gemv_bias_grads(TorchFunctionMode):
     """While active, qualifying `F.linear` calls run as `linear_gemv_bias`; `weights` holds
-    the ids of the weights whose Linears it rerouted."""
+    the ids of the weights whose Linears it rerouted. `only`: reroute those weights' Linears
+    alone (the ones graph-layers rerouted, when a whole step is captured around them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, only: set[int] | None = None) -> None:
         super().__init__()
         self.weights: set[int] = set()
+        self.only = only
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear:
             x, weight, bias = _linear_args(args, kwargs)
-            if takes(x, weight, bias):
+            if takes(x, weight, bias) and (self.only is None or id(weight) in self.only):
                 self.weights.add(id(weight))
                 return linear_gemv_bias(x, weight, bias)
         return func(*args, **kwargs)

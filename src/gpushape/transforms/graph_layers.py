@@ -168,7 +168,7 @@ def _apply_to(model: nn.Module, layers: dict, ctx: TransformContext, out: Outcom
         _drop(picked)
         return _refuse(out, next(iter(picked)), error)
     for name, (layer, call) in picked.items():
-        gemv = layer.__dict__[MARK].gemv_biases
+        gemv = len(layer.__dict__[MARK].gemv_weights)
         out.changes.append(
             Change(
                 transform=ID,
@@ -216,8 +216,8 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
     for (layer, _), adapter, state in zip(picked.values(), graphed, states):
         state.graphed = adapter.forward  # the graphed forward, without Module.__call__
         state.params = [p for p in layer.parameters() if p.requires_grad]
-        state.gemv_biases = sum(id(m.weight) in rerouted.weights for m in layer.modules()
-                                if isinstance(m, nn.Linear))  # fmt: skip
+        linears = [m for m in layer.modules() if isinstance(m, nn.Linear)]
+        state.gemv_weights = {id(m.weight) for m in linears if id(m.weight) in rerouted.weights}
         layer.__dict__[MARK] = state
         layer.forward = GraphedForward(layer)
     run = layers_run([state.graphed for state in states], samples)
