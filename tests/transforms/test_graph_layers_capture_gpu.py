@@ -1,0 +1,79 @@
+"""cuda-graphs after graph-layers, on the GPU: a whole training step captured around graphed
+layers runs them eagerly into its own graph, with their Linears' bias gradients by the same
+GEMV their own graphs use (transforms/_graph_replay.py), and its replays' gradients equal the
+step's without the whole-step graph. Run on the GPU machine: pytest -m gpu."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gpushape.transforms import graph_layers
+from gpushape.transforms._core import TransformContext
+from gpushape.transforms.cuda_graph import capture_step
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(64, 128), nn.Linear(128, 64)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class _Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block() for _ in range(3))
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _autograd_names(out: torch.Tensor) -> list[str]:
+    seen, todo = set(), [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo += [n for n, _ in node.next_functions]
+    return [type(n).__name__ for n in seen]
+
+
+def test_a_whole_step_captured_around_graphed_layers_keeps_their_gemv():
+    torch.manual_seed(0)
+    model = _Stack().cuda().to(torch.bfloat16).train()
+    x = torch.randn(1024, 64, device="cuda", dtype=torch.bfloat16)  # 1,024 rows: MIN_ROWS
+    out = graph_layers.apply(model, TransformContext(example_inputs=(x,)))
+    assert [c.module for c in out.changes] == [f"blocks.{i}" for i in range(3)], out.refusals
+    assert all("GEMV" in c.detail for c in out.changes)
+    names: list[list[str]] = []
+
+    def step(inp):
+        loss = model(inp).float().square().mean()
+        names.append(_autograd_names(loss))
+        loss.backward()
+        return loss
+
+    # the step as graph-layers runs it: the layers replayed from their graphs
+    model.zero_grad(set_to_none=True)
+    step(x)
+    replayed = {n: p.grad.clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the parameters stay put
+    graphed = capture_step(step, x, optimizer=optimizer, warmup=2)
+    captured = names[-1]  # the capture's own forward ran each layer eagerly
+    assert sum("LinearGemvBias" in n for n in captured) == 6  # up and down of 3 blocks
+    graphed(x)
+    torch.cuda.synchronize()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, replayed[name], rtol=2e-2, atol=1e-4, msg=name)
