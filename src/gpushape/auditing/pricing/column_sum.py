@@ -22,7 +22,7 @@ FAMILY = "reduction"
 
 def column_sums(trace: Any) -> list[int]:
     """The trace indices of the step's column sums (a bias gradient's `sum(0)`)."""
-    return [r.index for r in trace.ops if _channel_sum(r)]
+    return [r.index for r in trace.ops if _column_sum(r)]
 
 
 def compiled_column_sum_saving_s(ctx: Any) -> float:
@@ -32,7 +32,7 @@ def compiled_column_sum_saving_s(ctx: Any) -> float:
     base = achievable.memory(FAMILY)
     saving = 0.0
     for r in ctx.trace.ops:
-        if not _channel_sum(r):
+        if not _column_sum(r):
             continue
         rate = achievable.memory(op_family(r, achievable.memory_efficiency))
         if rate < base:
@@ -40,7 +40,7 @@ def compiled_column_sum_saving_s(ctx: Any) -> float:
     return saving
 
 
-def _channel_sum(r: Any) -> bool:
+def _column_sum(r: Any) -> bool:
     """A column sum priced as one (tracing/sums.py); NCHW per-channel sums are left to the
     fusion pricing (pricing/inductor_fusion.py), as Inductor fuses them into their producer."""
     shape = sum_shape(r)
