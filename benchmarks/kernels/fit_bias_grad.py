@@ -7,7 +7,9 @@ fills them in from the committed run without a GPU.
 
 Each row: PyTorch's `sum(0)` at 16384 rows (BERT's and ViT's tokens a step), its time from
 CUDA graphs, against the cost model's price of the op (its minimum bytes at the profile's copy
-rate, every memory family's efficiency left out).
+rate, every memory family's efficiency left out). Also, for every shape the probe timed, the
+same sum as cuBLAS's GEMV against ones, as "gemv_column_sum@<rows>x<width>": what graph-layers'
+bias gradients run (steps/graph_layers_gemv.py).
 
     python benchmarks/kernels/fit_bias_grad.py \\
         benchmarks/results/kernels-h200/probe_bias_grad.json \\
@@ -25,9 +27,11 @@ from _fit_sums import copy_rate_s, fit_main, row
 from gpushape.hardware.lookup import get_gpu
 from gpushape.hardware.profile import apply_profile
 from gpushape.tracing.families import SIZE_VARIANTS
+from gpushape.tracing.sums import GEMV_SUM
 
 ROWS = 16384
 VARIANT = "torch sum(0)"
+GEMV = "gemv ones"
 WIDTHS = tuple(int(f.partition("@")[2]) for f in SIZE_VARIANTS if f.startswith("reduction@"))
 
 
@@ -53,6 +57,15 @@ def fit(probe: dict, profile: dict) -> dict[str, dict]:
             f"sum over rows of {ROWS}x{width} (a bias gradient), CUDA graphs "
             f"(probe_bias_grad.py, {date})",
         )
+    for timed in probe["results"]:  # cuBLAS's GEMV against ones, which graph-layers takes
+        if timed["variant"] == GEMV:
+            rows, width = timed["shape"]
+            out[f"{GEMV_SUM}@{rows}x{width}"] = row(
+                timed["graph_us"] * 1e-6,
+                copy_rate_s(spec, (rows, width)),
+                f"a GEMV against ones over {rows}x{width} (graph-layers' bias gradient), "
+                f"CUDA graphs (probe_bias_grad.py, {date})",
+            )
     return out
 
 

@@ -18,7 +18,8 @@ without a launch, longer than the queue's lead) more than a time a kernel. So ea
 fitted two ways, a median gap a kernel and a line (a time a step plus a gap a kernel, least
 squares, neither negative), and the line is kept only where it predicts each model's steps
 from the other models' clearly better (`held_out_error_s`, the median absolute error of idle
-time a step, a tenth below the gap a kernel's). The H200's steps chose the gap a kernel for every kind.
+time a step, a tenth below the gap a kernel's). The H200's steps chose the gap a kernel for
+every kind.
 
 On the H200 a compiled GPT-2 step (batch 8) ran 1.5 ms longer than its 24.5 ms of kernels
 while the host issued it in 23.1 ms: the audit, which compared the host with the kernels alone,

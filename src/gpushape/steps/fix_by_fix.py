@@ -44,7 +44,7 @@ from torch import nn
 from ..errors import GpushapeError
 from .batch import synthetic_batch
 from .compiling import room_to_compile
-from .graph_layers_host import fused_step, stage_step
+from .graph_layers_host import fused_step, stage_step, whole_graph_step
 from .host_here import host_scale, scaled_target
 from .loop_plan import GRAPH_LAYERS, applied_count, disputed, places
 from .loop_plan import applied_order as _applied_order
@@ -315,6 +315,8 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
                                      train=True, mode=run_mode, optimizer=step.optimizer,
                                      rules=rules)  # fmt: skip
                 graphed_step = stage_report.step
+                if spec.runner == "graph" and graphed_step is not None:  # around graph-layers
+                    graphed_step = whole_graph_step(built[stage], gpu, graphed_step)
             gpu_s, wall_s = _step_of(stage_report) if graphed_step is None else (
                 graphed_step.gpu_s, graphed_step.wall_s)  # fmt: skip
             if run_mode == "compile" and report.step is not None and stage_report.step:

@@ -26,6 +26,8 @@ from typing import Any
 
 from torch import nn
 
+from .graph_layers_gemv import gemv_saving_s
+
 RATES = ("graph_layer", "graph_layer_param")
 
 
@@ -73,10 +75,11 @@ def graph_layers_step(
     model: nn.Module, inputs: Any, gpu: Any, captured: list[str], eager_step: Any
 ) -> Any | None:
     """The eager audit's step (`auditing.modes.StepTime`) as graph-layers runs it: its host
-    `graph_layers_host_s`, and the captured layers' kernels idling between each other as a
+    `graph_layers_host_s`, the captured layers' kernels idling between each other as a
     CUDA graph's do (the profile's device gap for "graph" in place of "eager"; on an H100
     1.30 against 0.25 us a kernel: MobileNetV3's 14 graphed blocks saved 0.64 ms a step where
-    the GPU set the pace, `benchmarks/results/loops-h100-18`). None as graph_layers_host_s."""
+    the GPU set the pace, `benchmarks/results/loops-h100-18`), and their Linears' bias
+    gradients by a GEMV (`graph_layers_gemv.py`). None as graph_layers_host_s."""
     from ..auditing.modes import device_gap_s
     from ..tracing.cost import cost
 
@@ -92,7 +95,8 @@ def graph_layers_step(
     )
     saved = kernels * max(device_gap_s(gpu, "eager") - device_gap_s(gpu, "graph"), 0.0)
     idle_s = max(eager_step.idle_s - saved, 0.0)
-    return dataclasses.replace(eager_step, host_s=host_s, idle_s=idle_s)
+    gpu_s = max(eager_step.gpu_s - gemv_saving_s(traced, costed, gpu, captured), 0.0)
+    return dataclasses.replace(eager_step, host_s=host_s, idle_s=idle_s, gpu_s=gpu_s)
 
 
 def _priced(gpu: Any, captured: list[str]) -> bool:
@@ -124,11 +128,9 @@ def stage_step(variant: Any, gpu: Any, rules: Any) -> tuple[Any, Any] | None:
     graph-layers' replays and the stage says which layers it captured; else None."""
     from ..auditing.api import audit
     from .fix_by_fix import _dtype
-    from .loop_plan import GRAPH_LAYERS
 
     spec = _spec(gpu)
-    report = getattr(variant, "optimize_report", None)
-    captured = [c.module for c in getattr(report, "applied", ()) if c.transform == GRAPH_LAYERS]
+    captured = captured_layers(variant)
     if rates_of(spec) is None or not captured:
         return None
     step = variant.step
@@ -138,6 +140,29 @@ def stage_step(variant: Any, gpu: Any, rules: Any) -> tuple[Any, Any] | None:
         return None
     graphed = graph_layers_step(step.model, step.batch.inputs, spec, captured, eager.step)
     return None if graphed is None else (eager, graphed)
+
+
+def captured_layers(variant: Any) -> list[str]:
+    """The layers graph-layers captured in a built stage (its optimize report's changes)."""
+    from .loop_plan import GRAPH_LAYERS
+
+    report = getattr(variant, "optimize_report", None)
+    return [c.module for c in getattr(report, "applied", ()) if c.transform == GRAPH_LAYERS]
+
+
+def whole_graph_step(variant: Any, gpu: Any, step: Any) -> Any:
+    """A stage whose whole step is one CUDA graph captured around graph-layers' layers: the
+    graph mode's `step` less the GEMV bias gradients those layers keep in it
+    (transforms/_graph_replay.py, graph_layers_gemv.py)."""
+    from ..tracing.cost import cost
+
+    captured = captured_layers(variant)
+    if not captured:
+        return step
+    spec = _spec(gpu)
+    traced = _trace(variant.step.model, variant.step.batch.inputs)
+    saving = gemv_saving_s(traced, cost(traced, spec), spec, captured)
+    return dataclasses.replace(step, gpu_s=max(step.gpu_s - saving, 0.0))
 
 
 def fused_step(graphed: Any, optimizer: Any, gpu_saving_s: float, gpu: Any) -> Any:

@@ -26,7 +26,7 @@ from .flops.conv import S2D_FOLD, S2D_STEM, direct_conv
 from .flops.registry import packet
 from .layout import copy_op_kind, hidden_copies, runs_nchw, runs_nhwc, strided_operand
 from .records import OpRecord
-from .sums import CHANNEL_SUM, column_width, grid_key, row_length, sum_shape
+from .sums import CHANNEL_SUM, GEMV_SUM, column_width, grid_key, row_length, sum_shape
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "norm": (
@@ -270,6 +270,7 @@ ALL_FAMILIES = (
     S2D_FOLD,
     ATTENTION_PASS,  # a fused attention backward's kernels beside its main one (flops/attention)
     CHANNEL_SUM,  # an NCHW per-channel sum (tracing/sums.py)
+    GEMV_SUM,  # a column sum by a GEMV, as graph-layers takes it (steps/graph_layers_gemv.py)
 )
 
 

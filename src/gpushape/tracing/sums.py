@@ -26,6 +26,7 @@ from .records import OpRecord
 
 COLUMN_SUM = "reduction"
 CHANNEL_SUM = "channel_sum"
+GEMV_SUM = "gemv_column_sum"  # the same column sum by cuBLAS's GEMV (steps/graph_layers_gemv.py)
 WIDTH_ROWS = 16384  # the rows "reduction@<width>" was measured at
 BASE_SHAPE = (65536, 1024)  # the sum the "reduction" figure itself was measured on
 
