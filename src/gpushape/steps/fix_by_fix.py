@@ -315,7 +315,7 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
                                      train=True, mode=run_mode, optimizer=step.optimizer,
                                      rules=rules)  # fmt: skip
                 graphed_step = stage_report.step
-                if spec.runner == "graph" and graphed_step is not None:  # around graph-layers
+                if graphed and graphed_step is not None:  # graph-layers' GEMV bias gradients
                     graphed_step = whole_graph_step(built[stage], gpu, graphed_step)
             gpu_s, wall_s = _step_of(stage_report) if graphed_step is None else (
                 graphed_step.gpu_s, graphed_step.wall_s)  # fmt: skip

@@ -151,9 +151,10 @@ def captured_layers(variant: Any) -> list[str]:
 
 
 def whole_graph_step(variant: Any, gpu: Any, step: Any) -> Any:
-    """A stage whose whole step is one CUDA graph captured around graph-layers' layers: the
-    graph mode's `step` less the GEMV bias gradients those layers keep in it
-    (transforms/_graph_replay.py, graph_layers_gemv.py)."""
+    """A stage with graph-layers' layers priced in graph mode (a profile without graph-layer
+    rates, or the whole step one CUDA graph captured around them): the graph mode's `step` less
+    the GEMV bias gradients those layers take (transforms/_graph_replay.py,
+    graph_layers_gemv.py); `step` as it is without captured layers."""
     from ..tracing.cost import cost
 
     captured = captured_layers(variant)
