@@ -73,3 +73,20 @@ def test_nothing_without_a_gemv_figure_a_float32_model_or_too_few_rows():
     assert gemv_saving_s(fp32, cost(fp32, gpu), gpu, ["blocks.0"]) == 0.0
     few = _traced(rows=512)  # under MIN_ROWS: graph-layers keeps PyTorch's reduction
     assert gemv_saving_s(few, cost(few, gpu), gpu, ["blocks.0"]) == 0.0
+
+
+def test_fuse_qkvs_fused_projection_takes_the_gemv_too():
+    from gpushape.transforms._fused_linear import FusedLinear
+
+    weight, bias = (
+        torch.zeros(192, 64, dtype=torch.bfloat16),
+        torch.zeros(192, dtype=torch.bfloat16),
+    )
+    fused = FusedLinear(weight, bias, ("q", "k", "v"), (64, 64, 64))
+    model = nn.Sequential(nn.Sequential(fused)).to("meta")
+    x = torch.empty(4096, 64, dtype=torch.bfloat16, device="meta")
+    traced = trace(model, (x,), train=True)
+    sums = [r for r in traced.ops if r.module_type == "FusedLinear" and sum_shape(r)]
+    assert [sum_shape(r) for r in sums] == [("reduction", 4096, 192)]
+    gpu = _with({"gemv_column_sum@4096x192": 0.8})
+    assert gemv_saving_s(traced, cost(traced, gpu), gpu, ["0"]) > 0

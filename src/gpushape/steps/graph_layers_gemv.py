@@ -20,6 +20,9 @@ from ..tracing.sums import COLUMN_SUM, GEMV_SUM, grid_key, sum_shape
 from ..transforms._bias_grad import MAX_OUT, MIN_ROWS
 
 SIXTEEN_BIT = ("bfloat16", "float16")
+# modules whose bias gradient comes from F.linear, which the GEMV mode reroutes: fuse-qkv's
+# fused projection too (HF GPT-2's Conv1D runs addmm itself and keeps PyTorch's reduction)
+LINEARS = ("Linear", "FusedLinear", "NonDynamicallyQuantizableLinear")
 
 
 def _inside(module: str, captured: list[str]) -> bool:
@@ -34,7 +37,7 @@ def gemv_saving_s(traced: Any, costed: Any, gpu: Any, captured: list[str]) -> fl
     by_index = {c.index: c for c in costed.ops}
     saving = 0.0
     for rec in traced.ops:
-        if rec.module_type != "Linear" or not rec.module or not _inside(rec.module, captured):
+        if rec.module_type not in LINEARS or not rec.module or not _inside(rec.module, captured):
             continue
         shape = sum_shape(rec)
         if shape is None or shape[0] != COLUMN_SUM or rec.index not in by_index:
