@@ -218,3 +218,14 @@ def tiny_llama(layers: int = 2):
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config)
+
+
+def autograd_node_names(out: torch.Tensor) -> list[str]:
+    """The type names of every node in `out`'s autograd graph."""
+    seen, todo = set(), [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo += [n for n, _ in node.next_functions]
+    return [type(n).__name__ for n in seen]

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tests.kernel_ops._numeric import gate_forward_backward
+from tests.transforms.nets import autograd_node_names
 from torch import nn
 
 from gpushape.transforms import _bias_grad
@@ -121,13 +122,7 @@ def test_a_graphed_layer_captured_inside_a_whole_step_keeps_its_gemv(monkeypatch
     gemv = "LinearGemvBias"
 
     def gemv_nodes(out) -> int:  # the GEMV Functions in out's autograd graph
-        seen, todo = set(), [out.grad_fn]
-        while todo:
-            node = todo.pop()
-            if node is not None and node not in seen:
-                seen.add(node)
-                todo += [n for n, _ in node.next_functions]
-        return sum(gemv in type(n).__name__ for n in seen)
+        return sum(gemv in name for name in autograd_node_names(out))
 
     assert gemv_nodes(block(x)) == 0
     monkeypatch.setattr(_graph_replay, "_capturing", lambda: True)

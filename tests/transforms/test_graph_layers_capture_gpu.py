@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.transforms.nets import autograd_node_names
 from torch import nn
 
 from gpushape.transforms import graph_layers
@@ -40,16 +41,6 @@ class _Stack(nn.Module):
         return self.head(x)
 
 
-def _autograd_names(out: torch.Tensor) -> list[str]:
-    seen, todo = set(), [out.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is not None and node not in seen:
-            seen.add(node)
-            todo += [n for n, _ in node.next_functions]
-    return [type(n).__name__ for n in seen]
-
-
 def test_a_whole_step_captured_around_graphed_layers_keeps_their_gemv():
     torch.manual_seed(0)
     model = _Stack().cuda().to(torch.bfloat16).train()
@@ -61,7 +52,7 @@ def test_a_whole_step_captured_around_graphed_layers_keeps_their_gemv():
 
     def step(inp):
         loss = model(inp).float().square().mean()
-        names.append(_autograd_names(loss))
+        names.append(autograd_node_names(loss))
         loss.backward()
         return loss
 
