@@ -22,6 +22,7 @@ from gpushape.tracing.families import (
     variant_size,
 )
 from gpushape.tracing.norm_grads import weight_grad_pass
+from gpushape.tracing.sums import sum_shape
 from gpushape.tracing.tracer import trace
 
 NEW = (
@@ -45,9 +46,23 @@ NEW = (
 BY_FAMILY = {w.family: w for w in WORKLOADS}
 
 
+GRID = {f for f in BY_FAMILY if "x" in f.partition("@")[2]}  # "<family>@<rows>x<channels>"
+
+
 def test_every_key_the_cost_model_reads_has_a_workload():
     assert set(NEW) <= set(BY_FAMILY)
-    assert set(BY_FAMILY) <= set(ALL_FAMILIES)
+    assert set(BY_FAMILY) - GRID <= set(ALL_FAMILIES)
+    assert {f.partition("@")[0] for f in GRID} == {"reduction", "channel_sum"}
+
+
+@pytest.mark.parametrize("family", sorted(GRID))
+def test_a_grid_workload_sums_the_rows_and_channels_its_key_names(family):
+    base, _, size = family.partition("@")
+    rows, _, channels = size.partition("x")
+    with torch.device("meta"):  # full size, no memory
+        model = BY_FAMILY[family].build(1.0).to(torch.bfloat16)
+    ops = [r for r in trace(model, (), train=False).ops if r.kind == "compute"]
+    assert [sum_shape(r) for r in ops] == [(base, int(rows), int(channels))]
 
 
 def _family_ops(family: str, scale: float = 0.002):

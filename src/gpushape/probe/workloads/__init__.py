@@ -20,6 +20,7 @@ from torch import nn
 from ._modules import (
     _batch_norm,
     _broadcast_mul,
+    _channel_sum,
     _copies,
     _depthwise,
     _downsample,
@@ -240,6 +241,19 @@ WORKLOADS = (
             lambda s, n=n: _Workload(lambda m, x: x.sum(0), (_rows(s, 16384), n)),
         )
         for n in (768, 2304, 3072)
+    ),
+    # narrow sums by rows and channels (tracing/sums.py): ConvNeXt-T's and Swin-T's first three
+    # stages at batch 64, as column sums (bias gradients) and as NCHW per-channel sums
+    *(
+        FamilyWorkload(
+            f"{family}@{rows}x{c}",
+            f"sum of {rows}x{c} into {c} values ({layout})",
+            lambda s, rows=rows, c=c, layout=layout: _channel_sum(s, rows, c, layout),
+            train=False,
+        )
+        for family, layout in (("reduction", "columns"), ("channel_sum", "NCHW"))
+        for rows in (12544, 50176, 200704)
+        for c in (96, 192, 384)
     ),
     # fwd: read x, write y; bwd: read dy and x (or y), write dx
     FamilyWorkload(

@@ -200,3 +200,12 @@ def _s2d_fold(scale: float) -> nn.Module:
         channels_last=True,
         modules={"fold": SpaceToDepthFold((7, 7), 2, (3, 3), 16)},
     )
+
+
+def _channel_sum(scale: float, rows: int, channels: int, layout: str) -> nn.Module:
+    """A sum of `rows` x `channels` down to one value a channel: over the rows of a matrix
+    ("columns", a bias gradient) or over batch and positions of 64 NCHW images ("NCHW")."""
+    if layout == "columns":
+        return _Workload(lambda m, x: x.sum(0), (_rows(scale, rows), channels))
+    side = _side(scale, round((rows / 64) ** 0.5))
+    return _Workload(lambda m, x: x.sum((0, 2, 3)), (64, channels, side, side))
