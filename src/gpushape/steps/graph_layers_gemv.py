@@ -25,7 +25,8 @@ SIXTEEN_BIT = ("bfloat16", "float16")
 LINEARS = ("Linear", "FusedLinear", "NonDynamicallyQuantizableLinear")
 
 
-def _inside(module: str, captured: list[str]) -> bool:
+def inside(module: str, captured: list[str]) -> bool:
+    """Whether `module` is one of the captured layers or inside one."""
     return any(module == c or module.startswith(c + ".") for c in captured)
 
 
@@ -37,7 +38,7 @@ def gemv_saving_s(traced: Any, costed: Any, gpu: Any, captured: list[str]) -> fl
     by_index = {c.index: c for c in costed.ops}
     saving = 0.0
     for rec in traced.ops:
-        if rec.module_type not in LINEARS or not rec.module or not _inside(rec.module, captured):
+        if rec.module_type not in LINEARS or not rec.module or not inside(rec.module, captured):
             continue
         shape = sum_shape(rec)
         if shape is None or shape[0] != COLUMN_SUM or rec.index not in by_index:

@@ -26,13 +26,9 @@ from typing import Any
 
 from torch import nn
 
-from .graph_layers_gemv import gemv_saving_s
+from .graph_layers_gemv import gemv_saving_s, inside
 
 RATES = ("graph_layer", "graph_layer_param")
-
-
-def _inside(module: str, captured: list[str]) -> bool:
-    return any(module == c or module.startswith(c + ".") for c in captured)
 
 
 def rates_of(gpu: Any) -> tuple[float, float] | None:
@@ -49,15 +45,15 @@ def layers_dispatch_s(trace: Any, rates: Any, captured: list[str]) -> float:
     eager step (`tracing/host.py`'s rates)."""
     from ..tracing.host import module_rate, ops_seconds
 
-    records = [r for r in trace.ops if r.module and _inside(r.module, captured)]
+    records = [r for r in trace.ops if r.module and inside(r.module, captured)]
     modules = {
         ".".join(parts[:i])
         for r in trace.ops
-        if r.phase == "forward" and r.module and _inside(r.module, captured)
+        if r.phase == "forward" and r.module and inside(r.module, captured)
         for parts in [r.module.split(".")]
         for i in range(1, len(parts) + 1)
     }
-    modules = {m for m in modules if _inside(m, captured)}
+    modules = {m for m in modules if inside(m, captured)}
     return ops_seconds(records, rates) + len(modules) * module_rate(rates)
 
 
@@ -91,7 +87,7 @@ def graph_layers_step(
     kernels = sum(
         costed.ops[r.index].kernels
         for r in traced.ops
-        if r.kind == "compute" and r.module and _inside(r.module, captured)
+        if r.kind == "compute" and r.module and inside(r.module, captured)
     )
     saved = kernels * max(device_gap_s(gpu, "eager") - device_gap_s(gpu, "graph"), 0.0)
     idle_s = max(eager_step.idle_s - saved, 0.0)
