@@ -12,6 +12,7 @@ import torch
 
 from gpushape.hardware import get_gpu
 from gpushape.probe import memory as probe_memory
+from gpushape.probe.convs import patch_conversion_row
 from gpushape.probe.workloads import WORKLOADS
 from gpushape.tracing.cost import op_cost
 from gpushape.tracing.families import (
@@ -124,6 +125,23 @@ def test_a_patch_convolution_is_its_step_against_the_gemm_model(family):
     conv = BY_FAMILY[family].build(1.0)
     assert conv.kernel_size == (side, side) and conv.stride == (side, side)
     assert conv.in_channels == 3 and not math.prod(conv.padding)
+
+
+def test_a_patch_convolution_timed_in_both_layouts_gives_its_conversions_rate():
+    spec = get_gpu("h200")
+    conv = BY_FAMILY["patch_conv@16"].build(1.0)
+    row = {"measured_s": 1e-4, "nchw_measured_s": 3e-4, "workload": "w channels_last, f"}
+    made = patch_conversion_row(row, conv, 64, 224, spec)
+    x, y = 64 * 3 * 224 * 224 * 2, 64 * 768 * 14 * 14 * 2
+    assert made["conversion_bytes"] == 4 * (x + y)  # in and out, forward and weight gradient
+    rate_s = made["conversion_bytes"] / spec.attainable_bandwidth_bytes_per_s()
+    assert made["efficiency"] == pytest.approx(rate_s / 2e-4, abs=1e-4)
+    assert patch_conversion_row({**row, "nchw_measured_s": 1e-4}, conv, 64, 224, spec) is None
+    rows = probe_memory.measure_memory_efficiency(
+        spec, device="cpu", scale=0.002, families=("patch_conv@4",)
+    )
+    assert "derived" not in rows["patch_conv@4"]  # its conversions' row, if any, stands alone
+    assert set(rows) <= {"patch_conv@4", "nchw_conversion@4"}
 
 
 def test_the_strided_workload_multiplies_by_a_broadcast_mask_forward_and_backward():

@@ -12,7 +12,13 @@ from _trace_helpers import meta, only, trace_fn
 
 from gpushape.hardware import get_gpu
 from gpushape.tracing.cost import op_cost
-from gpushape.tracing.layout import conversion_bytes_of, conversion_passes, nchw_conversion_bytes
+from gpushape.tracing.flops.conv import embedding_side
+from gpushape.tracing.layout import (
+    conversion_bytes_of,
+    conversion_family,
+    conversion_passes,
+    nchw_conversion_bytes,
+)
 
 BF16 = torch.bfloat16
 X, W = (8, 64, 28, 28), (32, 64, 3, 3)  # bf16: x 802,816 bytes, y 401,408
@@ -76,3 +82,39 @@ def test_no_conversion_off_tensor_cores():
     fwd = only(_conv_trace(False), "convolution")
     c = op_cost(fwd, get_gpu("v100"), math="fp32")  # fp32 on CUDA cores: cuDNN stays NCHW
     assert not c.tensor_cores and c.layout_s == 0
+
+
+def _patch_trace(cin: int, side: int, stride: int | None = None, groups: int = 1):
+    x = meta(2, cin, 32, 32, dtype=BF16)
+    w = torch.empty(16 * groups, cin // groups, side, side, dtype=BF16, device="meta")
+    return trace_fn(
+        lambda x, w: F.conv2d(x, w, stride=stride or side, groups=groups), (x,), (w,), train=True
+    )
+
+
+@pytest.mark.parametrize("pass_", ["convolution", "convolution_backward"])
+def test_a_patch_embedding_of_an_image_is_known_by_its_side_in_both_passes(pass_):
+    assert embedding_side(only(_patch_trace(3, 16), pass_)) == 16
+    assert embedding_side(only(_patch_trace(3, 4), pass_)) == 4
+    assert embedding_side(only(_patch_trace(64, 2), pass_)) == 0  # aligned: a downsampling
+    assert embedding_side(only(_patch_trace(3, 7, stride=2), pass_)) == 0  # a stem, overlapping
+
+
+def test_a_patch_embedding_converts_at_the_rate_measured_for_the_nearest_side():
+    measured = {"nchw_conversion": 1.0, "nchw_conversion@4": 0.6, "nchw_conversion@16": 0.2}
+    fwd = only(_patch_trace(3, 16), "convolution")
+    assert conversion_family(fwd, measured) == "nchw_conversion@16"
+    assert conversion_family(only(_patch_trace(3, 8), "convolution"), measured).endswith("@4")
+    assert conversion_family(only(_patch_trace(3, 14), "convolution"), measured).endswith("@16")
+    assert conversion_family(fwd, {"nchw_conversion": 1.0}) == "nchw_conversion"
+    assert conversion_family(only(_conv_trace(False), "convolution"), measured) == (
+        "nchw_conversion"  # a bottleneck's conversions keep the generic rate
+    )
+    spec = get_gpu("h200")
+    spec = spec.replace(
+        achievable=dataclasses.replace(
+            spec.achievable, kernel_floor_s=0.0, memory_efficiency=measured
+        )
+    )
+    flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
+    assert op_cost(fwd, spec).layout_s == pytest.approx(op_cost(fwd, flat).layout_s / 0.2)

@@ -34,7 +34,10 @@
 
    capped to [0.01, 1]. The profile keeps it as memory family "nchw_conversion"; the nchw-conv
    rule divides its conversion time by it. Where NCHW is no slower, no efficiency is recorded
-   and the rule keeps the copy rate.
+   and the rule keeps the copy rate. A patch embedding's conversions (a 3-channel image into
+   NHWC) run at a rate of their own: `measure_patch_conv` times each patch side in both
+   layouts, and the difference gives "nchw_conversion@<side>" the same way
+   (`patch_conversion_row`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ from ..bench.timer import compare, cuda_graph
 from ..hardware import GPUSpec
 from .memory import capped, step_s
 from .workloads import FamilyWorkload
+
+CONVERSION = "nchw_conversion"  # tracing/layout.py's key, "@<side>" for a patch embedding
 
 
 def model_s(spec: GPUSpec, conv: nn.Conv2d, batch: int, size: int, dtype: torch.dtype) -> float:
@@ -103,7 +108,41 @@ def measure_patch_conv(
     row["family_roofline_s"] = row["model_s"]  # as the memory families' rows name it
     if scale != 1.0:
         row["scale"] = scale
+    conversion = patch_conversion_row(row, conv, batch, size, spec)
+    if conversion is not None:  # measure_memory_efficiency keeps it as a row of its own
+        row["derived"] = {f"{CONVERSION}@{conv.kernel_size[0]}": conversion}
     return row
+
+
+def patch_conversion_row(
+    row: dict[str, Any], conv: nn.Conv2d, batch: int, size: int, spec: GPUSpec
+) -> dict[str, Any] | None:
+    """What a patch embedding loses in NCHW, from `measure_patch_conv`'s two timings of it
+    (forward and weight gradient, no bias), as an efficiency of its conversions' bytes (input
+    and output, each read and written, in both passes) the way "nchw_conversion" is for
+    ResNet's bottlenecks; kept as "nchw_conversion@<side>" (tracing/layout.py
+    `conversion_family`). None where NCHW ran no slower."""
+    from ..tracing.layout import nchw_conversion_bytes
+
+    extra_s = row["nchw_measured_s"] - row["measured_s"]
+    if extra_s <= 0:
+        return None
+    side, itemsize = conv.kernel_size[0], 2  # timed in bf16
+    x = batch * conv.in_channels * size * size * itemsize
+    y = batch * conv.out_channels * (size // side) ** 2 * itemsize
+    nbytes = nchw_conversion_bytes(x, y, grad_input=False, grad_weight=True)
+    family_s = nbytes / spec.attainable_bandwidth_bytes_per_s()
+    return {
+        "efficiency": capped(family_s, extra_s),
+        "workload": row["workload"].replace(" channels_last,", ",")
+        + ", NCHW against channels_last",
+        "dtype": "bfloat16",
+        "measured_s": row["nchw_measured_s"],
+        "channels_last_s": row["measured_s"],
+        "conversion_bytes": nbytes,
+        "family_roofline_s": family_s,
+        "other_roofline_s": 0.0,
+    }
 
 
 def s2d_stem_workload(

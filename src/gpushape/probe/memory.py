@@ -219,6 +219,7 @@ def measure_memory_efficiency(
         try:
             measure = work.measure or measure_family
             out[work.family] = measure(work, spec, device=device, scale=scale)
+            out.update(out[work.family].pop("derived", {}))  # rows one timing gives beside it
         except (RuntimeError, ValueError, NotImplementedError) as exc:  # one family, reported
             out[work.family] = {
                 "error": f"{type(exc).__name__}: {str(exc)[:300]}",

@@ -14,7 +14,8 @@ Per op (FLOPs and minimum bytes from `flops.py`):
                 and no less than gpu.achievable.kernel_floor_s per kernel other than a
                 matrix product's (the shortest a kernel runs: `probe/memory.py`)
     layout_s        = an NCHW convolution on tensor cores: cuDNN's NHWC conversions' bytes
-                      (`layout.py`) / (copy rate x the profile's "nchw_conversion" efficiency);
+                      (`layout.py`) / (copy rate x the profile's "nchw_conversion" efficiency,
+                      a patch embedding's by its side: `layout.conversion_family`);
                       a LayerNorm or softmax given a non-contiguous input: the copy its kernel
                       first makes (`layout.hidden_copies`) at its copy family's efficiency
     weight_grad_s   = a LayerNorm backward whose weight gradients PyTorch sums with one block
@@ -58,7 +59,7 @@ from .families import hidden_copy_families, op_family, sum_family
 from .flops.conv import bias_grad_pass
 from .flops.registry import OpWork, op_work
 from .gemm_model import LATENCY_FAMILIES, GemmEfficiency, gemm_efficiency
-from .layout import conversion_bytes_of, conversion_passes
+from .layout import conversion_bytes_of, conversion_family, conversion_passes
 from .norm_grads import weight_grad_cost
 from .records import OpRecord, Trace
 from .sums import CHANNEL_SUM, COLUMN_SUM
@@ -307,7 +308,8 @@ def op_cost(
     passes = conversion_passes(rec) if used_tc else 0
     if passes:  # cuDNN's NHWC conversions: kernels of their own, after and before the GEMM
         layout_s = max(
-            conversion_bytes_of(rec) / (bandwidth * gpu.achievable.memory("nchw_conversion")),
+            conversion_bytes_of(rec)
+            / (bandwidth * gpu.achievable.memory(conversion_family(rec, measured))),
             2 * passes * floor,
         )
         kernels += 2 * passes

@@ -30,6 +30,10 @@ family of its own (`families.ELEMENTWISE_STRIDED`).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
+from .flops.conv import embedding_side
 from .flops.registry import packet
 from .records import OpRecord, TensorMeta
 
@@ -118,6 +122,26 @@ def conversion_passes(rec: OpRecord) -> int:
         return 1
     mask = tuple(rec.params.get("output_mask", (True, True, False)))
     return int(bool(mask[0])) + int(len(mask) > 1 and bool(mask[1]))
+
+
+CONVERSION = "nchw_conversion"  # the efficiency profile key (probe/convs.py)
+
+
+def conversion_family(rec: OpRecord, measured: Mapping[str, float]) -> str:
+    """The efficiency key convolution `rec`'s conversions are priced at: a patch embedding's
+    (`flops.conv.embedding_side`) at the measured "nchw_conversion@<side>" nearest its side by
+    ratio (converting a 3-channel image ran at 0.16 of the copy rate for ViT's 16x16 patches
+    on an H200, 0.57 for 4x4 ones, against 1.0 for ResNet's bottlenecks); any other, or one
+    where no side was measured, at "nchw_conversion"."""
+    side = embedding_side(rec)
+    sides = {
+        key: int(key.partition("@")[2])
+        for key in measured
+        if key.startswith(CONVERSION + "@") and key.partition("@")[2].isdigit()
+    }
+    if not side or not sides:
+        return CONVERSION
+    return min(sides, key=lambda key: (abs(math.log(sides[key] / side)), sides[key]))
 
 
 def conversion_bytes_of(rec: OpRecord) -> int:

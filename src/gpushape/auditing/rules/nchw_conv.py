@@ -4,7 +4,8 @@ cuDNN's tensor-core convolutions work in NHWC; given NCHW tensors it converts th
 convolution, forward and backward (`tracing/layout.py` says which and counts the bytes). The
 cost model prices those conversions into the convolutions' time (`OpCost.layout_s`: the bytes
 at the copy rate divided by the efficiency `gpushape probe` measured for them, family
-"nchw_conversion", `probe/convs.py`), and channels_last saves them.
+"nchw_conversion", `probe/convs.py`; a patch embedding's 3-channel image at the rate measured
+for its patch side, "nchw_conversion@<side>"), and channels_last saves them.
 
 The convolutions are not all a model loses: BatchNorm and pooling run other, slower eager
 kernels on NCHW tensors (on the H200, ResNet-50's NCHW BatchNorm kernels took 14.8 ms a step,
@@ -69,8 +70,12 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         return
     ops = [o for r in convs for o in ctx.with_backward(r)]
     nbytes = sum(conversion_bytes_of(o) for o in ops)
-    efficiency = ctx.gpu.achievable.memory("nchw_conversion")
     conversions_s = sum(ctx.op_cost(o).layout_s for o in ops)  # as the cost model prices them
+    efficiency = (  # over every conversion: a patch embedding's runs at its own rate
+        min(nbytes / (ctx.bandwidth_bytes_per_s() * conversions_s), 1.0)
+        if conversions_s > 0
+        else ctx.gpu.achievable.memory("nchw_conversion")
+    )
     others_s, others = layout_bound(ctx)
     saving_s = conversions_s + others_s
     conv_s = sum(ctx.time_s(ctx.with_backward(r)) for r in convs)

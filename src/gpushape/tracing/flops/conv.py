@@ -107,6 +107,20 @@ def patch_side(rec: OpRecord, weight: str) -> int:
     return int(kernel[0])
 
 
+def embedding_side(rec: OpRecord) -> int:
+    """The patch side of a convolution (forward or backward) that embeds an image's few
+    channels (fewer than DIRECT_BELOW in, no groups: ViT's 16x16/16 on RGB, Swin's and
+    ConvNeXt's 4x4/4); else 0. cuDNN's NCHW conversions of its 3-channel input run at a rate
+    of their own (tracing/layout.py `conversion_family`)."""
+    names = ("input", "weight") if "weight" in rec.input_names else rec.input_names[:2]
+    try:
+        _, cin, _, groups, *_ = _channels(rec, *names)
+        side = patch_side(rec, names[1])
+    except (KeyError, IndexError, ValueError):
+        return 0
+    return side if groups == 1 and cin < DIRECT_BELOW else 0
+
+
 def _per_dim(value, dims: int, default: int) -> tuple[int, ...]:
     """A convolution's int[] argument per spatial dimension (one value: the same for all)."""
     values = tuple(value) if value else (default,)
