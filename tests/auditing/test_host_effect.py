@@ -189,12 +189,39 @@ def test_the_steps_gpu_side_counts_the_optimizers_step_and_fusing_it_saves_from_
     foreach = torch.optim.AdamW(model.parameters(), foreach=True)
     report = gpushape.audit(model, inputs, gpu=gpu, train=True, optimizer=foreach)
     f = _finding(report, "optimizer-not-fused")
-    # the foreach step's bytes at the attainable bandwidth, on the GPU's queue after the backward
+    # the foreach step's kernels as the profile prices them (its bytes at the fitted rate of
+    # foreach AdamW's kernels, a time per tensor per kernel), on the GPU's queue after the
+    # backward
     assert f.evidence["bytes_moved"] > 0
     extra = report.step.gpu_s - bare.step.gpu_s
     bandwidth = gpu.attainable_bandwidth_bytes_per_s()
-    assert extra == pytest.approx(f.evidence["bytes_moved"] / bandwidth, rel=0.05)
+    rates = gpu.achievable.optimizer_kernels
+    kernels_s = (
+        f.evidence["bytes_moved"] / (bandwidth * rates["foreach/AdamW"])
+        + rates["foreach/tensor"] * f.evidence["parameters"] * f.evidence["kernels"]
+    )
+    assert extra == pytest.approx(kernels_s, rel=0.05)
+    assert extra > f.evidence["bytes_moved"] / bandwidth  # slower than their bytes alone
     # GPU-bound: the fix saves its GPU time, counted once
     if report.step.bound == "gpu":
         assert f.evidence["wall_saving_s"] == pytest.approx(f.est_saving_s, rel=0.05)
     assert f.evidence["wall_saving_s"] <= f.est_saving_s + report.step.host_s
+
+
+def test_an_optimizer_steps_kernels_cost_a_time_per_tensor_beside_their_bytes():
+    import torch
+
+    from gpushape.auditing.pricing.optimizer_step import StepCost, step_gpu_s
+
+    gpu = get_gpu("h200")
+    bandwidth = gpu.attainable_bandwidth_bytes_per_s()
+    step = StepCost("foreach", kernels=3, bytes_moved=10**8, parameters=200)
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=0.9)
+    assert step_gpu_s(step, sgd, gpu) == pytest.approx(1e8 / bandwidth)  # unfitted: the bytes
+    rates = {"foreach": 0.5, "foreach/tensor": 1e-7, "foreach/SGD": 0.8}
+    fitted = gpu.replace(achievable=dataclasses.replace(gpu.achievable, optimizer_kernels=rates))
+    assert step_gpu_s(step, sgd, fitted) == pytest.approx(1e8 / (bandwidth * 0.8) + 1e-7 * 600)
+    adamw = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])  # no class row: generic
+    assert step_gpu_s(step, adamw, fitted) == pytest.approx(1e8 / (bandwidth * 0.5) + 6e-5)
+    loop = StepCost("for-loop", kernels=600, bytes_moved=10**8, parameters=200)
+    assert step_gpu_s(loop, sgd, fitted) == pytest.approx(1e8 / bandwidth)

@@ -25,6 +25,8 @@ Format (JSON, `"format": "gpushape-profile"`, `"version": 1`)::
       "device_gap": {"compile": {"seconds": 2.9e-6, "steps": 22, ...}, ...},
                           # the GPU's idle time between kernels, by how the step runs (eager,
                           # compile, graph, compile-graphs), fitted on timed GPU-bound steps
+      "optimizer_kernels": {"foreach": {"efficiency": 0.8, "tensor_seconds": 1.4e-7}, ...},
+                          # an optimizer step's multi-tensor kernels, fitted on timed steps
       "sweeps": {...}                                 # raw sweep data (optional, free-form)
     }
 
@@ -146,6 +148,9 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
     )
     if gap:
         fields["device_gap"] = {**old.device_gap, **gap}
+    kernels = optimizer_kernel_rates(profile.get("optimizer_kernels", {}))
+    if kernels:
+        fields["optimizer_kernels"] = {**old.optimizer_kernels, **kernels}
     if fields:
         measured = tuple(sorted(set(old.measured) | set(fields)))
         achievable = Achievable(
@@ -164,6 +169,7 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
                         "attention",
                         "host",
                         "device_gap",
+                        "optimizer_kernels",
                     )
                 },
                 **fields,
@@ -177,6 +183,21 @@ def apply_profile(spec: GPUSpec, profile: dict[str, Any], origin: str = "profile
         align.update({dtype_key(k): int(v) for k, v in profile["tc_align_elems"].items()})
         spec = spec.replace(note=note, tc_align_elems=align)
     return spec
+
+
+def optimizer_kernel_rates(rows: Mapping[str, Any]) -> dict[str, float]:
+    """A profile's "optimizer_kernels" rows ({"fused/AdamW": {"efficiency": 0.76,
+    "tensor_seconds": 2.3e-7, ...}}) flattened to what `Achievable.optimizer_kernels` holds
+    ({"fused/AdamW": 0.76, "fused/AdamW/tensor": 2.3e-7})."""
+    out: dict[str, float] = {}
+    for key, row in rows.items():
+        if not isinstance(row, Mapping):
+            continue
+        if row.get("efficiency"):
+            out[key] = float(row["efficiency"])
+        if row.get("tensor_seconds") is not None:
+            out[f"{key}/tensor"] = float(row["tensor_seconds"])
+    return out
 
 
 def attention_rates(rows: Mapping[str, Any]) -> dict[str, float]:

@@ -131,6 +131,12 @@ class Achievable:
     # (benchmarks/steps/fit_device_gap.py); "<kind>/step": a time a step beside it, where the
     # fit found the idle time follows the step more than its kernels. Empty: unmeasured.
     device_gap: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
+    # An optimizer step's multi-tensor kernels (torch.optim's foreach and fused steps), fitted
+    # on timed steps (benchmarks/steps/fit_optimizer_kernels.py): "<impl>" (foreach, fused) or
+    # "<impl>/<class>" (fused/AdamW) the fraction of the copy rate their bytes move at, and
+    # "<impl>/tensor" the seconds each parameter tensor adds to each such kernel (a small
+    # tensor's blocks, the launches a long list splits into). Empty: bytes at the copy rate.
+    optimizer_kernels: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
     source: str = "assumed"
     measured: tuple[str, ...] = ()
 
@@ -139,6 +145,7 @@ class Achievable:
         object.__setattr__(self, "attention", _frozen(self.attention))
         object.__setattr__(self, "host", _frozen(self.host))
         object.__setattr__(self, "device_gap", _frozen(self.device_gap))
+        object.__setattr__(self, "optimizer_kernels", _frozen(self.optimizer_kernels))
 
     def gemm(self, dtype: str) -> float:
         return self.gemm_fraction.get(dtype, self.gemm_fraction.get("default", 0.75))

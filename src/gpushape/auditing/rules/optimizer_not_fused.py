@@ -2,9 +2,10 @@
 where a fused implementation exists.
 
 Priced by running the optimizer's step on meta stand-ins (pricing/optimizer_step.py): its kernels
-and bytes, against the fused step's single pass. Time of a step = the longer of the bytes at
-attainable bandwidth and the kernels x the eager launch overhead (the CPU launches, the GPU
-streams). The saving is a share of the traced step plus the optimizer's own step.
+and bytes, against the fused step's single pass. Time of a step = the longer of its GPU time
+(the bytes at the rate the profile fitted for the implementation's kernels, plus a time per
+parameter tensor per kernel: `step_gpu_s`) and the kernels x the eager launch overhead (the CPU
+launches, the GPU streams). The saving is a share of the traced step plus the optimizer's own step.
 When the step cannot be run on meta (an optimizer outside torch.optim that needs real values),
 there is no estimate: the saving is null, and severity is medium for a for-loop
 implementation, low for foreach where a fused one exists.
@@ -18,7 +19,14 @@ import torch
 
 from ..context import AuditContext
 from ..finding import Finding, Severity
-from ..pricing.optimizer_step import StepCost, current_step, fused_step, implementation, supports
+from ..pricing.optimizer_step import (
+    StepCost,
+    current_step,
+    fused_step,
+    implementation,
+    step_gpu_s,
+    supports,
+)
 from ..registry import register_rule
 
 RULE = "optimizer-not-fused"
@@ -26,7 +34,8 @@ RULE = "optimizer-not-fused"
 
 def _step_s(ctx: AuditContext, step: StepCost) -> float:
     return max(
-        ctx.bytes_time_s(step.bytes_moved), step.kernels * ctx.gpu.achievable.launch_overhead_s
+        step_gpu_s(step, ctx.optimizer, ctx.gpu),
+        step.kernels * ctx.gpu.achievable.launch_overhead_s,
     )
 
 
