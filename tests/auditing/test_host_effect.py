@@ -225,3 +225,16 @@ def test_an_optimizer_steps_kernels_cost_a_time_per_tensor_beside_their_bytes():
     assert step_gpu_s(step, adamw, fitted) == pytest.approx(1e8 / (bandwidth * 0.5) + 6e-5)
     loop = StepCost("for-loop", kernels=600, bytes_moved=10**8, parameters=200)
     assert step_gpu_s(loop, sgd, fitted) == pytest.approx(1e8 / bandwidth)
+
+
+def test_a_fused_optimizers_step_is_priced_as_its_single_pass():
+    import torch
+
+    from gpushape.auditing.pricing.optimizer_step import current_step, fused_step
+
+    params = [torch.nn.Parameter(torch.zeros(64, 64)) for _ in range(5)]
+    fused = current_step(torch.optim.AdamW(params, fused=True))
+    assert fused == fused_step(torch.optim.AdamW(params))
+    assert fused.kernels == 1  # not the meta copy's per-parameter ops
+    foreach = current_step(torch.optim.AdamW(params, foreach=True))
+    assert foreach.bytes_moved > fused.bytes_moved and foreach.kernels > 1

@@ -95,7 +95,11 @@ def _meta_copy(optimizer: torch.optim.Optimizer, foreach: bool) -> torch.optim.O
 
 
 def current_step(optimizer: torch.optim.Optimizer) -> StepCost:
+    """The step as `optimizer` takes it: a fused one's single pass (`fused_step`), else its
+    ops counted on a meta copy (which steps for-loop or foreach: no meta fused kernel)."""
     impl = implementation(optimizer)
+    if impl == "fused":
+        return fused_step(optimizer)
     copy = _meta_copy(optimizer, foreach=impl == "foreach")
     copy.step()  # creates the state
     with _Counter() as counter:
