@@ -150,4 +150,5 @@ def audit(
     report.gpu_reason = target.reason
     report.inputs = describe_inputs(example_inputs)
     report.with_loss = with_loss
+    report.boundary_bytes = traced.boundary_bytes
     return report

@@ -154,17 +154,27 @@ def compiled_stage(given: StepTime, stage: StepTime) -> StepTime:
 
 
 def compile_graphs_step(
-    compiled: StepTime, graph: StepTime, gpu: Any, gpu_s: float | None = None
+    compiled: StepTime,
+    graph: StepTime,
+    gpu: Any,
+    gpu_s: float | None = None,
+    boundary_bytes: int = 0,
 ) -> StepTime:
     """torch.compile's CUDA graphs (mode="reduce-overhead"): the compiled step's GPU work (or
     `gpu_s`) and kernels, launched as the audit's graph mode launches them, with the GPU's idle
-    time between kernels as those graphs replay them. `gpu`: a GPUSpec, or what `audit` takes."""
+    time between kernels as those graphs replay them, and the copies into the graphs' static
+    inputs of what reaches them from outside each step (`Trace.boundary_bytes`, read and
+    written at the copy rate). On an H100 a Hugging Face LLaMA-style decoder's step so replayed
+    copied 18 tensors, 0.42 ms a step (its 524 MB of logits' zero gradient: the model returns
+    them beside the loss), and ran no faster than compiled alone; GPT-2's 823 MB 0.5-0.6 ms
+    (benchmarks/results/loops-h100-25). `gpu`: a GPUSpec, or what `audit` takes."""
     if not hasattr(gpu, "achievable"):
         from .target import resolve_target
 
         gpu = resolve_target(gpu).spec
     idle = device_idle_s(gpu, "compile-graphs", compiled.kernels)
     gpu_s = compiled.gpu_s if gpu_s is None else gpu_s
+    gpu_s += 2 * boundary_bytes / gpu.attainable_bandwidth_bytes_per_s()
     return dataclasses.replace(graph, gpu_s=gpu_s, kernels=compiled.kernels, idle_s=idle)
 
 
@@ -269,7 +279,7 @@ def wall_saving_s(f: Finding, step: StepTime, ctx: AuditContext) -> float:
     if f.fix == "cuda-graphs":
         graph = step_time(ctx, "graph")
         if step.mode == "compile":  # mode="reduce-overhead" replays the compiled kernels
-            graph = compile_graphs_step(step, graph, ctx.gpu)
+            graph = compile_graphs_step(step, graph, ctx.gpu, None, ctx.trace.boundary_bytes)
         # the finding prices the launches a graph saves; the GPU's idle time between kernels
         # is left as it is (the loop prices a replayed stage's own: steps/fix_by_fix.py)
         graph = dataclasses.replace(graph, idle_s=step.idle_s)

@@ -293,8 +293,9 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             graphed = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
                             train=True, mode="graph", optimizer=step.optimizer)  # fmt: skip
             gpu_s = out[previous][0]
-            compiled = list(reports.values())[-1].step  # the kernels the graphs replay
-            out[stage] = (gpu_s, compile_graphs_step(compiled, graphed.step, gpu, gpu_s).wall_s)
+            last = list(reports.values())[-1]  # the kernels the graphs replay
+            replayed = compile_graphs_step(last.step, graphed.step, gpu, gpu_s, last.boundary_bytes)
+            out[stage] = (replayed.gpu_s, replayed.wall_s)  # the copies into static inputs too
         else:
             # graph-layers replays the layers from CUDA graphs: its stage and every stage built
             # on it priced as the audit's graph mode (their layers' dispatch is replayed too)

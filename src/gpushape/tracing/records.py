@@ -186,6 +186,12 @@ class Trace:
     ops: list[OpRecord]
     modules: dict[str, str]
     grad_leaves: int = 0
+    boundary_bytes: int = 0
+    """Bytes that reach a step's compiled graphs from outside each step: the model's tensor
+    inputs and, in training, a gradient for each of its outputs that requires grad (AOTAutograd's
+    backward takes one for every such output, a zero-filled one for an output the loss does not
+    use: a Hugging Face model's logits beside the loss it computes). CUDA graphs copy them into
+    their static inputs on every replay (`auditing.modes.compile_graphs_step`)."""
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -219,5 +225,6 @@ class Trace:
             "device": self.device,
             "modules": dict(self.modules),
             "grad_leaves": self.grad_leaves,
+            "boundary_bytes": self.boundary_bytes,
             "ops": [op.to_dict() for op in self.ops],
         }

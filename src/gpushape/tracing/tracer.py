@@ -68,6 +68,9 @@ def trace(
                 _backward(out, leaves, recorder)
     finally:
         model.train(was_training)
+    crossing = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if train:
+        crossing += _differentiable(out)
     return Trace(
         model=name or type(model).__name__,
         train=train,
@@ -75,6 +78,7 @@ def trace(
         ops=hand_overs(recorder.ops) if train and target.type == "meta" else recorder.ops,
         modules=module_types,
         grad_leaves=len(leaves),
+        boundary_bytes=sum(t.numel() * t.element_size() for t in crossing),
     )
 
 
@@ -127,14 +131,19 @@ def _grad_leaves(params, inputs) -> list[torch.Tensor]:
     return leaves
 
 
-def _backward(out: Any, leaves: list[torch.Tensor], recorder: Recorder) -> None:
-    outs = [
+def _differentiable(out: Any) -> list[torch.Tensor]:
+    """The model's outputs a backward starts from: tensors that require grad."""
+    return [
         t
         for t in pytree.tree_leaves(out)
         if isinstance(t, torch.Tensor)
         and t.requires_grad
         and (t.is_floating_point() or t.is_complex())
     ]
+
+
+def _backward(out: Any, leaves: list[torch.Tensor], recorder: Recorder) -> None:
+    outs = _differentiable(out)
     if not outs:
         raise TraceError(
             "train=True, but no output of the model requires grad (are its "

@@ -124,6 +124,7 @@ class Report:
     with_loss: bool = False  # a library model traced with labels: its own loss in the step
     combined: Any = None  # what the non-overlapping fixes save together (auditing.combine)
     step: Any = None  # the step in the audited mode: GPU, launches, bound (auditing.modes)
+    boundary_bytes: int = 0  # what reaches a compiled step's graphs from outside (Trace's)
     gpu_spec: Any = field(default=None, repr=False)  # the GPUSpec costed on (roofs of the plot)
 
     @classmethod
