@@ -161,13 +161,11 @@ def compile_graphs_step(
     boundary_bytes: int = 0,
 ) -> StepTime:
     """torch.compile's CUDA graphs (mode="reduce-overhead"): the compiled step's GPU work (or
-    `gpu_s`) and kernels, launched as the audit's graph mode launches them, with the GPU's idle
-    time between kernels as those graphs replay them, and the copies into the graphs' static
-    inputs of what reaches them from outside each step (`Trace.boundary_bytes`, read and
-    written at the copy rate). On an H100 a Hugging Face LLaMA-style decoder's step so replayed
-    copied 18 tensors, 0.42 ms a step (its 524 MB of logits' zero gradient: the model returns
-    them beside the loss), and ran no faster than compiled alone; GPT-2's 823 MB 0.5-0.6 ms
-    (benchmarks/results/loops-h100-25). `gpu`: a GPUSpec, or what `audit` takes."""
+    `gpu_s`) and kernels, launched as graph mode launches them, idling as those graphs do, plus
+    the copies into the graphs' static inputs of what reaches them from outside the step
+    (`Trace.boundary_bytes`, read and written: on an H100 a Hugging Face decoder's logits'
+    zero gradient, 0.4-0.6 ms a step, benchmarks/results/loops-h100-25). `gpu`: a GPUSpec, or
+    what `audit` takes."""
     if not hasattr(gpu, "achievable"):
         from .target import resolve_target
 
