@@ -30,7 +30,6 @@ family of its own (`families.ELEMENTWISE_STRIDED`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from .flops.conv import embedding_side
@@ -133,15 +132,11 @@ def conversion_family(rec: OpRecord, measured: Mapping[str, float]) -> str:
     ratio (converting a 3-channel image ran at 0.16 of the copy rate for ViT's 16x16 patches
     on an H200, 0.57 for 4x4 ones, against 1.0 for ResNet's bottlenecks); any other, or one
     where no side was measured, at "nchw_conversion"."""
+    from .families import nearest_size  # it imports this module
+
     side = embedding_side(rec)
-    sides = {
-        key: int(key.partition("@")[2])
-        for key in measured
-        if key.startswith(CONVERSION + "@") and key.partition("@")[2].isdigit()
-    }
-    if not side or not sides:
-        return CONVERSION
-    return min(sides, key=lambda key: (abs(math.log(sides[key] / side)), sides[key]))
+    sides = {key: v for key, v in measured.items() if key.startswith(CONVERSION + "@")}
+    return nearest_size(CONVERSION, sides, side, side) if side and sides else CONVERSION
 
 
 def conversion_bytes_of(rec: OpRecord) -> int:
