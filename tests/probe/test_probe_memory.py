@@ -3,6 +3,8 @@ fall in its family, and the efficiency is what the formula says, capped to [0.01
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from gpushape.hardware import get_gpu
@@ -103,3 +105,29 @@ def test_nchw_conversion_is_the_conversions_time_over_the_layouts_difference(mon
 def test_nchw_no_slower_records_no_efficiency(monkeypatch):
     row = _nchw_row(monkeypatch, nchw_s=1e-3, cl_s=1.2e-3)
     assert row["efficiency"] is None and "no slower" in row["note"]
+
+
+def test_the_probe_keeps_the_rows_a_workload_derives_beside_its_own(monkeypatch):
+    """A patch convolution timed in both layouts also gives its NCHW conversions' row: the
+    probe's run keeps it in the profile, not only the workload's own row."""
+    from gpushape.probe import runner
+
+    def fake(spec, *, device, scale, families):
+        (family,) = families
+        rows = {family: {"efficiency": 0.5, "measured_s": 1e-3, "workload": family}}
+        if family == "patch_conv@16":
+            rows["nchw_conversion@16"] = {"efficiency": 0.2, "measured_s": 2e-3, "workload": "w"}
+        return rows
+
+    class _Bar:
+        def update(self, *args, **kwargs):
+            pass
+
+        advance = update
+
+    monkeypatch.setattr(runner.probe_memory, "measure_memory_efficiency", fake)
+    plan = SimpleNamespace(memory_scale=0.002)
+    out = runner._memory_efficiency(plan, SimpleNamespace(device="cpu"), None, _Bar(), None)
+    assert out["nchw_conversion@16"]["efficiency"] == 0.2
+    assert out["patch_conv@16"]["efficiency"] == 0.5
+    assert set(out) == {w.family for w in runner.probe_memory.WORKLOADS} | {"nchw_conversion@16"}
