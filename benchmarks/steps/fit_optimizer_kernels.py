@@ -11,12 +11,13 @@ launches, so each tensor costs time beyond its bytes. Each step's `multi_tensor_
 
     time = bytes / (copy rate x efficiency[class]) + tensor_seconds x tensors x kernels
 
-(least squares on relative error; bytes, tensors and kernels as pricing/optimizer_step.py
-counts them on a meta copy of the model's parameters; the efficiency by optimizer class where
-a class was timed, fused AdamW's and fused SGD's kernels differing). An implementation timed on
-fewer than MIN_MODELS models takes `tensor_seconds` from the other implementation's fit on the
-same GPU. A stage whose kernel list may miss some of its optimizer kernels (the 12 longest
-kept, a foreach AdamW without both of its kernel kinds) is left out.
+(`gpushape.probe.optimizer_kernels.fit`, which `gpushape probe` uses on its own timed steps:
+least squares on relative error; bytes, tensors and kernels as pricing/optimizer_step.py counts
+them on a meta copy of the model's parameters; the efficiency by optimizer class where a class
+was timed, fused AdamW's and fused SGD's kernels differing). An implementation timed on fewer
+than three models takes `tensor_seconds` from the other implementation's fit on the same GPU.
+A stage whose kernel list may miss some of its optimizer kernels (the 12 longest kept, a foreach
+AdamW without both of its kernel kinds) is left out.
 
     python benchmarks/steps/fit_optimizer_kernels.py [--gpu h100] [--write] [--profile PATH] \\
         [--out benchmarks/results/probe-h100/optimizer_kernels_fit.json]
@@ -35,7 +36,6 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +46,7 @@ from gpushape.bench import write_results  # noqa: E402
 from gpushape.hardware.lookup import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
 from gpushape.models import resolve_model  # noqa: E402
+from gpushape.probe.optimizer_kernels import fit, predicted_s  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks/results"
@@ -62,7 +63,6 @@ KINDS = {  # how each implementation's kernel names start (kept names are cut at
     ("fused", "SGD"): ("TensorListMetadata<",),
 }
 FULL_LIST = 40  # a stage listing this many kernels lists every optimizer kernel
-MIN_MODELS = 3
 
 
 def _option(command: str, name: str) -> list[str]:
@@ -137,50 +137,6 @@ def by_model(rows: list[dict]) -> list[dict]:
             for g in groups.values()]  # fmt: skip
 
 
-def fit(rows: list[dict], bandwidth: float) -> dict[str, dict]:
-    """{"foreach": row, "foreach/SGD": row, ...}: see the module docstring."""
-    out: dict[str, dict] = {}
-    fitted_c: dict[str, float] = {}
-    impls = sorted({r["impl"] for r in rows}, key=lambda i: -len({r["model"] for r in rows
-                                                                  if r["impl"] == i}))  # fmt: skip
-    for impl in impls:
-        used = [r for r in rows if r["impl"] == impl]
-        classes = sorted({r["class"] for r in used})
-        y = np.array([r["measured_s"] for r in used])
-        bytes_s = np.array([r["bytes"] / bandwidth for r in used])
-        tk = np.array([r["tensors"] * r["kernels"] for r in used], dtype=float)
-        borrowed = len(used) < MIN_MODELS and fitted_c
-        if borrowed:
-            c = next(iter(fitted_c.values()))
-        else:
-            cols = [bytes_s * np.array([r["class"] == k for r in used]) for k in classes]
-            x = np.column_stack([*cols, tk]) / y[:, None]
-            coef = np.linalg.lstsq(x, np.ones_like(y), rcond=None)[0]
-            c = max(float(coef[-1]), 0.0)
-        fitted_c[impl] = c
-        rest = np.maximum(y - c * tk, 1e-9)
-        for k in [None, *classes]:
-            pick = [i for i, r in enumerate(used) if k is None or r["class"] == k]
-            efficiency = min(float(np.sum(bytes_s[pick]) / np.sum(rest[pick])), 1.0)
-            name = impl if k is None else f"{impl}/{k}"
-            out[name] = {
-                "efficiency": round(efficiency, 4),
-                **({"tensor_seconds": c} if k is None else {}),
-                "models": sorted({used[i]["model"] for i in pick}),
-                "tensor_seconds_from": "foreach's fit" if borrowed and impl != "foreach"
-                else ("fused's fit" if borrowed else "this fit"),
-                "source": "benchmarks/steps/fit_optimizer_kernels.py",
-            }  # fmt: skip
-    return out
-
-
-def predicted_s(row: dict, fitted: dict, bandwidth: float) -> float:
-    impl, key = row["impl"], f"{row['impl']}/{row['class']}"
-    efficiency = fitted.get(key, fitted[impl])["efficiency"]
-    per_tensor = fitted[impl]["tensor_seconds"]
-    return row["bytes"] / (bandwidth * efficiency) + per_tensor * row["tensors"] * row["kernels"]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", default="h200", choices=sorted(PROFILES))
@@ -194,6 +150,8 @@ def main() -> None:
     rows = timed_steps(args.gpu)
     models = by_model(rows)
     fitted = fit(models, bandwidth)
+    for row in fitted.values():
+        row["source"] = "benchmarks/steps/fit_optimizer_kernels.py"
     print(f"{'implementation':16} {'efficiency':>10} {'us a tensor a kernel':>21}  models")
     for name, row in fitted.items():
         per = f"{row['tensor_seconds'] * 1e6:.3f}" if "tensor_seconds" in row else ""

@@ -43,12 +43,25 @@ def test_probe_end_to_end_on_cpu_at_toy_sizes(monkeypatch, capsys, tmp_path):
         "gemm_batch",
         "conv_batch",
         "wave",
+        "optimizer_kernels",
     }
-    assert all(r["flops_per_s"] > 0 for rows in profile["sweeps"].values() for r in rows)
+    timed = {k: rows for k, rows in profile["sweeps"].items() if k != "optimizer_kernels"}
+    assert all(r["flops_per_s"] > 0 for rows in timed.values() for r in rows)
+    # optimizer steps: each implementation's rate and time per tensor, its classes' rates
+    # (AdamW's step asks CUDA whether it is capturing, which the patched check above makes it
+    # do on a CPU build: an error, reported, and the rows of the classes that ran)
+    kernels = dict(profile["optimizer_kernels"])
+    errors = kernels.pop("errors", {})
+    assert {"foreach", "foreach/SGD"} <= set(kernels), kernels
+    assert "foreach/AdamW" in kernels or "foreach/AdamW" in errors
+    assert all(0 < r["efficiency"] <= 1 for r in kernels.values())
+    assert kernels["foreach"]["tensor_seconds"] >= 0
+    assert len(profile["sweeps"]["optimizer_kernels"]) >= 4  # 2 sets x 2 classes, foreach
     assert profile["ceilings"]["copy_bytes_per_s"] > 0
     # where the time went, part by part (the quick probe's budget is kept by these)
     actual = profile["probe"]["timing"]["actual_s"]
-    for part in ("ceilings", "host", "module_glue", "memory_efficiency", "attention"):
+    for part in ("ceilings", "host", "module_glue", "memory_efficiency", "optimizer_kernels",
+                 "attention"):  # fmt: skip
         assert actual[part] >= 0, part
     assert all("wall_s" in row for row in profile["attention"].values())
     errors = {c["id"]: c["error"] for c in profile["guide_claims"] if "error" in c}
@@ -71,6 +84,7 @@ def test_probe_end_to_end_on_cpu_at_toy_sizes(monkeypatch, capsys, tmp_path):
         f for f, r in memory.items() if r.get("efficiency") is not None
     }
     assert spec.achievable.source.startswith("measured")
+    assert spec.achievable.optimizer_kernels["foreach"] == kernels["foreach"]["efficiency"]
 
     md = (reports / "probe-report.md").read_text()
     assert "## The guide's rules of thumb on this GPU" in md

@@ -17,8 +17,14 @@ def rows():
 
 
 def test_every_family_is_measured_from_its_own_ops(rows):
-    assert set(rows) == {w.family for w in probe_memory.WORKLOADS}
+    # beside them, what a patch convolution's two timings give where NCHW ran slower
+    derived = {f for f in rows if f.startswith("nchw_conversion@")}
+    assert derived <= {"nchw_conversion@4", "nchw_conversion@16"}
+    assert set(rows) - derived == {w.family for w in probe_memory.WORKLOADS}
     for family, row in rows.items():
+        if family in derived:
+            assert row["measured_s"] > row["channels_last_s"] and row["scale"] == 0.002
+            continue
         assert "error" not in row, (family, row)
         assert row["family_roofline_s"] > 0, family  # the workload's ops are that family's
         assert row["scale"] == 0.002

@@ -60,7 +60,7 @@ def test_the_fit_recovers_a_rate_by_class_and_a_time_per_tensor():
     assert fitted["foreach/AdamW"]["efficiency"] == pytest.approx(0.85, abs=1e-3)
     # one model timed fused: its time per tensor is foreach's, its rate what remains
     assert fitted["fused"]["tensor_seconds"] == fitted["foreach"]["tensor_seconds"]
-    assert fitted["fused"]["tensor_seconds_from"] == "foreach's fit"
+    assert fitted["fused"]["tensor_seconds_from"] == "the other implementation's fit"
     for r in rows[:4]:
         assert fok.predicted_s(r, fitted, bw) == pytest.approx(r["measured_s"], rel=1e-3)
     # the profile rows, read back as the cost model's rates

@@ -110,6 +110,8 @@ def measure_patch_conv(
         row["scale"] = scale
     conversion = patch_conversion_row(row, conv, batch, size, spec)
     if conversion is not None:  # measure_memory_efficiency keeps it as a row of its own
+        if scale != 1.0:
+            conversion["scale"] = scale
         row["derived"] = {f"{CONVERSION}@{conv.kernel_size[0]}": conversion}
     return row
 

@@ -227,6 +227,7 @@ def build_profile(
     host: Mapping[str, Any] | None = None,
     gemm_latency: Mapping[str, Any] | None = None,
     kernel_floor: Mapping[str, Any] | None = None,
+    optimizer_kernels: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     peaks = analysis["gemm_peak"]
     ceiling_out: dict[str, Any] = {
@@ -260,6 +261,7 @@ def build_profile(
         "conv_small_cin": dict(stem or {}),
         "attention": dict(attention or {}),
         "host": dict(host or {}),
+        "optimizer_kernels": dict(optimizer_kernels or {}),
         "guide_claims": claims,
         "probe": {
             "mode": plan.mode,

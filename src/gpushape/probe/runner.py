@@ -32,6 +32,7 @@ from . import guide_claims
 from . import host as probe_host
 from . import host_glue as probe_glue
 from . import memory as probe_memory
+from . import optimizer_kernels as probe_optimizer
 from . import profile as probe_profile
 from .measure import (
     MeasureConfig,
@@ -136,7 +137,7 @@ def run_probe(
             + len(tasks)
             + len(claims)
             + len(probe_memory.WORKLOADS)
-            + 1
+            + 2
             + len(probe_attention.CONFIGS),
         )
         t0 = time.perf_counter()
@@ -173,6 +174,14 @@ def run_probe(
         measured = apply_profile(measured, {"gemm_latency": latency})
         memory = _memory_efficiency(plan, cfg, measured, bar, job)
         actual_s["memory_efficiency"] = sum(r["wall_s"] for r in memory.values())
+        bar.update(job, description="optimizer steps: foreach and fused kernels")
+        t0 = time.perf_counter()
+        optimizer = probe_optimizer.measure_optimizer_kernels(
+            measured, device=cfg.device, scale=plan.memory_scale
+        )
+        sweeps["optimizer_kernels"] = optimizer["steps"]
+        actual_s["optimizer_kernels"] = time.perf_counter() - t0
+        bar.advance(job)
         bar.update(job, description="convolution on 3 input channels (stem)")
         t0 = time.perf_counter()
         stem = probe_convs.measure_small_cin_conv(
@@ -220,6 +229,10 @@ def run_probe(
         host=host,
         gemm_latency=latency,
         kernel_floor=floor,
+        optimizer_kernels={
+            **optimizer["rows"],
+            **({"errors": optimizer["errors"]} if optimizer["errors"] else {}),
+        },
     )
 
 

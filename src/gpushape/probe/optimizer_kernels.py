@@ -1,0 +1,136 @@
+"""An optimizer step's multi-tensor kernels on this GPU: what the cost model prices an
+optimizer's step at (auditing/pricing/optimizer_step.py `step_gpu_s`).
+
+torch.optim's foreach and fused steps run `multi_tensor_apply` kernels, which give every
+parameter tensor blocks of its own and split a long list into several launches: a convnet's
+many small tensors cost more than their bytes (on an H100 EfficientNet-B0's foreach SGD step,
+213 tensors, ran 124 us of kernels for 28 us of bytes). Each implementation is priced as
+
+    time = bytes / (copy rate x efficiency[class]) + tensor_seconds x tensors x kernels
+
+(bytes, tensors and kernels as pricing/optimizer_step.py counts them on a meta copy). The probe
+steps SGD with momentum and AdamW, foreach and fused, over two sets of bf16 parameters (many
+small tensors, where the time per tensor shows; a few large ones, where the bytes' rate does),
+sums each step's kernel time from the profiler, and `fit`s the two numbers: a time per tensor
+per implementation, an efficiency per implementation and per class. The profile keeps them as
+"optimizer_kernels" (hardware/profile.py). benchmarks/steps/fit_optimizer_kernels.py fits the
+same form on the kernels of timed training steps (the H200's and H100's shipped figures).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+SETS = {"small tensors": (256, 4096), "large tensors": (16, 1 << 21)}  # (tensors, numbers)
+CLASSES = {
+    "SGD": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
+    "AdamW": (torch.optim.AdamW, {"lr": 1e-4}),
+}
+MIN_ROWS = 3  # an implementation timed fewer times takes the other's time per tensor
+
+
+def fit(rows: list[dict], bandwidth: float) -> dict[str, dict]:
+    """{"foreach": row, "foreach/SGD": row, ...} from timed steps, each {impl, class, bytes,
+    tensors, kernels, measured_s} (and "model", named in the rows' evidence): per implementation
+    a time per tensor per kernel and an efficiency, least squares on relative error; per class
+    the efficiency with that time per tensor."""
+    out: dict[str, dict] = {}
+    fitted_c: dict[str, float] = {}
+    impls = sorted({r["impl"] for r in rows}, key=lambda i: -sum(r["impl"] == i for r in rows))
+    for impl in impls:
+        used = [r for r in rows if r["impl"] == impl]
+        classes = sorted({r["class"] for r in used})
+        y = np.array([r["measured_s"] for r in used])
+        bytes_s = np.array([r["bytes"] / bandwidth for r in used])
+        tk = np.array([r["tensors"] * r["kernels"] for r in used], dtype=float)
+        borrowed = len(used) < MIN_ROWS and bool(fitted_c)
+        if borrowed:
+            c = next(iter(fitted_c.values()))
+        else:
+            cols = [bytes_s * np.array([r["class"] == k for r in used]) for k in classes]
+            x = np.column_stack([*cols, tk]) / y[:, None]
+            c = max(float(np.linalg.lstsq(x, np.ones_like(y), rcond=None)[0][-1]), 0.0)
+        fitted_c[impl] = c
+        rest = np.maximum(y - c * tk, 1e-9)
+        for k in [None, *classes]:
+            pick = [i for i, r in enumerate(used) if k is None or r["class"] == k]
+            name = impl if k is None else f"{impl}/{k}"
+            out[name] = {
+                "efficiency": round(min(max(float(np.sum(bytes_s[pick]) / np.sum(rest[pick])),
+                                            0.01), 1.0), 4),  # as probe/memory.py `capped`
+                **({"tensor_seconds": c} if k is None else {}),
+                "models": sorted({str(used[i].get("model", "")) for i in pick}),
+                "tensor_seconds_from": "the other implementation's fit" if borrowed else "this fit",
+            }  # fmt: skip
+    return out
+
+
+def predicted_s(row: dict, fitted: dict, bandwidth: float) -> float:
+    """A timed step's time as `fit`'s rows price it (the cost model's `step_gpu_s`)."""
+    impl, key = row["impl"], f"{row['impl']}/{row['class']}"
+    efficiency = fitted.get(key, fitted[impl])["efficiency"]
+    per_tensor = fitted[impl]["tensor_seconds"]
+    return row["bytes"] / (bandwidth * efficiency) + per_tensor * row["tensors"] * row["kernels"]
+
+
+def kernels_s(optimizer: torch.optim.Optimizer, device: str, steps: int = 10) -> float:
+    """Seconds of one step's kernels on the GPU (the profiler's device time, summed); on the
+    CPU the step's own time (a smoke test)."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):  # the state, and the kernels' first calls
+        optimizer.step()
+    if torch.device(device).type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            optimizer.step()
+        return (time.perf_counter() - t0) / steps
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            optimizer.step()
+        torch.cuda.synchronize()
+    device_us = sum(e.device_time for e in prof.events() if e.device_type.name == "CUDA")
+    return device_us * 1e-6 / steps
+
+
+def measure_optimizer_kernels(
+    spec: Any,
+    *,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    scale: float = 1.0,
+    steps: int = 10,
+) -> dict[str, Any]:
+    """The "optimizer_kernels" rows (module docstring) and the timed steps under "steps"; a
+    class or implementation this device lacks is left out ("errors")."""
+    from ..auditing.pricing.optimizer_step import current_step
+
+    rows, errors = [], {}
+    for set_name, (n, numel) in SETS.items():
+        numel = numel if scale >= 0.05 else 64
+        params = [torch.zeros(numel, device=device, dtype=dtype, requires_grad=True)
+                  for _ in range(n)]  # fmt: skip
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        for name, (cls, options) in CLASSES.items():
+            for impl in ("foreach", "fused"):
+                try:
+                    optimizer = cls(params, **options, **{impl: True})
+                    measured = kernels_s(optimizer, device, steps)
+                except (RuntimeError, TypeError) as exc:  # an implementation not here
+                    errors[f"{impl}/{name}"] = f"{type(exc).__name__}: {exc}"[:200]
+                    continue
+                counted = current_step(optimizer)
+                rows.append({"model": f"{n} {set_name} of {numel}", "class": name, "impl": impl,
+                             "bytes": counted.bytes_moved, "tensors": counted.parameters,
+                             "kernels": counted.kernels, "measured_s": measured})  # fmt: skip
+    out: dict[str, Any] = fit(rows, spec.attainable_bandwidth_bytes_per_s()) if rows else {}
+    for row in out.values():
+        row["workload"] = "SGD (momentum) and AdamW steps, foreach and fused, bf16"
+    return {"rows": out, "steps": rows, "errors": errors}
