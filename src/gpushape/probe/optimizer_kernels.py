@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .memory import capped
+
 SETS = {"small tensors": (256, 4096), "large tensors": (16, 1 << 21)}  # (tensors, numbers)
 CLASSES = {
     "SGD": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
@@ -59,8 +61,7 @@ def fit(rows: list[dict], bandwidth: float) -> dict[str, dict]:
             pick = [i for i, r in enumerate(used) if k is None or r["class"] == k]
             name = impl if k is None else f"{impl}/{k}"
             out[name] = {
-                "efficiency": round(min(max(float(np.sum(bytes_s[pick]) / np.sum(rest[pick])),
-                                            0.01), 1.0), 4),  # as probe/memory.py `capped`
+                "efficiency": capped(float(np.sum(bytes_s[pick])), float(np.sum(rest[pick]))),
                 **({"tensor_seconds": c} if k is None else {}),
                 "models": sorted({str(used[i].get("model", "")) for i in pick}),
                 "tensor_seconds_from": "the other implementation's fit" if borrowed else "this fit",
