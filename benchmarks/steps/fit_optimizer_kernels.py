@@ -11,8 +11,8 @@ launches, so each tensor costs time beyond its bytes. Each step's `multi_tensor_
 
     time = bytes / (copy rate x efficiency[class]) + tensor_seconds x tensors x kernels
 
-(`gpushape.probe.optimizer_kernels.fit`, which `gpushape probe` uses on its own timed steps:
-least squares on relative error; bytes, tensors and kernels as pricing/optimizer_step.py counts
+(`gpushape.probe.workloads.optimizer.fit`, which `gpushape probe` uses on its own timed steps:
+least squares on relative error; bytes, tensors and kernels as tracing/optimizer_step.py counts
 them on a meta copy of the model's parameters; the efficiency by optimizer class where a class
 was timed, fused AdamW's and fused SGD's kernels differing). An implementation timed on fewer
 than three models takes `tensor_seconds` from the other implementation's fit on the same GPU.
@@ -41,13 +41,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpushape.auditing.pricing.optimizer_step import current_step, fused_step  # noqa: E402
 from gpushape.bench import write_results  # noqa: E402
 from gpushape.hardware.lookup import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
 from gpushape.models import resolve_model  # noqa: E402
-from gpushape.probe.optimizer_kernels import fit, predicted_s  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
+from gpushape.probe.workloads.optimizer import fit, predicted_s  # noqa: E402
+from gpushape.tracing.optimizer_step import current_step, fused_step  # noqa: E402
 
 RESULTS = ROOT / "benchmarks/results"
 PROFILES = {

@@ -93,8 +93,8 @@ def test_a_foreach_optimizer_costs_the_eager_host_its_python_and_fusing_it_saves
     import torch
 
     from gpushape.auditing.modes import StepTime, wall_saving_s
-    from gpushape.auditing.pricing.optimizer_step import foreach_host_s
     from gpushape.tracing.host import FOREACH_HOST
+    from gpushape.tracing.optimizer_step import foreach_host_s
 
     gpu = calibrated("h200")
     rates = gpu.achievable.host
@@ -164,7 +164,7 @@ class _Ctx:  # what host_saving_s and wall_saving_s read of an AuditContext
 def test_the_eager_step_host_includes_a_foreach_optimizer_and_fusing_it_is_priced_on_it():
     import torch
 
-    from gpushape.auditing.pricing.optimizer_step import foreach_host_s
+    from gpushape.tracing.optimizer_step import foreach_host_s
 
     gpu = calibrated("h200")
     model, inputs = create_model("bert-base", batch=1)
@@ -211,7 +211,7 @@ def test_the_steps_gpu_side_counts_the_optimizers_step_and_fusing_it_saves_from_
 def test_an_optimizer_steps_kernels_cost_a_time_per_tensor_beside_their_bytes():
     import torch
 
-    from gpushape.auditing.pricing.optimizer_step import StepCost, step_gpu_s
+    from gpushape.tracing.optimizer_step import StepCost, step_gpu_s
 
     gpu = get_gpu("h200")
     bandwidth = gpu.attainable_bandwidth_bytes_per_s()
@@ -230,7 +230,7 @@ def test_an_optimizer_steps_kernels_cost_a_time_per_tensor_beside_their_bytes():
 def test_a_fused_optimizers_step_is_priced_as_its_single_pass():
     import torch
 
-    from gpushape.auditing.pricing.optimizer_step import current_step, fused_step
+    from gpushape.tracing.optimizer_step import current_step, fused_step
 
     params = [torch.nn.Parameter(torch.zeros(64, 64)) for _ in range(5)]
     fused = current_step(torch.optim.AdamW(params, fused=True))

@@ -74,8 +74,8 @@ def test_the_probe_measures_every_rate_and_the_profile_reads_them():
 
 
 def test_the_probe_measures_a_foreach_optimizers_host_beyond_the_fused_one():
-    from gpushape.auditing.pricing.optimizer_step import foreach_host_s
     from gpushape.tracing.host import FOREACH_HOST
+    from gpushape.tracing.optimizer_step import foreach_host_s
 
     rows = measure_host("cpu", calls=50, repeats=3, classes=("op", "optimizer"))
     for name in ("AdamW", "SGD"):

@@ -96,9 +96,9 @@ class AuditContext:
 
     @cached_property
     def optimizer_step(self) -> Any:
-        """The optimizer's step as pricing/optimizer_step.py counts it (a StepCost), or None:
+        """The optimizer's step as tracing/optimizer_step.py counts it (a StepCost), or None:
         no optimizer, or one whose step cannot run on meta stand-ins."""
-        from .pricing.optimizer_step import current_step
+        from ..tracing.optimizer_step import current_step
 
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             return None
@@ -109,11 +109,11 @@ class AuditContext:
 
     @cached_property
     def optimizer_gpu_s(self) -> float:
-        """The GPU's work of the optimizer's step (`pricing.optimizer_step.step_gpu_s`; 0.0
+        """The GPU's work of the optimizer's step (`tracing.optimizer_step.step_gpu_s`; 0.0
         without a priced step). The timed step runs it after the backward, on the GPU's queue:
         a LLaMA-style decoder's foreach AdamW on the H200 ran 2.04 ms of `multi_tensor_apply`
         kernels a step, EfficientNet-B0's foreach SGD 0.12 ms for 0.02 ms of bytes."""
-        from .pricing.optimizer_step import step_gpu_s
+        from ..tracing.optimizer_step import step_gpu_s
 
         step = self.optimizer_step
         return step_gpu_s(step, self.optimizer, self.gpu) if step is not None else 0.0

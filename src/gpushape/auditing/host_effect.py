@@ -14,15 +14,15 @@ forward, ops backward, as the trace of the rewritten module records them); a fix
 (padding, a layout, a smaller head) dispatches the same ops and saves no host time. Sites are
 the finding's `evidence["sites"]`, else the modules its forward ops ran in. Views and module
 calls are left as they were. `fused-optimizer` saves what a foreach step's Python costs beyond
-the fused step (pricing/optimizer_step.py). `EXTRA` says what a fix that keeps the ops adds
+the fused step (tracing/optimizer_step.py). `EXTRA` says what a fix that keeps the ops adds
 per site (negative saving). 0.0 where the profile measured no host rates.
 """
 
 from __future__ import annotations
 
+from ..tracing.optimizer_step import foreach_host_s
 from .context import AuditContext
 from .finding import Finding
-from .pricing.optimizer_step import foreach_host_s
 
 # fix -> (host class, forward ops, backward ops) a site dispatches once rewritten
 INSTEAD = {

@@ -36,6 +36,7 @@ from typing import Any
 
 from ..errors import GpushapeError
 from ..tracing.host import host_cost
+from ..tracing.optimizer_step import foreach_host_s
 from .context import AuditContext
 from .finding import TIME_SHARE_THRESHOLDS, Finding, Severity, severity_for_share
 from .host_effect import host_saving_s
@@ -48,7 +49,6 @@ from .inductor import (  # noqa: F401  (compile mode's parts, imported from here
     inductor_does,
     inductor_layout_opt,
 )
-from .pricing.optimizer_step import foreach_host_s
 
 MODES = ("eager", "compile", "graph")
 # host seconds per kernel of a compiled step, where the profile measured it (26-63 us over 23

@@ -259,7 +259,7 @@ OPTIMIZERS = {
 
 def _optimizer_rates(dev: torch.device, dtype: torch.dtype, repeats: int) -> dict[str, Any]:
     """`optimizer_foreach_tensor/<class>`: seconds per parameter tensor a foreach step costs
-    the host beyond the fused step (auditing/pricing/optimizer_step.py), each step issued with
+    the host beyond the fused step (tracing/optimizer_step.py), each step issued with
     the GPU held busy so that the host never waits on it."""
     from ..tracing.host import FOREACH_HOST
 

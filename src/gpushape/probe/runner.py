@@ -32,7 +32,6 @@ from . import guide_claims
 from . import host as probe_host
 from . import host_glue as probe_glue
 from . import memory as probe_memory
-from . import optimizer_kernels as probe_optimizer
 from . import profile as probe_profile
 from .measure import (
     MeasureConfig,
@@ -43,6 +42,7 @@ from .measure import (
 )
 from .plan import ProbePlan
 from .tasks import Task, _run_task, build_tasks, check_kernels
+from .workloads import optimizer as probe_optimizer
 
 _CLAIM_EST_S = 0.6  # budget only: one claim's A/B measurement, autotuning included
 _MEMORY_EST_S = 2.0  # budget only: one memory family's (or the stem's) traced, timed step

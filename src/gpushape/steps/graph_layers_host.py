@@ -165,9 +165,9 @@ def whole_graph_step(variant: Any, gpu: Any, step: Any) -> Any:
 def fused_step(graphed: Any, optimizer: Any, gpu_saving_s: float, gpu: Any) -> Any:
     """A graph-layers stage's step (`stage_step`) with its optimizer fused: the GPU's work less
     the fused step's saving, the host's less what the foreach step's Python cost it
-    (auditing/pricing/optimizer_step.py) at `gpu`'s rates. Not the eager finding's wall saving,
+    (tracing/optimizer_step.py) at `gpu`'s rates. Not the eager finding's wall saving,
     which counts the eager step's host: on the graphed step the two can differ in sign."""
-    from ..auditing.pricing.optimizer_step import foreach_host_s
+    from ..tracing.optimizer_step import foreach_host_s
 
     host = foreach_host_s(optimizer, _spec(gpu).achievable.host or {})
     return dataclasses.replace(

@@ -39,7 +39,7 @@ from .records import Trace
 KEYS = ("op", "view", "backward_op", "module")
 # seconds per parameter tensor that a foreach optimizer step costs the host beyond the fused
 # step, by optimizer class ("<key>/AdamW"), else for any class: probe/host.py measures it,
-# auditing/pricing/optimizer_step.py prices it
+# tracing/optimizer_step.py prices it
 FOREACH_HOST = "optimizer_foreach_tensor"
 # Op classes whose host cost the probe measures apart (a library's per-call setup: cuDNN's
 # descriptors and heuristics for convolutions and batch norm, cuBLAS's for GEMMs), by the ATen

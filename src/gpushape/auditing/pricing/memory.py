@@ -55,7 +55,7 @@ def activations_by_module(ctx: AuditContext) -> dict[str, int]:
 def _optimizer_state_bytes(optimizer) -> int | None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         return None
-    from .optimizer_step import state_bytes
+    from ...tracing.optimizer_step import state_bytes
 
     try:
         return state_bytes(optimizer)

@@ -1,7 +1,7 @@
 """optimizer-not-fused: an optimizer stepping parameter by parameter, or op by op over lists,
 where a fused implementation exists.
 
-Priced by running the optimizer's step on meta stand-ins (pricing/optimizer_step.py): its kernels
+Priced by running the optimizer's step on meta stand-ins (tracing/optimizer_step.py): its kernels
 and bytes, against the fused step's single pass. Time of a step = the longer of its GPU time
 (the bytes at the rate the profile fitted for the implementation's kernels, plus a time per
 parameter tensor per kernel: `step_gpu_s`) and the kernels x the eager launch overhead (the CPU
@@ -17,9 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..context import AuditContext
-from ..finding import Finding, Severity
-from ..pricing.optimizer_step import (
+from ...tracing.optimizer_step import (
     StepCost,
     current_step,
     fused_step,
@@ -27,6 +25,8 @@ from ..pricing.optimizer_step import (
     step_gpu_s,
     supports,
 )
+from ..context import AuditContext
+from ..finding import Finding, Severity
 from ..registry import register_rule
 
 RULE = "optimizer-not-fused"

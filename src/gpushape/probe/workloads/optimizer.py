@@ -1,5 +1,5 @@
 """An optimizer step's multi-tensor kernels on this GPU: what the cost model prices an
-optimizer's step at (auditing/pricing/optimizer_step.py `step_gpu_s`).
+optimizer's step at (tracing/optimizer_step.py `step_gpu_s`).
 
 torch.optim's foreach and fused steps run `multi_tensor_apply` kernels, which give every
 parameter tensor blocks of its own and split a long list into several launches: a convnet's
@@ -8,7 +8,7 @@ many small tensors cost more than their bytes (on an H100 EfficientNet-B0's fore
 
     time = bytes / (copy rate x efficiency[class]) + tensor_seconds x tensors x kernels
 
-(bytes, tensors and kernels as pricing/optimizer_step.py counts them on a meta copy). The probe
+(bytes, tensors and kernels as tracing/optimizer_step.py counts them on a meta copy). The probe
 steps SGD with momentum and AdamW, foreach and fused, over two sets of bf16 parameters (many
 small tensors, where the time per tensor shows; a few large ones, where the bytes' rate does),
 sums each step's kernel time from the profiler, and `fit`s the two numbers: a time per tensor
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .memory import capped
+from ..memory import capped
 
 SETS = {"small tensors": (256, 4096), "large tensors": (16, 1 << 21)}  # (tensors, numbers)
 CLASSES = {
@@ -110,7 +110,7 @@ def measure_optimizer_kernels(
 ) -> dict[str, Any]:
     """The "optimizer_kernels" rows (module docstring) and the timed steps under "steps"; a
     class or implementation this device lacks is left out ("errors")."""
-    from ..auditing.pricing.optimizer_step import current_step
+    from ...tracing.optimizer_step import current_step
 
     rows, errors = [], {}
     for set_name, (n, numel) in SETS.items():

@@ -26,7 +26,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ...tracing.host import FOREACH_HOST
+from .host import FOREACH_HOST
 
 
 @dataclass(frozen=True)
