@@ -298,3 +298,21 @@ def test_memory_section_explains_the_nchw_row_and_shows_an_unmeasured_one():
     quiet = dict(nchw, efficiency=None, note="NCHW ran no slower than channels_last")
     text = "\n".join(_memory({"memory_efficiency": {"nchw_conversion": quiet}}))
     assert "none: NCHW ran no slower" in text and "took" not in text
+
+
+def test_report_has_the_optimizer_kernels_when_the_profile_does(synthetic_profile, tmp_path):
+    assert (
+        "## An optimizer step's" not in write_report(synthetic_profile, tmp_path / "a").read_text()
+    )
+    profile = {
+        **synthetic_profile,
+        "optimizer_kernels": {
+            "foreach": {"efficiency": 0.86, "tensor_seconds": 1.34e-7},
+            "foreach/SGD": {"efficiency": 0.89},
+            "errors": {"fused/AdamW": "RuntimeError: no fused kernel here"},
+        },
+    }
+    md = write_report(profile, tmp_path / "b").read_text()
+    assert "## An optimizer step's kernels" in md
+    assert "| foreach | 0.86 | 0.134 |" in md and "| foreach/SGD | 0.89 |  |" in md
+    assert "Not measured: fused/AdamW (RuntimeError: no fused kernel here)" in md

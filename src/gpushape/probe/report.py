@@ -314,6 +314,29 @@ def _host(profile: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _optimizer(profile: Mapping[str, Any]) -> list[str]:
+    rows = {k: v for k, v in (profile.get("optimizer_kernels") or {}).items()
+            if isinstance(v, Mapping) and "efficiency" in v}  # fmt: skip
+    if not rows:
+        return []
+    lines = [
+        "## An optimizer step's kernels",
+        "",
+        "SGD and AdamW, foreach and fused, over many small and a few large tensors: their "
+        "bytes' rate and what each tensor adds to each kernel (how the audit prices a step).",
+        "",
+        "| implementation | fraction of copy rate | us a tensor a kernel |",
+        "| --- | ---: | ---: |",
+    ]
+    for name, row in rows.items():
+        per = row.get("tensor_seconds")
+        lines.append(f"| {name} | {row['efficiency']:.2f} | "
+                     f"{'' if per is None else f'{per * 1e6:.3f}'} |")  # fmt: skip
+    if failed := (profile.get("optimizer_kernels") or {}).get("errors"):
+        lines += ["", "Not measured: " + "; ".join(f"{k} ({v})" for k, v in failed.items())]
+    return [*lines, ""]
+
+
 def _header(profile: Mapping[str, Any]) -> list[str]:
     probe, sw = profile.get("probe", {}), profile.get("software", {})
     timing = probe.get("timing", {})
@@ -365,6 +388,7 @@ def write_report(profile: Mapping[str, Any] | str | Path, out_dir: str | Path) -
         *_memory(profile),
         *_attention(profile),
         *_host(profile),
+        *_optimizer(profile),
         *_gemm_cliffs(profile, spec, plots),
         *_conv_and_batch(profile, plots),
         *_claims(profile, plots),
