@@ -142,12 +142,20 @@ def step_gpu_s(step: StepCost, optimizer: Any, gpu: Any) -> float:
     parameter tensor's share of each kernel. On an H100 (benchmarks/steps/
     fit_optimizer_kernels.py) a foreach step of EfficientNet-B0's 213 tensors ran 124 us of
     kernels for 28 us of bytes, ViT-B/16's 152 larger ones 554 for 460."""
-    bandwidth = gpu.attainable_bandwidth_bytes_per_s()
     rates = getattr(gpu.achievable, "optimizer_kernels", None) or {}
+    return kernels_priced_s(step, type(optimizer).__name__, rates,
+                            gpu.attainable_bandwidth_bytes_per_s())  # fmt: skip
+
+
+def kernels_priced_s(
+    step: StepCost, cls: str, rates: Mapping[str, float], bandwidth: float
+) -> float:
+    """`step_gpu_s` from the flattened rates (`Achievable.optimizer_kernels`'s form) of an
+    optimizer class `cls`: also what the fits check their rows with (probe/workloads/)."""
     impl = step.implementation
     if impl == "for-loop" or not rates:
         return step.bytes_moved / bandwidth
-    key = f"{impl}/{type(optimizer).__name__}"
+    key = f"{impl}/{cls}"
     efficiency = rates.get(key, rates.get(impl, 1.0))
     per_tensor = rates.get(f"{key}/tensor", rates.get(f"{impl}/tensor", 0.0))
     return step.bytes_moved / (bandwidth * efficiency) + per_tensor * step.parameters * step.kernels

@@ -19,6 +19,7 @@ same form on the kernels of timed training steps (the H200's and H100's shipped 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -70,18 +71,18 @@ def fit(rows: list[dict], bandwidth: float) -> dict[str, dict]:
 
 
 def predicted_s(row: dict, fitted: dict, bandwidth: float) -> float:
-    """A timed step's time as `fit`'s rows price it (the cost model's `step_gpu_s`)."""
-    impl, key = row["impl"], f"{row['impl']}/{row['class']}"
-    efficiency = fitted.get(key, fitted[impl])["efficiency"]
-    per_tensor = fitted[impl]["tensor_seconds"]
-    return row["bytes"] / (bandwidth * efficiency) + per_tensor * row["tensors"] * row["kernels"]
+    """A timed step's time as `fit`'s rows price it: the cost model's own pricing
+    (`tracing.optimizer_step.kernels_priced_s`) on the rows as a profile holds them."""
+    from ...hardware.profile import optimizer_kernel_rates
+    from ...tracing.optimizer_step import StepCost, kernels_priced_s
+
+    step = StepCost(row["impl"], row["kernels"], row["bytes"], row["tensors"])
+    return kernels_priced_s(step, row["class"], optimizer_kernel_rates(fitted), bandwidth)
 
 
 def kernels_s(optimizer: torch.optim.Optimizer, device: str, steps: int = 10) -> float:
     """Seconds of one step's kernels on the GPU (the profiler's device time, summed); on the
     CPU the step's own time (a smoke test)."""
-    import time
-
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):  # the state, and the kernels' first calls
