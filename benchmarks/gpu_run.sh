@@ -158,6 +158,8 @@ for spec in "$@"; do
     bias-grad) run bias-grad "$secs" python3 benchmarks/kernels/probe_bias_grad.py --out "$OUT/probe_bias_grad.json" ;;
     # is graph-layers' self-check stable? optimize built several times on one model
     graph-check) run graph-check "$secs" python3 benchmarks/transforms/diagnose_graph_check.py "${MODEL:-hf:bert}" --batch "${BATCH:-32}" --builds "${BUILDS:-3}" --out "$OUT/diagnose_graph_check.json" ;;
+    # the full probe's optimizer-step measurement alone, beside the shipped figures
+    opt-probe) run opt-probe "$secs" python3 benchmarks/steps/probe_optimizer_kernels.py --out "$OUT/probe_optimizer_kernels.json" ;;
     *) echo "unknown step $name" ;;
   esac
 done
