@@ -70,15 +70,15 @@ def main() -> None:
     print(f"\ncopy rate {copy / 1e9:.0f} GB/s here, profile {bandwidth / 1e9:.0f} GB/s")
     print(f"{'step':28} {'class':6} {'impl':8} {'measured us':>11} {'probe fit':>9} {'shipped':>8}")
     for r in rows:
+        fit_x, shipped_x = r["probe_fit_s"] / r["measured_s"], r["shipped_s"] / r["measured_s"]
         print(f"{r['model'][:28]:28} {r['class']:6} {r['impl']:8} {r['measured_s'] * 1e6:11.1f} "
-              f"{r['probe_fit_s'] / r['measured_s']:9.2f} {r['shipped_s'] / r['measured_s']:8.2f}")  # fmt: skip
+              f"{fit_x:9.2f} {shipped_x:8.2f}")  # fmt: skip
     for key, err in measured["errors"].items():
         print(f"not timed: {key}: {err}")
     if args.out:
-        write_results(args.out, {"fit": measured["rows"], "steps": rows,
-                                 "errors": measured["errors"]},
-                      profile=str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
-                      copy_bytes_per_s=copy)  # fmt: skip
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        results = {"fit": measured["rows"], "steps": rows, "errors": measured["errors"]}
+        write_results(args.out, results, profile=str(shown), copy_bytes_per_s=copy)
 
 
 if __name__ == "__main__":
