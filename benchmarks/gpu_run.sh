@@ -160,6 +160,8 @@ for spec in "$@"; do
     graph-check) run graph-check "$secs" python3 benchmarks/transforms/diagnose_graph_check.py "${MODEL:-hf:bert}" --batch "${BATCH:-32}" --builds "${BUILDS:-3}" --out "$OUT/diagnose_graph_check.json" ;;
     # the full probe's optimizer-step measurement alone, beside the shipped figures
     opt-probe) run opt-probe "$secs" python3 benchmarks/steps/probe_optimizer_kernels.py --out "$OUT/probe_optimizer_kernels.json" ;;
+    # SDPA's efficient kernel on short windows (Swin-T's), with and without a bias, beside the cost model
+    window-attn) run window-attn "$secs" python3 benchmarks/kernels/probe_window_attention.py --out "$OUT/probe_window_attention.json" ;;
     *) echo "unknown step $name" ;;
   esac
 done
