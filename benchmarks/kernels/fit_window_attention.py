@@ -1,0 +1,120 @@
+"""Rates of SDPA's memory-efficient kernel on short sequences, from `probe_window_attention.py`'s
+kernel times, into a gpushape profile's "attention" rows ("efficient/fwd/d32@t49", ...).
+
+The probe measures the efficient kernel at sequences of 1024 only (head sizes 64 and 128), and
+the cost model used that rate for Swin-T's 49-token windows with 32-wide heads, pricing its 12
+calls at 1.55 ms of a compiled H200 step that ran them in 2.73. Here each (head size, length)
+the window probe timed gets its own rate, forward and backward: the GEMM model's compute time at
+rate 1 (`gpushape.probe.attention.model_s`) over the measured kernel time, summed over the
+shapes timed at that (head size, length), from the calls given `--bias` (default: the calls
+without a bias; the bias rows are printed against the rates for comparison). `spec.attention_rate`
+then interpolates between lengths in log2 and takes the nearest head size.
+
+    python benchmarks/kernels/fit_window_attention.py RESULTS.json [--profile P] [-o OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from gpushape.hardware.lookup import get_gpu  # noqa: E402
+from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
+from gpushape.probe.attention import AttentionConfig, model_s  # noqa: E402
+from gpushape.probe.memory import capped  # noqa: E402
+from gpushape.probe.profile import write_profile  # noqa: E402
+
+PROFILES = {
+    "H200": ROOT / "src/gpushape/hardware/profiles/h200-sxm.json",
+    "H100": ROOT / "benchmarks/results/probe-h100/h100-sxm.json",
+}
+
+
+def parse(key: str) -> tuple[tuple[int, int, int, int], str]:
+    """ "4096x3x49x32 bias 1hTT" -> ((4096, 3, 49, 32), "bias 1hTT")."""
+    shape, _, bias = key.partition(" ")
+    b, h, t, d = (int(x) for x in shape.split("x"))
+    return (b, h, t, d), bias
+
+
+def fit(rows: dict, spec, bias: str = "none") -> dict[str, dict]:
+    """One profile row per (head size, length): "efficient/d32@t49" with its fwd and bwd rates."""
+    sums: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    shapes: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for key, row in rows.items():
+        (b, h, t, d), kind = parse(key)
+        if kind != bias:
+            continue
+        cfg = AttentionConfig("efficient", d, seq=t)
+        fwd, bwd, _, _ = model_s(spec, cfg, (b, h, t), torch.bfloat16)
+        s = sums[(d, t)]
+        s[0] += fwd
+        s[1] += bwd
+        s[2] += row["attention_fwd_us"] * 1e-6
+        s[3] += row["attention_bwd_us"] * 1e-6
+        shapes[(d, t)].append(f"{b}x{h}x{t}x{d}")
+    out = {}
+    for (d, t), (m_fwd, m_bwd, fwd, bwd) in sorted(sums.items()):
+        cfg = AttentionConfig("efficient", d, seq=t)
+        out[cfg.key(False).replace("/fwd", "")] = {
+            cfg.key(False): capped(m_fwd, fwd),
+            cfg.key(True): capped(m_bwd, bwd),
+            "workload": f"efficient attention, head size {d}, sequences of {t}"
+            + ("" if bias == "none" else f", {bias}"),
+            "dtype": "bfloat16",
+            "measured_fwd_s": fwd,
+            "measured_bwd_s": bwd,
+            "model_fwd_s": m_fwd,
+            "model_bwd_s": m_bwd,
+            "shapes": shapes[(d, t)],
+            "source": "benchmarks/kernels/probe_window_attention.py, fit_window_attention.py",
+        }
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("results", type=Path)
+    p.add_argument("--profile", type=Path, default=None, help="default: the run's GPU's")
+    p.add_argument("--bias", default="none", help='the calls to fit: "none", "bias 1hTT", ...')
+    p.add_argument("-o", "--output", type=Path, default=None, help="write the profile here")
+    args = p.parse_args()
+    data = json.loads(args.results.read_text())
+    gpu_name = data["environment"].get("gpu", "")
+    path = args.profile or next((v for k, v in PROFILES.items() if k in gpu_name), None)
+    if path is None:
+        sys.exit(f"fit_window_attention.py: no profile for {gpu_name!r}; pass --profile")
+    profile = read_profile(path)
+    spec = apply_profile(get_gpu(profile["gpu"]), profile)
+    rows = data["results"]["rows"]
+    fitted = fit(rows, spec, args.bias)
+    print(f"{'row':24} {'fwd rate':>9} {'bwd rate':>9}  shapes")
+    for name, row in fitted.items():
+        rates = [v for k, v in row.items() if k.startswith("efficient/")]
+        print(f"{name:24} {rates[0]:9.4f} {rates[1]:9.4f}  {', '.join(row['shapes'])}")
+    fitted_spec = apply_profile(spec, {"attention": fitted})
+    print(f"\n{'call':34} {'fwd x':>6} {'bwd x':>6}   (the fitted rates' time / measured)")
+    for key, row in rows.items():
+        (b, h, t, d), _ = parse(key)
+        cfg = AttentionConfig("efficient", d, seq=t)
+        m_fwd, m_bwd, _, _ = model_s(spec, cfg, (b, h, t), torch.bfloat16)
+        r_fwd = fitted_spec.achievable.attention_rate("efficient", False, False, False, d, seq=t)
+        r_bwd = fitted_spec.achievable.attention_rate("efficient", True, False, False, d, seq=t)
+        x_fwd = m_fwd / r_fwd / max(row["attention_fwd_us"] * 1e-6, 1e-12)
+        x_bwd = m_bwd / r_bwd / max(row["attention_bwd_us"] * 1e-6, 1e-12)
+        print(f"{key:34} {x_fwd:6.2f} {x_bwd:6.2f}")
+    if args.output:
+        profile["attention"] = {**(profile.get("attention") or {}), **fitted}
+        print(f"wrote {write_profile(profile, args.output)}")
+
+
+if __name__ == "__main__":
+    main()
