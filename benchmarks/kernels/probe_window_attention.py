@@ -90,22 +90,25 @@ def main() -> None:
     p.add_argument("--profile", type=Path, default=None)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("window_attention.json"))
+    p.add_argument("--device", default="cuda", help="cpu: a smoke test (tiny shapes, no kernels)")
     args = p.parse_args()
-    if not torch.cuda.is_available():
+    shapes = SHAPES if args.device == "cuda" else [(4, 2, 9, 8), (2, 2, 16, 8)]
+    if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("probe_window_attention.py: needs a CUDA device; none is visible")
-    name = torch.cuda.get_device_name()
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "H200 (CPU smoke test)"
     path = args.profile or next((v for k, v in PROFILES.items() if k in name), None)
     if path is None:
         sys.exit(f"probe_window_attention.py: no shipped profile for {name}; pass --profile")
     profile = read_profile(path)
     gpu = apply_profile(get_gpu(profile["gpu"]), profile)
     steps, modules = {}, {}
-    for shape in SHAPES:
-        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    for shape in shapes:
+        q, k, v = (torch.randn(shape, device=args.device, dtype=dtype, requires_grad=True)
                    for _ in range(3))  # fmt: skip
-        grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        grad = torch.randn(shape, device=args.device, dtype=dtype)
         for bias in BIASES:
-            module = Attend(shape[1], shape[2], bias, torch.bfloat16).cuda()
+            module = Attend(shape[1], shape[2], bias, dtype).to(args.device)
             key = f"{'x'.join(map(str, shape))} {bias}"
 
             def step(module=module, q=q, k=k, v=v, grad=grad):
@@ -118,14 +121,14 @@ def main() -> None:
     timings = compare(steps, rounds=args.rounds, repeats_per_round=5, warmup=1)
     rows = {}
     for key, fn in steps.items():
-        kernels = kernel_totals(fn)
+        kernels = kernel_totals(fn) if args.device == "cuda" else {}
         attn = {n: us for n, us in kernels.items() if any(a in n for a in ATTENTION)}
         fwd_us = sum(us for n, us in attn.items() if not any(b in n for b in BACKWARD))
         bwd_us = sum(attn.values()) - fwd_us
         p_fwd, p_bwd, p_all = predicted(*modules[key], gpu)
         rows[key] = {
             "step_ms": timings[key].median_s * 1e3,
-            "kernels_us": sum(kernels.values()),
+            "kernels_us": sum(kernels.values()) or float("nan"),
             "attention_fwd_us": fwd_us,
             "attention_bwd_us": bwd_us,
             "predicted_fwd_us": p_fwd * 1e6,
@@ -135,7 +138,7 @@ def main() -> None:
             "other_kernels": {n[:120]: us for n, us in kernels.items() if n not in attn},
         }
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-    write_results(args.out, {"shapes": [list(s) for s in SHAPES], "rows": rows}, profile=str(shown))
+    write_results(args.out, {"shapes": [list(s) for s in shapes], "rows": rows}, profile=str(shown))
     print(f"{'call':32} {'fwd us':>8} {'x':>5} {'bwd us':>8} {'x':>5} {'all us':>8} {'x':>5}")
     print("(x: predicted / measured)")
     for key, r in rows.items():
@@ -147,7 +150,8 @@ def main() -> None:
                 if part == "kernels"
                 else part.replace("attention", "predicted") + "_us"
             ]
-            cells.append(f"{measured:8.1f} {pred / max(measured, 1e-9):5.2f}")
+            ratio = pred / measured if measured > 0 else float("nan")
+            cells.append(f"{measured:8.1f} {ratio:5.2f}")
         print(" ".join(cells))
 
 

@@ -41,19 +41,24 @@ def main() -> None:
     p.add_argument("--profile", type=Path, default=None, help="the figures to compare with")
     p.add_argument("--steps", type=int, default=10, help="profiled steps per timing")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--device", default="cuda", help="cpu: a smoke test (tiny tensors)")
     args = p.parse_args()
-    if not torch.cuda.is_available():
+    on_gpu = args.device == "cuda"
+    if on_gpu and not torch.cuda.is_available():
         sys.exit("probe_optimizer_kernels.py: needs a CUDA device; none is visible")
-    name = torch.cuda.get_device_name()
+    name = torch.cuda.get_device_name() if on_gpu else "H200 (CPU smoke test)"
     path = args.profile or next((v for k, v in PROFILES.items() if k in name), None)
     if path is None:
         sys.exit(f"probe_optimizer_kernels.py: no shipped profile for {name}; pass --profile")
     profile = read_profile(path)
     shipped = apply_profile(get_gpu(profile["gpu"]), profile)
-    here = current_gpu()
-    measured = measure_optimizer_kernels(apply_profile(here, profile), steps=args.steps)
+    here = current_gpu() if on_gpu else shipped
+    measured = measure_optimizer_kernels(
+        apply_profile(here, profile), device=args.device, scale=1.0 if on_gpu else 0.01,
+        steps=args.steps,
+    )  # fmt: skip
     bandwidth = shipped.attainable_bandwidth_bytes_per_s()
-    copy = copy_bandwidth_bytes_per_s()
+    copy = copy_bandwidth_bytes_per_s() if on_gpu else float("nan")
     rows = []
     for step in measured["steps"]:
         probe_s = predicted_s(step, measured["rows"], bandwidth)

@@ -130,3 +130,76 @@ def test_fit_bias_grad_writes_each_column_sum_width_the_h200_timed(monkeypatch, 
     for w, eff in zip(widths, effs):
         timed = next(r for r in probe if r["shape"] == [16384, w] and r["variant"] == mod.VARIANT)
         assert eff == pytest.approx(timed["graph_of_copy_rate"], rel=0.02)
+
+
+def test_probe_optimizer_kernels_times_both_classes_and_implementations(monkeypatch, tmp_path):
+    out = tmp_path / "opt.json"
+    args = ["--device", "cpu", "--steps", "1", "--out", str(out)]
+    mod = _run(monkeypatch, "steps", "probe_optimizer_kernels", args)
+    mod.main()
+    r = json.loads(out.read_text())["results"]
+    assert {(s["class"], s["impl"]) for s in r["steps"]} == {
+        (c, i) for c in ("SGD", "AdamW") for i in ("foreach", "fused")
+    }
+    assert all(s["probe_fit_s"] > 0 and s["shipped_s"] > 0 for s in r["steps"])
+    assert {"foreach", "fused"} <= set(r["fit"])
+
+
+def test_probe_window_attention_prices_every_shape_and_bias(monkeypatch, tmp_path):
+    out = tmp_path / "win.json"
+    args = ["--device", "cpu", "--rounds", "1", "--out", str(out)]
+    mod = _run(monkeypatch, "kernels", "probe_window_attention", args)
+    mod.main()
+    rows = json.loads(out.read_text())["results"]["rows"]
+    assert len(rows) == 2 * len(mod.BIASES)
+    assert all(r["predicted_fwd_us"] > 0 and r["predicted_bwd_us"] > 0 for r in rows.values())
+    # a bias adds work beside the attention call (the materialized one most)
+    one = {b: rows[f"4x2x9x8 {b}"]["predicted_all_us"] for b in mod.BIASES}
+    assert one["none"] < one["bias 1hTT"] < one["bias BhTT"]
+
+
+def test_fit_window_attention_recovers_the_rate_the_times_were_made_with(monkeypatch, tmp_path):
+    """Kernel times made from the model's time at rate 1 over known rates: the fit gives those
+    rates back per (head size, length), and the profile it writes prices the calls at them."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "kernels"))
+    fit_mod = __import__("fit_window_attention")
+    from gpushape.hardware.lookup import get_gpu
+    from gpushape.hardware.profile import apply_profile, read_profile
+    from gpushape.probe.attention import AttentionConfig, model_s
+
+    profile = read_profile(fit_mod.PROFILES["H200"])
+    spec = apply_profile(get_gpu(profile["gpu"]), profile)
+    made = {(32, 49): (0.05, 0.08), (64, 197): (0.12, 0.1)}
+    rows = {}
+    for b, h, t, d in [(4096, 3, 49, 32), (64, 24, 49, 32), (64, 12, 197, 64)]:
+        fwd, bwd, _, _ = model_s(
+            spec, AttentionConfig("efficient", d, seq=t), (b, h, t), torch.bfloat16
+        )
+        r_fwd, r_bwd = made[(d, t)]
+        for bias in ("none", "bias 1hTT"):
+            slower = 1.0 if bias == "none" else 2.0  # the bias rows are not fitted by default
+            rows[f"{b}x{h}x{t}x{d} {bias}"] = {
+                "attention_fwd_us": fwd / r_fwd * 1e6 * slower,
+                "attention_bwd_us": bwd / r_bwd * 1e6 * slower,
+            }
+    results = tmp_path / "win.json"
+    results.write_text(
+        json.dumps({"environment": {"gpu": "NVIDIA H200"}, "results": {"rows": rows}})
+    )
+    written = tmp_path / "profile.json"
+    monkeypatch.setattr(sys, "argv", ["fit", str(results), "-o", str(written)])
+    fit_mod.main()
+    fitted = read_profile(written)["attention"]
+    assert fitted["efficient/d32@t49"]["efficient/fwd/d32@t49"] == pytest.approx(0.05, rel=1e-3)
+    assert fitted["efficient/d32@t49"]["efficient/bwd/d32@t49"] == pytest.approx(0.08, rel=1e-3)
+    assert fitted["efficient/d64@t197"]["efficient/fwd/d64@t197"] == pytest.approx(0.12, rel=1e-3)
+    priced = apply_profile(spec, {"attention": fitted}).achievable
+    assert priced.attention_rate("efficient", True, False, False, 32, seq=49) == pytest.approx(
+        0.08, rel=1e-3
+    )
+    # the probe's own row at 1024 tokens still prices a long call at head size 64
+    assert priced.attention_rate("efficient", False, False, False, 64, seq=1024) == pytest.approx(
+        spec.achievable.attention_rate("efficient", False, False, False, 64, seq=1024)
+    )
