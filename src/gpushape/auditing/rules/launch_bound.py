@@ -34,9 +34,9 @@ from ..finding import Finding
 from ..modes import host_spread, step_time, wall_clock_s
 from ..pricing.memory import training_memory
 from ..registry import register_rule
+from .checkpoint_candidate import MEMORY_PRESSURE  # past it of the chip's memory: a warning
 
 RULE = "launch-bound"
-MEMORY_PRESSURE = 0.8  # of the chip's memory (as checkpoint-candidate): past it, a warning
 
 
 def graph_memory(ctx: AuditContext) -> tuple[str, dict]:
