@@ -140,6 +140,12 @@ CONFIGS = (
     AttentionConfig("default", 64, seq=256),
     AttentionConfig("default", 128, seq=256),
     AttentionConfig("default", 64, causal=True, seq=256),
+    # windowed attention (Swin's 49-token windows, 32-wide heads, a bias: SDPA's efficient
+    # kernel): a CTA per (window, head) doing almost no arithmetic. Priced at the 1024-token
+    # head-64 rate, Swin-T's 12 calls came to 1.55 ms of a compiled H200 step that ran them in
+    # 2.73 (benchmarks/kernels/probe_window_attention.py times the windows themselves)
+    AttentionConfig("efficient", 32),
+    AttentionConfig("efficient", 32, seq=64),
 )
 GQA_GROUP = 4  # query heads a K/V head serves in the "gqa" configurations
 
