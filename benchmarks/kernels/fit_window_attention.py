@@ -6,11 +6,20 @@ the cost model used that rate for Swin-T's 49-token windows with 32-wide heads, 
 calls at 1.55 ms of a compiled H200 step that ran them in 2.73. Here each (head size, length)
 the window probe timed gets its own rate, forward and backward: the GEMM model's compute time at
 rate 1 (`gpushape.probe.attention.model_s`) over the measured kernel time, summed over the
-shapes timed at that (head size, length), from the calls given `--bias` (default: the calls
-without a bias; the bias rows are printed against the rates for comparison). `spec.attention_rate`
-then interpolates between lengths in log2 and takes the nearest head size.
+shapes timed at that (head size, length), from the calls given `--bias` (default "bias 1hTT": on
+Hopper with torch 2.11 SDPA runs cuDNN's kernel where no bias is given and the efficient one
+where one is, so the rows without a bias say nothing about it). Kernels are sorted into forward
+and backward by name here, so a run with the probe's older sorting fits the same.
+`spec.attention_rate` then interpolates between lengths in log2 and takes the nearest head size.
 
-    python benchmarks/kernels/fit_window_attention.py RESULTS.json [--profile P] [-o OUT]
+    python benchmarks/kernels/fit_window_attention.py RESULTS.json [--profile P] [-o OUT] \
+        [--scale-to OTHER_PROFILE]
+
+--scale-to writes the same rows into another GPU's profile, each rate scaled by the ratio of
+that GPU's efficient-kernel rate at 1024 tokens (its probe's, same head size or nearest) to this
+one's: the window's slowdown against long sequences carried over. Checked once: the H100's
+ratios put the H200's Swin-T calls (12 a step, compiled, loops-h200-5) at 0.89 ms forward and
+1.73 backward against 0.91 and 1.82 measured; the 1024-token rate alone gave 0.38 and 1.17.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from gpushape.probe.attention import AttentionConfig, model_s  # noqa: E402
 from gpushape.probe.memory import capped  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
 
+BACKWARD = ("Backward", "cutlassB", "bwd", "bprop")  # a backward kernel's name has one
+
 PROFILES = {
     "H200": ROOT / "src/gpushape/hardware/profiles/h200-sxm.json",
     "H100": ROOT / "benchmarks/results/probe-h100/h100-sxm.json",
@@ -45,7 +56,16 @@ def parse(key: str) -> tuple[tuple[int, int, int, int], str]:
     return (b, h, t, d), bias
 
 
-def fit(rows: dict, spec, bias: str = "none") -> dict[str, dict]:
+def kernel_s(row: dict) -> tuple[float, float]:
+    """The row's attention kernels' forward and backward seconds, sorted by name."""
+    kernels = row.get("attention_kernels")
+    if kernels is None:  # rows made by hand: their own split
+        return row["attention_fwd_us"] * 1e-6, row["attention_bwd_us"] * 1e-6
+    bwd = sum(us for n, us in kernels.items() if any(b in n for b in BACKWARD))
+    return (sum(kernels.values()) - bwd) * 1e-6, bwd * 1e-6
+
+
+def fit(rows: dict, spec, bias: str = "bias 1hTT") -> dict[str, dict]:
     """One profile row per (head size, length): "efficient/d32@t49" with its fwd and bwd rates."""
     sums: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     shapes: dict[tuple[int, int], list[str]] = defaultdict(list)
@@ -58,8 +78,9 @@ def fit(rows: dict, spec, bias: str = "none") -> dict[str, dict]:
         s = sums[(d, t)]
         s[0] += fwd
         s[1] += bwd
-        s[2] += row["attention_fwd_us"] * 1e-6
-        s[3] += row["attention_bwd_us"] * 1e-6
+        measured_fwd, measured_bwd = kernel_s(row)
+        s[2] += measured_fwd
+        s[3] += measured_bwd
         shapes[(d, t)].append(f"{b}x{h}x{t}x{d}")
     out = {}
     for (d, t), (m_fwd, m_bwd, fwd, bwd) in sorted(sums.items()):
@@ -84,8 +105,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", type=Path)
     p.add_argument("--profile", type=Path, default=None, help="default: the run's GPU's")
-    p.add_argument("--bias", default="none", help='the calls to fit: "none", "bias 1hTT", ...')
+    p.add_argument("--bias", default="bias 1hTT", help='the calls to fit ("none", "bias BhTT")')
     p.add_argument("-o", "--output", type=Path, default=None, help="write the profile here")
+    p.add_argument("--scale-to", type=Path, default=None, help="another GPU's profile (above)")
     args = p.parse_args()
     data = json.loads(args.results.read_text())
     gpu_name = data["environment"].get("gpu", "")
@@ -103,17 +125,48 @@ def main() -> None:
     fitted_spec = apply_profile(spec, {"attention": fitted})
     print(f"\n{'call':34} {'fwd x':>6} {'bwd x':>6}   (the fitted rates' time / measured)")
     for key, row in rows.items():
-        (b, h, t, d), _ = parse(key)
+        (b, h, t, d), kind = parse(key)
+        if kind == "none":
+            continue  # cuDNN's kernel, not the efficient one
         cfg = AttentionConfig("efficient", d, seq=t)
         m_fwd, m_bwd, _, _ = model_s(spec, cfg, (b, h, t), torch.bfloat16)
         r_fwd = fitted_spec.achievable.attention_rate("efficient", False, False, False, d, seq=t)
         r_bwd = fitted_spec.achievable.attention_rate("efficient", True, False, False, d, seq=t)
-        x_fwd = m_fwd / r_fwd / max(row["attention_fwd_us"] * 1e-6, 1e-12)
-        x_bwd = m_bwd / r_bwd / max(row["attention_bwd_us"] * 1e-6, 1e-12)
+        measured_fwd, measured_bwd = kernel_s(row)
+        x_fwd = m_fwd / r_fwd / max(measured_fwd, 1e-12)
+        x_bwd = m_bwd / r_bwd / max(measured_bwd, 1e-12)
         print(f"{key:34} {x_fwd:6.2f} {x_bwd:6.2f}")
     if args.output:
         profile["attention"] = {**(profile.get("attention") or {}), **fitted}
         print(f"wrote {write_profile(profile, args.output)}")
+    if args.scale_to:
+        other = read_profile(args.scale_to)
+        other["attention"] = {**(other.get("attention") or {}), **scaled(fitted, spec, other)}
+        print(f"wrote {write_profile(other, args.scale_to)}")
+
+
+def scaled(fitted: dict, spec, other: dict) -> dict[str, dict]:
+    """`fitted`'s rows for another GPU: each rate times that GPU's long-sequence rate over this
+    one's (module docstring)."""
+    there = apply_profile(get_gpu(other["gpu"]), other).achievable
+    out = {}
+    for name, row in fitted.items():
+        new = {k: v for k, v in row.items() if not k.startswith("efficient/")}
+        for key, rate in row.items():
+            if not key.startswith("efficient/"):
+                continue
+            backward = "/bwd/" in key
+            d = int(key.rsplit("/d", 1)[1].split("@")[0])
+            here_long = spec.achievable.attention_rate("efficient", backward, False, False, d)
+            there_long = there.attention_rate("efficient", backward, False, False, d)
+            new[key] = round(rate * there_long / here_long, 4)
+        new["source"] = (
+            f"{row['source']}: measured on {spec.full_name}, scaled by {other['gpu']}'s "
+            "efficient-attention rate at 1024 tokens over that GPU's (fit_window_attention.py "
+            "--scale-to)"
+        )
+        out[name] = new
+    return out
 
 
 if __name__ == "__main__":

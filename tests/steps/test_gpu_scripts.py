@@ -178,8 +178,8 @@ def test_fit_window_attention_recovers_the_rate_the_times_were_made_with(monkeyp
             spec, AttentionConfig("efficient", d, seq=t), (b, h, t), torch.bfloat16
         )
         r_fwd, r_bwd = made[(d, t)]
-        for bias in ("none", "bias 1hTT"):
-            slower = 1.0 if bias == "none" else 2.0  # the bias rows are not fitted by default
+        for bias in ("bias 1hTT", "none"):
+            slower = 1.0 if bias != "none" else 0.5  # cuDNN's kernel: not fitted
             rows[f"{b}x{h}x{t}x{d} {bias}"] = {
                 "attention_fwd_us": fwd / r_fwd * 1e6 * slower,
                 "attention_bwd_us": bwd / r_bwd * 1e6 * slower,
