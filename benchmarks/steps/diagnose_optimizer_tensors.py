@@ -8,7 +8,7 @@ tensor (sizes not a multiple of the kernels' vector width), and a real model's p
 (built on the meta device), in bf16 and in float32, and prints each step's kernel time, its
 bytes' time at the copy rate, and the time left per tensor per kernel.
 
-    python benchmarks/steps/diagnose_optimizer_tensors.py [--model timm:efficientnet_b0] --out diag.json
+    python benchmarks/steps/diagnose_optimizer_tensors.py [--model MODEL] --out diag.json
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ def main() -> None:
             }  # fmt: skip
     print(f"{'set':44} {'tensors':>7} {'MB':>7} {'meas us':>8} {'bytes us':>8} {'us/t/k':>7}")
     for name, r in rows.items():
-        print(f"{name[:44]:44} {r['tensors']:7d} {r['bytes'] / 1e6:7.1f} {r['measured_s'] * 1e6:8.1f} "
-              f"{r['bytes_s'] * 1e6:8.1f} {r['left_per_tensor_kernel_s'] * 1e6:7.3f}")  # fmt: skip
+        us = [r["measured_s"] * 1e6, r["bytes_s"] * 1e6, r["left_per_tensor_kernel_s"] * 1e6]
+        print(f"{name[:44]:44} {r['tensors']:7d} {r['bytes'] / 1e6:7.1f} "
+              f"{us[0]:8.1f} {us[1]:8.1f} {us[2]:7.3f}")  # fmt: skip
     if args.out:
         write_results(args.out, rows, model=args.model, copy_bytes_per_s=copy)
 
