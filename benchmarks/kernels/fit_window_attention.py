@@ -67,23 +67,25 @@ def kernel_s(row: dict) -> tuple[float, float]:
 
 def fit(rows: dict, spec, bias: str = "bias 1hTT") -> dict[str, dict]:
     """One profile row per (head size, length): "efficient/d32@t49" with its fwd and bwd rates."""
-    sums: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    sums: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0] * 6)
     shapes: dict[tuple[int, int], list[str]] = defaultdict(list)
     for key, row in rows.items():
         (b, h, t, d), kind = parse(key)
         if kind != bias:
             continue
         cfg = AttentionConfig("efficient", d, seq=t)
-        fwd, bwd, _, _ = model_s(spec, cfg, (b, h, t), torch.bfloat16)
+        fwd, bwd, flops_fwd, flops_bwd = model_s(spec, cfg, (b, h, t), torch.bfloat16)
         s = sums[(d, t)]
         s[0] += fwd
         s[1] += bwd
+        s[4] += flops_fwd
+        s[5] += flops_bwd
         measured_fwd, measured_bwd = kernel_s(row)
         s[2] += measured_fwd
         s[3] += measured_bwd
         shapes[(d, t)].append(f"{b}x{h}x{t}x{d}")
     out = {}
-    for (d, t), (m_fwd, m_bwd, fwd, bwd) in sorted(sums.items()):
+    for (d, t), (m_fwd, m_bwd, fwd, bwd, flops_fwd, flops_bwd) in sorted(sums.items()):
         cfg = AttentionConfig("efficient", d, seq=t)
         out[cfg.key(False).replace("/fwd", "")] = {
             cfg.key(False): capped(m_fwd, fwd),
@@ -95,6 +97,8 @@ def fit(rows: dict, spec, bias: str = "bias 1hTT") -> dict[str, dict]:
             "measured_bwd_s": bwd,
             "model_fwd_s": m_fwd,
             "model_bwd_s": m_bwd,
+            "tflops_fwd": round(flops_fwd / fwd / 1e12, 1) if fwd > 0 else 0.0,
+            "tflops_bwd": round(flops_bwd / bwd / 1e12, 1) if bwd > 0 else 0.0,
             "shapes": shapes[(d, t)],
             "source": "benchmarks/kernels/probe_window_attention.py, fit_window_attention.py",
         }
@@ -141,29 +145,37 @@ def main() -> None:
         print(f"wrote {write_profile(profile, args.output)}")
     if args.scale_to:
         other = read_profile(args.scale_to)
-        other["attention"] = {**(other.get("attention") or {}), **scaled(fitted, spec, other)}
+        other["attention"] = {**(other.get("attention") or {}), **scaled(fitted, profile, other)}
         print(f"wrote {write_profile(other, args.scale_to)}")
 
 
-def scaled(fitted: dict, spec, other: dict) -> dict[str, dict]:
-    """`fitted`'s rows for another GPU: each rate times that GPU's long-sequence rate over this
-    one's (module docstring)."""
-    there = apply_profile(get_gpu(other["gpu"]), other).achievable
+def _long_only(profile: dict):
+    """The profile's chip with its attention rows measured at the probe's own length only (no
+    "@t" rows: the windows' rates are what is being scaled, not what scales them)."""
+    rows = {k: v for k, v in (profile.get("attention") or {}).items() if "@t" not in k}
+    return apply_profile(get_gpu(profile["gpu"]), {**profile, "attention": rows})
+
+
+def scaled(fitted: dict, profile: dict, other: dict) -> dict[str, dict]:
+    """`fitted` (measured on `profile`'s GPU) for another GPU's profile: each rate times that
+    GPU's long-sequence rate over this one's (module docstring)."""
+    here, there = _long_only(profile), _long_only(other)
     out = {}
     for name, row in fitted.items():
-        new = {k: v for k, v in row.items() if not k.startswith("efficient/")}
+        # the times and rates measured here are not that GPU's: only the scaled rates go over
+        new = {k: v for k, v in row.items() if k in ("workload", "dtype", "shapes")}
         for key, rate in row.items():
             if not key.startswith("efficient/"):
                 continue
             backward = "/bwd/" in key
             d = int(key.rsplit("/d", 1)[1].split("@")[0])
-            here_long = spec.achievable.attention_rate("efficient", backward, False, False, d)
-            there_long = there.attention_rate("efficient", backward, False, False, d)
-            new[key] = round(rate * there_long / here_long, 4)
+            ratio = there.achievable.attention_rate(
+                "efficient", backward, False, False, d
+            ) / here.achievable.attention_rate("efficient", backward, False, False, d)
+            new[key] = round(rate * ratio, 4)
         new["source"] = (
-            f"{row['source']}: measured on {spec.full_name}, scaled by {other['gpu']}'s "
-            "efficient-attention rate at 1024 tokens over that GPU's (fit_window_attention.py "
-            "--scale-to)"
+            f"{row['source']}: measured on {here.full_name}, scaled by {there.full_name}'s "
+            "efficient-attention rate at 1024 tokens over that GPU's (--scale-to)"
         )
         out[name] = new
     return out

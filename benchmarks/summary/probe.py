@@ -201,9 +201,9 @@ def attention() -> list[str]:
             (
                 a["workload"],
                 f"{fwd:.2f}",
-                f"{a['tflops_fwd']:.0f}",
+                f"{a['tflops_fwd']:.0f}" if "tflops_fwd" in a else "-",
                 f"{bwd:.2f}",
-                f"{a['tflops_bwd']:.0f}",
+                f"{a['tflops_bwd']:.0f}" if "tflops_bwd" in a else "-",
             )
         )
     out = [
