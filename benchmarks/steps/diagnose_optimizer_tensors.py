@@ -1,7 +1,7 @@
 """Why do real models' optimizer steps cost more per tensor than the probe's?
 
 The loops' multi-tensor kernels (fit_optimizer_kernels.py) cost 0.13-0.23 us a tensor a kernel
-on an H100 beyond their bytes; the probe's 256 bf16 tensors of 4096 numbers cost about 0.02
+on an H100 beyond their bytes; the probe's former 256 bf16 tensors of 4096 numbers cost about 0.02
 (kernels-h100/probe_optimizer_kernels.json). This times one foreach and one fused SGD step
 (momentum) over several sets of parameters: the probe's, the same with one number fewer per
 tensor (sizes not a multiple of the kernels' vector width), and a real model's parameter shapes

@@ -2,9 +2,9 @@
 
     python benchmarks/steps/probe_optimizer_kernels.py [--profile PATH] [--out optimizer.json]
 
-`gpushape probe` (full) steps SGD with momentum and AdamW, foreach and fused, over many small and
-a few large bf16 tensors and fits what the cost model prices an optimizer step with
-(`gpushape.probe.workloads.optimizer`). The shipped figures come from another source: the
+`gpushape probe` (full) steps SGD with momentum and AdamW, foreach and fused, over a ResNet-50's
+parameter shapes and a few large bf16 tensors and fits what the cost model prices an optimizer
+step with (`gpushape.probe.workloads.optimizer`). The shipped figures come from another source: the
 multi-tensor kernels of timed training loops (benchmarks/steps/fit_optimizer_kernels.py). This
 runs the probe's measurement alone (seconds, not the full probe's minutes) and prints, for each
 timed step, the measured kernel time beside the probe's own fit and the profile's pricing: where

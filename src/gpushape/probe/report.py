@@ -322,8 +322,9 @@ def _optimizer(profile: Mapping[str, Any]) -> list[str]:
     lines = [
         "## An optimizer step's kernels",
         "",
-        "SGD and AdamW, foreach and fused, over many small and a few large tensors: their "
-        "bytes' rate and what each tensor adds to each kernel (how the audit prices a step).",
+        "SGD and AdamW, foreach and fused, over a ResNet-50's parameters and a few large "
+        "tensors: their bytes' rate and what each tensor adds to each kernel (how the audit "
+        "prices a step).",
         "",
         "| implementation | fraction of copy rate | us a tensor a kernel |",
         "| --- | ---: | ---: |",

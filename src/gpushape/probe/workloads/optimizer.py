@@ -9,12 +9,17 @@ many small tensors cost more than their bytes (on an H100 EfficientNet-B0's fore
     time = bytes / (copy rate x efficiency[class]) + tensor_seconds x tensors x kernels
 
 (bytes, tensors and kernels as tracing/optimizer_step.py counts them on a meta copy). The probe
-steps SGD with momentum and AdamW, foreach and fused, over two sets of bf16 parameters (many
-small tensors, where the time per tensor shows; a few large ones, where the bytes' rate does),
-sums each step's kernel time from the profiler, and `fit`s the two numbers: a time per tensor
-per implementation, an efficiency per implementation and per class. The profile keeps them as
-"optimizer_kernels" (hardware/profile.py). benchmarks/steps/fit_optimizer_kernels.py fits the
-same form on the kernels of timed training steps (the H200's and H100's shipped figures).
+steps SGD with momentum and AdamW, foreach and fused, over two sets of bf16 parameters (a
+ResNet-50's 161 tensors, where the time per tensor shows; a few large ones, where the bytes'
+rate does), sums each step's kernel time from the profiler, and `fit`s the two numbers: a time
+per tensor per implementation, an efficiency per implementation and per class. The profile
+keeps them as "optimizer_kernels" (hardware/profile.py). benchmarks/steps/fit_optimizer_kernels.py
+fits the same form on the kernels of timed training steps (the H200's and H100's shipped
+figures). The first set was 256 tensors of 4,096 numbers: on an H100 they cost 0.02 us a tensor
+a kernel beyond their bytes where the training steps' tensors cost 0.13-0.23
+(benchmarks/results/kernels-h100/probe_optimizer_kernels.json), so the probe now times a real
+model's shapes, one of the models the training steps' fit saw (its foreach SGD step ran 221 us
+of kernels there).
 """
 
 from __future__ import annotations
@@ -27,7 +32,22 @@ import torch
 
 from ..memory import capped
 
-SETS = {"small tensors": (256, 4096), "large tensors": (16, 1 << 21)}  # (tensors, numbers)
+MODEL = "resnet50"  # the zoo model whose parameter shapes make the first set
+LARGE = (16, 1 << 21)  # the second set: (tensors, numbers)
+
+
+def parameter_sets(scale: float = 1.0) -> dict[str, list[int]]:
+    """{set name: each tensor's numbers}; below `scale` 0.05 (a smoke test) 64 numbers each."""
+    from ...models import create_model
+
+    model, _ = create_model(MODEL, batch=1)
+    shapes = [p.numel() for p in model.parameters()]
+    sets = {f"{MODEL}'s parameters": shapes, "large tensors": [LARGE[1]] * LARGE[0]}
+    if scale < 0.05:
+        sets = {name: [64] * len(sizes) for name, sizes in sets.items()}
+    return sets
+
+
 CLASSES = {
     "SGD": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
     "AdamW": (torch.optim.AdamW, {"lr": 1e-4}),
@@ -114,10 +134,8 @@ def measure_optimizer_kernels(
     from ...tracing.optimizer_step import current_step
 
     rows, errors = [], {}
-    for set_name, (n, numel) in SETS.items():
-        numel = numel if scale >= 0.05 else 64
-        params = [torch.zeros(numel, device=device, dtype=dtype, requires_grad=True)
-                  for _ in range(n)]  # fmt: skip
+    for set_name, sizes in parameter_sets(scale).items():
+        params = [torch.zeros(n, device=device, dtype=dtype, requires_grad=True) for n in sizes]
         for p in params:
             p.grad = torch.zeros_like(p)
         for name, (cls, options) in CLASSES.items():
@@ -129,7 +147,8 @@ def measure_optimizer_kernels(
                     errors[f"{impl}/{name}"] = f"{type(exc).__name__}: {exc}"[:200]
                     continue
                 counted = current_step(optimizer)
-                rows.append({"model": f"{n} {set_name} of {numel}", "class": name, "impl": impl,
+                label = f"{len(sizes)} tensors, {set_name}"
+                rows.append({"model": label, "class": name, "impl": impl,
                              "bytes": counted.bytes_moved, "tensors": counted.parameters,
                              "kernels": counted.kernels, "measured_s": measured})  # fmt: skip
     out: dict[str, Any] = fit(rows, spec.attainable_bandwidth_bytes_per_s()) if rows else {}
