@@ -35,18 +35,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
+from probe_window_attention import BACKWARD, PROFILES  # noqa: E402  (a backward kernel's names)
+
 from gpushape.hardware.lookup import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
 from gpushape.probe.attention import AttentionConfig, model_s  # noqa: E402
 from gpushape.probe.memory import capped  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
-
-BACKWARD = ("Backward", "cutlassB", "bwd", "bprop")  # a backward kernel's name has one
-
-PROFILES = {
-    "H200": ROOT / "src/gpushape/hardware/profiles/h200-sxm.json",
-    "H100": ROOT / "benchmarks/results/probe-h100/h100-sxm.json",
-}
 
 
 def parse(key: str) -> tuple[tuple[int, int, int, int], str]:
