@@ -25,15 +25,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
+from fit_optimizer_kernels import PROFILES  # noqa: E402  (the shipped figures, by GPU)
+
 from gpushape.bench import copy_bandwidth_bytes_per_s, write_results  # noqa: E402
 from gpushape.hardware.lookup import current_gpu, get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
 from gpushape.probe.workloads.optimizer import measure_optimizer_kernels, predicted_s  # noqa: E402
-
-PROFILES = {
-    "H200": ROOT / "src/gpushape/hardware/profiles/h200-sxm.json",
-    "H100": ROOT / "benchmarks/results/probe-h100/h100-sxm.json",
-}
 
 
 def main() -> None:
@@ -47,7 +44,7 @@ def main() -> None:
     if on_gpu and not torch.cuda.is_available():
         sys.exit("probe_optimizer_kernels.py: needs a CUDA device; none is visible")
     name = torch.cuda.get_device_name() if on_gpu else "H200 (CPU smoke test)"
-    path = args.profile or next((v for k, v in PROFILES.items() if k in name), None)
+    path = args.profile or next((v for k, v in PROFILES.items() if k.upper() in name), None)
     if path is None:
         sys.exit(f"probe_optimizer_kernels.py: no shipped profile for {name}; pass --profile")
     profile = read_profile(path)
