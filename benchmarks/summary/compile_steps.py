@@ -6,8 +6,11 @@ against their rooflines (roofline_resnet50.json)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from .common import RESULTS, link
+
+POOL_FILE = "kernels-h200/bench_max_pool.json"
 
 FOLDER = "bench-h200"
 
@@ -103,6 +106,14 @@ def cache_and_roofline() -> list[str]:
         b = v["bounds_s"]
         bounds = ", ".join(f"{k} {t * 1e3:.2f} ms" for k, t in b.items())
         lines.append(f"`{name}` {v['step_s'] * 1e3:.2f} ms a step ({bounds})")
+    pooling = roof["variants"]["optimize+graph"]["classes"]["pooling"]
+    pool_runs = json.loads((RESULTS / POOL_FILE).read_text())["results"]
+    pool_now = next(
+        r["median_ms"]
+        for r in pool_runs
+        if r["shape"] == [256, 64, 112, 112] and r["layout"] == "cl"
+        and r["direction"] == "fwd+bwd" and r["variant"] == "gpushape"
+    )  # fmt: skip
     return [
         "What GPT-2's key/value cache costs a training step (batch 8 x 1024; transformers "
         "builds it unless told not to; `no-kv-cache` drops it), alternated in one process "
@@ -119,6 +130,10 @@ def cache_and_roofline() -> list[str]:
         f"{roof['samples'] / roof['target'] * 1e3:.2f} ms a step): {'; '.join(lines)}. "
         "With the convolutions as cuDNN runs them and every memory-bound class at its "
         "roofline the step could reach the target; as measured, normalization and pooling "
-        "(max pooling's backward at 16% of its roofline) stand in the way.",
+        f"stood in the way (`optimize+graph`'s pooling {pooling['measured_s'] * 1e3:.2f} ms "
+        f"against a roofline of {pooling['roofline_s'] * 1e3:.2f}). This run predates "
+        "gpushape's max-pooling kernel (its forward and backward at ResNet-50's shape now "
+        f"take {pool_now:.2f} ms, {link(POOL_FILE, Path(POOL_FILE).name)}) "
+        "and the fused norms' residual-gradient hand-over.",
         "",
     ]
