@@ -50,3 +50,12 @@ def test_one_line_errors(capsys, extra, says):
 def test_meta_device_is_refused(capsys):
     argv = [a if a != "cpu" else "meta" for a in CPU]
     assert "bench runs the model" in errors(capsys, argv)
+
+
+def test_no_gpu_says_what_bench_needs(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = [a if a != "cpu" else "cuda" for a in CPU]
+    err = errors(capsys, argv)
+    assert err.startswith("bench times the training step on a GPU") and "gpushape audit" in err
