@@ -162,6 +162,7 @@ for spec in "$@"; do
     opt-probe) run opt-probe "$secs" python3 benchmarks/steps/probe_optimizer_kernels.py --out "$OUT/probe_optimizer_kernels.json" ;;
     # SDPA's efficient kernel on short windows (Swin-T's), with and without a bias, beside the cost model
     window-attn) run window-attn "$secs" python3 benchmarks/kernels/probe_window_attention.py --out "$OUT/probe_window_attention.json" ;;
+    window-bias) run window-bias "$secs" python3 benchmarks/kernels/diagnose_window_bias.py --out "$OUT/diagnose_window_bias.json" ;;
     *) echo "unknown step $name" ;;
   esac
 done
