@@ -199,3 +199,34 @@ def test_the_stack_of_an_unbinds_permuted_gradients_is_a_permuted_cat():
         lambda a, b: torch.stack([a.t(), b.t()]), (8, 4), (8, 4), name="stack", train=False
     )
     assert memory_family(flipped) == "transposed_copy"
+
+
+def _patch_embedding(x, w):  # ConvNeXt's and Swin's stem: a 4x4 patch conv, normed as NHWC
+    return F.layer_norm(F.conv2d(x, w, stride=4).permute(0, 2, 3, 1), (96,))
+
+
+PATCH_WEIGHT = (torch.empty(96, 3, 4, 4, dtype=torch.bfloat16, device="meta"),)
+
+
+def test_a_convolutions_gradient_is_copied_to_its_inputs_layout():
+    (bwd,) = _ops(
+        _patch_embedding, (2, 3, 32, 32), name="convolution_backward", params=PATCH_WEIGHT
+    )
+    (dy,) = [t for t, kind in hidden_copies(bwd) if kind == "transposed"]
+    assert dy.shape == (2, 96, 8, 8)  # NHWC-strided, copied to the NCHW image's layout
+    spec = _spec(transposed_copy=0.25)
+    expected = 2 * dy.numel * dy.itemsize / (spec.attainable_bandwidth_bytes_per_s() * 0.25)
+    assert op_cost(bwd, spec).layout_s >= expected
+
+
+def test_a_convolutions_gradient_in_its_inputs_layout_is_not_copied():
+    w = PATCH_WEIGHT
+    (nchw,) = _ops(lambda x, w: F.conv2d(x, w, stride=4), (2, 3, 32, 32),
+                   name="convolution_backward", params=w)  # fmt: skip
+    assert hidden_copies(nchw) == ()
+
+    def channels_last(x, w):
+        return F.conv2d(x.contiguous(memory_format=torch.channels_last), w, stride=4)
+
+    (nhwc,) = _ops(channels_last, (2, 3, 32, 32), name="convolution_backward", params=w)
+    assert hidden_copies(nhwc) == ()

@@ -18,8 +18,10 @@ source (NCHW to NHWC: every value of a row from another line of memory). Eager c
 the second far below the first; each has its memory family (`families.COPY_FAMILIES`). Some
 eager kernels make such a copy themselves (`hidden_copies`): PyTorch's CUDA LayerNorm and softmax
 first make a non-contiguous input contiguous, a kernel the meta trace does not see (ConvNeXt's
-and Swin's stem LayerNorm runs on the permuted NCHW output of the patch convolution); the cost
-model adds its time to the op's (`cost.op_cost`, in `OpCost.layout_s`).
+and Swin's stem LayerNorm runs on the permuted NCHW output of the patch convolution), and a
+convolution's backward copies its gradient to its input's layout (that stem's gradient comes
+back with channels_last strides); the cost model adds its time to the op's (`cost.op_cost`, in
+`OpCost.layout_s`).
 
 A pointwise op vectorizes (16-byte loads and stores) only when every operand is laid out as its
 output is; an operand broadcast along a dimension (DropPath's (B, 1, 1, 1) mask, a layer scale's
@@ -225,8 +227,24 @@ def _joined_kind(parts: list[TensorMeta], out: TensorMeta, dim, stacked: bool) -
     return next((k for k in ("permuted", "transposed") if k in kinds), None)
 
 
+def channels_last_like(t: TensorMeta) -> TensorMeta:
+    """4-D `t` as `.contiguous(memory_format=torch.channels_last)` would lay it out."""
+    _, c, h, w = (max(int(n), 1) for n in t.shape)
+    return TensorMeta(
+        shape=t.shape,
+        dtype=t.dtype,
+        strides=(h * w * c, 1, w * c, c),
+        memory_format="channels_last",
+        itemsize=t.itemsize,
+    )
+
+
 def hidden_copies(rec: OpRecord) -> tuple[tuple[TensorMeta, str], ...]:
-    """(tensor, copy kind) for every input `rec`'s CUDA kernel first copies to contiguous."""
+    """(tensor, copy kind) for every input `rec`'s CUDA kernel first copies: to contiguous
+    (`CONTIGUOUS_INPUTS`), and a 2-D convolution's gradient to its input's layout (PyTorch's
+    cuDNN backward starts with `grad_output.to(input.suggest_memory_format())`: a patch
+    embedding whose output was permuted to NHWC, ConvNeXt's, Swin's and ViT's, gets its
+    gradient back with channels_last strides, copied to NCHW before cuDNN converts it)."""
     copies = []
     for name in CONTIGUOUS_INPUTS.get(packet(rec.op), ()):
         if rec.has_input(name):
@@ -234,6 +252,12 @@ def hidden_copies(rec: OpRecord) -> tuple[tuple[TensorMeta, str], ...]:
             kind = copy_kind(t, contiguous_like(t))
             if kind is not None:
                 copies.append((t, kind))
+    if packet(rec.op) in BACKWARD and len(rec.inputs) >= 2 and len(rec.inputs[0].shape) == 4:
+        dy, x = rec.inputs[0], rec.inputs[1]
+        nhwc = x.channels_last or channels_last_strides(x)
+        kind = copy_kind(dy, channels_last_like(dy) if nhwc else contiguous_like(dy))
+        if kind is not None:
+            copies.append((dy, kind))
     return tuple(copies)
 
 
