@@ -147,14 +147,6 @@ def _check(args: argparse.Namespace) -> None:
         raise GpushapeError(f"--warmup must be at least 1, got {args.warmup}")
     if args.device == "meta":
         raise GpushapeError("bench runs the model: --device cuda (the default) or cpu")
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise NoCudaError(
-                "bench times the training step on a GPU and torch sees none here: `gpushape "
-                "audit` predicts it without one; --device cpu checks the plumbing only"
-            )
     if args.output and not args.output.endswith(".json"):
         raise GpushapeError(f"-o writes JSON: name the file *.json, not {args.output!r}")
     if args.plot and not args.plot.endswith((".png", ".svg", ".pdf")):
@@ -168,6 +160,14 @@ def _check(args: argparse.Namespace) -> None:
 
         for v in [args.baseline, *args.vs.split(",")]:
             parse_variant(v)
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise NoCudaError(
+                "bench times the training step on a GPU and torch sees none here: `gpushape "
+                "audit` predicts it without one; --device cpu checks the plumbing only"
+            )
 
 
 def _check_ddp(args: argparse.Namespace) -> None:
