@@ -270,6 +270,16 @@ def _gemm_math(dtype: str, math: str | None, family: str) -> str:
     return math
 
 
+def hidden_copy_seconds(rec: OpRecord, gpu: GPUSpec) -> list[float]:
+    """Each copy `rec`'s kernel makes first (`layout.hidden_copies`, in its order): its bytes at
+    its copy family's measured rate (`families.hidden_copy_families`), at least a kernel."""
+    bandwidth = gpu.attainable_bandwidth_bytes_per_s()
+    return [
+        max(nbytes / (bandwidth * gpu.achievable.memory(family)), gpu.achievable.kernel_floor_s)
+        for nbytes, family in hidden_copy_families(rec, gpu.achievable.memory_efficiency)
+    ]
+
+
 def op_cost(
     rec: OpRecord, gpu: GPUSpec, math: str | None = None, work: OpWork | None = None
 ) -> OpCost:
@@ -313,8 +323,8 @@ def op_cost(
             2 * passes * floor,
         )
         kernels += 2 * passes
-    for nbytes, family in hidden_copy_families(rec, measured):  # a copy kernel before the op
-        layout_s += max(nbytes / (bandwidth * gpu.achievable.memory(family)), floor)
+    for copy_s in hidden_copy_seconds(rec, gpu):  # a copy kernel before the op
+        layout_s += copy_s
         kernels += 1
     bias = bias_grad_pass(rec)  # a convolution's bias gradient: a column sum of its own
     if bias is not None:  # (its kernel is counted in `work.kernels`, so under the floor too)

@@ -227,6 +227,23 @@ def _joined_kind(parts: list[TensorMeta], out: TensorMeta, dim, stacked: bool) -
     return next((k for k in ("permuted", "transposed") if k in kinds), None)
 
 
+def nhwc_view_of_nchw(t: TensorMeta) -> bool:
+    """Whether 4-D `t` is `x.permute(0, 2, 3, 1)` of a contiguous NCHW `x` (its shape N, H, W,
+    C): what a LayerNorm over a convolution's channels reads, contiguous once `x` is
+    channels_last (ConvNeXt's and Swin's stems)."""
+    if len(t.shape) != 4 or len(t.strides) != 4:
+        return False
+    _, h, w, c = t.shape
+    want = (c * h * w, w, 1, h * w)
+    return (
+        c > 1
+        and h * w > 1
+        and all(
+            size == 1 or got == exp for size, got, exp in zip(t.shape, t.strides, want, strict=True)
+        )
+    )
+
+
 def channels_last_like(t: TensorMeta) -> TensorMeta:
     """4-D `t` as `.contiguous(memory_format=torch.channels_last)` would lay it out."""
     _, c, h, w = (max(int(n), 1) for n in t.shape)

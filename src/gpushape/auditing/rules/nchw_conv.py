@@ -7,6 +7,11 @@ at the copy rate divided by the efficiency `gpushape probe` measured for them, f
 "nchw_conversion", `probe/convs.py`; a patch embedding's 3-channel image at the rate measured
 for its patch side, "nchw_conversion@<side>"), and channels_last saves them.
 
+A convolution whose gradient comes back channels_last-strided (its output was permuted to
+NHWC: a patch embedding normed over its channels) also copies that gradient to NCHW first, and
+a LayerNorm over such a permuted output copies its input (`layout.hidden_copies`): channels_last
+saves those copies too (ConvNeXt-T on an H100: the step's strided copies fell by 0.39 ms).
+
 The convolutions are not all a model loses: BatchNorm and pooling run other, slower eager
 kernels on NCHW tensors (on the H200, ResNet-50's NCHW BatchNorm kernels took 14.8 ms a step,
 the whole channels_last step 14.7: benchmarks/audit/diagnose_nchw.py). The cost model
@@ -26,8 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ...tracing.cost import hidden_copy_seconds
 from ...tracing.families import NCHW_BASE, memory_family, op_family
-from ...tracing.layout import conversion_bytes_of, runs_nhwc
+from ...tracing.layout import conversion_bytes_of, hidden_copies, nhwc_view_of_nchw, runs_nhwc
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding
@@ -56,6 +62,23 @@ def layout_bound(ctx: AuditContext) -> tuple[float, list[OpRecord]]:
     return total, ops
 
 
+def nhwc_view_copies(ctx: AuditContext) -> tuple[float, list[OpRecord]]:
+    """(seconds, ops): the copies kernels make first of NHWC views of NCHW activations (a
+    LayerNorm over a convolution's channels: ConvNeXt's and Swin's stem norm, forward and
+    backward), which a channels_last model reads contiguous."""
+    total, ops = 0.0, []
+    for rec in ctx.trace.ops:
+        copies = hidden_copies(rec)
+        if not copies:
+            continue
+        seconds = hidden_copy_seconds(rec, ctx.gpu)
+        saved = sum(s for (t, kind), s in zip(copies, seconds, strict=True) if nhwc_view_of_nchw(t))
+        if saved > 0:
+            total += saved
+            ops.append(rec)
+    return total, ops
+
+
 @register_rule(RULE, title="convolutions in NCHW where channels_last takes the fast path")
 def check(ctx: AuditContext) -> Iterable[Finding]:
     convs = [
@@ -70,14 +93,18 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         return
     ops = [o for r in convs for o in ctx.with_backward(r)]
     nbytes = sum(conversion_bytes_of(o) for o in ops)
-    conversions_s = sum(ctx.op_cost(o).layout_s for o in ops)  # as the cost model prices them
+    # a backward's copy of its gradient back to NCHW (`layout.hidden_copies`) is in its
+    # `layout_s` beside cuDNN's conversions, as the cost model prices them
+    copies_s = sum(sum(hidden_copy_seconds(o, ctx.gpu)) for o in ops)
+    conversions_s = sum(ctx.op_cost(o).layout_s for o in ops) - copies_s
     efficiency = (  # over every conversion: a patch embedding's runs at its own rate
         min(nbytes / (ctx.bandwidth_bytes_per_s() * conversions_s), 1.0)
         if conversions_s > 0
         else ctx.gpu.achievable.memory("nchw_conversion")
     )
     others_s, others = layout_bound(ctx)
-    saving_s = conversions_s + others_s
+    views_s, views = nhwc_view_copies(ctx)
+    saving_s = conversions_s + copies_s + others_s + views_s
     conv_s = sum(ctx.time_s(ctx.with_backward(r)) for r in convs)
     evidence = {
         "convolutions": len(convs),
@@ -87,8 +114,11 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         "bandwidth_bytes_per_s": ctx.bandwidth_bytes_per_s(),
         "conversion_efficiency": efficiency,
         "conversions_s": conversions_s,
+        "gradient_copies_s": copies_s,
         "nchw_norm_pool_ops": len(others),
         "nchw_norm_pool_s": others_s,
+        "nhwc_view_copy_ops": len(views),
+        "nhwc_view_copies_s": views_s,
         "modules": first_modules(r.module for r in convs),
         "first_input_shape": list(convs[0].inputs[0].shape),
     }
@@ -102,6 +132,8 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         if others_s > 0
         else ""
     )
+    if views_s > 0:
+        also += f"; {len(views)} ops first copy an NHWC view of NCHW activations"
     message = (
         f"{len(convs)} tensor-core convolutions run NCHW: cuDNN converts each input "
         f"and output to NHWC and back ({nbytes / 1e9:,.2f} GB a step){also}; convert "
@@ -114,5 +146,5 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         evidence,
         saving_s=saving_s,
         fix="channels-last",
-        replaces=[*convs, *others],
+        replaces=[*convs, *others, *views],
     )
