@@ -34,6 +34,7 @@ NEW = (
     "permuted_copy",
     "permuted_cat",
     "transposed_copy",
+    "transposed_copy_nchw",
     "roll",
     "grouped_conv_nchw",
     "elementwise_strided",
@@ -102,7 +103,9 @@ def test_the_gather_is_timed_forward_only_and_the_scatter_with_its_forward():
     assert [r.name for r in scatter] == ["embedding_dense_backward"]
 
 
-@pytest.mark.parametrize(("family", "ops"), [("permuted_copy", 2), ("transposed_copy", 1)])
+@pytest.mark.parametrize(
+    ("family", "ops"), [("permuted_copy", 2), ("transposed_copy", 1), ("transposed_copy_nchw", 1)]
+)
 def test_the_copy_workloads_copy_between_layouts(family, ops):
     assert len(_family_ops(family)) == ops
 

@@ -230,3 +230,18 @@ def test_a_convolutions_gradient_in_its_inputs_layout_is_not_copied():
 
     (nhwc,) = _ops(channels_last, (2, 3, 32, 32), name="convolution_backward", params=w)
     assert hidden_copies(nhwc) == ()
+
+
+def test_a_transposed_copy_into_nchw_has_its_own_family_falling_back_to_the_other_way():
+    (clone,) = _ops(lambda x: x.permute(0, 3, 1, 2).contiguous(), (2, 8, 8, 96), name="clone")
+    assert memory_family(clone) == "transposed_copy_nchw"
+    assert op_family(clone, {"transposed_copy": 0.3}) == "transposed_copy"
+    both = {"transposed_copy": 0.3, "transposed_copy_nchw": 0.15}
+    assert op_family(clone, both) == "transposed_copy_nchw"
+    (bwd,) = _ops(
+        _patch_embedding, (2, 3, 32, 32), name="convolution_backward", params=PATCH_WEIGHT
+    )
+    slow, fast = op_cost(bwd, _spec(**both)), op_cost(bwd, _spec(transposed_copy=0.3))
+    dy = bwd.inputs[0]
+    extra = 2 * dy.numel * dy.itemsize / _spec().attainable_bandwidth_bytes_per_s()
+    assert slow.layout_s - fast.layout_s == pytest.approx(extra * (1 / 0.15 - 1 / 0.3))

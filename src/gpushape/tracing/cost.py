@@ -49,17 +49,18 @@ efficiency (`gemm_model.py`). Non-GEMM FLOPs run at the CUDA-core rate of the op
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import GpushapeError
 from ..hardware import GPUSpec, dtype_key, get_gpu
-from .families import hidden_copy_families, op_family, sum_family
+from .copies import copy_family
+from .families import op_family, priced_family, sum_family
 from .flops.conv import bias_grad_pass
 from .flops.registry import OpWork, op_work
 from .gemm_model import LATENCY_FAMILIES, GemmEfficiency, gemm_efficiency
-from .layout import conversion_bytes_of, conversion_family, conversion_passes
+from .layout import conversion_bytes_of, conversion_family, conversion_passes, hidden_copies
 from .norm_grads import weight_grad_cost
 from .records import OpRecord, Trace
 from .sums import CHANNEL_SUM, COLUMN_SUM
@@ -270,9 +271,22 @@ def _gemm_math(dtype: str, math: str | None, family: str) -> str:
     return math
 
 
+def hidden_copy_families(
+    rec: OpRecord, measured: Mapping[str, float]
+) -> tuple[tuple[int, str | None], ...]:
+    """(bytes, priced family) of each copy `rec`'s kernel makes of a non-contiguous input
+    (`layout.hidden_copies`): read once, written once, at its copy family's measured rate (or
+    the one it falls back to), else at a clone's (elementwise)."""
+    out = []
+    for t, kind in hidden_copies(rec):
+        family = priced_family(copy_family(t, kind), measured)
+        out.append((2 * t.numel * t.itemsize, family if family in measured else "elementwise"))
+    return tuple(out)
+
+
 def hidden_copy_seconds(rec: OpRecord, gpu: GPUSpec) -> list[float]:
     """Each copy `rec`'s kernel makes first (`layout.hidden_copies`, in its order): its bytes at
-    its copy family's measured rate (`families.hidden_copy_families`), at least a kernel."""
+    its copy family's measured rate (`hidden_copy_families`), at least a kernel."""
     bandwidth = gpu.attainable_bandwidth_bytes_per_s()
     return [
         max(nbytes / (bandwidth * gpu.achievable.memory(family)), gpu.achievable.kernel_floor_s)

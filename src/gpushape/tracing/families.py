@@ -21,10 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from .copies import COPIES, COPY_FAMILIES, JOINED, PERMUTED_CAT, TRANSPOSED_TO_NCHW, copy_family
 from .flops.attention import ATTENTION_PASS
 from .flops.conv import S2D_FOLD, S2D_STEM, direct_conv
 from .flops.registry import packet
-from .layout import copy_op_kind, hidden_copies, runs_nchw, runs_nhwc, strided_operand
+from .layout import copy_op_kind, runs_nchw, runs_nhwc, strided_operand
 from .records import OpRecord
 from .sums import CHANNEL_SUM, GEMV_SUM, column_width, grid_key, row_length, sum_shape
 
@@ -123,14 +124,6 @@ CONV_OPS = frozenset(
 )
 GROUPED_CONV = "grouped_conv"
 GROUPED_CONV_NCHW = "grouped_conv_nchw"
-# Copies between layouts (tracing/layout.py `copy_kind`), by how they read their source; roll
-# (its own family above) copies as many times as it has dimensions to roll.
-COPY_FAMILIES = {"permuted": "permuted_copy", "transposed": "transposed_copy"}
-# ... and a cat or stack read permuted (a key/value cache's first append, GPT-2's (B, T, H, D)
-# viewed as (B, H, T, D); an unbound qkv's dQ, dK, dV stacked): PyTorch's cat kernel's strided
-# path, on the H200 half the permuted copy's rate (GPT-2's 24 cache cats, 0.99 ms a step:
-# benchmarks/hardware/permuted_cat_from_runs.py); unmeasured, priced as a permuted copy.
-PERMUTED_CAT, JOINED = "permuted_cat", ("aten.cat", "aten.stack")
 # Families whose rate depends on one size of the op (the module docstring): measured as
 # "<family>@<size>" beside the family's own figure, taken at SIZE_BASE's size.
 #   norm, softmax: the row length (last dimension); LayerNorm over 96 or 768 values keeps fewer
@@ -190,6 +183,7 @@ FALLBACK = {
     "scatter_add": "gather",
     ELEMENTWISE_STRIDED: "elementwise",
     PERMUTED_CAT: "permuted_copy",
+    TRANSPOSED_TO_NCHW: "transposed_copy",
     CHANNEL_SUM: "reduction",
 }
 # Families from the op's tags, for ops no table above names.
@@ -256,6 +250,7 @@ ALL_FAMILIES = (
     GROUPED_CONV,
     GROUPED_CONV_NCHW,
     *COPY_FAMILIES.values(),
+    TRANSPOSED_TO_NCHW,
     PERMUTED_CAT,
     *TAGGED.values(),
     ELEMENTWISE_STRIDED,
@@ -291,7 +286,10 @@ def memory_family(rec: OpRecord) -> str | None:
         return GEMM
     kind = copy_op_kind(rec)
     if kind is not None:  # a cat or stack read permuted: PyTorch's cat kernel's strided path
-        return PERMUTED_CAT if op in JOINED and kind == "permuted" else COPY_FAMILIES[kind]
+        if op in JOINED:
+            return PERMUTED_CAT if kind == "permuted" else COPY_FAMILIES[kind]
+        source = rec.inputs[1] if op == "aten.copy_" else rec.inputs[0]
+        return copy_family(source, kind)
     if op in INDEX_PUT:
         return "scatter_add" if rec.params.get("accumulate") else None
     family = _BY_PACKET.get(op) or KERNEL_FAMILIES.get(op)
@@ -322,7 +320,7 @@ def op_family(rec: OpRecord, measured: Mapping[str, float]) -> str | None:
     if shape is not None and family == shape[0]:  # a sum down to one value a channel
         return sum_family(family, measured, shape[1], shape[2])
     priced = priced_family(family, measured, variant_size(rec, family))
-    if (family in COPY_FAMILIES.values() or family == PERMUTED_CAT) and priced not in measured:
+    if family in COPIES and priced not in measured:
         return priced_family(_tagged(rec), measured)
     return priced
 
@@ -384,16 +382,3 @@ def variant_size(rec: OpRecord, family: str | None) -> int | None:
         weight = rec.input("weight") if rec.has_input("weight") else rec.inputs[1]
         return int(weight.shape[-1]) if len(weight.shape) > 2 else None
     return None
-
-
-def hidden_copy_families(
-    rec: OpRecord, measured: Mapping[str, float]
-) -> tuple[tuple[int, str | None], ...]:
-    """(bytes, priced family) of each copy `rec`'s kernel makes of a non-contiguous input
-    (`layout.hidden_copies`): read once, written once, at its copy kind's measured rate, else
-    at a clone's (elementwise)."""
-    out = []
-    for t, kind in hidden_copies(rec):
-        family = COPY_FAMILIES[kind]
-        out.append((2 * t.numel * t.itemsize, family if family in measured else "elementwise"))
-    return tuple(out)

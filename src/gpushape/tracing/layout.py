@@ -15,7 +15,7 @@ partition) reads its source in one of two ways (`copy_kind`): "permuted" when th
 destination's innermost dimension lie whole in the source (Swin's window partition, an attention
 head split: 96 or 64 contiguous values per row), "transposed" when they are gathered across the
 source (NCHW to NHWC: every value of a row from another line of memory). Eager copy kernels run
-the second far below the first; each has its memory family (`families.COPY_FAMILIES`). Some
+the second far below the first; each has its memory family (`copies.COPY_FAMILIES`). Some
 eager kernels make such a copy themselves (`hidden_copies`): PyTorch's CUDA LayerNorm and softmax
 first make a non-contiguous input contiguous, a kernel the meta trace does not see (ConvNeXt's
 and Swin's stem LayerNorm runs on the permuted NCHW output of the patch convolution), and a

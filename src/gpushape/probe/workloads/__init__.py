@@ -172,6 +172,11 @@ WORKLOADS = (
         lambda s: _copies(s, "transposed"),
     ),
     FamilyWorkload(
+        "transposed_copy_nchw",
+        "NHWC to NCHW copy of 64x56x56x96 (a gradient put back in an NCHW convolution's layout)",
+        lambda s: _copies(s, "transposed_nchw"),
+    ),
+    FamilyWorkload(
         "roll",
         "roll by (-3, -3) over H and W of 64x56x56x96 (Swin's shift), forward and backward",
         lambda s: _copies(s, "roll"),

@@ -172,6 +172,10 @@ def _copies(scale: float, kind: str) -> _Workload:
         return _Workload(
             lambda m, x: x.permute(0, 2, 3, 1).contiguous(), (_rows(scale, 64), 96, side, side)
         )
+    if kind == "transposed_nchw":  # NHWC to NCHW: a channels_last-strided gradient made NCHW
+        return _Workload(
+            lambda m, x: x.permute(0, 3, 1, 2).contiguous(), (_rows(scale, 64), side, side, 96)
+        )
     return _Workload(  # Swin's shifted windows: two dimensions rolled
         lambda m, x: torch.roll(x, (-3, -3), (1, 2)), (_rows(scale, 64), side, side, 96)
     )

@@ -1,0 +1,29 @@
+"""Copies between layouts and the memory families that price them (`layout.copy_kind` says how
+a copy reads its source; `families.op_family` and `cost.hidden_copy_seconds` price it)."""
+
+from __future__ import annotations
+
+from .layout import channels_last_strides
+from .records import TensorMeta
+
+# Copies between layouts (tracing/layout.py `copy_kind`), by how they read their source; roll
+# (its own family above) copies as many times as it has dimensions to roll.
+COPY_FAMILIES = {"permuted": "permuted_copy", "transposed": "transposed_copy"}
+# ... and a transposed copy of a channels_last-strided tensor into NCHW, the other way round
+# (a gradient put back in an NCHW convolution's layout): measured apart, else priced as the
+# NCHW-to-NHWC copy (ConvNeXt-T's step on an H100 suggests it runs slower)
+TRANSPOSED_TO_NCHW = "transposed_copy_nchw"
+# ... and a cat or stack read permuted (a key/value cache's first append, GPT-2's (B, T, H, D)
+# viewed as (B, H, T, D); an unbound qkv's dQ, dK, dV stacked): PyTorch's cat kernel's strided
+# path, on the H200 half the permuted copy's rate (GPT-2's 24 cache cats, 0.99 ms a step:
+# benchmarks/hardware/permuted_cat_from_runs.py); unmeasured, priced as a permuted copy.
+PERMUTED_CAT, JOINED = "permuted_cat", ("aten.cat", "aten.stack")
+COPIES = frozenset({*COPY_FAMILIES.values(), TRANSPOSED_TO_NCHW, PERMUTED_CAT})
+
+
+def copy_family(source: TensorMeta, kind: str) -> str:
+    """The family of a copy of `source` between layouts (`layout.copy_kind`): a transposed copy
+    of a channels_last-strided tensor goes into NCHW (`TRANSPOSED_TO_NCHW`)."""
+    if kind == "transposed" and channels_last_strides(source):
+        return TRANSPOSED_TO_NCHW
+    return COPY_FAMILIES[kind]
