@@ -6,8 +6,8 @@ from __future__ import annotations
 from .layout import channels_last_strides
 from .records import TensorMeta
 
-# Copies between layouts (tracing/layout.py `copy_kind`), by how they read their source; roll
-# (its own family above) copies as many times as it has dimensions to roll.
+# Copies between layouts (`layout.copy_kind`), by how they read their source; roll (a family
+# of its own in families.py) copies as many times as it has dimensions to roll.
 COPY_FAMILIES = {"permuted": "permuted_copy", "transposed": "transposed_copy"}
 # ... and a transposed copy of a channels_last-strided tensor into NCHW, the other way round
 # (a gradient put back in an NCHW convolution's layout): measured apart, else priced as the
