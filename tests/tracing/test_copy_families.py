@@ -245,3 +245,30 @@ def test_a_transposed_copy_into_nchw_has_its_own_family_falling_back_to_the_othe
     dy = bwd.inputs[0]
     extra = 2 * dy.numel * dy.itemsize / _spec().attainable_bandwidth_bytes_per_s()
     assert slow.layout_s - fast.layout_s == pytest.approx(extra * (1 / 0.15 - 1 / 0.3))
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_stems_backward_copies_what_the_trace_says():
+    """The copies `hidden_copies` prices are the ones CUDA runs: a 4x4 patch convolution normed
+    as NHWC launches strided copies in its step (the norm's input, forward and backward, and
+    the convolution's gradient), and none once the model is channels_last."""
+    from gpushape.bench import kernel_times
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (run `pytest -m gpu` on the GPU machine)")
+    w = torch.randn(96, 3, 4, 4, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def copies(memory_format) -> int:
+        x = torch.randn(16, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+        x = x.contiguous(memory_format=memory_format)
+        weight = w.detach().contiguous(memory_format=memory_format).requires_grad_()
+        grad = torch.randn(16, 56, 56, 96, device="cuda", dtype=torch.bfloat16)
+
+        def step():  # a contiguous output gradient: no copy of an expanded one in the count
+            _patch_embedding(x, weight).backward(grad)
+
+        kernels = kernel_times(step, calls=1, name_chars=300)
+        return sum(1 for name, _ in kernels if "direct_copy" in name)
+
+    assert copies(torch.contiguous_format) >= 3
+    assert copies(torch.channels_last) == 0
