@@ -166,6 +166,11 @@ def test_unknown_gpu(capsys):
     assert "unknown GPU 'h300'" in _fails(capsys, ["audit", "resnet50", "--gpu", "h300"])
 
 
+def test_an_input_the_model_refuses_points_at_the_input(capsys):
+    err = _fails(capsys, ["audit", "resnet50", "--input", "8x3x224"])
+    assert "module 'conv1'" in err and "check the inputs" in err and "--device cpu" not in err
+
+
 def test_meta_failure_names_op_and_module_and_cpu_works(capsys, factories):
     err = _fails(capsys, ["audit", f"{factories}:needs_values"])
     assert "aten." in err and "module 'gate' (Gate)" in err and "--device cpu" in err

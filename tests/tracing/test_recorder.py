@@ -204,6 +204,31 @@ def test_a_model_needing_values_fails_on_meta_naming_op_and_module_and_runs_on_c
     assert t.device == "cpu" and ops_named(t, "addmm")
 
 
+def test_shapes_the_model_refuses_fail_on_meta_pointing_at_the_inputs_not_the_device():
+    """An op's own shape check fails on every device: tracing on CPU would not help, so the
+    message points at the inputs; the meta device's own failures still point at --device cpu."""
+    with pytest.raises(TraceError) as info:
+        gpushape.trace(nn.Linear(4, 4), (TensorSpec((2, 5)),))
+    message = str(info.value)
+    assert "aten.addmm" in message and "check the inputs" in message
+    assert "--device cpu" not in message and "\n" not in message
+    with pytest.raises(TraceError) as info:  # a value read: the meta device's own limit
+        gpushape.trace(_Lambda(lambda x: x * int(x[0, 0])), (TensorSpec((2, 4)),))
+    assert "--device cpu" in str(info.value) and "check the inputs" not in str(info.value)
+    with pytest.raises(TraceError) as info:  # no meta kernel
+        gpushape.trace(_Lambda(torch.nonzero), (TensorSpec((2, 4)),))
+    assert "--device cpu" in str(info.value)
+
+
+class _Lambda(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
 def test_a_value_test_with_in_reads_as_absent_on_meta_and_runs_on_cpu():
     """`value in tensor` needs values meta tensors lack: on meta it reads False (libraries use
     it for warnings: transformers' padding check, which stopped DeBERTa-v2), on CPU it runs."""

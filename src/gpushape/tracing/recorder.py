@@ -130,13 +130,25 @@ def failure_message(
     message = " ".join(str(exc).split())[:300] or type(exc).__name__
     what = f"{op} failed" if op else f"{type(exc).__name__} raised"
     text = f"{what} in {where} during the {phase} pass on {device}: {message}"
-    if device == "meta":
+    if device == "meta" and not meta_only(exc):  # the op's own check: any device refuses it
+        text += (
+            "; the op refuses these shapes or arguments on any device: check the inputs "
+            "against what the model expects (--input, or the factory's example inputs)"
+        )
+    elif device == "meta":
         text += (
             "; if the model needs tensor values (meta tensors have shapes only) or an op "
             "has no meta kernel, trace it with real tensors: --device cpu "
             "(API: device='cpu')"
         )
     return text
+
+
+def meta_only(exc: BaseException) -> bool:
+    """Whether `exc` is the meta device's own failure (an op without a meta kernel, a value
+    read from a tensor that has none), which real tensors would not meet; PyTorch's meta
+    kernels say so in these words, where an op's check of its shapes fails alike anywhere."""
+    return isinstance(exc, NotImplementedError) or "meta" in str(exc).lower()
 
 
 def kept_tags(func: torch._ops.OpOverload) -> tuple[str, ...]:
