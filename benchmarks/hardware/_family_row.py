@@ -1,8 +1,8 @@
-"""The command line of a script that derives one memory family's row of the shipped H200 profile
-from committed measurements until the probe measures the family there
-(`dropout_add_norm_from_bench.py`, `permuted_cat_from_runs.py`): print the row; with --write,
-merge it into the profile, unless the profile holds a probe measurement of the family (a row
-without "source")."""
+"""The command line of a script that derives one memory family's row of a profile (the shipped
+H200 one unless the script names another) from committed measurements until the probe measures
+the family there (`dropout_add_norm_from_bench.py`, `permuted_cat_from_runs.py`,
+`transposed_copy_nchw_from_runs.py`): print the row; with --write, merge it into the profile,
+unless the profile holds a probe measurement of the family (a row without "source")."""
 
 from __future__ import annotations
 
@@ -22,13 +22,15 @@ from gpushape.probe.profile import write_profile  # noqa: E402
 PROFILE = ROOT / "src/gpushape/hardware/profiles/h200-sxm.json"
 
 
-def family_row_main(family: str, row: Callable[[Any], dict], description: str) -> None:
-    """`row(spec)`: the family's row, priced with the profile applied to its chip."""
+def family_row_main(
+    family: str, row: Callable[[Any], dict], description: str, path: Path = PROFILE
+) -> None:
+    """`row(spec)`: the family's row, priced with the profile at `path` applied to its chip."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--write", action="store_true", help=f"merge into {PROFILE.name}")
+    parser.add_argument("--write", action="store_true", help=f"merge into {path.name}")
     args = parser.parse_args()
-    profile = read_profile(PROFILE)
-    spec = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(PROFILE))
+    profile = read_profile(path)
+    spec = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(path))
     found = row(spec)
     us = found["measured_s"] * 1e6, found["family_roofline_s"] * 1e6
     print(f"{family}: efficiency {found['efficiency']:.4f} ({found['workload']}, "
@@ -38,4 +40,4 @@ def family_row_main(family: str, row: Callable[[Any], dict], description: str) -
         if current is not None and "source" not in current:
             raise SystemExit(f"{family}: the profile has a probe measurement; left as it is")
         profile["memory_efficiency"][family] = found
-        print(f"wrote {write_profile(profile, PROFILE)}")
+        print(f"wrote {write_profile(profile, path)}")
