@@ -28,6 +28,9 @@ for spec in "$@"; do
   name=${spec%%:*}; secs=${spec#*:}; [ "$secs" = "$spec" ] && secs=300
   case $name in
     info) run info "$secs" bash -c 'nvidia-smi -L; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; python3 -m gpushape gpus' ;;
+    # every fused kernel's forward and backward under compute-sanitizer: memcheck (out of bounds,
+    # misaligned), then racecheck (shared-memory hazards); PyTorch's caching allocator off
+    sanitize) run sanitize "$secs" bash -c 'cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer); for tool in memcheck racecheck; do echo "== $tool"; PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$cs" --tool "$tool" --error-exitcode 9 --print-limit 30 python3 benchmarks/kernels/sanitize_kernels.py --out "$OUT/sanitize_$tool.json"; echo "$tool rc=$?"; done' ;;
     gputests) run gputests "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -x -n 4 tests/kernel_ops ;;
     gputests-attn) run gputests-attn "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernel_ops/test_softmax_dropout_gpu.py tests/kernel_ops/test_fused_qkv.py tests/kernel_ops/test_kv_cache.py tests/bench tests/probe tests/cli tests/hardware ;;
     gputests-k) run gputests-k "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -n 3 -k "not 2_31 and not 2_pow_31" tests ;;
