@@ -11,8 +11,8 @@ end leaves its allocation rather than landing in a pooled neighbour:
     (gpu_run.sh sanitize: memcheck, then racecheck)
 
 Each case is also checked against plain PyTorch in float32 (forward and input gradients; the
-dropout cases with p > 0 only run), so a case that runs clean under the tool also computed the
-right thing. `--device cpu` with TRITON_INTERPRET=1 runs it in Triton's interpreter.
+dropout cases with p > 0 only run; the residual-gradient hand-over against the same chain
+without it), so a case that runs clean under the tool also computed the right thing. `--device cpu` with TRITON_INTERPRET=1 runs it in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from gpushape.kernels import (  # noqa: E402
     softmax_dropout,
 )
 from gpushape.kernels.attention.fused_qkv import _split_heads  # noqa: E402
-from gpushape.kernels.batch_norm.batch_norm_act import hand_over  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -92,25 +91,27 @@ def _bn(dev):
 
         return run
 
-    def chain() -> float:  # a block's output fed to the next block's residual: the hand-over
-        x1, x2 = (
-            _leaf(4, 16, 6, 6, device=dev, channels_last=True),
-            _leaf(4, 16, 6, 6, device=dev, channels_last=True),
-        )
-        w, b = (
-            _leaf(16, dtype=torch.float32, device=dev),
-            _leaf(16, dtype=torch.float32, device=dev),
-        )
+    def chain() -> float:
+        """A block's output fed to the next block's residual, the whole graph's backward: the
+        residual's gradient is handed over to the first norm's kernels. Checked against the
+        same chain given a copy of the output (no hand-over): a float reference would differ at
+        the second ReLU wherever the first output's rounding moves an input across zero."""
+        x1, x2 = (_leaf(4, 16, 6, 6, device=dev, channels_last=True) for _ in range(2))
+        w, b = (_leaf(16, dtype=torch.float32, device=dev) for _ in range(2))
+        grad = torch.randn(4, 16, 6, 6, device=dev, dtype=BF16)
 
-        def ours(x1, x2, w, b):
+        def grads(handed: bool) -> list[torch.Tensor]:
+            for t in (x1, x2, w, b):
+                t.grad = None
             a = batch_norm_act(x1, w, b, None, None, True)
-            return batch_norm_act(x2, w, b, None, None, True, residual=hand_over(a)) + a
+            r = a if handed else a.clone()  # a copy is no fused output: nothing to hand over
+            (batch_norm_act(x2, w, b, None, None, True, residual=r) + a).backward(grad)
+            return [t.grad.float() for t in (x1, x2, w, b)]
 
-        def ref(x1, x2, w, b):
-            a = F.relu(F.batch_norm(x1, None, None, w, b, True))
-            return F.relu(F.batch_norm(x2, None, None, w, b, True) + a) + a
-
-        return _run(ours, ref, [x1, x2, w, b])
+        return max(
+            ((g - w).abs().max() / w.abs().max().clamp_min(1.0)).item()
+            for g, w in zip(grads(True), grads(False), strict=True)
+        )
 
     return {
         "batch_norm_act nchw relu": case(False, False, "relu"),
