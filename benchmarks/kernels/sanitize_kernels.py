@@ -12,7 +12,8 @@ end leaves its allocation rather than landing in a pooled neighbour:
 
 Each case is also checked against plain PyTorch in float32 (forward and input gradients; the
 dropout cases with p > 0 only run; the residual-gradient hand-over against the same chain
-without it), so a case that runs clean under the tool also computed the right thing. `--device cpu` with TRITON_INTERPRET=1 runs it in Triton's interpreter.
+without it), so a case that runs clean under the tool also computed the right thing.
+`--device cpu` with TRITON_INTERPRET=1 runs it in Triton's interpreter.
 """
 
 from __future__ import annotations
