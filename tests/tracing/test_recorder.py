@@ -212,12 +212,21 @@ def test_shapes_the_model_refuses_fail_on_meta_pointing_at_the_inputs_not_the_de
     message = str(info.value)
     assert "aten.addmm" in message and "check the inputs" in message
     assert "--device cpu" not in message and "\n" not in message
+    with pytest.raises(TraceError) as info:  # the model's own check of its input, in Python
+        gpushape.trace(_Lambda(_three_channels), (TensorSpec((2, 4, 8, 8)),))
+    assert "the model refuses these shapes" in str(info.value)
     with pytest.raises(TraceError) as info:  # a value read: the meta device's own limit
         gpushape.trace(_Lambda(lambda x: x * int(x[0, 0])), (TensorSpec((2, 4)),))
     assert "--device cpu" in str(info.value) and "check the inputs" not in str(info.value)
     with pytest.raises(TraceError) as info:  # no meta kernel
         gpushape.trace(_Lambda(torch.nonzero), (TensorSpec((2, 4)),))
     assert "--device cpu" in str(info.value)
+
+
+def _three_channels(x):
+    if x.shape[1] != 3:
+        raise ValueError(f"expected 3 channels, got {x.shape[1]}")
+    return x
 
 
 class _Lambda(nn.Module):

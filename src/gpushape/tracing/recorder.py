@@ -130,10 +130,11 @@ def failure_message(
     message = " ".join(str(exc).split())[:300] or type(exc).__name__
     what = f"{op} failed" if op else f"{type(exc).__name__} raised"
     text = f"{what} in {where} during the {phase} pass on {device}: {message}"
-    if device == "meta" and not meta_only(exc):  # the op's own check: any device refuses it
+    if device == "meta" and not meta_only(exc):  # its own check: any device refuses it
         text += (
-            "; the op refuses these shapes or arguments on any device: check the inputs "
-            "against what the model expects (--input, or the factory's example inputs)"
+            f"; {'the op' if op else 'the model'} refuses these shapes or arguments on any "
+            "device: check the inputs against what the model expects (--input, or the "
+            "factory's example inputs)"
         )
     elif device == "meta":
         text += (
