@@ -26,11 +26,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench_common, beside this script
 
-from gpushape.bench import write_results  # noqa: E402
-from gpushape.kernels import (  # noqa: E402
+import _bench_common as common  # first: it puts this working tree's src/ on the path
+
+from gpushape.bench import write_results
+from gpushape.kernels import (
     FusedQKV,
     add_layer_norm,
     batch_norm_act,
@@ -40,7 +41,7 @@ from gpushape.kernels import (  # noqa: E402
     rms_norm,
     softmax_dropout,
 )
-from gpushape.kernels.attention.fused_qkv import _split_heads  # noqa: E402
+from gpushape.kernels.attention.fused_qkv import _split_heads
 
 BF16 = torch.bfloat16
 
@@ -233,9 +234,11 @@ def cases(device: str) -> dict[str, Callable[[], float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda")
+    common.add_device_arg(parser)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if common.cuda_missing(args.device, "sanitize_kernels"):
+        sys.exit(2)
     torch.manual_seed(0)
     results, failed = [], 0
     for name, run in cases(args.device).items():
