@@ -6,9 +6,12 @@ Written out, the (BH, Tq, Tk) scores go through memory several times each way; t
 kernels keep them on chip. Saving: the traced ops of the pattern (with the copies that feed
 the first matmul, and every backward op autograd ran for them) as the cost model prices them,
 minus the fused SDPA kernel for the same shapes (pricing/attention.py), forward and backward.
-With a mask, SDPA takes the memory-efficient kernel; over a square score matrix the mask may be
-the causal one (the trace sees that there is a mask, not its values), so the finding also
-prices flash with is_causal=True and no mask, and says so conditionally.
+With a mask, SDPA takes the memory-efficient kernel; over a square score matrix a lone (T, T)
+mask may be the causal one (the trace sees that there is a mask, not its values), so the
+finding also prices flash with is_causal=True and no mask, and says so conditionally. A term
+over keys alone besides it (a padding mask, ALiBi's bias: MPT adds it, Bloom passes it as
+baddbmm's first input) stays a mask under SDPA, and no such hint is given. A Hugging Face
+model whose class has no sdpa path (Bloom, MPT) is told so: optimize cannot switch it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from ...models.hf_masks import is_hf_model
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding, Severity
@@ -56,10 +60,18 @@ def _probs_consumer(ops: list[OpRecord], pos: int) -> tuple[OpRecord, list[OpRec
     copy of V that a 4-D matmul makes)."""
     numel, between = ops[pos].outputs[0].numel, []
     for rec in following(ops, pos, limit=MAX_STEPS):
-        if rec.name in BMM_OPS and rec.inputs[0].numel == numel:
+        if rec.name in BMM_OPS and _operands(rec)[0].numel == numel:
             return rec, between
         between.append(rec)
     return None
+
+
+def _operands(rec: OpRecord) -> tuple:
+    """A batched matmul's two factors: baddbmm's first input is the added term (Bloom's ALiBi
+    bias), its factors the next two."""
+    return (
+        (rec.inputs[1], rec.inputs[2]) if rec.name == "baddbmm" else (rec.inputs[0], rec.inputs[1])
+    )
 
 
 def _feeding_copies(ops: list[OpRecord], bmm: OpRecord) -> list[OpRecord]:
@@ -72,10 +84,23 @@ def _feeding_copies(ops: list[OpRecord], bmm: OpRecord) -> list[OpRecord]:
     return out
 
 
-def _per_query(rec: OpRecord, tq: int) -> bool:
-    """Whether a mask op's smaller input (the mask) varies over the tq query positions."""
-    scores = max(t.numel for t in rec.inputs)
-    return any(t.numel < scores and len(t.shape) >= 2 and t.shape[-2] == tq > 1 for t in rec.inputs)
+def _mask_terms(rec: OpRecord) -> list:
+    """What an op between the matmul and softmax applies to the scores: the inputs besides the
+    scores themselves (a mask added, filled or selected with); baddbmm's added term (Bloom's
+    ALiBi). A cast or a scale applies nothing."""
+    if rec.name in BMM_OPS:
+        return [rec.inputs[0]] if rec.name == "baddbmm" else []
+    if rec.name in ("div", "mul") or not rec.outputs:
+        return []
+    numel = rec.outputs[0].numel
+    scores = next((i for i, t in enumerate(rec.inputs) if t.numel == numel), None)
+    return [t for i, t in enumerate(rec.inputs) if i != scores]
+
+
+def _per_query(term, tq: int) -> bool:
+    """Whether a mask term varies over the tq query positions ((T, T) as a causal mask does; a
+    key-padding mask or ALiBi's (.., 1, T) bias does not)."""
+    return len(term.shape) >= 2 and term.shape[-2] == tq > 1
 
 
 def find_sites(ops: list[OpRecord]) -> list[dict]:
@@ -87,8 +112,11 @@ def find_sites(ops: list[OpRecord]) -> list[dict]:
         if before is None or after is None:
             continue
         (bmm1, pre), (bmm2, post) = before, after
-        q, kt, v = bmm1.inputs[0].shape, bmm1.inputs[1].shape, bmm2.inputs[1].shape
-        masks = [r for r in pre if r.name not in ("div", "mul")]
+        (q, kt), v = (t.shape for t in _operands(bmm1)), _operands(bmm2)[1].shape
+        # every term reaches SDPA as its attn_mask (an added one, baddbmm's ALiBi, additive);
+        # only one that varies over queries, with no other term, may be the causal mask
+        terms = [t for r in (bmm1, *pre) for t in _mask_terms(r)]
+        per_query = [_per_query(t, q[-2]) for t in terms]
         shape = AttentionShape(
             bh=q[0],
             tq=q[-2],
@@ -96,9 +124,9 @@ def find_sites(ops: list[OpRecord]) -> list[dict]:
             d=q[-1],
             dv=v[-1],
             dtype=bmm1.inputs[0].dtype,
-            has_mask=bool(masks),
+            has_mask=bool(terms),
             dropout=any(r.name in DROPOUT_OPS for r in post),
-            mask_per_query=any(_per_query(r, q[-2]) for r in masks),
+            mask_per_query=bool(per_query) and all(per_query),
         )
         recs = [*_feeding_copies(ops, bmm1), bmm1, *pre, rec, *post, bmm2]
         sites.append({"module": bmm1.module, "shape": shape, "ops": recs})
@@ -169,6 +197,13 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
                 f" (if the mask is causal, is_causal=True without it lets flash skip "
                 f"the masked half: {(manual_s - causal_s) * 1e3:,.2f} ms saved instead)"
             )
+    model = ctx.model
+    if is_hf_model(model) and not getattr(model, "_supports_sdpa", True):
+        # the sdpa transform switches transformers' own path: none here (Bloom's ALiBi)
+        message += (
+            f"; transformers has no sdpa path for {type(model).__name__}, so optimize's sdpa "
+            "switch refuses it: the attention module would need rewriting by hand"
+        )
     severity = None if backend else Severity.INFO
     yield ctx.finding(
         RULE,
