@@ -4,13 +4,14 @@ An NCHW convolution whose output was permuted to NHWC and normed there (ConvNeXt
 Swin-T's patch embedding) gets its gradient back with channels_last strides, and PyTorch's cuDNN
 backward first copies it to the input's layout (`tracing/layout.py` `hidden_copies`): a
 transposed copy into NCHW, the family `transposed_copy_nchw` (`tracing/copies.py`). The probe
-measures the family (`probe/workloads`: NHWC to NCHW of 64x56x56x96). Until it runs on the H100,
-the H100 probe's profile takes the number from the committed per-module profile of those two
-models there (correlate-h100/correlate-ops.json): each patch embedding's `aten::copy_` device
+measures the family (`probe/workloads`: NHWC to NCHW of 64x56x56x96): on the H100, 0.1681 of the
+copy rate (2026-12-07, the profile's row since). Before that run, the H100 probe's profile took
+the number from the committed per-module profile of those two models there
+(correlate-h100/correlate-ops.json), and this script derives it still, as a check (0.1703): each patch embedding's `aten::copy_` device
 time (the only copy its module runs: the forward convolution reads a contiguous image) against
 the trace's bytes of that copy at the profile's copy rate. The same run's LayerNorm copies the
 other way (the stem norm's, NCHW to NHWC) come out at the probe's transposed_copy figure, which
-checks the reading. The row says where it came from; a probe run replaces it.
+checks the reading. A row written with --write says where it came from; a probe run replaces it.
 
     python benchmarks/hardware/transposed_copy_nchw_from_runs.py [--write]   # --write: the profile
 """
