@@ -7,11 +7,11 @@ transposed copy into NCHW, the family `transposed_copy_nchw` (`tracing/copies.py
 measures the family (`probe/workloads`: NHWC to NCHW of 64x56x56x96): on the H100, 0.1681 of the
 copy rate (2026-12-07, the profile's row since). Before that run, the H100 probe's profile took
 the number from the committed per-module profile of those two models there
-(correlate-h100/correlate-ops.json), and this script derives it still, as a check (0.1703): each patch embedding's `aten::copy_` device
-time (the only copy its module runs: the forward convolution reads a contiguous image) against
-the trace's bytes of that copy at the profile's copy rate. The same run's LayerNorm copies the
-other way (the stem norm's, NCHW to NHWC) come out at the probe's transposed_copy figure, which
-checks the reading. A row written with --write says where it came from; a probe run replaces it.
+(correlate-h100/correlate-ops.json), and this script derives it still, as a check (0.1703):
+each patch embedding's `aten::copy_` device time (the only copy its module runs: the forward
+convolution reads a contiguous image) against the trace's bytes of that copy at the profile's
+copy rate. The same run's LayerNorm copies the other way (the stem norm's, NCHW to NHWC) come
+out at the probe's transposed_copy figure, which checks the reading. A row written with --write says where it came from; a probe run replaces it.
 
     python benchmarks/hardware/transposed_copy_nchw_from_runs.py [--write]   # --write: the profile
 """

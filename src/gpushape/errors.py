@@ -17,3 +17,10 @@ class ProfileError(GpushapeError, ValueError):
 
 class NoCudaError(GpushapeError, RuntimeError):
     """The command measures a GPU, and this machine has no CUDA device."""
+
+
+def meta_only(exc: BaseException) -> bool:
+    """Whether `exc` is the meta device's own failure (an op without a meta kernel, a value
+    read from a tensor that has none), which real tensors would not meet; PyTorch's meta
+    kernels say so in these words, where an op's check of its shapes fails alike anywhere."""
+    return isinstance(exc, NotImplementedError) or "meta" in str(exc).lower()

@@ -199,6 +199,35 @@ def test_timm_errors_are_one_line():
     assert "attn=" in error_of("timm:resnet18?attn=flash")
 
 
+def _needing_values(timm, monkeypatch, exc=None):
+    """timm.create_model made to compute with a tensor's values first, as some releases'
+    RegNet does (torch.unique of its width schedule), or to raise `exc` on meta."""
+    create = timm.create_model
+
+    def create_model(*args, **kwargs):
+        if torch.empty(0).is_meta:
+            if exc is not None:
+                raise exc
+            torch.arange(4).unique()  # no meta kernel: NotImplementedError
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(timm, "create_model", create_model)
+
+
+def test_a_timm_model_that_reads_values_while_built_is_built_on_the_cpu(monkeypatch):
+    _needing_values(_timm(), monkeypatch)
+    r = resolve_model("timm:resnet18", batch=2)
+    assert all(p.is_meta and p.dtype == torch.bfloat16 for p in r.model.parameters())
+    assert all(b.is_meta for b in r.model.buffers()) and r.example_inputs[0].is_meta
+
+
+def test_a_timm_failure_that_is_not_the_meta_devices_stays_one_line(monkeypatch):
+    _needing_values(_timm(), monkeypatch, exc=ValueError("depth must be positive"))
+    assert error_of("timm:resnet18") == (
+        "timm:resnet18: timm.create_model failed: ValueError: depth must be positive"
+    )
+
+
 @pytest.mark.parametrize(
     "failure,expected",
     [

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import GpushapeError
+from ..errors import GpushapeError, meta_only
 from .input_spec import make_input
 
 _INSTALL = {"hf": "transformers", "timm": "timm"}
@@ -76,7 +76,15 @@ def timm_model(
         with torch.device(device):
             model = timm.create_model(name, pretrained=False, **kwargs)
     except Exception as exc:
-        raise GpushapeError(_timm_failure(timm, name, exc)) from exc
+        if device.type != "meta" or not meta_only(exc):
+            raise GpushapeError(_timm_failure(timm, name, exc)) from exc
+        # its constructor computes with tensors whose values meta has none of (some timm
+        # releases' RegNet width schedule calls torch.unique): built on the CPU, then moved
+        try:
+            with torch.device("cpu"):
+                model = timm.create_model(name, pretrained=False, **kwargs).to(device)
+        except Exception as cpu_exc:
+            raise GpushapeError(_timm_failure(timm, name, cpu_exc)) from cpu_exc
     if attn is not None:
         for module in model.modules():
             if hasattr(module, "fused_attn"):

@@ -35,7 +35,7 @@ from torch.nn.modules.module import (
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..errors import GpushapeError
+from ..errors import GpushapeError, meta_only
 from .records import DTYPE_BYTES, OpRecord, TensorMeta
 from .routing import cuda_output_layout, in_half_math_sdpa
 
@@ -143,13 +143,6 @@ def failure_message(
             "(API: device='cpu')"
         )
     return text
-
-
-def meta_only(exc: BaseException) -> bool:
-    """Whether `exc` is the meta device's own failure (an op without a meta kernel, a value
-    read from a tensor that has none), which real tensors would not meet; PyTorch's meta
-    kernels say so in these words, where an op's check of its shapes fails alike anywhere."""
-    return isinstance(exc, NotImplementedError) or "meta" in str(exc).lower()
 
 
 def kept_tags(func: torch._ops.OpOverload) -> tuple[str, ...]:
