@@ -11,7 +11,8 @@ the number from the committed per-module profile of those two models there
 each patch embedding's `aten::copy_` device time (the only copy its module runs: the forward
 convolution reads a contiguous image) against the trace's bytes of that copy at the profile's
 copy rate. The same run's LayerNorm copies the other way (the stem norm's, NCHW to NHWC) come
-out at the probe's transposed_copy figure, which checks the reading. A row written with --write says where it came from; a probe run replaces it.
+out at the probe's transposed_copy figure, which checks the reading. A row written with --write
+says where it came from; a probe run replaces it.
 
     python benchmarks/hardware/transposed_copy_nchw_from_runs.py [--write]   # --write: the profile
 """
