@@ -1,8 +1,9 @@
 """The command line of a script that derives one memory family's row of a profile (the shipped
 H200 one unless the script names another) from committed measurements until the probe measures
 the family there (`dropout_add_norm_from_bench.py`, `permuted_cat_from_runs.py`,
-`transposed_copy_nchw_from_runs.py`): print the row; with --write, merge it into the profile,
-unless the profile holds a probe measurement of the family (a row without "source")."""
+`transposed_copy_nchw_from_runs.py`, `avg_pool_from_runs.py`): print the row; with --write,
+merge it into the profile, unless the profile holds a probe measurement of the family (a row
+without "source")."""
 
 from __future__ import annotations
 

@@ -35,6 +35,8 @@ NEW = (
     "permuted_cat",
     "transposed_copy",
     "transposed_copy_nchw",
+    "avg_pool",
+    "avg_pool_nchw",
     "roll",
     "grouped_conv_nchw",
     "elementwise_strided",

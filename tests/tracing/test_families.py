@@ -29,6 +29,18 @@ def _family_of(fn, *shapes, name: str, train: bool = True) -> str | None:
         (lambda x: torch.softmax(x, -1), [(8, 64)], "_softmax", "softmax"),
         (lambda x: F.max_pool2d(x, 2), [(2, 3, 8, 8)], "max_pool2d_with_indices", "pool_nchw"),
         (
+            lambda x: F.avg_pool2d(x, 3, 1, 1),
+            [(2, 3, 8, 8)],
+            "avg_pool2d_backward",
+            "avg_pool_nchw",
+        ),
+        (
+            lambda x: F.avg_pool2d(x.contiguous(memory_format=torch.channels_last), 3, 1, 1),
+            [(2, 3, 8, 8)],
+            "avg_pool2d",
+            "avg_pool",
+        ),
+        (
             lambda x: F.max_pool2d(x.contiguous(memory_format=torch.channels_last), 2),
             [(2, 3, 8, 8)],
             "max_pool2d_with_indices",
@@ -96,6 +108,16 @@ def test_the_shipped_h200_profile_carries_measured_efficiencies():
 def test_family_tables_do_not_overlap():
     ops = [op for family in FAMILIES.values() for op in family]
     assert len(ops) == len(set(ops))
+
+
+def test_an_unmeasured_average_pool_is_priced_as_the_max_pool_in_its_layout():
+    """Profiles measured before avg_pool had a family price it as they did (the pool family of
+    its layout); one that measured it, at its own."""
+    pools = {"pool": 0.21, "pool_nchw": 0.19}
+    assert priced_family("avg_pool_nchw", pools) == "pool_nchw"
+    assert priced_family("avg_pool", pools) == "pool"
+    assert priced_family("avg_pool_nchw", {**pools, "avg_pool_nchw": 0.06}) == "avg_pool_nchw"
+    assert priced_family("avg_pool_nchw", {**pools, "avg_pool": 0.1}) == "pool_nchw"
 
 
 def test_an_unmeasured_nchw_family_is_priced_as_its_channels_last_one():

@@ -58,12 +58,18 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "pool": (
         "aten.max_pool2d_with_indices",
         "aten.max_pool2d_with_indices_backward",
-        "aten.avg_pool2d",
-        "aten.avg_pool2d_backward",
         "aten._adaptive_avg_pool2d",
         "aten._adaptive_avg_pool2d_backward",
         "aten.max_pool3d_with_indices",
         "aten.max_pool3d_with_indices_backward",
+    ),
+    # a sliding average (PoolFormer's and EfficientFormer's token mixer: 3x3, stride 1): on an
+    # H100 PyTorch's NCHW kernels ran it at a third of the max pool's rate, backward slower still
+    "avg_pool": (
+        "aten.avg_pool2d",
+        "aten.avg_pool2d_backward",
+        "aten.avg_pool3d",
+        "aten.avg_pool3d_backward",
     ),
     # forward gathers: rows read from a table (an embedding's lookup)
     "gather": ("aten.embedding", "aten.index_select", "aten.gather", "aten.index"),
@@ -105,6 +111,7 @@ INDEX_PUT = frozenset({"aten.index_put", "aten.index_put_", "aten._index_put_imp
 NCHW_VARIANTS = {
     "batch_norm": "batch_norm_nchw",
     "pool": "pool_nchw",
+    "avg_pool": "avg_pool_nchw",
     "fused_max_pool": "fused_max_pool_nchw",  # gpushape's max pool on NCHW input
 }
 NCHW_BASE = {nchw: base for base, nchw in NCHW_VARIANTS.items()}  # NCHW family -> its own
@@ -185,6 +192,8 @@ FALLBACK = {
     PERMUTED_CAT: "permuted_copy",
     TRANSPOSED_TO_NCHW: "transposed_copy",
     CHANNEL_SUM: "reduction",
+    "avg_pool": "pool",  # priced as the max pool, layout kept, until measured
+    "avg_pool_nchw": "pool_nchw",
 }
 # Families from the op's tags, for ops no table above names.
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}

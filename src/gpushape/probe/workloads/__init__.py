@@ -141,6 +141,19 @@ WORKLOADS = (
         "MaxPool2d(3, 2, 1) on 64x64x112x112 NCHW",
         lambda s: _Workload(lambda m, x: F.max_pool2d(x, 3, 2, 1), (_rows(s, 64), 64, 112, 112)),
     ),
+    # a sliding average, PoolFormer's and EfficientFormer's token mixer (3x3, stride 1)
+    *(
+        FamilyWorkload(
+            f"avg_pool{suffix}",
+            f"AvgPool2d(3, 1, 1, count_include_pad=False) on 64x48x56x56 {layout}",
+            lambda s, cl=not suffix: _Workload(
+                lambda m, x: F.avg_pool2d(x, 3, 1, 1, count_include_pad=False),
+                (_rows(s, 64), 48, 56, 56),
+                channels_last=cl,
+            ),
+        )
+        for suffix, layout in (("", "channels_last"), ("_nchw", "NCHW"))
+    ),
     # an embedding's two passes apart: the forward gathers rows, the backward sorts the ids and
     # sums each id's rows into a zeroed table (the gather's forward priced as another op)
     FamilyWorkload(

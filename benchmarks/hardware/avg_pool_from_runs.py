@@ -1,0 +1,75 @@
+"""The avg_pool_nchw family's efficiency on the H100 from per-module kernel times.
+
+EfficientFormer-L1's token mixer is `pool(x) - x` with a 3x3 stride-1 average pool
+(count_include_pad=False), PoolFormer's too: PyTorch's NCHW kernels ran it far below the max
+pool's rate that priced it before (`pool_nchw`, ResNet's 3x3 stride-2 stem pool). The probe
+measures the family (`probe/workloads`: AvgPool2d(3, 1, 1) on 64x48x56x56, NCHW and
+channels_last). Until it runs on the H100, the H100 probe's profile takes the number from the
+committed per-module profile of EfficientFormer-L1 there (correlate-h100/correlate-new.json,
+2026-12-07): every token mixer's `aten::avg_pool2d` and `aten::avg_pool2d_backward` device
+time against the trace's bytes of those ops at the profile's copy rate. The row says where it
+came from; a probe run replaces it.
+
+    python benchmarks/hardware/avg_pool_from_runs.py [--write]   # --write: the profile
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from _family_row import family_row_main  # noqa: E402
+
+from gpushape.models import resolve_model  # noqa: E402
+from gpushape.probe.memory import capped  # noqa: E402
+from gpushape.tracing.cost import op_cost  # noqa: E402
+from gpushape.tracing.families import memory_family  # noqa: E402
+from gpushape.tracing.tracer import trace  # noqa: E402
+
+PROFILE = ROOT / "benchmarks/results/probe-h100/h100-sxm.json"
+RUN = "correlate-h100/correlate-new.json"
+MODEL = "timm:efficientformer_l1"
+FAMILY = "avg_pool_nchw"
+KERNELS = ("aten::avg_pool2d", "aten::avg_pool2d_backward")
+
+
+def row(spec) -> dict:
+    data = json.loads((ROOT / "benchmarks/results" / RUN).read_text())
+    if "H100" not in data["environment"]["gpu"] or spec.name != "h100-sxm":
+        raise SystemExit(f"{RUN}: an H100 run, for the H100 profile")
+    (result,) = [r for r in data["results"] if r["model"] == MODEL]
+    r = resolve_model(MODEL, batch=result["batch"])
+    ops = [op for op in trace(r.model, r.example_inputs, train=True).ops
+           if memory_family(op) == FAMILY]  # fmt: skip
+    modules = sorted({op.module for op in ops})
+    if not modules:
+        raise SystemExit(f"the trace of {MODEL} has no {FAMILY} op")
+    bandwidth = spec.attainable_bandwidth_bytes_per_s()
+    family_s = sum(op_cost(op, spec).min_bytes for op in ops) / bandwidth
+    measured = sum(
+        result["ops"][m]["measured_s"].get(kernel, 0.0) for m in modules for kernel in KERNELS
+    )
+    shape = "x".join(str(n) for n in ops[0].inputs[0].shape)
+    return {
+        "efficiency": capped(family_s, measured),
+        "workload": f"{MODEL.removeprefix('timm:')}'s {len(modules)} token mixers' "
+        f"AvgPool2d(3, 1, 1), forward and backward, NCHW (the first {shape})",
+        "dtype": "bfloat16",
+        "measured_s": measured,
+        "family_roofline_s": family_s,
+        "other_roofline_s": 0.0,
+        "source": f"benchmarks/results/{RUN}, each module's {' and '.join(KERNELS)} device "
+        "time a step (avg_pool_from_runs.py)",
+    }
+
+
+def main() -> None:
+    family_row_main(FAMILY, row, __doc__.splitlines()[0], PROFILE)
+
+
+if __name__ == "__main__":
+    main()
