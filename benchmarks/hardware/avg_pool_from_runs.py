@@ -4,11 +4,13 @@ EfficientFormer-L1's token mixer is `pool(x) - x` with a 3x3 stride-1 average po
 (count_include_pad=False), PoolFormer's too: PyTorch's NCHW kernels ran it far below the max
 pool's rate that priced it before (`pool_nchw`, ResNet's 3x3 stride-2 stem pool). The probe
 measures the family (`probe/workloads`: AvgPool2d(3, 1, 1) on 64x48x56x56, NCHW and
-channels_last). Until it runs on the H100, the H100 probe's profile takes the number from the
-committed per-module profile of EfficientFormer-L1 there (correlate-h100/correlate-new.json,
-2026-12-07): every token mixer's `aten::avg_pool2d` and `aten::avg_pool2d_backward` device
-time against the trace's bytes of those ops at the profile's copy rate. The row says where it
-came from; a probe run replaces it.
+channels_last): on the H100 0.0633 NCHW (2026-12-07, the profile's row since; 0.0475
+channels_last). Before that run the H100 probe's profile took the number from the committed
+per-module profile of EfficientFormer-L1 there (correlate-h100/correlate-new.json), and this
+script derives it still, as a check (0.0603): every token mixer's `aten::avg_pool2d` and
+`aten::avg_pool2d_backward` device time against the trace's bytes of those ops at the
+profile's copy rate. A row written with --write says where it came from; a probe run replaces
+it.
 
     python benchmarks/hardware/avg_pool_from_runs.py [--write]   # --write: the profile
 """
