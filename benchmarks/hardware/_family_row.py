@@ -18,9 +18,27 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from gpushape.hardware.lookup import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
+from gpushape.probe.memory import capped  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
 
 PROFILE = ROOT / "src/gpushape/hardware/profiles/h200-sxm.json"
+
+
+def derived_row(
+    family_s: float, measured_s: float, workload: str, source: str, **extra: Any
+) -> dict:
+    """A profile row as the probe writes one (bf16), for bytes that take `family_s` at the copy
+    rate and took `measured_s`, with where it came from (`source`) and any `extra` fields."""
+    return {
+        "efficiency": capped(family_s, measured_s),
+        "workload": workload,
+        "dtype": "bfloat16",
+        "measured_s": measured_s,
+        "family_roofline_s": family_s,
+        "other_roofline_s": 0.0,
+        **extra,
+        "source": source,
+    }
 
 
 def family_row_main(

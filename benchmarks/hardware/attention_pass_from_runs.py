@@ -27,9 +27,10 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
+from _family_row import derived_row  # noqa: E402
+
 from gpushape.hardware.lookup import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
-from gpushape.probe.memory import capped  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
 from gpushape.tracing.flops.attention import ATTENTION_PASS, backward_passes  # noqa: E402
 from gpushape.tracing.tracer import trace  # noqa: E402
@@ -73,18 +74,15 @@ def row(gpu: str, spec) -> dict:
     measured = sum(found.values()) / calls
     family = model_s(spec, shape)
     b, h, t, d = shape
-    return {
-        "efficiency": capped(family, measured),
-        "workload": f"a fused attention backward's dO . O row sums and dQ conversion, "
-        f"{b}x{h}x{t}x{d} (BERT-base's calls)",
-        "dtype": "bfloat16",
-        "measured_s": measured,
-        "family_roofline_s": family,
-        "other_roofline_s": 0.0,
-        "kernels": [k[:100] for k in found],
-        "source": f"benchmarks/results/{run}, {where[1]!r}: {calls} calls a step "
-        "(torch.profiler kernel times; attention_pass_from_runs.py)",
-    }
+    return derived_row(
+        family,
+        measured,
+        f"a fused attention backward's dO . O row sums and dQ conversion, {b}x{h}x{t}x{d} "
+        "(BERT-base's calls)",
+        f"benchmarks/results/{run}, {where[1]!r}: {calls} calls a step (torch.profiler kernel "
+        "times; attention_pass_from_runs.py)",
+        kernels=[k[:100] for k in found],
+    )
 
 
 def main() -> None:

@@ -24,10 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from _family_row import family_row_main  # noqa: E402
+from _family_row import derived_row, family_row_main  # noqa: E402
 
 from gpushape.models import resolve_model  # noqa: E402
-from gpushape.probe.memory import capped  # noqa: E402
 from gpushape.tracing.cost import op_cost  # noqa: E402
 from gpushape.tracing.families import memory_family  # noqa: E402
 from gpushape.tracing.tracer import trace  # noqa: E402
@@ -56,17 +55,14 @@ def row(spec) -> dict:
         result["ops"][m]["measured_s"].get(kernel, 0.0) for m in modules for kernel in KERNELS
     )
     shape = "x".join(str(n) for n in ops[0].inputs[0].shape)
-    return {
-        "efficiency": capped(family_s, measured),
-        "workload": f"{MODEL.removeprefix('timm:')}'s {len(modules)} token mixers' "
-        f"AvgPool2d(3, 1, 1), forward and backward, NCHW (the first {shape})",
-        "dtype": "bfloat16",
-        "measured_s": measured,
-        "family_roofline_s": family_s,
-        "other_roofline_s": 0.0,
-        "source": f"benchmarks/results/{RUN}, each module's {' and '.join(KERNELS)} device "
-        "time a step (avg_pool_from_runs.py)",
-    }
+    return derived_row(
+        family_s,
+        measured,
+        f"{MODEL.removeprefix('timm:')}'s {len(modules)} token mixers' AvgPool2d(3, 1, 1), "
+        f"forward and backward, NCHW (the first {shape})",
+        f"benchmarks/results/{RUN}, each module's {' and '.join(KERNELS)} device time a step "
+        "(avg_pool_from_runs.py)",
+    )
 
 
 def main() -> None:

@@ -20,9 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from _family_row import family_row_main  # noqa: E402
-
-from gpushape.probe.memory import capped  # noqa: E402
+from _family_row import derived_row, family_row_main  # noqa: E402
 
 RUN = "kernels-h200/bench_dropout_add_norm.json"
 FAMILY = "fused_dropout_add_norm"
@@ -38,17 +36,12 @@ def row(spec) -> dict:
     measured = next(r for r in data["results"] if r["variant"] == VARIANT)["forward+backward us"]
     flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
     family_s = PASSES * m * n * 2 / flat.attainable_bandwidth_bytes_per_s()
-    return {
-        "efficiency": capped(family_s, measured * 1e-6),
-        "workload": f"gpushape dropout_add_layer_norm(p={data['p']}) on {m}x{n} (BERT-base's "
-        "block output)",
-        "dtype": "bfloat16",
-        "measured_s": measured * 1e-6,
-        "family_roofline_s": family_s,
-        "other_roofline_s": 0.0,
-        "source": f"benchmarks/results/{RUN}, {VARIANT!r} forward+backward "
-        "(dropout_add_norm_from_bench.py)",
-    }
+    return derived_row(
+        family_s,
+        measured * 1e-6,
+        f"gpushape dropout_add_layer_norm(p={data['p']}) on {m}x{n} (BERT-base's block output)",
+        f"benchmarks/results/{RUN}, {VARIANT!r} forward+backward (dropout_add_norm_from_bench.py)",
+    )
 
 
 def main() -> None:

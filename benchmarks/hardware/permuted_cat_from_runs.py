@@ -25,10 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from _family_row import family_row_main  # noqa: E402
+from _family_row import derived_row, family_row_main  # noqa: E402
 
 from gpushape.models import resolve_model  # noqa: E402
-from gpushape.probe.memory import capped  # noqa: E402
 from gpushape.tracing.cost import op_cost  # noqa: E402
 from gpushape.tracing.families import PERMUTED_CAT, memory_family  # noqa: E402
 from gpushape.tracing.tracer import trace  # noqa: E402
@@ -57,18 +56,15 @@ def row(spec) -> dict:
     flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
     family_s = sum(op_cost(o, flat).kernel_time_s for o in cats)  # their bytes at the copy rate
     shape = "x".join(str(n) for n in next(t for t in cats[0].inputs if t.numel).shape)
-    return {
-        "efficiency": capped(family_s, measured),
-        "workload": f"GPT-2's key/value cache appends, {len(cats)} cats of {shape} read "
-        f"permuted onto an empty cache (batch {batch} x {seq})",
-        "dtype": "bfloat16",
-        "measured_s": measured,
-        "family_roofline_s": family_s,
-        "other_roofline_s": 0.0,
-        "other_cats_priced_s": others_s,
-        "source": f"benchmarks/results/{RUN}, {VARIANT!r} variant's {KERNEL} kernels a step, "
-        f"less {len(every) - len(cats)} contiguous cats as priced (permuted_cat_from_runs.py)",
-    }
+    return derived_row(
+        family_s,
+        measured,
+        f"GPT-2's key/value cache appends, {len(cats)} cats of {shape} read permuted onto an "
+        f"empty cache (batch {batch} x {seq})",
+        f"benchmarks/results/{RUN}, {VARIANT!r} variant's {KERNEL} kernels a step, less "
+        f"{len(every) - len(cats)} contiguous cats as priced (permuted_cat_from_runs.py)",
+        other_cats_priced_s=others_s,
+    )
 
 
 def main() -> None:

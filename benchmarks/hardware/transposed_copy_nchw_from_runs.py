@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from _family_row import family_row_main  # noqa: E402
+from _family_row import derived_row, family_row_main  # noqa: E402
 
 from gpushape.models import resolve_model  # noqa: E402
 from gpushape.probe.memory import capped  # noqa: E402
@@ -85,17 +85,14 @@ def row(spec) -> dict:
     print(f"the check, the norms' copies into NHWC in the same run: efficiency "
           f"{capped(norm_s, norm_measured):.4f} against the profile's transposed_copy "
           f"{spec.achievable.memory(COPY_FAMILIES['transposed']):.4f}")  # fmt: skip
-    return {
-        "efficiency": capped(family_s, measured),
-        "workload": "the patch embedding's gradient copied into NCHW before cuDNN's backward: "
+    return derived_row(
+        family_s,
+        measured,
+        "the patch embedding's gradient copied into NCHW before cuDNN's backward: "
         + ", ".join(shapes),
-        "dtype": "bfloat16",
-        "measured_s": measured,
-        "family_roofline_s": family_s,
-        "other_roofline_s": 0.0,
-        "source": f"benchmarks/results/{RUN}, each module's {COPY} device time a step "
+        f"benchmarks/results/{RUN}, each module's {COPY} device time a step "
         "(transposed_copy_nchw_from_runs.py)",
-    }
+    )
 
 
 def main() -> None:
