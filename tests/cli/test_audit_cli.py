@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import textwrap
 
@@ -203,3 +204,41 @@ def test_the_optimizer_a_training_step_runs_is_in_the_audit(capsys):
     assert gpu_ms(out) > gpu_ms(without)  # its step's bytes on the GPU's side
     assert main(["audit", "bert-base", "--optimizer", "sgd"]) == 2
     assert "--train" in capsys.readouterr().err
+
+
+def test_a_long_trace_says_how_far_it_has_come(capsys, tmp_path, monkeypatch):
+    """A forward that loops in Python traces every step: past PROGRESS_EVERY ops the audit
+    says so on stderr, then again each time the count doubles (here every 40 ops)."""
+    from gpushape.tracing import recorder
+
+    monkeypatch.setattr(recorder, "PROGRESS_EVERY", 40)
+    path = tmp_path / "loop.py"
+    path.write_text(
+        textwrap.dedent("""
+        import torch
+        from torch import nn
+
+
+        class Scan(nn.Module):
+            def forward(self, x):
+                h = torch.zeros_like(x[:, 0])
+                for t in range(x.shape[1]):  # one step a position, as a reference scan does
+                    h = 0.9 * h + x[:, t]
+                return h
+
+
+        def scan():
+            return Scan(), (torch.randn(2, 64, 8),)
+    """)
+    )
+    assert main(["audit", f"{path}:scan", "--format", "json"]) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "ops so far" in ln]
+    counts = [int(ln.split(": ")[2].split(" ops")[0].replace(",", "")) for ln in lines]
+    assert counts[0] == 40 and "loops in Python" in lines[0] and len(lines) >= 2
+    assert all(b >= 2 * a for a, b in itertools.pairwise(counts))
+    assert "loops in Python" not in "".join(lines[1:])
+
+
+def test_a_short_trace_says_nothing_of_its_progress(capsys, factories):
+    assert main(["audit", f"{factories}:tiny", "--format", "json"]) == 0
+    assert "ops so far" not in capsys.readouterr().err

@@ -227,20 +227,44 @@ def resolve(args: argparse.Namespace):
 def build_report(args: argparse.Namespace):
     """Resolve, trace, cost and audit the model the arguments name: an `audit.report.Report`."""
     from ..auditing.api import audit
+    from ..tracing.recorder import reporting
 
     target, resolved = resolve(args)
-    return audit(
-        resolved.model,
-        resolved.example_inputs,
-        target,
-        dtype=None,
-        train=args.train,
-        optimizer=_optimizer(args, resolved),
-        flags=_flags(args.dtype),
-        name=resolved.name,
-        device=args.device,
-        mode=args.mode,
-    )
+    with reporting(_TraceProgress(resolved.name)):
+        return audit(
+            resolved.model,
+            resolved.example_inputs,
+            target,
+            dtype=None,
+            train=args.train,
+            optimizer=_optimizer(args, resolved),
+            flags=_flags(args.dtype),
+            name=resolved.name,
+            device=args.device,
+            mode=args.mode,
+        )
+
+
+class _TraceProgress:
+    """A line on stderr as a long trace passes 50,000 ops, then each time it doubles."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.next = name, 0
+
+    def __call__(self, ops: int, phase: str) -> None:
+        if ops < self.next:
+            return
+        hint = (
+            ""
+            if self.next
+            else (
+                " (a forward that loops in Python, over a sequence for one, is traced step by step;"
+                " a smaller input traces faster)"
+            )
+        )
+        self.next = 2 * ops
+        print(f"gpushape: tracing {self.name}: {ops:,} ops so far, {phase}{hint}",
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _optimizer(args: argparse.Namespace, resolved):

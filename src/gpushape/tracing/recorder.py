@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -217,6 +218,21 @@ class ModuleStack:
             post.remove()
 
 
+# A trace in `reporting(callback)` calls it with (ops recorded so far, phase) every
+# PROGRESS_EVERY ops: a model that loops in Python over its sequence traces every step.
+PROGRESS_EVERY = 50_000
+_PROGRESS: ContextVar[Callable[[int, str], None] | None] = ContextVar("progress", default=None)
+
+
+@contextlib.contextmanager
+def reporting(callback: Callable[[int, str], None]) -> Iterator[None]:
+    token = _PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
 class Recorder(TorchDispatchMode):
     """Records each aten op that reaches the dispatcher as an `OpRecord`."""
 
@@ -287,6 +303,8 @@ class Recorder(TorchDispatchMode):
             if isinstance(t, torch.Tensor)
         )
         index = len(self.ops)
+        if index and index % PROGRESS_EVERY == 0 and (callback := _PROGRESS.get()) is not None:
+            callback(index, self.phase)
         module, mtype, phase, fwd_index, grad_fn = self._attribution(index)
         self.ops.append(
             OpRecord(
