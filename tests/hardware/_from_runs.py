@@ -12,8 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def derived_and_profile_rows(monkeypatch, script: str, family: str):
     """(the chip's spec with the script's profile applied, the row the script derives, the
-    profile's row of `family`), after checking they agree: equal where the script wrote the
-    row ("source"), within `rel` of the probe's own measurement otherwise."""
+    profile's row of `family`); `assert_agree` checks the two rows."""
     pytest.importorskip("timm")
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "hardware"))
     mod = __import__(script)
@@ -26,6 +25,8 @@ def derived_and_profile_rows(monkeypatch, script: str, family: str):
 
 
 def assert_agree(derived: dict, row: dict, rel: float) -> None:
+    """Equal where the script wrote the profile's row ("source"), within `rel` of the probe's
+    own measurement otherwise."""
     if "source" in row:  # the row the script wrote
         assert row["efficiency"] == pytest.approx(derived["efficiency"], rel=1e-3)
     else:  # the probe's own measurement: the whole-step reading agrees with it

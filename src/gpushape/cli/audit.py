@@ -245,6 +245,12 @@ def build_report(args: argparse.Namespace):
         )
 
 
+_LONG_TRACE = (
+    " (a forward that loops in Python, over a sequence for one, is traced step by step; a"
+    " smaller input traces faster)"
+)
+
+
 class _TraceProgress:
     """A line on stderr as a long trace passes 50,000 ops, then each time it doubles."""
 
@@ -254,14 +260,7 @@ class _TraceProgress:
     def __call__(self, ops: int, phase: str) -> None:
         if ops < self.next:
             return
-        hint = (
-            ""
-            if self.next
-            else (
-                " (a forward that loops in Python, over a sequence for one, is traced step by step;"
-                " a smaller input traces faster)"
-            )
-        )
+        hint = "" if self.next else _LONG_TRACE
         self.next = 2 * ops
         print(f"gpushape: tracing {self.name}: {ops:,} ops so far, {phase}{hint}",
               file=sys.stderr, flush=True)  # fmt: skip
