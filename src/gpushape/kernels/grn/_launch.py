@@ -1,0 +1,246 @@
+"""Launchers of the GRN kernels: the (N, P, C) view of the input, tiles, pixel slices and grids,
+worked out once per signature (a plan), so a call allocates its outputs and launches three
+kernels (forward) or four (backward).
+
+Traffic (S: the bytes of x, equal to those of y, dy and dx; the (N, C) terms are a few KB):
+  forward:  read x (the sums), read x and write y (the scaling)         = 3 S
+  backward: read dy and x (the sums), read dy and x and write dx        = 5 S
+against about 35 S for the eager composition (norm, mean, divide, multiply, addcmul, add and
+their backward ops). CPU tensors take the plain-PyTorch reference (`_reference.py`) unless
+TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from .._dispatch import use_triton
+from .._launch import Launch, aligned
+from ._kernels import (
+    _grn_apply_kernel,
+    _grn_param_grads_kernel,
+    _grn_sample_kernel,
+    _grn_sums_kernel,
+)
+from ._reference import reference_backward, reference_forward
+
+SUMS_TILE = 4096  # elements a sums program reads a step
+APPLY_TILE = 2048  # elements an elementwise program handles
+MAX_BLOCK_C = 64  # channels fastest: channels a tile spans (128 bytes of bf16)
+MAX_BLOCK_P = 256  # pixels fastest: pixels a tile spans
+MIN_BLOCK = 16
+SAMPLE_BLOCK_C = 1024  # channels the per-sample kernel takes a step
+PROGRAMS_PER_SM = 4  # the sums kernel splits the pixels until it has this many programs an SM
+_INT32_LIMIT = 2**31
+_MAX_PLANS = 1024
+
+
+class View(NamedTuple):
+    """x as (N, P, C): sizes, element strides, and which of pixels or channels is contiguous."""
+
+    n: int
+    p: int
+    c: int
+    sn: int
+    sp: int
+    sc: int
+    channels_fastest: bool
+
+
+def dense(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """x as the kernels read it: itself when dense in a layout whose two pixel dims merge into
+    one (an (N, H, W, C) tensor contiguous; an (N, C, H, W) one contiguous or channels_last),
+    else a contiguous copy."""
+    if x.is_contiguous():
+        return x
+    if not channels_last and x.is_contiguous(memory_format=torch.channels_last):
+        return x
+    return x.contiguous()
+
+
+def view(x: torch.Tensor, channels_last: bool) -> View:
+    """The (N, P, C) view of a tensor `dense` returned."""
+    if channels_last:
+        n, h, w, c = x.shape
+        sn, sh, sw, sc = x.stride()
+    else:
+        n, c, h, w = x.shape
+        sn, sc, sh, sw = x.stride()
+    sp = sw if w > 1 else sh
+    return View(n, h * w, c, sn, sp, sc, sc == 1 or c == 1)
+
+
+def _pow2(n: int) -> int:
+    return max(MIN_BLOCK, 1 << max(0, n - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # Triton's interpreter: a few slices, so the split path is tested
+
+
+def _tile(v: View, elems: int) -> tuple[int, int]:
+    """(BLOCK_P, BLOCK_C): the contiguous axis first, up to its cap, the other filling the tile."""
+    if v.channels_fastest:
+        block_c = min(_pow2(v.c), MAX_BLOCK_C)
+        return min(_pow2(v.p), max(MIN_BLOCK, elems // block_c)), block_c
+    block_p = min(_pow2(v.p), MAX_BLOCK_P)
+    return block_p, min(_pow2(v.c), max(MIN_BLOCK, elems // block_p))
+
+
+class Plan(NamedTuple):
+    sums: Launch
+    sample: Launch
+    apply: Launch
+    grads: Launch | None  # backward only
+    p_per_split: int
+    splits: int
+
+
+_PLANS: dict[tuple, Plan] = {}
+
+
+def plan(backward: bool, v: View, dtype: torch.dtype, device: torch.device) -> Plan:
+    """The cached launches of one direction for this view, dtype and device."""
+    key = (backward, v, dtype, device)
+    found = _PLANS.get(key)
+    if found is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        found = _PLANS[key] = _build(backward, v, dtype, device)
+    return found
+
+
+def _build(backward: bool, v: View, dtype: torch.dtype, device: torch.device) -> Plan:
+    fp64 = dtype == torch.float64
+    wide = v.n * v.p * v.c >= _INT32_LIMIT
+    block_p, block_c = _tile(v, SUMS_TILE)
+    programs = v.n * -(-v.c // block_c)
+    slices = -(-v.p // block_p)
+    wanted = -(-PROGRAMS_PER_SM * _sm_count(device) // max(programs, 1))
+    splits = max(1, min(wanted, slices))
+    p_per_split = -(-slices // splits) * block_p
+    splits = -(-v.p // p_per_split)
+    sums = Launch(
+        _grn_sums_kernel,
+        (programs, splits),
+        dict(
+            BACKWARD=backward,
+            ACC_FP64=fp64,
+            BLOCK_P=block_p,
+            BLOCK_C=block_c,
+            WIDE=wide,
+            num_warps=8,
+        ),
+    )
+    sample_c = min(_pow2(v.c), SAMPLE_BLOCK_C)
+    sample = Launch(
+        _grn_sample_kernel,
+        v.n,
+        dict(BACKWARD=backward, ACC_FP64=fp64, BLOCK_C=sample_c, num_warps=4),
+    )
+    ap, ac = _tile(v, APPLY_TILE)
+    apply = Launch(
+        _grn_apply_kernel,
+        v.n * -(-v.p // ap) * -(-v.c // ac),
+        dict(
+            BACKWARD=backward,
+            ACC_FP64=fp64,
+            BLOCK_P=ap,
+            BLOCK_C=ac,
+            CHANNELS_FASTEST=v.channels_fastest,
+            WIDE=wide,
+            num_warps=4,
+        ),
+    )
+    grads = None
+    if backward:
+        grads = Launch(
+            _grn_param_grads_kernel,
+            -(-v.c // sample_c),
+            dict(ACC_FP64=fp64, BLOCK_C=sample_c, num_warps=4),
+        )
+    return Plan(sums, sample, apply, grads, p_per_split, splits)
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def grn_forward(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, channels_last: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, g): y in x's dtype and layout, g (N, C) the per-channel L2 norms over the pixels in
+    float32 (float64), which the backward reads. weight and bias: contiguous (C,)."""
+    x = dense(x, channels_last)
+    if not use_triton(x):
+        return reference_forward(x, weight, bias, eps, channels_last)
+    v = view(x, channels_last)
+    acc = _acc(x.dtype)
+    y = torch.empty_like(x)
+    if v.n * v.c == 0:
+        return y, torch.empty((v.n, v.c), dtype=acc, device=x.device)
+    g = torch.empty((v.n, v.c), dtype=acc, device=x.device)
+    scale = torch.empty_like(g)
+    if v.p == 0:  # no pixels: g = 0, y empty
+        return y, g.zero_()
+    p = plan(False, v, x.dtype, x.device)
+    ws = torch.empty((1, p.splits, v.n, v.c), dtype=acc, device=x.device)
+    p.sums(aligned(x, ws), x, x, ws, v.n, v.p, v.c, v.sn, v.sp, v.sc, p.p_per_split, p.splits)
+    p.sample(
+        aligned(ws, g, weight, scale), ws, g, weight, scale, scale, scale, v.n, v.c, p.splits, eps
+    )
+    p.apply(aligned(x, y, scale, bias), x, x, y, scale, scale, bias, v.p, v.c, v.sn, v.sp, v.sc)
+    return y, g
+
+
+def grn_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    g: torch.Tensor,
+    eps: float,
+    channels_last: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx in x's dtype and layout, dweight, dbias in weight's dtype, shape (C,))."""
+    x = dense(x, channels_last)
+    if dy.stride() != x.stride():
+        dy = torch.empty_like(x).copy_(dy)
+    if not use_triton(x):
+        return reference_backward(dy, x, weight, eps, channels_last)
+    v = view(x, channels_last)
+    dx = torch.empty_like(x)
+    dw = torch.empty_like(weight)
+    db = torch.empty_like(weight)
+    if v.n * v.c * v.p == 0:  # nothing to sum: zero parameter gradients
+        return dx, dw.zero_(), db.zero_()
+    acc = _acc(x.dtype)
+    p = plan(True, v, x.dtype, x.device)
+    ws = torch.empty((2, p.splits, v.n, v.c), dtype=acc, device=x.device)
+    scale = torch.empty((v.n, v.c), dtype=acc, device=x.device)
+    coef = torch.empty_like(scale)
+    parts = torch.empty((2, v.n, v.c), dtype=acc, device=x.device)
+    p.sums(aligned(x, dy, ws), x, dy, ws, v.n, v.p, v.c, v.sn, v.sp, v.sc, p.p_per_split, p.splits)
+    p.sample(
+        aligned(ws, g, weight, scale, coef, parts),
+        ws,
+        g,
+        weight,
+        scale,
+        coef,
+        parts,
+        v.n,
+        v.c,
+        p.splits,
+        eps,
+    )
+    p.apply(
+        aligned(dy, x, dx, scale, coef), dy, x, dx, scale, coef, scale, v.p, v.c, v.sn, v.sp, v.sc
+    )
+    p.grads(aligned(parts, dw, db), parts, dw, db, v.n, v.c)
+    return dx, dw, db
