@@ -19,6 +19,7 @@ from .models import (
     Attention,
     ConvBN,
     GeluMLP,
+    GRNMLP,
     ManyTiny,
     MLPStack,
     NormThen,
@@ -136,6 +137,12 @@ CASES: dict[str, Case] = {
         fires=Side(lambda: build(NormThen, act_after_norm=True), lambda: (meta(8, 512, 1024),)),
         twin=Side(lambda: build(NormThen, act_after_norm=False), lambda: (meta(8, 512, 1024),)),
         module="norm",
+    ),
+    # ConvNeXt-V2's MLP with PyTorch's GRN against the same with gpushape's kernels
+    "unfused-grn": Case(
+        fires=Side(lambda: build(GRNMLP), lambda: (meta(64, 56, 56, 96),)),
+        twin=Side(lambda: build(GRNMLP, fused=True), lambda: (meta(64, 56, 56, 96),)),
+        module="grn",
     ),
     # torch's max pool against gpushape's kernel in the same stem
     "slow-max-pool": Case(

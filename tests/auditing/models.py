@@ -294,3 +294,33 @@ class ManyOpsRmsNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
         return self.weight * h.to(x.dtype)
+
+
+class GlobalResponseNorm(nn.Module):
+    """timm's GlobalResponseNorm (channels last), written out: what unfused-grn looks for."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.eps = 1e-6
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        x_g = x.norm(p=2, dim=(1, 2), keepdim=True)
+        x_n = x_g / (x_g.mean(dim=-1, keepdim=True) + self.eps)
+        return x + torch.addcmul(self.bias, self.weight, x * x_n)
+
+
+class GRNMLP(nn.Module):
+    """ConvNeXt-V2's MLP over (N, H, W, C): Linear, GELU, GRN, Linear; `fused`: gpushape's GRN."""
+
+    def __init__(self, width: int = 96, fused: bool = False):
+        super().__init__()
+        from gpushape.kernels import GlobalResponseNorm as Fused
+
+        self.fc1, self.act = nn.Linear(width, 4 * width), nn.GELU()
+        self.grn = (Fused if fused else GlobalResponseNorm)(4 * width)
+        self.fc2 = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return self.fc2(self.grn(self.act(self.fc1(x))))

@@ -37,6 +37,7 @@ def test_rule_ids_are_designs_table():
         "materialized-attention-mask",
         "kv-cache-in-training",
         "slow-max-pool",
+        "unfused-grn",
         "slow-stem",
         "launch-bound",
         "wave-quantization",

@@ -34,6 +34,8 @@ FIXES: dict[str, str] = {
     "positions, those that carry a label first (the logits then hold those rows)",
     "fast-max-pool": "replace nn.MaxPool2d with gpushape's max-pool kernel, whose backward reads "
     "a 1-byte window position instead of PyTorch's int64 index (gpushape.kernels.MaxPool2d)",
+    "fuse-grn": "replace a global response norm (ConvNeXt-V2's GRN, timm or Hugging Face) with "
+    "gpushape's kernels: 3 passes over the tensor forward and 5 backward (same Parameters)",
     "s2d-stem": "compute a strided convolution on few input channels (an RGB stem) as a "
     "stride-1 convolution over its input folded into the channels (space-to-depth; same "
     "Parameters)",

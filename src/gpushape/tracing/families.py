@@ -205,6 +205,7 @@ FUSED = (
     "fused_softmax_dropout",
     "fused_max_pool",
     "fused_dropout_add_norm",  # no rule proposes it yet: its fix is applied by name
+    "fused_grn",
 )
 # ... and the same kernels where a model already runs them (an optimized model's trace records
 # their custom ops, one op a pass, as torch.compile and CUDA graphs see them).
@@ -224,6 +225,8 @@ KERNEL_FAMILIES = {
     "gpushape.softmax_dropout_bwd": "fused_softmax_dropout",
     "gpushape.max_pool2d": "fused_max_pool",
     "gpushape.max_pool2d_backward": "fused_max_pool",
+    "gpushape.global_response_norm": "fused_grn",
+    "gpushape.global_response_norm_backward": "fused_grn",
 }
 # Not a kernel family: the efficiency of a LayerNorm backward's weight-gradient kernel where it
 # runs one block per 32 columns, against an SM's share of the copy rate (tracing/norm_grads.py).

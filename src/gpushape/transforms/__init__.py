@@ -6,6 +6,7 @@
 One transform per file, registered under the fix id findings name (`auditing/fixes.py`):
 `channels_last.py` (channels-last), `fuse_norm_act.py` (fuse-norm-act), `pad_channels.py`
 (pad-channels), `sdpa.py` (sdpa: the libraries' eager attention switched to SDPA),
+`fuse_grn.py` (fuse-grn: ConvNeXt-V2's GRN on gpushape's kernels),
 `activation_checkpoint.py` (recompute what a memory budget asks, at the least time),
 `autocast.py` (autocast-bf16: the forward under torch.autocast, parameters float32). `_core.py`
 holds the registry, `Change`/`Refusal` and the undo log; `_verify.py` the numeric gate a

@@ -125,6 +125,7 @@ def load_transforms() -> dict[str, TransformInfo]:
         fast_max_pool,
         fuse_activation,
         fuse_dropout_add_norm,
+        fuse_grn,
         fuse_norm_act,
         fuse_qkv,
         graph_layers,

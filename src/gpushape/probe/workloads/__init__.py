@@ -311,6 +311,13 @@ WORKLOADS = (
         lambda s: _fused("max_pool", s),
         passes=2.75,
     ),
+    # fwd: read x twice (the sums, then the scaling), write y; bwd: read dy and x twice, write dx
+    FamilyWorkload(
+        "fused_grn",
+        "gpushape GlobalResponseNorm(384) on 64x56x56x384 (ConvNeXt-V2-T's first stage), training",
+        lambda s: _fused("grn", s),
+        passes=8,
+    ),
     # not a kernel family: NCHW convolutions' loss against channels_last (probe/convs.py)
     FamilyWorkload(
         "nchw_conversion",

@@ -48,7 +48,13 @@ def _side(scale: float, full: int) -> int:
 
 
 def _fused(kind: str, scale: float) -> nn.Module:
-    from ...kernels import BatchNormAct2d, LayerNormGELU, MaxPool2d, SoftmaxDropout
+    from ...kernels import (
+        BatchNormAct2d,
+        GlobalResponseNorm,
+        LayerNormGELU,
+        MaxPool2d,
+        SoftmaxDropout,
+    )
     from ...kernels import dropout_add_layer_norm as dal
 
     if kind == "norm_act":
@@ -74,6 +80,11 @@ def _fused(kind: str, scale: float) -> nn.Module:
             shape,
             channels_last=True,
             modules={"op": MaxPool2d(3, 2, 1)},
+        )
+    if kind == "grn":  # ConvNeXt-V2-Tiny's first-stage GRN: the MLP's 4x width, channels last
+        shape = (max(int(64 * scale), 2), _side(scale, 56), _side(scale, 56), 384)
+        return _Workload(
+            lambda m, x: m.layers["op"](x), shape, modules={"op": GlobalResponseNorm(384)}
         )
     if kind == "dropout_add_norm":  # BERT-base's block output at 32 x 512 tokens
         norm = nn.LayerNorm(768, eps=1e-12)

@@ -158,3 +158,22 @@ def nll_loss(rec: OpRecord) -> OpWork:
 def nll_loss_backward(rec: OpRecord) -> OpWork:
     """Writes the whole gradient (zeros but one per row); reads targets, not the input."""
     return OpWork(flops=rec.input("target").numel, min_bytes=io_bytes(rec, skip=("self",)))
+
+
+@register_formula("gpushape.global_response_norm")
+def global_response_norm(rec: OpRecord) -> OpWork:
+    """gpushape's GRN forward (kernels/grn): the per-channel sums of squares over the pixels,
+    then y = x * scale + bias: x read twice, three kernels. 4 FLOPs an element (square, add;
+    multiply, add)."""
+    x = rec.inputs[0]
+    return OpWork(flops=4 * x.numel, min_bytes=io_bytes(rec), kernels=3, reread_bytes=x.nbytes)
+
+
+@register_formula("gpushape.global_response_norm_backward")
+def global_response_norm_backward(rec: OpRecord) -> OpWork:
+    """Its backward: the sums of dy * x and dy, then dx = dy * scale + x * coef: dy and x read
+    twice, four kernels (the last adds the samples' parameter-gradient terms). 6 FLOPs an
+    element."""
+    dy, x = rec.inputs[0], rec.inputs[1]
+    reread = dy.nbytes + x.nbytes
+    return OpWork(flops=6 * x.numel, min_bytes=io_bytes(rec), kernels=4, reread_bytes=reread)
