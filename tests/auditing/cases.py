@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from gpushape.auditing.context import BackendFlags
 
 from .models import (
+    GRNMLP,
     Attention,
     ConvBN,
     GeluMLP,
-    GRNMLP,
     ManyTiny,
     MLPStack,
     NormThen,
