@@ -12,6 +12,7 @@ from gpushape.kernels import (
     AddLayerNorm,
     BatchNormAct2d,
     FusedQKV,
+    GlobalResponseNorm,
     LayerNormGELU,
     RMSNorm,
     SoftmaxDropout,
@@ -164,6 +165,40 @@ class SmallResNet(nn.Module):
         h = self.act(self.bn1(self.stem(x.contiguous(memory_format=torch.channels_last))))
         h = self.act(self.bn2(self.conv(h), h))
         return self.head(h.mean((2, 3)))
+
+
+class _TorchGRN(nn.Module):
+    """timm's GlobalResponseNorm (channels last) as PyTorch ops: weight and bias zeros."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.zeros(dim)), nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x_g = x.norm(p=2, dim=(1, 2), keepdim=True)
+        x_n = x_g / (x_g.mean(dim=-1, keepdim=True) + 1e-6)
+        return x + torch.addcmul(self.bias, self.weight, x * x_n)
+
+
+class GRNConvNet(nn.Module):
+    """A convolution stem, then ConvNeXt-V2's MLP over (N, H, W, C): Linear, GELU, GRN,
+    Linear; a linear classifier over every pixel (the labels are a linear map of the image).
+    fused: gpushape's GRN."""
+
+    def __init__(
+        self, fused: bool, channels: int = 12, hidden: int = 24, classes: int = 4, size: int = 8
+    ):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.fc1, self.act = nn.Linear(channels, hidden), nn.GELU()
+        self.grn = GlobalResponseNorm(hidden) if fused else _TorchGRN(hidden)
+        self.fc2 = nn.Linear(hidden, channels)
+        self.head = nn.Linear(channels * size * size, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.stem(x).permute(0, 2, 3, 1)
+        h = h + self.fc2(self.grn(self.act(self.fc1(h))))
+        return self.head(h.flatten(1))
 
 
 class SoftmaxThenDropout(nn.Module):

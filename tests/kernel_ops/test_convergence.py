@@ -27,6 +27,7 @@ from ._convergence import ConvergenceCase, compare, fall
 from ._convergence_models import (
     CausalSelfAttention,
     GQAttention,
+    GRNConvNet,
     NormGeluMLP,
     ResidualNormStack,
     RMSNormBlock,
@@ -154,6 +155,14 @@ CASES = [
         F.mse_loss,
         sgd,
         kernel_state=("qkv.weight",),
+    ),
+    ConvergenceCase(
+        "global_response_norm",  # weight and bias start at zero, as timm's do
+        GRNConvNet,
+        image_classification,
+        F.cross_entropy,
+        sgd,
+        kernel_state=("grn.weight", "grn.bias"),
     ),
     ConvergenceCase(
         "fused_qkv",  # grouped-query: 2 query heads share 1 key/value head

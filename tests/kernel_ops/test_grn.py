@@ -6,6 +6,8 @@ pin the plain-PyTorch reference path unset it. GPU lane: test_grn_gpu.py.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -204,9 +206,36 @@ def test_meta_tensors_take_the_custom_op():
     assert x.grad.shape == x.shape and w.grad.shape == (8,)
 
 
-def test_custom_op_opcheck(interpret):
+@pytest.mark.parametrize("path", ["interpreter", "reference"])
+def test_custom_op_opcheck(path, monkeypatch):
+    """The fake implementations give the real op's shapes and strides, also where the input
+    is dense but copied first (NCHW memory viewed as NHWC; NHWC in channels_last memory)."""
+    if path == "reference":
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    elif not (os.environ.get("TRITON_INTERPRET") == "1"):
+        pytest.skip("set TRITON_INTERPRET=1 to run Triton kernels on the CPU")
     x, w, b = (t.detach() for t in make_case(2, 3, 4, 5, torch.float32, "nhwc"))
-    torch.library.opcheck(grn_op, (x, w, b, 1e-6, True))
+    inputs = {
+        "nhwc": (x, True),
+        "permuted": (torch.randn(2, 5, 3, 4).permute(0, 2, 3, 1), True),
+        "nhwc_in_cl_memory": (x.contiguous(memory_format=torch.channels_last), True),
+        "nchw_cl": (torch.randn(2, 5, 3, 4).contiguous(memory_format=torch.channels_last), False),
+    }
+    for name, (xi, cl) in inputs.items():
+        torch.library.opcheck(grn_op, (xi, w, b, 1e-6, cl)), name
+
+
+def test_parameters_in_another_dtype(interpret):
+    """bf16 x with float32 weight and bias (autocast's parameters): y in x's dtype, the
+    parameter gradients in theirs."""
+    x, w, b = make_case(2, 3, 4, 6, torch.bfloat16, "nhwc")
+    w32, b32 = (t.detach().float().requires_grad_() for t in (w, b))
+    y = global_response_norm(x, w32, b32)
+    assert y.dtype == torch.bfloat16
+    y.backward(torch.randn_like(y))
+    assert w32.grad.dtype == b32.grad.dtype == torch.float32
+    want = torch_grn(x.detach().float(), w32.detach(), b32.detach())
+    torch.testing.assert_close(y.float(), want, rtol=2e-2, atol=2e-2)
 
 
 def test_compile_fullgraph_matches_eager(interpret):

@@ -50,15 +50,26 @@ class View(NamedTuple):
     channels_fastest: bool
 
 
-def dense(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    """x as the kernels read it: itself when dense in a layout whose two pixel dims merge into
-    one (an (N, H, W, C) tensor contiguous; an (N, C, H, W) one contiguous or channels_last),
-    else a contiguous copy."""
+def takes_as_is(x: torch.Tensor, channels_last: bool) -> bool:
+    """Whether the kernels read x where it lies: dense in a layout whose two pixel dims merge
+    into one (an (N, H, W, C) tensor contiguous; an (N, C, H, W) one contiguous or
+    channels_last). y and dx then take x's strides; other inputs are copied contiguous first."""
     if x.is_contiguous():
-        return x
-    if not channels_last and x.is_contiguous(memory_format=torch.channels_last):
-        return x
-    return x.contiguous()
+        return True
+    return not channels_last and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def dense(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """x as the kernels read it: itself where `takes_as_is`, else a contiguous copy."""
+    return x if takes_as_is(x, channels_last) else x.contiguous()
+
+
+def empty_out(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """An uninitialised tensor shaped and laid out as the kernels write y (or dx) for x: what
+    the custom ops' fake implementations return too."""
+    if takes_as_is(x, channels_last):
+        return torch.empty_like(x)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 def view(x: torch.Tensor, channels_last: bool) -> View:
@@ -105,9 +116,17 @@ class Plan(NamedTuple):
 _PLANS: dict[tuple, Plan] = {}
 
 
-def plan(backward: bool, v: View, dtype: torch.dtype, device: torch.device) -> Plan:
-    """The cached launches of one direction for this view, dtype and device."""
-    key = (backward, v, dtype, device)
+def plan(
+    backward: bool,
+    v: View,
+    dtype: torch.dtype,
+    device: torch.device,
+    param_dtypes: tuple[torch.dtype, ...] = (),
+) -> Plan:
+    """The cached launches of one direction for this view, x's dtype, the parameters' dtypes
+    (the compiled launchers are called directly: each pointer's dtype is part of the key) and
+    device."""
+    key = (backward, v, dtype, device, param_dtypes)
     found = _PLANS.get(key)
     if found is None:
         if len(_PLANS) >= _MAX_PLANS:
@@ -189,7 +208,7 @@ def grn_forward(
     scale = torch.empty_like(g)
     if v.p == 0:  # no pixels: g = 0, y empty
         return y, g.zero_()
-    p = plan(False, v, x.dtype, x.device)
+    p = plan(False, v, x.dtype, x.device, (weight.dtype, bias.dtype))
     ws = torch.empty((1, p.splits, v.n, v.c), dtype=acc, device=x.device)
     p.sums(aligned(x, ws), x, x, ws, v.n, v.p, v.c, v.sn, v.sp, v.sc, p.p_per_split, p.splits)
     p.sample(
@@ -220,7 +239,7 @@ def grn_backward(
     if v.n * v.c * v.p == 0:  # nothing to sum: zero parameter gradients
         return dx, dw.zero_(), db.zero_()
     acc = _acc(x.dtype)
-    p = plan(True, v, x.dtype, x.device)
+    p = plan(True, v, x.dtype, x.device, (weight.dtype, dy.dtype))
     ws = torch.empty((2, p.splits, v.n, v.c), dtype=acc, device=x.device)
     scale = torch.empty((v.n, v.c), dtype=acc, device=x.device)
     coef = torch.empty_like(scale)

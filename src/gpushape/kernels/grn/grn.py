@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._dispatch import check_float, check_same_device, eager_path, functorch_active
-from ._launch import grn_backward, grn_forward
+from ._launch import empty_out, grn_backward, grn_forward
 from ._reference import reference_forward
 
 __all__ = ["GlobalResponseNorm", "global_response_norm"]
@@ -55,7 +55,7 @@ def _norms_like(x: Tensor, channels_last: bool) -> Tensor:
 
 @grn_op.register_fake
 def _(x, weight, bias, eps, channels_last):
-    return torch.empty_like(x), _norms_like(x, channels_last)
+    return empty_out(x, channels_last), _norms_like(x, channels_last)
 
 
 @torch.library.custom_op("gpushape::global_response_norm_backward", mutates_args=())
@@ -68,7 +68,7 @@ def grn_backward_op(
 
 @grn_backward_op.register_fake
 def _(dy, x, weight, g, eps, channels_last):
-    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
+    return empty_out(x, channels_last), torch.empty_like(weight), torch.empty_like(weight)
 
 
 def _setup_context(ctx, inputs, output):
