@@ -36,6 +36,7 @@ from gpushape.kernels import (
     add_layer_norm,
     batch_norm_act,
     dropout_add_layer_norm,
+    global_response_norm,
     layer_norm_gelu,
     max_pool2d,
     rms_norm,
@@ -228,8 +229,45 @@ def _pool(dev):
     }
 
 
+def _grn_ref(x, w, b, channels_last: bool):
+    """timm's GlobalResponseNorm.forward on plain tensors."""
+    dims, cdim, shape = ((1, 2), -1, (1, 1, 1, -1)) if channels_last else ((2, 3), 1, (1, -1, 1, 1))
+    x_g = x.norm(p=2, dim=dims, keepdim=True)
+    x_n = x_g / (x_g.mean(dim=cdim, keepdim=True) + 1e-6)
+    return x + torch.addcmul(b.view(shape), w.view(shape), x * x_n)
+
+
+def _grn(dev):
+    """Channels off every tile, pixels split over several programs, both layouts."""
+
+    def case(shape: tuple[int, ...], channels_last: bool, cl_memory: bool) -> Callable[[], float]:
+        def run() -> float:
+            x = _leaf(*shape, device=dev, channels_last=cl_memory)
+            c = shape[3] if channels_last else shape[1]
+            w, b = _leaf(c, device=dev), _leaf(c, device=dev)
+            return _run(
+                lambda x, w, b: global_response_norm(x, w, b, 1e-6, channels_last),
+                lambda x, w, b: _grn_ref(x, w, b, channels_last),
+                [x, w, b],
+            )
+
+        return run
+
+    return {
+        "global_response_norm nhwc 2x31x33x67": case((2, 31, 33, 67), True, False),
+        "global_response_norm nchw 3x70x9x11": case((3, 70, 9, 11), False, False),
+        "global_response_norm nchw channels_last 2x65x7x5": case((2, 65, 7, 5), False, True),
+    }
+
+
 def cases(device: str) -> dict[str, Callable[[], float]]:
-    return {**_bn(device), **_norms(device), **_attention(device), **_pool(device)}
+    return {
+        **_bn(device),
+        **_norms(device),
+        **_attention(device),
+        **_pool(device),
+        **_grn(device),
+    }
 
 
 def main() -> None:

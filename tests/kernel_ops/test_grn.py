@@ -212,7 +212,7 @@ def test_custom_op_opcheck(path, monkeypatch):
     is dense but copied first (NCHW memory viewed as NHWC; NHWC in channels_last memory)."""
     if path == "reference":
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    elif not (os.environ.get("TRITON_INTERPRET") == "1"):
+    elif os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("set TRITON_INTERPRET=1 to run Triton kernels on the CPU")
     x, w, b = (t.detach() for t in make_case(2, 3, 4, 5, torch.float32, "nhwc"))
     inputs = {
