@@ -144,3 +144,30 @@ def test_no_grn_no_finding():
         model = timm.create_model("convnext_atto").to(torch.bfloat16)  # ConvNeXt (v1): no GRN
     x = torch.empty(8, 3, 224, 224, dtype=torch.bfloat16, device="meta")
     assert not any(f.rule == "unfused-grn" for f in audit(model, (x,), "h200", train=True).findings)
+
+
+def test_hugging_face_convnextv2_model():
+    """transformers' ConvNextV2 built small on the CPU: every GRN swapped and checked, the
+    checkpoint unchanged both ways, the audit's finding gone, revert exact."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ConvNextV2Config(
+        depths=[1, 1, 1, 1], hidden_sizes=[16, 24, 32, 40], num_labels=5, image_size=64
+    )
+    torch.manual_seed(0)
+    model = transformers.ConvNextV2ForImageClassification(cfg)
+    for m in model.modules():
+        if type(m).__name__ == "ConvNextV2GRN":
+            nn.init.normal_(m.weight), nn.init.normal_(m.bias)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 3, 64, 64)
+    optimized, report = optimize(
+        model, (x,), gpu="h200", dtype=torch.float32, transforms=["fuse-grn"]
+    )
+    assert len(report.applied) == 4 and report.verified["fuse-grn"].passed
+    assert all(type(c.module) is str and c.module.endswith(".grn") for c in report.applied)
+    sd = optimized.state_dict()
+    assert sd.keys() == original.keys() and all(torch.equal(sd[k], v) for k, v in original.items())
+    assert not any(f.rule == "unfused-grn" for f in report.after.findings)
+    assert any(f.rule == "unfused-grn" for f in report.before.findings)
+    restored = revert(optimized)
+    assert all(type(m).__name__ != "GlobalResponseNorm" for m in restored.modules())

@@ -1,8 +1,9 @@
 """Real timm models through `gpushape.optimize` on the CPU, built small with pretrained=False:
 a ResNet (timm's Bottleneck, ResNet-50's block: BatchNorm2d -> ReLU, and BatchNorm2d ->
 residual add -> ReLU), MobileNetV3 (depthwise convolutions, squeeze-excite, timm's own
-BatchNormAct2d with ReLU and Hardswish) and a ViT (timm's `fused_attn` switch, a width that
-misses the tensor-core alignment).
+BatchNormAct2d with ReLU and Hardswish), a ViT (timm's `fused_attn` switch, a width that
+misses the tensor-core alignment) and ConvNeXt-V2 (its GRN over channels-last and over NCHW
+tensors, weights drawn at random: timm's are zeros, which would make it the identity).
 
 For each, with the transforms that run on the CPU: every applied transform passes the numeric
 gate in training (outputs and every original parameter's gradient, `transforms/_verify.py`) and
@@ -13,10 +14,11 @@ no longer raises what was fixed, including what timm writes its own way (timm's 
 subclass, its drop_block Identity between norm and activation, 1x1 squeeze-excite convolutions
 whose weights are contiguous both ways).
 
-The ResNet's fused BatchNorms run as CI runs every kernel on the CPU, in Triton's interpreter
-(with TRITON_INTERPRET=1); the other models' run their plain-PyTorch reference, as without
-TRITON_INTERPRET: in the interpreter MobileNetV3's 23 fused BatchNorms alone take about 45 s, and
-tests/kernel_ops checks the ReLU and Hardswish kernels in the interpreter on their own.
+The ResNet's fused BatchNorms and ConvNeXt-V2's GRNs run as CI runs every kernel on the CPU, in
+Triton's interpreter (with TRITON_INTERPRET=1); the other models' run their plain-PyTorch
+reference, as without TRITON_INTERPRET: in the interpreter MobileNetV3's 23 fused BatchNorms
+alone take about 45 s, and tests/kernel_ops checks the ReLU and Hardswish kernels in the
+interpreter on their own.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ except Exception as exc:  # not installed, or its torchvision does not import wi
 
 # Every module-level transform that runs on the CPU (activation-checkpoint needs a budget).
 CPU_TRANSFORMS = ["pad-channels", "fuse-qkv", "sdpa", "fuse-activation", "fuse-norm-act",
-                  "channels-last"]  # fmt: skip
+                  "fuse-grn", "channels-last"]  # fmt: skip
 # name -> (timm model, create_model options, image size, transforms that must apply)
 MODELS = {
     "resnet": (
@@ -63,9 +65,28 @@ MODELS = {
         32,
         {"pad-channels", "sdpa", "fuse-norm-act", "channels-last"},
     ),
+    # ConvNeXt-V2: depthwise convolutions, GRN in the MLP over (N, H, W, C) (conv_mlp=False,
+    # as ConvNeXt-V2-Tiny and up) and over (N, C, H, W) (conv_mlp=True, as atto to nano)
+    "convnextv2": (
+        "convnextv2_atto",
+        dict(depths=(1, 1, 1, 1), dims=(16, 24, 32, 40), conv_mlp=False),
+        64,
+        {"fuse-grn", "channels-last"},
+    ),
+    "convnextv2-conv-mlp": (
+        "convnextv2_atto",
+        dict(depths=(1, 1, 1, 1), dims=(16, 24, 32, 40), conv_mlp=True),
+        64,
+        {"fuse-grn", "channels-last"},
+    ),
 }
+KERNELS_INTERPRETED = ("resnet", "convnextv2", "convnextv2-conv-mlp")
 # The finding each transform clears.
-RULE_OF = {"fuse-norm-act": "unfused-norm-act", "channels-last": "nchw-conv"}
+RULE_OF = {
+    "fuse-norm-act": "unfused-norm-act",
+    "channels-last": "nchw-conv",
+    "fuse-grn": "unfused-grn",
+}
 
 
 def _build(name: str, batch: int = 2, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
@@ -76,6 +97,9 @@ def _build(name: str, batch: int = 2, seed: int = 0) -> tuple[nn.Module, torch.T
         for module in model.modules():
             if hasattr(module, "fused_attn"):
                 module.fused_attn = False
+    for module in model.modules():  # GRN: trained-like weights, not timm's zeros
+        if type(module).__name__ == "GlobalResponseNorm":
+            nn.init.normal_(module.weight), nn.init.normal_(module.bias)
     return model, torch.randn(batch, 3, size, size)
 
 
@@ -105,7 +129,9 @@ def _saving(report, rule: str) -> float:
 
 @pytest.mark.parametrize("name", MODELS)
 def test_optimized_checked_same_checkpoint_idempotent_and_reverted(name, monkeypatch):
-    if name != "resnet":  # the kernels' reference; TRITON_INTERPRET itself stays as it is:
+    if (
+        name not in KERNELS_INTERPRETED
+    ):  # the kernels' reference; TRITON_INTERPRET itself stays as it is:
         # Triton reads it when a kernel module is imported, and a kernel imported without it
         # would fail under the interpreter in the tests that follow in this process
         monkeypatch.setattr(_dispatch, "interpreting", lambda: False)
