@@ -70,6 +70,11 @@ def test_pixel_slices(interpret):
     gate(x, w, b, True)
 
 
+def test_many_samples(interpret):
+    """More samples than the parameter-gradient kernel sums a step (64)."""
+    gate(*make_case(70, 2, 3, 5, torch.float32, "nhwc"), True)
+
+
 def test_gradcheck_float64(interpret):
     for layout in LAYOUTS:
         x, w, b = make_case(2, 3, 4, 6, torch.float64, layout)

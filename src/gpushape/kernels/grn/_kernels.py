@@ -19,6 +19,8 @@ Three kernels a direction:
                       the elementwise pass needs per (sample, channel).
   _grn_apply_kernel   the elementwise pass: y = x * scale + bias (forward) or
                       dx = dy * scale + x * coef (backward), scale and coef per (n, c).
+and in the backward a fourth, _grn_param_grads_kernel, which adds the samples' terms of the
+weight's and bias's gradients (in a fixed order: deterministic, no atomics).
 Sums and the per-sample arithmetic run in float32 (float64 for float64 input).
 """
 
@@ -205,16 +207,22 @@ def _grn_param_grads_kernel(
     N,
     C,
     ACC_FP64: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    # the samples' terms added in sample order: the same gradients every run
+    # BLOCK_N samples' terms a step (all of a batch of up to BLOCK_N in one: no chain of
+    # dependent loads), summed down the tile: the same order, the same gradients every run
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = c < C
+    offs_n = tl.arange(0, BLOCK_N)
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
-    dw = tl.zeros([BLOCK_C], dtype=acc_ty)
-    db = tl.zeros([BLOCK_C], dtype=acc_ty)
-    for n in range(0, N):
-        dw += tl.load(parts_ptr + n * C + c, mask=c_ok, other=0.0)
-        db += tl.load(parts_ptr + (N + n) * C + c, mask=c_ok, other=0.0)
-    tl.store(dw_ptr + c, dw.to(dw_ptr.dtype.element_ty), mask=c_ok)
-    tl.store(db_ptr + c, db.to(db_ptr.dtype.element_ty), mask=c_ok)
+    dw = tl.zeros([BLOCK_N, BLOCK_C], dtype=acc_ty)
+    db = tl.zeros([BLOCK_N, BLOCK_C], dtype=acc_ty)
+    for n0 in range(0, N, BLOCK_N):
+        n = n0 + offs_n
+        ok = (n < N)[:, None] & c_ok[None, :]
+        off = n[:, None] * C + c[None, :]
+        dw += tl.load(parts_ptr + off, mask=ok, other=0.0)
+        db += tl.load(parts_ptr + N * C + off, mask=ok, other=0.0)
+    tl.store(dw_ptr + c, tl.sum(dw, axis=0).to(dw_ptr.dtype.element_ty), mask=c_ok)
+    tl.store(db_ptr + c, tl.sum(db, axis=0).to(db_ptr.dtype.element_ty), mask=c_ok)

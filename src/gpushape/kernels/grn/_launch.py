@@ -33,6 +33,8 @@ MAX_BLOCK_C = 64  # channels fastest: channels a tile spans (128 bytes of bf16)
 MAX_BLOCK_P = 256  # pixels fastest: pixels a tile spans
 MIN_BLOCK = 16
 SAMPLE_BLOCK_C = 1024  # channels the per-sample kernel takes a step
+GRADS_BLOCK_N = 64  # the parameter gradients: samples a step
+GRADS_TILE = 4096
 PROGRAMS_PER_SM = 4  # the sums kernel splits the pixels until it has this many programs an SM
 _INT32_LIMIT = 2**31
 _MAX_PLANS = 1024
@@ -179,10 +181,12 @@ def _build(backward: bool, v: View, dtype: torch.dtype, device: torch.device) ->
     )
     grads = None
     if backward:
+        grads_n = min(_pow2(v.n), GRADS_BLOCK_N)
+        grads_c = min(_pow2(v.c), GRADS_TILE // grads_n)
         grads = Launch(
             _grn_param_grads_kernel,
-            -(-v.c // sample_c),
-            dict(ACC_FP64=fp64, BLOCK_C=sample_c, num_warps=4),
+            -(-v.c // grads_c),
+            dict(ACC_FP64=fp64, BLOCK_N=grads_n, BLOCK_C=grads_c, num_warps=4),
         )
     return Plan(sums, sample, apply, grads, p_per_split, splits)
 
