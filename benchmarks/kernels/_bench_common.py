@@ -1,14 +1,17 @@
-"""What bench_norms.py and bench_batch_norm_act.py share: the tests' numeric gate, the
-`--device` / `--shapes` options, the same-run copy bandwidth, one timing row's figures, and
-CUDA-graph replay (GPU time without the host's launch and autograd cost)."""
+"""What the kernel benchmarks share: the tests' numeric gate, the `--device` / `--shapes`
+options (and the whole command line of the shape-by-variant ones), the same-run copy
+bandwidth, one timing row's figures, and CUDA-graph replay (GPU time without the host's
+launch and autograd cost)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,6 +46,41 @@ def add_device_arg(parser: argparse.ArgumentParser) -> None:
         choices=["cuda", "cpu"],
         help="cpu only to smoke-test this script (TRITON_INTERPRET=1, tiny shapes)",
     )
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """What a shape-by-variant kernel benchmark's command line gives (`variant_run_args`)."""
+
+    args: argparse.Namespace
+    variants: list[str]
+    rounds: int
+    repeats: int
+    out: Path
+
+
+def variant_run_args(
+    doc: str, script: str, variants: Sequence[str], shapes_help: str, argv: list[str] | None
+) -> RunArgs:
+    """The command line of bench_max_pool.py and bench_grn.py: --quick, --shapes (left as
+    text: the script parses it), --variants (checked against `variants`), --out (default
+    $OUT/<script>.json, OUT defaulting to ./out) and --device."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and repeats")
+    parser.add_argument("--shapes", default="", help=shapes_help)
+    parser.add_argument("--variants", default=",".join(variants), help=f"subset of {variants}")
+    parser.add_argument("--out", default="", help=f"result JSON (default $OUT/{script}.json)")
+    add_device_arg(parser)
+    args = parser.parse_args(argv)
+    names = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(names) - set(variants))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {', '.join(variants)}")
+    rounds, repeats = (3, 5) if args.quick else (5, 20)
+    out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / f"{script}.json"
+    return RunArgs(args, names, rounds, repeats, out)
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:

@@ -30,8 +30,6 @@ script: no CUDA graphs, perf_counter timing.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -245,24 +243,13 @@ def parse_shapes(text: str) -> list[tuple[tuple[int, ...], str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    run = common.variant_run_args(
+        __doc__, "bench_max_pool", VARIANTS, "e.g. 256x64x112x112:cl,32x64x112x112:nchw", argv
     )
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and repeats")
-    parser.add_argument("--shapes", default="", help="e.g. 256x64x112x112:cl,32x64x112x112:nchw")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="subset of " + str(VARIANTS))
-    parser.add_argument("--out", default="", help="result JSON (default $OUT/bench_max_pool.json)")
-    common.add_device_arg(parser)
-    args = parser.parse_args(argv)
-    names = [v for v in args.variants.split(",") if v]
-    unknown = sorted(set(names) - set(VARIANTS))
-    if unknown:
-        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    args, names, rounds, repeats, out = run.args, run.variants, run.rounds, run.repeats, run.out
     shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
     if common.cuda_missing(args.device, "bench_max_pool"):
         return 2
-    rounds, repeats = (3, 5) if args.quick else (5, 20)
-    out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / "bench_max_pool.json"
     torch.manual_seed(0)
 
     checks = {}
