@@ -217,6 +217,42 @@ def swap_module(
     return Change(transform=transform, module=fqn, detail=f"{detail}{more}", undo=undo)
 
 
+def swap_each(
+    model: nn.Module,
+    ctx: TransformContext,
+    transform: str,
+    matches: Callable[[nn.Module], bool],
+    build: Callable[[nn.Module], tuple[nn.Module, str]],
+) -> Outcome:
+    """Each module `matches` takes, once however many places hold it, swapped (`swap_module`)
+    for `build(module)`'s (new module, detail), where `ctx` allows. Refused, with the reason:
+    a module with hooks (the new one would not run them), and one `build` rejects with a
+    ValueError or TypeError (its message)."""
+    out = Outcome()
+    places = module_holders(model)
+    seen: set[int] = set()
+    for fqn, module in list(model.named_modules()):
+        if not matches(module) or id(module) in seen or id(module) not in places:
+            continue
+        seen.add(id(module))
+        if not ctx.allows(module, fqn):
+            continue
+        if has_hooks(module):
+            reason = f"{type(module).__name__} has hooks, which the new module would not run"
+            out.refusals.append(Refusal(transform=transform, module=fqn, reason=reason))
+            continue
+        try:
+            new, detail = build(module)
+        except (ValueError, TypeError) as exc:
+            out.refusals.append(Refusal(transform=transform, module=fqn, reason=str(exc)))
+            continue
+        where = places[id(module)]
+        out.changes.append(
+            swap_module(module, new, where, transform=transform, fqn=fqn, detail=detail)
+        )
+    return out
+
+
 def parent_of(model: nn.Module, fqn: str) -> tuple[nn.Module, str]:
     """The module holding `fqn` and the attribute name under which it holds it."""
     parent_name, _, name = fqn.rpartition(".")

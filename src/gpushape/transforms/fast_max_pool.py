@@ -17,41 +17,16 @@ from __future__ import annotations
 from torch import nn
 
 from ..kernels import MaxPool2d
-from ._core import (
-    Outcome,
-    Refusal,
-    TransformContext,
-    has_hooks,
-    module_holders,
-    register_transform,
-    swap_module,
-)
+from ._core import Outcome, TransformContext, register_transform, swap_each
 
 ID = "fast-max-pool"
 
 
+def _build(module: nn.Module) -> tuple[nn.Module, str]:
+    new = MaxPool2d.from_torch(module)  # ValueError: a setting the kernel lacks
+    return new, f"{module!r} -> gpushape {new!r}: int8 window positions for backward"
+
+
 @register_transform(ID, pays_under_compile=True)
 def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
-    out = Outcome()
-    places = module_holders(model)
-    seen: set[int] = set()
-    for fqn, module in list(model.named_modules()):
-        if type(module) is not nn.MaxPool2d or id(module) in seen or id(module) not in places:
-            continue
-        seen.add(id(module))
-        if not ctx.allows(module, fqn):
-            continue
-        if has_hooks(module):
-            reason = "MaxPool2d has hooks, which the new module would not run"
-            out.refusals.append(Refusal(transform=ID, module=fqn, reason=reason))
-            continue
-        try:
-            new = MaxPool2d.from_torch(module)
-        except ValueError as exc:
-            out.refusals.append(Refusal(transform=ID, module=fqn, reason=str(exc)))
-            continue
-        detail = f"{module!r} -> gpushape {new!r}: int8 window positions for backward"
-        out.changes.append(
-            swap_module(module, new, places[id(module)], transform=ID, fqn=fqn, detail=detail)
-        )
-    return out
+    return swap_each(model, ctx, ID, lambda m: type(m) is nn.MaxPool2d, _build)

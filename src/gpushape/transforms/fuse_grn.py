@@ -17,15 +17,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..kernels import GlobalResponseNorm
-from ._core import (
-    Outcome,
-    Refusal,
-    TransformContext,
-    has_hooks,
-    module_holders,
-    register_transform,
-    swap_module,
-)
+from ._core import Outcome, TransformContext, register_transform, swap_each
 
 ID = "fuse-grn"
 # (the module its class is defined in, its class name): the GRNs the kernels compute exactly
@@ -40,28 +32,11 @@ def is_library_grn(module: nn.Module) -> bool:
     return (cls.__module__, cls.__name__) in KNOWN
 
 
+def _build(module: nn.Module) -> tuple[nn.Module, str]:
+    new = GlobalResponseNorm.from_module(module)
+    return new, f"{type(module).__name__} -> gpushape {new!r}: 3 passes forward, 5 backward"
+
+
 @register_transform(ID, pays_under_compile=False)
 def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
-    out = Outcome()
-    places = module_holders(model)
-    seen: set[int] = set()
-    for fqn, module in list(model.named_modules()):
-        if not is_library_grn(module) or id(module) in seen or id(module) not in places:
-            continue
-        seen.add(id(module))
-        if not ctx.allows(module, fqn):
-            continue
-        if has_hooks(module):
-            reason = f"{type(module).__name__} has hooks, which the new module would not run"
-            out.refusals.append(Refusal(transform=ID, module=fqn, reason=reason))
-            continue
-        try:
-            new = GlobalResponseNorm.from_module(module)
-        except TypeError as exc:
-            out.refusals.append(Refusal(transform=ID, module=fqn, reason=str(exc)))
-            continue
-        detail = f"{type(module).__name__} -> gpushape {new!r}: 3 passes forward, 5 backward"
-        out.changes.append(
-            swap_module(module, new, places[id(module)], transform=ID, fqn=fqn, detail=detail)
-        )
-    return out
+    return swap_each(model, ctx, ID, is_library_grn, _build)
