@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -81,6 +82,34 @@ def variant_run_args(
     rounds, repeats = (3, 5) if args.quick else (5, 20)
     out = Path(args.out) if args.out else Path(os.environ.get("OUT", "out")) / f"{script}.json"
     return RunArgs(args, names, rounds, repeats, out)
+
+
+def shape_key(shape: Sequence[int], layout: str) -> str:
+    """(256, 64, 112, 112), "cl" -> "256x64x112x112:cl"."""
+    return f"{'x'.join(map(str, shape))}:{layout}"
+
+
+def check_each(shapes: Sequence[tuple], check: Callable, device: str) -> dict[str, Any]:
+    """`check(shape, layout, device)` at every (shape, layout), before any timing, printed as
+    it goes: {shape_key: its result}."""
+    checks = {}
+    for shape, layout in shapes:
+        key = shape_key(shape, layout)
+        checks[key] = check(shape, layout, device)
+        print(f"check {key}: {checks[key]}", flush=True)
+    return checks
+
+
+def time_each(shapes: Sequence[tuple], time_shape: Callable, device: str) -> list[Any]:
+    """`time_shape(shape, layout)` at every (shape, layout) in turn, printed as it goes, the
+    CUDA caching allocator emptied between shapes: their results in order."""
+    out = []
+    for shape, layout in shapes:
+        out.append(time_shape(shape, layout))
+        print(f"timed {shape_key(shape, layout)}", flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return out
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:

@@ -231,19 +231,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.manual_seed(0)
 
-    checks = {}
-    for shape, layout in shapes:  # correctness first
-        key = f"{'x'.join(map(str, shape))}:{layout}"
-        checks[key] = check(shape, layout, args.device)
-        print(f"check {key}: {checks[key]}", flush=True)
+    checks = common.check_each(shapes, check, args.device)  # correctness first
     copy_gbps = common.measure_copy_gbps(args.device)
-    rows, source = [], ""
-    for shape, layout in shapes:
-        shape_rows, source = time_shape(shape, layout, names, rounds, repeats, args.device)
-        rows += shape_rows
-        print(f"timed {'x'.join(map(str, shape))}:{layout}", flush=True)
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
+    timed = common.time_each(
+        shapes, lambda s, lay: time_shape(s, lay, names, rounds, repeats, args.device), args.device
+    )
+    rows = [row for shape_rows, _ in timed for row in shape_rows]
+    source = timed[-1][1] if timed else ""
     add_ratios(rows, copy_gbps)
     path = write_results(
         out,

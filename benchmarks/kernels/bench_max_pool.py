@@ -252,19 +252,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.manual_seed(0)
 
-    checks = {}
-    for shape, layout in shapes:  # correctness first
-        key = f"{'x'.join(map(str, shape))}:{layout}"
-        checks[key] = check(shape, layout, args.device)
-        print(f"check {key}: {checks[key]}", flush=True)
+    checks = common.check_each(shapes, check, args.device)  # correctness first
     copy_gbps = common.measure_copy_gbps(args.device)
     spec_gbps, spec_source = spec_copy_gbps(args.device)
-    rows = []
-    for shape, layout in shapes:
-        rows += time_shape(shape, layout, names, rounds, repeats, args.device)
-        print(f"timed {'x'.join(map(str, shape))}:{layout}", flush=True)
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
+    timed = common.time_each(
+        shapes, lambda s, lay: time_shape(s, lay, names, rounds, repeats, args.device), args.device
+    )
+    rows = [row for shape_rows in timed for row in shape_rows]
     add_ratios(rows, copy_gbps, spec_gbps)
     path = write_results(
         out,
