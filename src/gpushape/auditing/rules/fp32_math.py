@@ -11,7 +11,9 @@ is low by whatever halving the activations would add. The TF32 figure is in the 
 those who must keep fp32 storage. The fp32 matmuls of an SDPA call on half inputs that CUDA
 runs on its math path (as it does for K/V heads that neither match the query's nor are
 grouped with `enable_gqa`) are not counted: the math path upcasts them whatever the model's
-dtype, and autocast would not change that.
+dtype, and autocast would not change that. Where the model casts a site's 16-bit operands to
+fp32 itself (GPT-Neo's eager attention upcasts its queries and keys, for the softmax's sake),
+the message says so: the fp32 is the authors' choice, and autocast overrides it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from ..patterns import first_modules, module_pattern
 from ..registry import register_rule
 
 RULE = "fp32-math"
+_CASTS = ("_to_copy", "to")
+_HALF = ("bfloat16", "float16")
 
 
 def _fast_math(ctx: AuditContext) -> str | None:
@@ -32,6 +36,22 @@ def _fast_math(ctx: AuditContext) -> str | None:
         if ctx.gpu.has_tensor_cores(key):
             return key
     return None
+
+
+def upcast_by_model(ctx: AuditContext, sites) -> list:
+    """The sites whose fp32 operands the model made itself by casting 16-bit tensors."""
+    made = {t.storage: r for r in ctx.forward_compute() for t in r.outputs if t.storage is not None}
+
+    def upcast(t) -> bool:
+        src = made.get(t.storage)
+        return (
+            src is not None
+            and src.name in _CASTS
+            and bool(src.inputs)
+            and str(src.inputs[0].dtype) in _HALF
+        )
+
+    return [r for r in sites if any(upcast(t) for t in r.inputs if str(t.dtype) == "float32")]
 
 
 @register_rule(RULE, title="fp32 matmul/conv without TF32 or autocast on a tensor-core chip")
@@ -69,6 +89,14 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         f"{len(sites)} matmuls/convolutions run fp32 on CUDA cores: autocast to {fast} "
         f"(or allow TF32) puts them on tensor cores"
     )
+    cast = upcast_by_model(ctx, sites)
+    evidence["upcast_by_model"] = len(cast)
+    if cast:
+        message += (
+            f"; the model casts {len(cast)} of them from 16-bit to fp32 itself "
+            f"({module_pattern(r.module for r in cast)}), a choice of its authors that "
+            "autocast overrides (TF32 keeps fp32's range)"
+        )
     yield ctx.finding(
         RULE,
         module_pattern(r.module for r in sites),
