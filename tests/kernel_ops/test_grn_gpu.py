@@ -54,6 +54,21 @@ def _assert_equal(got, want, names=("y", "dx", "dw", "db"), strides=True) -> Non
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
 
 
+def _compiled_equals_eager(x, w, b, channels_last: bool) -> None:
+    """fullgraph=True with Inductor: the custom op between two fused pointwise kernels (scalings
+    by powers of two, exact) gives eager's y and gradients bit for bit."""
+    torch._dynamo.reset()
+    dy = torch.randn_like(x)
+
+    def fn(x, w, b):
+        return 2.0 * global_response_norm(0.5 * x, w, b, EPS, channels_last)
+
+    compiled = torch.compile(fn, fullgraph=True)
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        got = _run(compiled, (x, w, b), dy)
+    _assert_equal(got, _run(fn, (x, w, b), dy), strides=False)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
@@ -90,18 +105,8 @@ def test_gpu_pixel_slices(layout):
 def test_gpu_torch_compile_matches_eager(layout):
     """fullgraph=True with Inductor: the custom op between two fused pointwise kernels (scalings
     by powers of two, exact) gives eager's y and gradients bit for bit."""
-    torch._dynamo.reset()
-    channels_last = LAYOUTS[layout][0]
     x, w, b = make_case(8, 28, 28, 768, BF16, layout, device=CUDA)
-    dy = torch.randn_like(x)
-
-    def fn(x, w, b):
-        return 2.0 * global_response_norm(0.5 * x, w, b, EPS, channels_last)
-
-    compiled = torch.compile(fn, fullgraph=True)
-    with torch._functorch.config.patch(enable_autograd_cache=False):
-        got = _run(compiled, (x, w, b), dy)
-    _assert_equal(got, _run(fn, (x, w, b), dy), strides=False)
+    _compiled_equals_eager(x, w, b, LAYOUTS[layout][0])
 
 
 @pytest.mark.gpu
@@ -189,7 +194,6 @@ def test_gpu_torch_compile_on_other_dense_layouts(kind):
     """An (N, H, W, C) x that is dense but not contiguous (channels_last memory; an NCHW
     tensor permuted): the kernels read a contiguous copy, so y and dx come back contiguous.
     The custom ops' fake implementations must give those strides too, which Inductor trusts."""
-    torch._dynamo.reset()
     base = make_case(4, 14, 14, 96, BF16, "nhwc", device=CUDA)[0].detach()
     if kind == "nhwc-in-cl-memory":
         x = base.contiguous(memory_format=torch.channels_last)
@@ -197,15 +201,7 @@ def test_gpu_torch_compile_on_other_dense_layouts(kind):
         x = base.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1)
     x.requires_grad_()
     w, b = (torch.randn(96, device=CUDA).to(BF16).requires_grad_() for _ in range(2))
-    dy = torch.randn_like(x)
-
-    def fn(x, w, b):
-        return 2.0 * global_response_norm(0.5 * x, w, b, EPS, True)
-
-    compiled = torch.compile(fn, fullgraph=True)
-    with torch._functorch.config.patch(enable_autograd_cache=False):
-        got = _run(compiled, (x, w, b), dy)
-    _assert_equal(got, _run(fn, (x, w, b), dy), strides=False)
+    _compiled_equals_eager(x, w, b, True)
 
 
 # ---- more than 2^31 elements --------------------------------------------------------------------
