@@ -1,6 +1,6 @@
 """benchmarks/kernels/bench_grn.py on the CPU: its byte counts, its table, its shapes, its eager
 variant, and a smoke run (`--device cpu`, tiny shapes, Triton in the interpreter, no
-torch.compile)."""
+torch.compile); and a smoke run of probe_grn_param_dtypes.py."""
 
 from __future__ import annotations
 
@@ -14,16 +14,20 @@ import torch
 
 from ._grn_cases import torch_grn
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels" / "bench_grn.py"
+KERNELS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("gpushape_bench_grn", SCRIPT)
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"gpushape_{name}", KERNELS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load("bench_grn")
 
 
 def test_bytes_of_convnextv2_tiny_stage1(bench):
@@ -103,3 +107,19 @@ def test_smoke_run_on_cpu(bench, interpret, tmp_path, capsys):
     ours = next(r for r in result["results"] if r["variant"] == "gpushape")
     assert ours["kernel_bytes"] == 3 * 2 * 4 * 5 * 9 * 2 and "speedup_vs_eager" in ours
     assert capsys.readouterr().out.strip().splitlines()[-1].lstrip().startswith("1x5x3x6")
+
+
+def test_param_dtypes_probe_smoke_run_on_cpu(interpret, tmp_path, capsys):
+    probe = _load("probe_grn_param_dtypes")
+    out = tmp_path / "probe.json"
+    assert probe.main(["--device", "cpu", "--shape", "2x3x4x20", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["layout"] for r in rows] == ["nchw", "nhwc"]
+    for r in rows:  # the interpreter runs one algorithm whatever the parameters' dtype
+        assert r["bfloat16"]["calls"] == 3 and r["float32"]["calls"] == 2
+        assert r["bfloat16"]["deterministic"] and r["float32"]["deterministic"]
+        assert r["y_bf16_vs_fp32"]["elements"] == r["dx_bf16_vs_fp32"]["elements"] == 0
+        assert r["bfloat16"]["y_vs_exact"]["max_abs"] <= 2**-4  # a unit at most (|y| < 16)
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("of 480")
+    with pytest.raises(SystemExit):
+        probe.main(["--device", "cpu", "--shape", "2x3x4", "--out", str(out)])

@@ -166,9 +166,11 @@ def test_gpu_backward_is_bitwise_deterministic(shape, dtype):
 def test_gpu_parameters_in_another_dtype(layout):
     """Autocast keeps a GRN's weight and bias in float32 while x is bf16. One shape, called with
     bf16, float32, bf16 and float32 parameters (values exact in bf16; the kernels compute in
-    float32): the same y and dx each time, dw and db in each parameter's dtype, the float32
-    ones within a bf16 unit of the bf16 ones. (The launch plans must not mix up the
-    parameters' dtypes.)"""
+    float32): each dtype's calls the same bit for bit, y and dx of the two dtypes within one
+    bf16 unit (the two compiled builds may round a product differently: on an H100, 14-29 of
+    1.2 M elements differ by one unit), dw and db in each parameter's dtype, the float32 ones
+    within a bf16 unit of the bf16 ones. (The launch plans must not mix up the parameters'
+    dtypes: that would give garbage, not a unit.)"""
     channels_last = LAYOUTS[layout][0]
     x, w, b = make_case(4, 14, 14, 1536, BF16, layout, device=CUDA)
     dy = torch.randn_like(x)
@@ -177,8 +179,11 @@ def test_gpu_parameters_in_another_dtype(layout):
         wd, bd = (t.detach().to(dtype).requires_grad_() for t in (w, b))
         runs.append(_run(_grn(channels_last), (x, wd, bd), dy))
         assert runs[-1][2].dtype == runs[-1][3].dtype == dtype
-    for r in runs[1:]:
-        _assert_equal(r[:2], runs[0][:2])
+    one_unit = dict(rtol=2**-7, atol=2**-7)
+    for name, i in (("y", 0), ("dx", 1)):
+        torch.testing.assert_close(
+            runs[1][i].float(), runs[0][i].float(), **one_unit, msg=lambda m, n=name: f"{n}: {m}"
+        )
     _assert_equal(runs[2], runs[0])
     _assert_equal(runs[3], runs[1])
     for name, i in (("dw", 2), ("db", 3)):
