@@ -107,6 +107,25 @@ def test_a_hooked_grn_and_a_subclass_are_left_alone():
     assert not report.applied and "hooks" in report.refused[0].reason
 
 
+def test_a_look_alike_gets_a_finding_without_the_fix():
+    """A subclass of timm's GRN (the same name, maybe another function) beside timm's own: two
+    findings, fuse-grn for timm's module, none for the subclass, whose message says why and
+    how to use the kernels by hand."""
+
+    class GlobalResponseNorm(timm_grn.GlobalResponseNorm):  # the name the trace matches
+        pass
+
+    model = nn.Sequential(Block(timm_grn.GlobalResponseNorm(32)), Block(GlobalResponseNorm(32)))
+    x = torch.empty(64, 56, 56, 8, device="meta")
+    found = {f.module: f for f in audit(model, (x,), "h200", train=True).findings}
+    assert found["0.grn"].fix == "fuse-grn" and "leaves it" not in found["0.grn"].message
+    other = found["1.grn"]
+    assert other.rule == "unfused-grn" and other.fix is None and other.est_saving_s > 0
+    assert other.evidence["module_class"].endswith("GlobalResponseNorm")
+    assert "fuse-grn leaves it" in other.message
+    assert "gpushape.kernels.GlobalResponseNorm(dim, eps, channels_last)" in other.message
+
+
 def _convnextv2(**kw):
     timm = pytest.importorskip("timm")
     with torch.device("meta"):

@@ -17,19 +17,10 @@ from __future__ import annotations
 from torch import nn
 
 from ..kernels import GlobalResponseNorm
+from ..kernels.grn.grn import is_library_grn
 from ._core import Outcome, TransformContext, register_transform, swap_each
 
 ID = "fuse-grn"
-# (the module its class is defined in, its class name): the GRNs the kernels compute exactly
-KNOWN = {
-    ("timm.layers.grn", "GlobalResponseNorm"),
-    ("transformers.models.convnextv2.modeling_convnextv2", "ConvNextV2GRN"),
-}
-
-
-def is_library_grn(module: nn.Module) -> bool:
-    cls = type(module)
-    return (cls.__module__, cls.__name__) in KNOWN
 
 
 def _build(module: nn.Module) -> tuple[nn.Module, str]:

@@ -9,12 +9,14 @@ step on an H100 the GRNs took 20.6 of 40.6 ms of kernel time. gpushape's GRN ker
 passes forward and 5 backward (kernels/grn).
 
 Fires on the forward ops of those modules (by class name; gpushape's own GlobalResponseNorm
-records its custom op and is left alone). Saving: their ops and the backward ops of them as the
-cost model prices them, less gpushape's kernels moving 3 S forward and 5 S backward (S: x's
-bytes; 3 S in inference) at the rate measured for them (`fused_grn`; the copy rate where the
-profile has not measured it), in eager and graph mode. Under torch.compile Inductor fuses the
-GRN's ops itself (compile mode prices that with the rest of its fusion): the finding is info
-there. **Fix:** `fuse-grn`.
+records its custom op and is left alone). Where the model is at hand, a module of that name that
+is not exactly timm's or transformers' class (a look-alike, a subclass) gets a finding of its
+own without a fix: fuse-grn leaves it, and the message says how to use the kernels by hand.
+Saving: their ops and the backward ops of them as the cost model prices them, less gpushape's
+kernels moving 3 S forward and 5 S backward (S: x's bytes; 3 S in inference) at the rate
+measured for them (`fused_grn`; the copy rate where the profile has not measured it), in eager
+and graph mode. Under torch.compile Inductor fuses the GRN's ops itself (compile mode prices
+that with the rest of its fusion): the finding is info there. **Fix:** `fuse-grn`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from ...kernels.grn.grn import is_library_grn
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding
@@ -62,11 +65,30 @@ def kernel_bytes(ops: list[OpRecord], train: bool) -> int:
     return passes * _input_bytes(ops)
 
 
+def _library(ctx: AuditContext, path: str) -> bool:
+    """Whether fuse-grn takes the module at `path` (True where the model is not at hand)."""
+    if ctx.model is None:
+        return True
+    try:
+        return is_library_grn(ctx.model.get_submodule(path))
+    except AttributeError:
+        return True
+
+
 @register_rule(RULE, title="global response norm as PyTorch's separate kernels")
 def check(ctx: AuditContext) -> Iterable[Finding]:
     modules = grn_modules(ctx)
-    if not modules:
-        return
+    library = {m: ops for m, ops in modules.items() if _library(ctx, m)}
+    others = {m: ops for m, ops in modules.items() if m not in library}
+    if library:
+        yield from _finding(ctx, library, "fuse-grn")
+    if others:
+        yield from _finding(ctx, others, None)
+
+
+def _finding(
+    ctx: AuditContext, modules: dict[str, list[OpRecord]], fix: str | None
+) -> Iterable[Finding]:
     fwd = [r for ops in modules.values() for r in ops]
     before_s = ctx.time_s(o for r in fwd for o in ctx.with_backward(r))
     nbytes = sum(kernel_bytes(ops, ctx.train) for ops in modules.values())
@@ -95,12 +117,21 @@ def check(ctx: AuditContext) -> Iterable[Finding]:
         f"their backward ({before_s * 1e3:,.3f} ms): gpushape's GRN kernels move "
         f"{nbytes / 1e6:,.0f} MB in {after_s * 1e3:,.3f} ms{rate}"
     )
+    if fix is None:
+        module = ctx.model.get_submodule(next(iter(modules)))
+        kind = f"{type(module).__module__}.{type(module).__qualname__}"
+        evidence["module_class"] = kind
+        message += (
+            f". {kind} is not timm's GlobalResponseNorm or transformers' ConvNextV2GRN, so "
+            "fuse-grn leaves it: where it computes timm's formula, "
+            "gpushape.kernels.GlobalResponseNorm(dim, eps, channels_last) does the same"
+        )
     yield ctx.finding(
         RULE,
         module_pattern(modules),
         message,
         evidence,
         saving_s=saving,
-        fix="fuse-grn",
+        fix=fix,
         replaces=fwd,
     )
