@@ -1,7 +1,8 @@
 """The command line of a script that derives one memory family's row of a profile (the shipped
 H200 one unless the script names another) from committed measurements until the probe measures
 the family there (`dropout_add_norm_from_bench.py`, `permuted_cat_from_runs.py`,
-`transposed_copy_nchw_from_runs.py`, `avg_pool_from_runs.py`): print the row; with --write,
+`transposed_copy_nchw_from_runs.py`, `avg_pool_from_runs.py`, `group_norm_from_runs.py`): print
+the row; with --write,
 merge it into the profile, unless the profile holds a probe measurement of the family (a row
 without "source")."""
 
@@ -60,3 +61,48 @@ def family_row_main(
             raise SystemExit(f"{family}: the profile has a probe measurement; left as it is")
         profile["memory_efficiency"][family] = found
         print(f"wrote {write_profile(profile, path)}")
+
+
+def per_module_row(
+    spec: Any,
+    run: str,
+    model: str,
+    family: str,
+    kernels: tuple[str, ...],
+    describe: Callable[[int, str], str],
+    script: str,
+) -> dict:
+    """`family`'s row from a committed per-module profile (`correlate.py --ops`, `run` under
+    benchmarks/results/): the device time of `kernels` in every module of `model` whose trace
+    holds an op of the family, against the trace's bytes of those ops at the copy rate.
+    `describe(modules, first input's shape)`: the row's workload."""
+    import json
+
+    from gpushape.models import resolve_model
+    from gpushape.tracing.cost import op_cost
+    from gpushape.tracing.families import memory_family
+    from gpushape.tracing.tracer import trace
+
+    data = json.loads((ROOT / "benchmarks/results" / run).read_text())
+    if spec.name.split("-")[0].upper() not in data["environment"]["gpu"].upper():
+        raise SystemExit(f"{run}: a run on {data['environment']['gpu']}, not for {spec.name}")
+    (result,) = [r for r in data["results"] if r["model"] == model]
+    r = resolve_model(model, batch=result["batch"])
+    ops = [op for op in trace(r.model, r.example_inputs, train=True).ops
+           if memory_family(op) == family]  # fmt: skip
+    modules = sorted({op.module for op in ops})
+    if not modules:
+        raise SystemExit(f"the trace of {model} has no {family} op")
+    bandwidth = spec.attainable_bandwidth_bytes_per_s()
+    family_s = sum(op_cost(op, spec).min_bytes for op in ops) / bandwidth
+    measured = sum(
+        result["ops"][m]["measured_s"].get(kernel, 0.0) for m in modules for kernel in kernels
+    )
+    shape = "x".join(str(n) for n in ops[0].inputs[0].shape)
+    return derived_row(
+        family_s,
+        measured,
+        describe(len(modules), shape),
+        f"benchmarks/results/{run}, each module's {' and '.join(kernels)} device time a step "
+        f"({script})",
+    )

@@ -17,19 +17,13 @@ it.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from _family_row import derived_row, family_row_main  # noqa: E402
-
-from gpushape.models import resolve_model  # noqa: E402
-from gpushape.tracing.cost import op_cost  # noqa: E402
-from gpushape.tracing.families import memory_family  # noqa: E402
-from gpushape.tracing.tracer import trace  # noqa: E402
+from _family_row import family_row_main, per_module_row  # noqa: E402
 
 PROFILE = ROOT / "benchmarks/results/probe-h100/h100-sxm.json"
 RUN = "correlate-h100/correlate-new.json"
@@ -39,29 +33,15 @@ KERNELS = ("aten::avg_pool2d", "aten::avg_pool2d_backward")
 
 
 def row(spec) -> dict:
-    data = json.loads((ROOT / "benchmarks/results" / RUN).read_text())
-    if "H100" not in data["environment"]["gpu"] or spec.name != "h100-sxm":
-        raise SystemExit(f"{RUN}: an H100 run, for the H100 profile")
-    (result,) = [r for r in data["results"] if r["model"] == MODEL]
-    r = resolve_model(MODEL, batch=result["batch"])
-    ops = [op for op in trace(r.model, r.example_inputs, train=True).ops
-           if memory_family(op) == FAMILY]  # fmt: skip
-    modules = sorted({op.module for op in ops})
-    if not modules:
-        raise SystemExit(f"the trace of {MODEL} has no {FAMILY} op")
-    bandwidth = spec.attainable_bandwidth_bytes_per_s()
-    family_s = sum(op_cost(op, spec).min_bytes for op in ops) / bandwidth
-    measured = sum(
-        result["ops"][m]["measured_s"].get(kernel, 0.0) for m in modules for kernel in KERNELS
-    )
-    shape = "x".join(str(n) for n in ops[0].inputs[0].shape)
-    return derived_row(
-        family_s,
-        measured,
-        f"{MODEL.removeprefix('timm:')}'s {len(modules)} token mixers' AvgPool2d(3, 1, 1), "
+    return per_module_row(
+        spec,
+        RUN,
+        MODEL,
+        FAMILY,
+        KERNELS,
+        lambda n, shape: f"{MODEL.removeprefix('timm:')}'s {n} token mixers' AvgPool2d(3, 1, 1), "
         f"forward and backward, NCHW (the first {shape})",
-        f"benchmarks/results/{RUN}, each module's {' and '.join(KERNELS)} device time a step "
-        "(avg_pool_from_runs.py)",
+        "avg_pool_from_runs.py",
     )
 
 

@@ -37,6 +37,7 @@ NEW = (
     "transposed_copy_nchw",
     "avg_pool",
     "avg_pool_nchw",
+    "group_norm",
     "roll",
     "grouped_conv_nchw",
     "elementwise_strided",

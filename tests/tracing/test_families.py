@@ -13,7 +13,13 @@ from _trace_helpers import meta, only, trace_fn
 from gpushape.hardware import get_gpu
 from gpushape.hardware.profile import calibrated
 from gpushape.tracing.cost import op_cost
-from gpushape.tracing.families import ALL_FAMILIES, FAMILIES, memory_family, priced_family
+from gpushape.tracing.families import (
+    ALL_FAMILIES,
+    FAMILIES,
+    memory_family,
+    op_family,
+    priced_family,
+)
 
 
 def _family_of(fn, *shapes, name: str, train: bool = True) -> str | None:
@@ -118,6 +124,21 @@ def test_an_unmeasured_average_pool_is_priced_as_the_max_pool_in_its_layout():
     assert priced_family("avg_pool", pools) == "pool"
     assert priced_family("avg_pool_nchw", {**pools, "avg_pool_nchw": 0.06}) == "avg_pool_nchw"
     assert priced_family("avg_pool_nchw", {**pools, "avg_pool": 0.1}) == "pool_nchw"
+
+
+def test_group_norm_has_its_own_family_priced_as_before_until_measured():
+    """GroupNorm's kernels (one block per sample and group) are not a row norm's: a family of
+    their own; a profile without it prices them as it did, at the row norm measured nearest the
+    tensor's last dimension; one with it, at its own."""
+    recs = trace_fn(
+        lambda x: F.group_norm(x, 1), (meta(8, 64, 56, 56, requires_grad=True),), train=True
+    )
+    fwd, bwd = only(recs, "native_group_norm"), only(recs, "native_group_norm_backward")
+    assert memory_family(fwd) == memory_family(bwd) == "group_norm"
+    norms = {"norm": 0.5, "norm@96": 0.3, "norm@768": 0.4}
+    assert op_family(fwd, norms) == "norm@96"  # W = 56: what it was priced as before
+    assert op_family(bwd, {**norms, "group_norm": 0.13}) == "group_norm"
+    assert priced_family("group_norm", {}) == "norm"
 
 
 def test_an_unmeasured_nchw_family_is_priced_as_its_channels_last_one():

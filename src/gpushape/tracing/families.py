@@ -25,6 +25,7 @@ from .copies import COPIES, COPY_FAMILIES, JOINED, PERMUTED_CAT, TRANSPOSED_TO_N
 from .flops.attention import ATTENTION_PASS
 from .flops.conv import S2D_FOLD, S2D_STEM, direct_conv
 from .flops.registry import packet
+from .fused_families import FUSED, KERNEL_FAMILIES
 from .layout import copy_op_kind, runs_nchw, runs_nhwc, strided_operand
 from .records import OpRecord
 from .sums import CHANNEL_SUM, GEMV_SUM, column_width, grid_key, row_length, sum_shape
@@ -33,11 +34,13 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "norm": (
         "aten.native_layer_norm",
         "aten.native_layer_norm_backward",
-        "aten.native_group_norm",
-        "aten.native_group_norm_backward",
         "aten._fused_rms_norm",
         "aten._fused_rms_norm_backward",
     ),
+    # GroupNorm: one block per (sample, group) for the statistics, so PoolFormer's one group over
+    # 64 samples kept 64 blocks busy, at 0.13 of the copy rate on an H100; priced as a row norm
+    # until measured (FALLBACK)
+    "group_norm": ("aten.native_group_norm", "aten.native_group_norm_backward"),
     "batch_norm": (
         "aten.native_batch_norm",
         "aten.native_batch_norm_backward",
@@ -193,41 +196,11 @@ FALLBACK = {
     TRANSPOSED_TO_NCHW: "transposed_copy",
     CHANNEL_SUM: "reduction",
     "avg_pool": "pool",  # priced as the max pool, layout kept, until measured
+    "group_norm": "norm",
     "avg_pool_nchw": "pool_nchw",
 }
 # Families from the op's tags, for ops no table above names.
 TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
-# gpushape's own fused kernels, which the audit's fusion rules propose: what they reach prices
-# a fix's kernel (`AuditContext.fusion_saving_s`), not a traced op.
-FUSED = (
-    "fused_norm_act",
-    "fused_batch_norm_act",
-    "fused_softmax_dropout",
-    "fused_max_pool",
-    "fused_dropout_add_norm",  # no rule proposes it yet: its fix is applied by name
-    "fused_grn",
-)
-# ... and the same kernels where a model already runs them (an optimized model's trace records
-# their custom ops, one op a pass, as torch.compile and CUDA graphs see them).
-KERNEL_FAMILIES = {
-    "gpushape.layer_norm_gelu": "fused_norm_act",
-    "gpushape.layer_norm_gelu_backward": "fused_norm_act",
-    "gpushape.add_layer_norm": "fused_norm_act",
-    "gpushape.add_layer_norm_backward": "fused_norm_act",
-    "gpushape.dropout_add_layer_norm": "fused_dropout_add_norm",
-    "gpushape.dropout_add_layer_norm_backward": "fused_dropout_add_norm",
-    "gpushape.rms_norm": "fused_norm_act",
-    "gpushape.rms_norm_backward": "fused_norm_act",
-    "gpushape.batch_norm_stats": "fused_batch_norm_act",
-    "gpushape.batch_norm_act_apply": "fused_batch_norm_act",
-    "gpushape.batch_norm_act_backward": "fused_batch_norm_act",
-    "gpushape.softmax_dropout_fwd": "fused_softmax_dropout",
-    "gpushape.softmax_dropout_bwd": "fused_softmax_dropout",
-    "gpushape.max_pool2d": "fused_max_pool",
-    "gpushape.max_pool2d_backward": "fused_max_pool",
-    "gpushape.global_response_norm": "fused_grn",
-    "gpushape.global_response_norm_backward": "fused_grn",
-}
 # Not a kernel family: the efficiency of a LayerNorm backward's weight-gradient kernel where it
 # runs one block per 32 columns, against an SM's share of the copy rate (tracing/norm_grads.py).
 WEIGHT_GRAD = "norm_weight_grad"
@@ -383,7 +356,7 @@ def nearest_size(family: str, measured: Mapping[str, float], size: int, base: in
 
 def variant_size(rec: OpRecord, family: str | None) -> int | None:
     """The size `family`'s rate depends on (`SIZE_BASE`) for `rec`; None for other families."""
-    if family in ("norm", "softmax"):
+    if family in ("norm", "softmax", "group_norm"):  # group_norm: for its fallback, as before
         return row_length(rec)
     if family == "reduction":
         return column_width(rec)

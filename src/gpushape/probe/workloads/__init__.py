@@ -32,6 +32,7 @@ from ._modules import (
     _narrow_mlp,
     _rows,
     _s2d_fold,
+    _side,
     _Workload,
 )
 
@@ -140,6 +141,16 @@ WORKLOADS = (
         "pool_nchw",
         "MaxPool2d(3, 2, 1) on 64x64x112x112 NCHW",
         lambda s: _Workload(lambda m, x: F.max_pool2d(x, 3, 2, 1), (_rows(s, 64), 64, 112, 112)),
+    ),
+    # GroupNorm over one group, PoolFormer's norm (NCHW): one block per (sample, group)
+    FamilyWorkload(
+        "group_norm",
+        "GroupNorm(1, 64) on 64x64x56x56 NCHW (PoolFormer-S12's first stage)",
+        lambda s: _Workload(
+            lambda m, x: m.layers["gn"](x),
+            (_rows(s, 64), 64, _side(s, 56), _side(s, 56)),
+            modules={"gn": nn.GroupNorm(1, 64)},
+        ),
     ),
     # a sliding average, PoolFormer's and EfficientFormer's token mixer (3x3, stride 1)
     *(
