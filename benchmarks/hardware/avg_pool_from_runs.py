@@ -39,8 +39,10 @@ def row(spec) -> dict:
         MODEL,
         FAMILY,
         KERNELS,
-        lambda n, shape: f"{MODEL.removeprefix('timm:')}'s {n} token mixers' AvgPool2d(3, 1, 1), "
-        f"forward and backward, NCHW (the first {shape})",
+        lambda n, shape: (
+            f"{MODEL.removeprefix('timm:')}'s {n} token mixers' AvgPool2d(3, 1, 1), "
+            f"forward and backward, NCHW (the first {shape})"
+        ),
         "avg_pool_from_runs.py",
     )
 

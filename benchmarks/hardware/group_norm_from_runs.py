@@ -38,8 +38,10 @@ def row(spec) -> dict:
         MODEL,
         FAMILY,
         KERNELS,
-        lambda n, shape: f"{MODEL.removeprefix('timm:')}'s {n} GroupNorm(1, C), forward and "
-        f"backward, NCHW (the first {shape})",
+        lambda n, shape: (
+            f"{MODEL.removeprefix('timm:')}'s {n} GroupNorm(1, C), forward and "
+            f"backward, NCHW (the first {shape})"
+        ),
         "group_norm_from_runs.py",
     )
 
