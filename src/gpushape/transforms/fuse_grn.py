@@ -17,7 +17,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..kernels import GlobalResponseNorm
-from ..kernels.grn.grn import is_library_grn
+from ..models.library import is_library_grn
 from ._core import Outcome, TransformContext, register_transform, swap_each
 
 ID = "fuse-grn"

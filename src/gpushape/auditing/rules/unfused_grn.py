@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from ...kernels.grn.grn import is_library_grn
+from ...models.library import is_library_grn
 from ...tracing.records import OpRecord
 from ..context import AuditContext
 from ..finding import Finding

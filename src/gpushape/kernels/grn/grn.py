@@ -185,20 +185,6 @@ class GlobalResponseNorm(nn.Module):
 
 
 HF_EPS = 1e-6  # fixed in transformers' ConvNextV2GRN.forward
-# (the module its class is defined in, its class name): the library GRNs these kernels compute
-# exactly (a subclass, or a look-alike of the same name, may compute something else)
-LIBRARY_GRNS = frozenset(
-    {
-        ("timm.layers.grn", "GlobalResponseNorm"),
-        ("transformers.models.convnextv2.modeling_convnextv2", "ConvNextV2GRN"),
-    }
-)
-
-
-def is_library_grn(module: nn.Module) -> bool:
-    """Whether `module` is exactly timm's GlobalResponseNorm or transformers' ConvNextV2GRN."""
-    cls = type(module)
-    return (cls.__module__, cls.__name__) in LIBRARY_GRNS
 
 
 def _grn_settings(module: nn.Module) -> tuple[float, bool]:
