@@ -139,6 +139,12 @@ def test_group_norm_has_its_own_family_priced_as_before_until_measured():
     assert op_family(fwd, norms) == "norm@96"  # W = 56: what it was priced as before
     assert op_family(bwd, {**norms, "group_norm": 0.13}) == "group_norm"
     assert priced_family("group_norm", {}) == "norm"
+    # by samples x groups, the thread blocks its statistics take: 8 x 1 nearest the base's 64,
+    # 64 x 32 (ResNet-50-GN's) at the 2048 measured
+    both = {**norms, "group_norm": 0.13, "group_norm@2048": 0.2}
+    assert op_family(fwd, both) == "group_norm"
+    recs = trace_fn(lambda x: F.group_norm(x, 32), (meta(64, 64, 14, 14),))
+    assert op_family(only(recs, "native_group_norm"), both) == "group_norm@2048"
 
 
 def test_an_unmeasured_nchw_family_is_priced_as_its_channels_last_one():

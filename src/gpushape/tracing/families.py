@@ -38,8 +38,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "aten._fused_rms_norm_backward",
     ),
     # GroupNorm: one block per (sample, group) for the statistics, so PoolFormer's one group over
-    # 64 samples kept 64 blocks busy, at 0.13 of the copy rate on an H100; priced as a row norm
-    # until measured (FALLBACK)
+    # 64 samples kept 64 blocks busy, at 0.13 of the copy rate on an H100; by that count of
+    # blocks (SIZE_BASE); priced as a row norm until measured (FALLBACK)
     "group_norm": ("aten.native_group_norm", "aten.native_group_norm_backward"),
     "batch_norm": (
         "aten.native_batch_norm",
@@ -147,6 +147,7 @@ GROUPED_CONV_NCHW = "grouped_conv_nchw"
 #     benchmarks/kernels/probe_bias_grad.py). Other reductions take the family's own figure.
 SIZE_BASE = {
     "norm": 4096,
+    "group_norm": 64,  # samples x groups
     "softmax": 1024,
     "reduction": 1024,
     "batch_norm_nchw": 256,
@@ -161,6 +162,7 @@ SIZE_VARIANTS = (
     "norm@192",
     "norm@384",
     "norm@768",
+    "group_norm@2048",
     "batch_norm_nchw@16",
     "batch_norm_nchw@32",
     "batch_norm_nchw@64",
@@ -304,6 +306,8 @@ def op_family(rec: OpRecord, measured: Mapping[str, float]) -> str | None:
     shape = sum_shape(rec)
     if shape is not None and family == shape[0]:  # a sum down to one value a channel
         return sum_family(family, measured, shape[1], shape[2])
+    if family == "group_norm" and not any(k.partition("@")[0] == family for k in measured):
+        return priced_family("norm", measured, row_length(rec))  # as before it had a family
     priced = priced_family(family, measured, variant_size(rec, family))
     if family in COPIES and priced not in measured:
         return priced_family(_tagged(rec), measured)
@@ -356,8 +360,10 @@ def nearest_size(family: str, measured: Mapping[str, float], size: int, base: in
 
 def variant_size(rec: OpRecord, family: str | None) -> int | None:
     """The size `family`'s rate depends on (`SIZE_BASE`) for `rec`; None for other families."""
-    if family in ("norm", "softmax", "group_norm"):  # group_norm: for its fallback, as before
+    if family in ("norm", "softmax"):
         return row_length(rec)
+    if family == "group_norm" and "N" in rec.params and "group" in rec.params:
+        return int(rec.params["N"]) * int(rec.params["group"])
     if family == "reduction":
         return column_width(rec)
     first = rec.inputs[0] if rec.inputs else None

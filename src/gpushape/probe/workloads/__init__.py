@@ -142,15 +142,22 @@ WORKLOADS = (
         "MaxPool2d(3, 2, 1) on 64x64x112x112 NCHW",
         lambda s: _Workload(lambda m, x: F.max_pool2d(x, 3, 2, 1), (_rows(s, 64), 64, 112, 112)),
     ),
-    # GroupNorm over one group, PoolFormer's norm (NCHW): one block per (sample, group)
-    FamilyWorkload(
-        "group_norm",
-        "GroupNorm(1, 64) on 64x64x56x56 NCHW (PoolFormer-S12's first stage)",
-        lambda s: _Workload(
-            lambda m, x: m.layers["gn"](x),
-            (_rows(s, 64), 64, _side(s, 56), _side(s, 56)),
-            modules={"gn": nn.GroupNorm(1, 64)},
-        ),
+    # GroupNorm, NCHW, one block per (sample, group): over one group (PoolFormer's norm), and
+    # over 32 (ResNet-50-GN's), the same bytes (families.SIZE_BASE: samples x groups)
+    *(
+        FamilyWorkload(
+            f"group_norm{suffix}",
+            f"GroupNorm({groups}, 64) on 64x64x56x56 NCHW ({what})",
+            lambda s, g=groups: _Workload(
+                lambda m, x: m.layers["gn"](x),
+                (_rows(s, 64), 64, _side(s, 56), _side(s, 56)),
+                modules={"gn": nn.GroupNorm(g, 64)},
+            ),
+        )
+        for suffix, groups, what in (
+            ("", 1, "PoolFormer-S12's first stage"),
+            ("@2048", 32, "32 groups, as ResNet-50-GN's"),
+        )
     ),
     # a sliding average, PoolFormer's and EfficientFormer's token mixer (3x3, stride 1)
     *(
