@@ -130,3 +130,26 @@ def test_findings_without_fix_or_ops_stay_out():
     memory = Finding(rule="mem", severity=Severity.LOW, module="", message="", fix="x")
     marked, combined = combine([advice, memory], ctx)
     assert combined.saving_s == 0 and not combined.fixes and marked == [advice, memory]
+
+
+def test_a_long_overlap_label_folds_with_the_message_not_the_saving(attention_report):
+    """A marked finding names the finding counted instead, whose module pattern can run to a
+    line of its own: it folds in the finding's column; the saving column stays as wide as its
+    numbers (it once took the whole width, and the messages two characters a line)."""
+    import dataclasses
+
+    long = "nchw-conv @ " + ", ".join(f"stages.{i}.blocks.*.mlp.fc*" for i in range(8))
+    report = dataclasses.replace(
+        attention_report,
+        findings=[
+            dataclasses.replace(f, subsumed_by=long) if f.subsumed_by else f
+            for f in attention_report.findings
+        ],
+    )
+    assert any(f.subsumed_by == long for f in report.findings)
+    console = Console(record=True, width=100)
+    report.render(console)
+    text = console.export_text()
+    assert "stages.7.blocks" in text  # the label, all of it
+    header = next(line for line in text.splitlines() if "est. saving / step" in line)
+    assert len(header.split("┃")[2]) < 40  # the saving column: its numbers' width

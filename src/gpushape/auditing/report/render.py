@@ -110,13 +110,15 @@ def render_findings(report: Any, console: Console, *, show_all: bool = False) ->
             style = SEVERITY_STYLE[f.severity]
             fix = f" [dim]fix:[/] {escape(f.fix)}" if f.fix else ""
             saving = escape(saving_text(f, step_s))
-            if f.subsumed_by:
-                saving = f"[dim]{saving}\n{escape(subsumed_text(f))}[/]"
+            note = ""
+            if f.subsumed_by:  # a label can be long: it folds with the message, not the number
+                saving = f"[dim]{saving}[/]"
+                note = f"\n[dim]{escape(subsumed_text(f))}[/]"
             table.add_row(
                 f"[{style}]{f.severity.label}[/]",
                 saving,
                 f"[bold]{escape(f.rule)}[/] [magenta]{escape(module_text(f))}[/]{fix}\n"
-                f"{escape(f.message)}",
+                f"{escape(f.message)}{note}",
             )
         console.print(table)
     for line in (combined_text(report), hidden_text(hidden)):
