@@ -25,6 +25,7 @@ from ..tracing.tracer import trace
 from .cast import channels_last_as, inputs_as, model_as
 from .combine import combine
 from .context import AuditContext, BackendFlags
+from .layout_check import checked_layout
 from .modes import check_mode, in_mode, inductor_layout_opt, step_time
 from .observe import observe
 from .registry import run_rules
@@ -143,6 +144,19 @@ def audit(
     found = run_rules(ctx, rules)
     if layout is not None:  # the layout as given is judged on the model as given, above
         found = [f for f in found if f.rule != "nchw-conv"]
+    elif device in (None, "meta"):  # nchw-conv held to the whole model in channels_last
+
+        def channels_last_ctx() -> AuditContext | None:
+            try:
+                cl_model, cl_inputs = channels_last_as(model, example_inputs)
+                with observe(cl_model) as cl_seen, meta_padding_masks(cl_model) as cl_checks:
+                    cl_traced = trace(cl_model, cl_inputs, train=train, device=device, name=name)
+            except GpushapeError:
+                return None
+            cl_seen.packing_checks = cl_checks.packing
+            return context(cl_traced, cl_model, cl_seen)
+
+        found = checked_layout(found, ctx, channels_last_ctx, mode)
     report.findings, report.combined = combine(in_mode(found, ctx, mode), ctx)
     report.findings += layout or []  # info: Inductor makes that fix itself
     report.step = step_time(ctx, mode, found)
