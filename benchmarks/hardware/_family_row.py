@@ -9,8 +9,10 @@ without "source")."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,46 +65,49 @@ def family_row_main(
         print(f"wrote {write_profile(profile, path)}")
 
 
-def per_module_row(
-    spec: Any,
-    run: str,
-    model: str,
-    family: str,
-    kernels: tuple[str, ...],
-    describe: Callable[[int, str], str],
-    script: str,
-) -> dict:
-    """`family`'s row from a committed per-module profile (`correlate.py --ops`, `run` under
+@dataclass(frozen=True)
+class PerModule:
+    """A family's row from a committed per-module profile (`correlate.py --ops`, `run` under
     benchmarks/results/): the device time of `kernels` in every module of `model` whose trace
-    holds an op of the family, against the trace's bytes of those ops at the copy rate.
-    `describe(modules, first input's shape)`: the row's workload."""
-    import json
+    holds an op of `family`, against the trace's bytes of those ops at the copy rate.
+    `workload`: the row's description, formatted with {model} (no prefix), {n} (modules) and
+    {shape} (the first op's input). `row(spec)` is what a script's --write merges."""
 
-    from gpushape.models import resolve_model
-    from gpushape.tracing.cost import op_cost
-    from gpushape.tracing.families import memory_family
-    from gpushape.tracing.tracer import trace
+    run: str
+    model: str
+    family: str
+    kernels: tuple[str, ...]
+    workload: str
+    script: str
 
-    data = json.loads((ROOT / "benchmarks/results" / run).read_text())
-    if spec.name.split("-")[0].upper() not in data["environment"]["gpu"].upper():
-        raise SystemExit(f"{run}: a run on {data['environment']['gpu']}, not for {spec.name}")
-    (result,) = [r for r in data["results"] if r["model"] == model]
-    r = resolve_model(model, batch=result["batch"])
-    ops = [op for op in trace(r.model, r.example_inputs, train=True).ops
-           if memory_family(op) == family]  # fmt: skip
-    modules = sorted({op.module for op in ops})
-    if not modules:
-        raise SystemExit(f"the trace of {model} has no {family} op")
-    bandwidth = spec.attainable_bandwidth_bytes_per_s()
-    family_s = sum(op_cost(op, spec).min_bytes for op in ops) / bandwidth
-    measured = sum(
-        result["ops"][m]["measured_s"].get(kernel, 0.0) for m in modules for kernel in kernels
-    )
-    shape = "x".join(str(n) for n in ops[0].inputs[0].shape)
-    return derived_row(
-        family_s,
-        measured,
-        describe(len(modules), shape),
-        f"benchmarks/results/{run}, each module's {' and '.join(kernels)} device time a step "
-        f"({script})",
-    )
+    def row(self, spec: Any) -> dict:
+        from gpushape.models import resolve_model
+        from gpushape.tracing.cost import op_cost
+        from gpushape.tracing.families import memory_family
+        from gpushape.tracing.tracer import trace
+
+        data = json.loads((ROOT / "benchmarks/results" / self.run).read_text())
+        gpu = data["environment"]["gpu"]
+        if spec.name.split("-")[0].upper() not in gpu.upper():
+            raise SystemExit(f"{self.run}: a run on {gpu}, not for {spec.name}")
+        (result,) = [r for r in data["results"] if r["model"] == self.model]
+        r = resolve_model(self.model, batch=result["batch"])
+        ops = [op for op in trace(r.model, r.example_inputs, train=True).ops
+               if memory_family(op) == self.family]  # fmt: skip
+        modules = sorted({op.module for op in ops})
+        if not modules:
+            raise SystemExit(f"the trace of {self.model} has no {self.family} op")
+        bandwidth = spec.attainable_bandwidth_bytes_per_s()
+        family_s = sum(op_cost(op, spec).min_bytes for op in ops) / bandwidth
+        measured = sum(
+            result["ops"][m]["measured_s"].get(k, 0.0) for m in modules for k in self.kernels
+        )
+        shape = "x".join(str(n) for n in ops[0].inputs[0].shape)
+        name = self.model.partition(":")[2]
+        return derived_row(
+            family_s,
+            measured,
+            self.workload.format(model=name, n=len(modules), shape=shape),
+            f"benchmarks/results/{self.run}, each module's {' and '.join(self.kernels)} device "
+            f"time a step ({self.script})",
+        )

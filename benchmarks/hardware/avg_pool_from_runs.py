@@ -23,33 +23,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from _family_row import family_row_main, per_module_row  # noqa: E402
+from _family_row import PerModule, family_row_main  # noqa: E402
 
 PROFILE = ROOT / "benchmarks/results/probe-h100/h100-sxm.json"
-RUN = "correlate-h100/correlate-new.json"
-MODEL = "timm:efficientformer_l1"
-FAMILY = "avg_pool_nchw"
-KERNELS = ("aten::avg_pool2d", "aten::avg_pool2d_backward")
-
-
-def row(spec) -> dict:
-    return per_module_row(
-        spec,
-        RUN,
-        MODEL,
-        FAMILY,
-        KERNELS,
-        lambda n, shape: (
-            f"{MODEL.removeprefix('timm:')}'s {n} token mixers' AvgPool2d(3, 1, 1), "
-            f"forward and backward, NCHW (the first {shape})"
-        ),
-        "avg_pool_from_runs.py",
-    )
-
-
-def main() -> None:
-    family_row_main(FAMILY, row, __doc__.splitlines()[0], PROFILE)
+ROW = PerModule(
+    run="correlate-h100/correlate-new.json",
+    model="timm:efficientformer_l1",
+    family="avg_pool_nchw",
+    kernels=("aten::avg_pool2d", "aten::avg_pool2d_backward"),
+    workload="{model}'s {n} token mixers' AvgPool2d(3, 1, 1), forward and backward, NCHW "
+    "(the first {shape})",
+    script=Path(__file__).name,
+)
+row = ROW.row
 
 
 if __name__ == "__main__":
-    main()
+    family_row_main(ROW.family, row, __doc__.splitlines()[0], PROFILE)

@@ -22,33 +22,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from _family_row import family_row_main, per_module_row  # noqa: E402
+from _family_row import PerModule, family_row_main  # noqa: E402
 
 PROFILE = ROOT / "benchmarks/results/probe-h100/h100-sxm.json"
-RUN = "correlate-h100/correlate-new2.json"
-MODEL = "timm:poolformer_s12"
-FAMILY = "group_norm"
-KERNELS = ("aten::native_group_norm", "aten::native_group_norm_backward")
-
-
-def row(spec) -> dict:
-    return per_module_row(
-        spec,
-        RUN,
-        MODEL,
-        FAMILY,
-        KERNELS,
-        lambda n, shape: (
-            f"{MODEL.removeprefix('timm:')}'s {n} GroupNorm(1, C), forward and "
-            f"backward, NCHW (the first {shape})"
-        ),
-        "group_norm_from_runs.py",
-    )
-
-
-def main() -> None:
-    family_row_main(FAMILY, row, __doc__.splitlines()[0], PROFILE)
+ROW = PerModule(
+    run="correlate-h100/correlate-new2.json",
+    model="timm:poolformer_s12",
+    family="group_norm",
+    kernels=("aten::native_group_norm", "aten::native_group_norm_backward"),
+    workload="{model}'s {n} GroupNorm(1, C), forward and backward, NCHW (the first {shape})",
+    script=Path(__file__).name,
+)
+row = ROW.row
 
 
 if __name__ == "__main__":
-    main()
+    family_row_main(ROW.family, row, __doc__.splitlines()[0], PROFILE)
