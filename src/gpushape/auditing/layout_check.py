@@ -55,9 +55,8 @@ def slower_ops(ctx: AuditContext, other: AuditContext) -> list[tuple[str, float]
     totals: dict[str, float] = {}
     for sign, c in ((-1.0, ctx), (1.0, other)):
         for op in c.cost.ops:
-            totals[op.op.split(".")[1]] = (
-                totals.get(op.op.split(".")[1], 0.0) + sign * op.kernel_time_s
-            )
+            name = op.op.split(".")[1]  # "aten.add.Tensor": "add"
+            totals[name] = totals.get(name, 0.0) + sign * op.kernel_time_s
     grown = sorted(((n, s) for n, s in totals.items() if s >= SHOWN_FROM_S), key=lambda kv: -kv[1])
     return grown[:SLOWER_SHOWN]
 
