@@ -20,6 +20,7 @@ from .models import (
     Attention,
     ConvBN,
     GeluMLP,
+    GroupNormConv,
     ManyTiny,
     MLPStack,
     NormThen,
@@ -143,6 +144,12 @@ CASES: dict[str, Case] = {
         fires=Side(lambda: build(GRNMLP), lambda: (meta(64, 56, 56, 96),)),
         twin=Side(lambda: build(GRNMLP, fused=True), lambda: (meta(64, 56, 56, 96),)),
         module="grn",
+    ),
+    # a conv, GroupNorm and ReLU on PyTorch's kernels against gpushape's GroupNormAct
+    "slow-group-norm": Case(
+        fires=Side(lambda: build(GroupNormConv), lambda: (meta(64, 256, 56, 56),)),
+        twin=Side(lambda: build(GroupNormConv, fused=True), lambda: (meta(64, 256, 56, 56),)),
+        module="norm",
     ),
     # torch's max pool against gpushape's kernel in the same stem
     "slow-max-pool": Case(

@@ -324,3 +324,20 @@ class GRNMLP(nn.Module):
 
     def forward(self, x):
         return self.fc2(self.grn(self.act(self.fc1(x))))
+
+
+class GroupNormConv(nn.Module):
+    """ResNet-GN's pattern: conv, GroupNorm(32), ReLU; `fused`: gpushape's GroupNormAct."""
+
+    def __init__(self, width: int = 256, fused: bool = False):
+        super().__init__()
+        from gpushape.kernels import GroupNormAct
+
+        self.conv = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        if fused:
+            self.norm, self.act = GroupNormAct(32, width, activation="relu"), nn.Identity()
+        else:
+            self.norm, self.act = nn.GroupNorm(32, width), nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.act(self.norm(self.conv(x)))

@@ -38,6 +38,7 @@ def test_rule_ids_are_designs_table():
         "kv-cache-in-training",
         "slow-max-pool",
         "unfused-grn",
+        "slow-group-norm",
         "slow-stem",
         "launch-bound",
         "wave-quantization",

@@ -196,3 +196,21 @@ def test_a_short_rows_measurement_prices_bert_width_layer_norms():
     at_4096 = gpushape.cost(trace, spec.replace(achievable=base)).totals.kernel_time_s
     at_768 = gpushape.cost(trace, spec.replace(achievable=rows)).totals.kernel_time_s
     assert at_768 == pytest.approx(2 * at_4096, rel=0.05)
+
+
+def test_gpushapes_group_norm_ops_are_priced_as_the_fused_group_norm():
+    """GroupNormAct's custom ops (forward and backward) in a trace: the family its probe
+    workload measures, as every gpushape kernel's."""
+    import gpushape
+    from gpushape.kernels import GroupNormAct
+
+    assert "fused_group_norm" in ALL_FAMILIES
+    with torch.device("meta"):
+        model = GroupNormAct(4, 8, activation="relu").to(torch.bfloat16)
+    x = meta(2, 8, 4, 4, dtype=torch.bfloat16, requires_grad=True)
+    ops = [r for r in gpushape.trace(model, (x,), train=True).ops if "group_norm_act" in r.op]
+    assert sorted(r.op.rsplit(".", 1)[0] for r in ops) == [
+        "gpushape.group_norm_act",
+        "gpushape.group_norm_act_backward",
+    ]
+    assert {memory_family(r) for r in ops} == {"fused_group_norm"}

@@ -36,6 +36,9 @@ FIXES: dict[str, str] = {
     "a 1-byte window position instead of PyTorch's int64 index (gpushape.kernels.MaxPool2d)",
     "fuse-grn": "replace a global response norm (ConvNeXt-V2's GRN, timm or Hugging Face) with "
     "gpushape's kernels: 3 passes over the tensor forward and 5 backward (same Parameters)",
+    "fuse-group-norm": "replace group norms (nn.GroupNorm, timm's GroupNorm, GroupNorm1 and "
+    "GroupNormAct) with gpushape's kernels, which use every SM, folding in an activation that "
+    "only reads the norm's output (same Parameters)",
     "s2d-stem": "compute a strided convolution on few input channels (an RGB stem) as a "
     "stride-1 convolution over its input folded into the channels (space-to-depth; same "
     "Parameters)",

@@ -8,6 +8,8 @@ from .batch_norm.batch_norm_act import BatchNormAct2d as BatchNormAct2d
 from .batch_norm.batch_norm_act import batch_norm_act as batch_norm_act
 from .grn.grn import GlobalResponseNorm as GlobalResponseNorm
 from .grn.grn import global_response_norm as global_response_norm
+from .group_norm.group_norm import GroupNormAct as GroupNormAct
+from .group_norm.group_norm import group_norm_act as group_norm_act
 from .norms.add_layer_norm import AddLayerNorm as AddLayerNorm
 from .norms.add_layer_norm import add_layer_norm as add_layer_norm
 from .norms.dropout_add_layer_norm import dropout_add_layer_norm as dropout_add_layer_norm

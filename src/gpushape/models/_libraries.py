@@ -105,3 +105,44 @@ def _timm_failure(timm: ModuleType, name: str, exc: Exception) -> str:
         hint = f"; did you mean {', '.join(near)}?" if near else ""
         return f"timm:{name}: timm {timm.__version__} has no model {name!r}{hint}"
     return f"timm:{name}: timm.create_model failed: {type(exc).__name__}: {_one_line(exc)}"
+
+
+# Library classes gpushape's kernels compute exactly, by the module defining them and their name
+# (a subclass, or a look-alike of the same name, may compute something else): what a transform
+# swaps and its rule offers the fix for. ConvNeXt-V2's global response norm (kernels/grn):
+LIBRARY_GRNS = frozenset(
+    {
+        ("timm.layers.grn", "GlobalResponseNorm"),
+        ("transformers.models.convnextv2.modeling_convnextv2", "ConvNextV2GRN"),
+    }
+)
+
+
+def is_library_grn(module: nn.Module) -> bool:
+    """Whether `module` is exactly timm's GlobalResponseNorm or transformers' ConvNextV2GRN."""
+    cls = type(module)
+    return (cls.__module__, cls.__name__) in LIBRARY_GRNS
+
+
+# Group norms gpushape's GroupNormAct computes exactly (F.group_norm on the module's own
+# parameters), and those that also run an activation after it (timm's, `drop` and `act` modules
+# beside the norm): what fuse-group-norm swaps and slow-group-norm offers it for.
+LIBRARY_GROUP_NORMS = frozenset(
+    {
+        ("torch.nn.modules.normalization", "GroupNorm"),
+        ("timm.layers.norm", "GroupNorm"),
+        ("timm.layers.norm", "GroupNorm1"),
+        ("timm.models.metaformer", "GroupNorm1NoBias"),
+    }
+)
+LIBRARY_GROUP_NORM_ACTS = frozenset(
+    {("timm.layers.norm_act", "GroupNormAct"), ("timm.layers.norm_act", "GroupNorm1Act")}
+)
+
+
+def is_library_group_norm(module: nn.Module, with_act: bool = False) -> bool:
+    """Whether `module` is exactly one of LIBRARY_GROUP_NORMS (with_act: of
+    LIBRARY_GROUP_NORM_ACTS), with timm's fast_norm (a half-precision variant) off."""
+    cls = type(module)
+    known = LIBRARY_GROUP_NORM_ACTS if with_act else LIBRARY_GROUP_NORMS
+    return (cls.__module__, cls.__name__) in known and not getattr(module, "_fast_norm", False)

@@ -60,6 +60,8 @@ from torch import nn
 from ..errors import GpushapeError
 from ._libraries import IMAGE_BATCH, _library, _one_line, timm_model
 from ._libraries import MissingLibraryError as MissingLibraryError  # re-exported
+from ._libraries import is_library_grn as is_library_grn  # re-exported
+from ._libraries import is_library_group_norm as is_library_group_norm  # re-exported
 from ._libraries import library_missing as library_missing  # re-exported
 from .input_spec import make_input, parse_input_spec
 
@@ -355,20 +357,3 @@ def _quiet(transformers: ModuleType) -> Iterator[None]:
         yield
     finally:
         logging.set_verbosity(level)
-
-
-# Library classes gpushape's kernels compute exactly, by the module defining them and their name
-# (a subclass, or a look-alike of the same name, may compute something else): what a transform
-# swaps and its rule offers the fix for. ConvNeXt-V2's global response norm (kernels/grn):
-LIBRARY_GRNS = frozenset(
-    {
-        ("timm.layers.grn", "GlobalResponseNorm"),
-        ("transformers.models.convnextv2.modeling_convnextv2", "ConvNextV2GRN"),
-    }
-)
-
-
-def is_library_grn(module: nn.Module) -> bool:
-    """Whether `module` is exactly timm's GlobalResponseNorm or transformers' ConvNextV2GRN."""
-    cls = type(module)
-    return (cls.__module__, cls.__name__) in LIBRARY_GRNS

@@ -13,6 +13,7 @@ FUSED = (
     "fused_max_pool",
     "fused_dropout_add_norm",  # no rule proposes it yet: its fix is applied by name
     "fused_grn",
+    "fused_group_norm",
 )
 # ... and the same kernels where a model already runs them (an optimized model's trace records
 # their custom ops, one op a pass, as torch.compile and CUDA graphs see them).
@@ -34,4 +35,6 @@ KERNEL_FAMILIES = {
     "gpushape.max_pool2d_backward": "fused_max_pool",
     "gpushape.global_response_norm": "fused_grn",
     "gpushape.global_response_norm_backward": "fused_grn",
+    "gpushape.group_norm_act": "fused_group_norm",
+    "gpushape.group_norm_act_backward": "fused_group_norm",
 }

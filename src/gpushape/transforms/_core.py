@@ -126,6 +126,7 @@ def load_transforms() -> dict[str, TransformInfo]:
         fuse_activation,
         fuse_dropout_add_norm,
         fuse_grn,
+        fuse_group_norm,
         fuse_norm_act,
         fuse_qkv,
         graph_layers,

@@ -27,6 +27,7 @@ ORDER = (
     "fuse-norm-act",
     "fuse-dropout-add-norm",  # a BERT-style block output's forward, on its instance
     "fuse-grn",
+    "fuse-group-norm",  # before graph-layers (applied after these), which captures the layers
     "fast-max-pool",  # after fuse-norm-act's fx rewrite, which keeps nn.MaxPool2d a module
     "s2d-stem",  # likewise: the fx rewrite keeps nn.Conv2d a module
     "channels-last",

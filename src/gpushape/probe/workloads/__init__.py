@@ -336,6 +336,15 @@ WORKLOADS = (
         lambda s: _fused("grn", s),
         passes=8,
     ),
+    # fwd: read x twice (the group statistics, then normalize and activate), write y; bwd: read
+    # dy and x twice (the group sums, then dx), write dx
+    FamilyWorkload(
+        "fused_group_norm",
+        "gpushape GroupNormAct(32, 256, relu) on 64x256x56x56 NCHW (ResNet-50-GN's first stage), "
+        "training",
+        lambda s: _fused("group_norm", s),
+        passes=8,
+    ),
     # not a kernel family: NCHW convolutions' loss against channels_last (probe/convs.py)
     FamilyWorkload(
         "nchw_conversion",

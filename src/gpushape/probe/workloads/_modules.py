@@ -51,6 +51,7 @@ def _fused(kind: str, scale: float) -> nn.Module:
     from ...kernels import (
         BatchNormAct2d,
         GlobalResponseNorm,
+        GroupNormAct,
         LayerNormGELU,
         MaxPool2d,
         SoftmaxDropout,
@@ -85,6 +86,13 @@ def _fused(kind: str, scale: float) -> nn.Module:
         shape = (max(int(64 * scale), 2), _side(scale, 56), _side(scale, 56), 384)
         return _Workload(
             lambda m, x: m.layers["op"](x), shape, modules={"op": GlobalResponseNorm(384)}
+        )
+    if kind == "group_norm":  # ResNet-50-GN's first-stage GroupNorm(32, 256) then ReLU, NCHW
+        shape = (max(int(64 * scale), 2), 256, _side(scale, 56), _side(scale, 56))
+        return _Workload(
+            lambda m, x: m.layers["op"](x),
+            shape,
+            modules={"op": GroupNormAct(32, 256, activation="relu")},
         )
     if kind == "dropout_add_norm":  # BERT-base's block output at 32 x 512 tokens
         norm = nn.LayerNorm(768, eps=1e-12)

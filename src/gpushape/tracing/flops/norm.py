@@ -177,3 +177,23 @@ def global_response_norm_backward(rec: OpRecord) -> OpWork:
     dy, x = rec.inputs[0], rec.inputs[1]
     reread = dy.nbytes + x.nbytes
     return OpWork(flops=6 * x.numel, min_bytes=io_bytes(rec), kernels=4, reread_bytes=reread)
+
+
+@register_formula("gpushape.group_norm_act")
+def group_norm_act(rec: OpRecord) -> OpWork:
+    """gpushape's group norm with its activation (kernels/group_norm): the per-channel shifted
+    sums over the pixels, the groups' statistics, then y = act(x * scale + shift): x read
+    twice, three kernels. 6 FLOPs an element (subtract, square, two adds; multiply, add), the
+    activation's besides."""
+    x = rec.inputs[0]
+    return OpWork(flops=6 * x.numel, min_bytes=io_bytes(rec), kernels=3, reread_bytes=x.nbytes)
+
+
+@register_formula("gpushape.group_norm_act_backward")
+def group_norm_act_backward(rec: OpRecord) -> OpWork:
+    """Its backward: the sums of dz and dz * (x - mean), then dx = dz * scale + x * coef +
+    const, with the activation's gradient dz recomputed from x: dy and x read twice, four
+    kernels (the last adds the samples' parameter-gradient terms). 8 FLOPs an element."""
+    dy, x = rec.inputs[0], rec.inputs[1]
+    reread = dy.nbytes + x.nbytes
+    return OpWork(flops=8 * x.numel, min_bytes=io_bytes(rec), kernels=4, reread_bytes=reread)

@@ -1,0 +1,287 @@
+"""Launchers of the group-norm kernels: the (N, P, C) view of the input, tiles, pixel slices and
+grids worked out once per signature (a plan), so a call allocates its outputs and launches
+three kernels (forward) or four (backward).
+
+Traffic (S: the bytes of x, equal to those of dy and dx; y's in its own dtype; the (N, C)
+coefficients are a few KB):
+  forward:  read x (the sums), read x and write y (the scaling)                  = 3 S
+  backward: read dy and x (the sums), read dy and x and write dx                 = 5 S
+PyTorch's eager group norm moves about as many bytes (its backward reads dy and x twice too),
+but takes its statistics with one thread block per (sample, group): 64 blocks on 132 SMs for a
+one-group norm at batch 64. These kernels split the pixels until every SM has programs.
+CPU tensors take the plain-PyTorch reference (`_reference.py`) unless TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+
+from .._dispatch import use_triton
+from .._launch import Launch, aligned
+from ..grn._kernels import _grn_param_grads_kernel
+from ._kernels import _gn_apply_kernel, _gn_group_kernel, _gn_sums_kernel
+from ._reference import reference_backward, reference_forward
+
+SUMS_TILE = 4096  # elements a sums program reads a step
+APPLY_TILE = 2048  # elements an elementwise program handles
+MAX_BLOCK_C = 64  # channels fastest: channels a tile spans (128 bytes of bf16)
+MAX_BLOCK_P = 256  # pixels fastest: pixels a tile spans
+MIN_BLOCK = 16
+GROUP_BLOCK_C = 1024  # channels the per-group kernel takes a step
+GRADS_BLOCK_N = 64  # the parameter gradients: samples a step
+GRADS_TILE = 4096
+PROGRAMS_PER_SM = 4  # the sums kernel splits the pixels until it has this many programs an SM
+_INT32_LIMIT = 2**31
+_MAX_PLANS = 1024
+
+
+class View(NamedTuple):
+    """x as (N, P, C): sizes, element strides, and which of pixels or channels is contiguous."""
+
+    n: int
+    p: int
+    c: int
+    sn: int
+    sp: int
+    sc: int
+    channels_fastest: bool
+
+
+def takes_as_is(x: torch.Tensor) -> bool:
+    """Whether the kernels read x where it lies: contiguous, or a 4-D tensor in channels_last
+    memory. y and dx then take x's strides; other inputs are copied contiguous first."""
+    if x.is_contiguous():
+        return True
+    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def dense(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels read it: itself where `takes_as_is`, else a contiguous copy."""
+    return x if takes_as_is(x) else x.contiguous()
+
+
+def empty_out(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialised tensor shaped and laid out as the kernels write y (or dx) for x, in
+    `dtype` (x's by default): what the custom ops' fake implementations return too."""
+    dtype = dtype or x.dtype
+    if takes_as_is(x):
+        return torch.empty_like(x, dtype=dtype)
+    return torch.empty(x.shape, dtype=dtype, device=x.device)
+
+
+def view(x: torch.Tensor) -> View:
+    """The (N, P, C) view of a tensor `dense` returned."""
+    n, c = x.shape[0], x.shape[1]
+    p = math.prod(x.shape[2:])
+    if x.is_contiguous():
+        return View(n, p, c, c * p, 1, p, c == 1 or p == 1)
+    _, sc, sh, sw = x.stride()  # 4-D channels_last
+    sp = sw if x.shape[3] > 1 else sh
+    return View(n, p, c, x.stride(0), sp, sc, True)
+
+
+def _pow2(n: int) -> int:
+    return max(MIN_BLOCK, 1 << max(0, n - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # Triton's interpreter: a few slices, so the split path is tested
+
+
+def _tile(v: View, elems: int) -> tuple[int, int]:
+    """(BLOCK_P, BLOCK_C): the contiguous axis first, up to its cap, the other filling the tile."""
+    if v.channels_fastest:
+        block_c = min(_pow2(v.c), MAX_BLOCK_C)
+        return min(_pow2(v.p), max(MIN_BLOCK, elems // block_c)), block_c
+    block_p = min(_pow2(v.p), MAX_BLOCK_P)
+    return block_p, min(_pow2(v.c), max(MIN_BLOCK, elems // block_p))
+
+
+class Plan(NamedTuple):
+    sums: Launch
+    group: Launch
+    apply: Launch
+    grads: Launch | None  # backward only
+    p_per_split: int
+    splits: int
+
+
+_PLANS: dict[tuple, Plan] = {}
+
+
+def plan(
+    backward: bool,
+    v: View,
+    groups: int,
+    act: int,
+    dtypes: tuple[torch.dtype, ...],
+    device: torch.device,
+) -> Plan:
+    """The cached launches of one direction for this view, group count, activation, the
+    tensors' dtypes (the compiled launchers are called directly: each pointer's dtype is part
+    of the key) and device."""
+    key = (backward, v, groups, act, dtypes, device)
+    found = _PLANS.get(key)
+    if found is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        found = _PLANS[key] = _build(backward, v, groups, act, dtypes[0], device)
+    return found
+
+
+def _build(
+    backward: bool, v: View, groups: int, act: int, dtype: torch.dtype, device: torch.device
+) -> Plan:
+    fp64 = dtype == torch.float64
+    wide = v.n * v.p * v.c >= _INT32_LIMIT
+    block_p, block_c = _tile(v, SUMS_TILE)
+    programs = v.n * -(-v.c // block_c)
+    slices = -(-v.p // block_p)
+    wanted = -(-PROGRAMS_PER_SM * _sm_count(device) // max(programs, 1))
+    splits = max(1, min(wanted, slices))
+    p_per_split = -(-slices // splits) * block_p
+    splits = -(-v.p // p_per_split)
+    flags = dict(BACKWARD=backward, ACC_FP64=fp64)
+    sums = Launch(
+        _gn_sums_kernel,
+        (programs, splits),
+        dict(flags, ACT=act, BLOCK_P=block_p, BLOCK_C=block_c, WIDE=wide, num_warps=8),
+    )
+    cpg = v.c // groups
+    group = Launch(
+        _gn_group_kernel,
+        v.n * groups,
+        dict(flags, BLOCK_C=min(_pow2(cpg), GROUP_BLOCK_C), num_warps=4),
+    )
+    ap, ac = _tile(v, APPLY_TILE)
+    apply = Launch(
+        _gn_apply_kernel,
+        v.n * -(-v.p // ap) * -(-v.c // ac),
+        dict(
+            flags,
+            ACT=act,
+            BLOCK_P=ap,
+            BLOCK_C=ac,
+            CHANNELS_FASTEST=v.channels_fastest,
+            WIDE=wide,
+            num_warps=4,
+        ),
+    )
+    grads = None
+    if backward:
+        grads_n = min(_pow2(v.n), GRADS_BLOCK_N)
+        grads_c = min(_pow2(v.c), GRADS_TILE // grads_n)
+        grads = Launch(
+            _grn_param_grads_kernel,
+            -(-v.c // grads_c),
+            dict(ACC_FP64=fp64, BLOCK_N=grads_n, BLOCK_C=grads_c, num_warps=4),
+        )
+    return Plan(sums, group, apply, grads, p_per_split, splits)
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def group_norm_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    groups: int,
+    eps: float,
+    act: int,
+    out_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, mean, rstd): y = act(group_norm(x)) in out_dtype and x's layout; mean and 1/std
+    (N, groups) in float32 (float64), which the backward reads. weight and bias: contiguous
+    (C,) tensors (ones and zeros where the norm has none)."""
+    x = dense(x)
+    if not use_triton(x):
+        return reference_forward(x, weight, bias, groups, eps, act, out_dtype)
+    v = view(x)
+    acc = acc_dtype(x.dtype)
+    y = torch.empty_like(x, dtype=out_dtype)
+    mean = torch.empty((v.n, groups), dtype=acc, device=x.device)
+    rstd = torch.empty_like(mean)
+    if v.n * v.c == 0:
+        return y, mean, rstd
+    if v.p == 0:  # no pixels: a group of nothing has no statistics
+        return y, mean.fill_(math.nan), rstd.fill_(math.nan)
+    p = plan(False, v, groups, act, (x.dtype, weight.dtype, bias.dtype, out_dtype), x.device)
+    ws = torch.empty((2, p.splits, v.n, v.c), dtype=acc, device=x.device)
+    scale = torch.empty((v.n, v.c), dtype=acc, device=x.device)
+    shift = torch.empty_like(scale)
+    cpg = v.c // groups
+    p.sums(
+        aligned(x, ws),
+        *(x, x, x, x, x, x, ws),
+        *(v.n, v.p, v.c, groups, cpg, v.sn, v.sp, v.sc, p.p_per_split, p.splits),
+    )
+    p.group(
+        aligned(ws, mean, rstd, weight, bias, scale, shift),
+        *(ws, mean, rstd, weight, bias, scale, shift, scale, scale, scale),
+        *(v.n, v.p, v.c, groups, cpg, p.splits, p.p_per_split, eps),
+    )
+    p.apply(
+        aligned(x, y, scale, shift),
+        *(x, x, y, scale, shift, scale, scale),
+        *(v.p, v.c, v.sn, v.sp, v.sc),
+    )
+    return y, mean, rstd
+
+
+def group_norm_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    groups: int,
+    eps: float,
+    act: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx in x's dtype and layout, dweight and dbias in weight's and bias's dtypes, (C,))."""
+    x = dense(x)
+    if dy.stride() != x.stride():
+        dy = torch.empty_like(x, dtype=dy.dtype).copy_(dy)
+    if not use_triton(x):
+        return reference_backward(dy, x, weight, bias, groups, eps, act)
+    v = view(x)
+    dx = torch.empty_like(x)
+    dw = torch.empty_like(weight)
+    db = torch.empty_like(bias)
+    if v.n * v.c * v.p == 0:  # nothing to sum: zero parameter gradients
+        return dx, dw.zero_(), db.zero_()
+    acc = acc_dtype(x.dtype)
+    dtypes = (x.dtype, weight.dtype, bias.dtype, dy.dtype, dw.dtype, db.dtype)
+    p = plan(True, v, groups, act, dtypes, x.device)
+    ws = torch.empty((2, p.splits, v.n, v.c), dtype=acc, device=x.device)
+    tables = torch.empty((4, v.n, v.c), dtype=acc, device=x.device)
+    scale, shift, coef, const = tables.unbind(0)
+    parts = torch.empty((2, v.n, v.c), dtype=acc, device=x.device)
+    cpg = v.c // groups
+    p.sums(
+        aligned(x, dy, mean, rstd, weight, bias, ws),
+        *(x, dy, mean, rstd, weight, bias, ws),
+        *(v.n, v.p, v.c, groups, cpg, v.sn, v.sp, v.sc, p.p_per_split, p.splits),
+    )
+    p.group(
+        aligned(ws, mean, rstd, weight, bias, scale, shift, coef, const, parts),
+        *(ws, mean, rstd, weight, bias, scale, shift, coef, const, parts),
+        *(v.n, v.p, v.c, groups, cpg, p.splits, p.p_per_split, 0.0),
+    )
+    p.apply(
+        aligned(x, dy, dx, scale, shift, coef, const),
+        *(x, dy, dx, scale, shift, coef, const),
+        *(v.p, v.c, v.sn, v.sp, v.sc),
+    )
+    p.grads(aligned(parts, dw, db), parts, dw, db, v.n, v.c)
+    return dx, dw, db

@@ -1,0 +1,746 @@
+"""group_norm_act / GroupNormAct against PyTorch's act(F.group_norm(...)) (CPU lane).
+
+TRITON_INTERPRET=1 runs the Triton kernels on small shapes (the `interpret` fixture); tests that
+pin the plain-PyTorch reference path unset it. GPU lane: test_group_norm_gpu.py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from gpushape.kernels import GroupNormAct, group_norm_act
+from gpushape.kernels.group_norm import _launch
+from gpushape.kernels.group_norm._reference import ACTIVATIONS as ACT_CODE  # name -> code
+
+from ._group_norm_cases import (
+    ACTIVATIONS,
+    KINK,
+    LAYOUTS,
+    TORCH_ACT,
+    case_shape,
+    gate,
+    keep_off_kinks,
+    make_case,
+    pre_activation64,
+    torch_group_norm_act,
+)
+from ._numeric import outputs_and_grads
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CL = torch.channels_last
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def reference_path(monkeypatch):
+    """CPU tensors on the plain-PyTorch reference (TRITON_INTERPRET unset)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def _gn(num_groups, eps=1e-5, activation="none"):
+    return lambda x, w, b: group_norm_act(x, num_groups, w, b, eps, activation)
+
+
+def _run(fn, args, dy):
+    """(y, dx, dw, db) of fn(*args) for the output gradient dy (None where no gradient)."""
+    (y,), grads = outputs_and_grads(fn, args, [dy])
+    return (y, *grads)
+
+
+def _fresh(*tensors):
+    return [t.detach().clone().requires_grad_() if t is not None else None for t in tensors]
+
+
+def _assert_equal(got, want, names=("y", "dx", "dw", "db")):
+    for name, a, b in zip(names, got, want):
+        if b is None:
+            assert a is None, name
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
+
+
+# ---- the numeric gate, Triton kernels in the interpreter ------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_gate(interpret, dtype, layout):
+    x, w, b = make_case(case_shape(layout, 2, 12, 5, 7), dtype, layout)
+    gate(x, w, b, 3, activation="gelu")
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_every_activation(interpret, activation, dtype):
+    layout = "nchw-cl" if dtype == torch.bfloat16 else "nchw"
+    x, w, b = make_case((2, 8, 4, 5), dtype, layout)
+    gate(x, w, b, 4, activation=activation)
+
+
+@pytest.mark.parametrize(
+    ("shape", "groups", "layout", "activation"),
+    [
+        ((2, 1), 1, "nc", "none"),  # one element a group
+        ((3, 6), 3, "nc", "relu"),  # two
+        ((2, 65), 5, "nc", "silu"),  # 2-D: channels fastest, two channel blocks
+        ((1, 1025), 1, "nc", "gelu"),  # one group of more channels than the group kernel's step
+        ((2, 1030), 2, "nc", "hardswish"),
+        ((2, 3, 1), 3, "ncl", "gelu_tanh"),
+        ((1, 1, 63), 1, "ncl", "relu"),
+        ((1, 1, 64), 1, "ncl", "none"),
+        ((1, 1, 65), 1, "ncl", "silu"),
+        ((2, 4, 255), 2, "ncl", "gelu"),  # pixels around a tile (256)
+        ((1, 2, 257), 2, "ncl", "hardswish"),
+        ((1, 65, 3), 5, "ncl", "relu"),
+        ((1, 3, 1023), 1, "ncl", "gelu_tanh"),
+        ((3, 5, 7, 9), 5, "nchw", "relu"),  # odd everything, one channel a group
+        ((2, 6, 1, 17), 2, "nchw", "silu"),
+        ((2, 65, 3, 2), 13, "nchw-cl", "gelu"),  # channels fastest, past one channel block (64)
+        ((1, 128, 2, 2), 2, "nchw-cl", "none"),
+        ((2, 7, 1, 1), 7, "nchw-cl", "relu"),  # one pixel: channels_last and contiguous at once
+        ((2, 6, 1, 17), 3, "nchw-cl", "hardswish"),  # H = 1
+        ((2, 6, 17, 1), 3, "nchw-cl", "gelu_tanh"),  # W = 1
+        ((1, 4, 2, 3, 5), 2, "nchw", "silu"),  # 5-D
+    ],
+    ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v),
+)
+def test_odd_shapes(interpret, shape, groups, layout, activation):
+    """Groups of one element, channel and pixel counts around the tiles' widths, the group
+    kernel's channel loop, one-pixel and one-row images, 2-D, 3-D and 5-D inputs."""
+    gate(*make_case(shape, torch.float32, layout), groups, activation=activation)
+
+
+# the fixtures (interpret: a skip check; _seed) need no reset between examples
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    n=st.integers(1, 3),
+    groups=st.integers(1, 4),
+    per_group=st.integers(1, 5),
+    spatial=st.lists(st.integers(1, 9), min_size=0, max_size=2),
+    channels_last=st.booleans(),
+    activation=st.sampled_from(ACTIVATIONS),
+)
+def test_property_shapes(interpret, n, groups, per_group, spatial, channels_last, activation):
+    """Any (N, C, *spatial) with C = groups * per_group; 4-D inputs in either layout."""
+    shape = (n, groups * per_group, *spatial)
+    if n * math.prod(spatial) == 1:
+        shape = (2, *shape[1:])  # F.group_norm refuses a single value a channel
+    layout = "nchw-cl" if channels_last and len(shape) == 4 else "nchw"
+    torch.manual_seed(len(shape) * 1000 + sum(shape))
+    gate(*make_case(shape, torch.float32, layout), groups, activation=activation)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nchw-cl", "ncl"])
+@pytest.mark.parametrize("groups", [1, 6], ids=["one_group", "group_per_channel"])
+def test_num_groups_one_and_c(interpret, layout, groups):
+    x, w, b = make_case(case_shape(layout, 2, 6, 3, 4), torch.float32, layout)
+    gate(x, w, b, groups, activation="relu")
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("affine", ["weight", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_without_bias_or_affine(interpret, affine, activation, dtype):
+    """weight only (bias None), and affine=False (both None): no gradient for the absent."""
+    x, w, b = make_case((2, 8, 3, 5), dtype, "nchw", affine=affine)
+    assert b is None and (w is None) == (affine == "none")
+    gate(x, w, b, 2, activation=activation)
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-3, 0.5])
+def test_eps(interpret, eps):
+    gate(*make_case((2, 6, 4, 3), torch.float32, "nchw-cl"), 3, eps=eps, activation="silu")
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nchw-cl", "nc"])
+def test_mean_far_from_zero(interpret, layout):
+    """x = 1000 + N(0, 1): the one-pass E[x^2] - E[x]^2 in float32 would lose most digits of
+    the variance (checked here on the same input); the kernels' shifted sums must not."""
+    x, w, b = make_case(
+        case_shape(layout, 2, 8, 6, 6) if layout != "nc" else (3, 96), torch.float32, layout
+    )
+    with torch.no_grad():
+        x.copy_(1000.0 + torch.randn(x.shape))
+    xs = x.detach().reshape(x.shape[0], 2, -1)
+    naive = (xs * xs).mean(-1) - xs.mean(-1) ** 2
+    true = xs.double().var(-1, correction=0)
+    assert ((naive.double() - true).abs() / true).max() > 1e-3  # the input bites
+    gate(x, w, b, 2, activation="relu")
+
+
+def test_float64(interpret):
+    for layout in LAYOUTS:
+        x, w, b = make_case(case_shape(layout, 2, 6, 3, 4), torch.float64, layout)
+        gate(x, w, b, 3, activation="gelu")
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nchw-cl", "ncl"])
+def test_pixel_slices(interpret, layout):
+    """Few samples and channels, many pixels: the sums split the pixels over programs, each
+    writing its own partial sums, added in order (forward and backward)."""
+    x, w, b = make_case(case_shape(layout, 1, 4, 30, 30), torch.float32, layout)
+    v = _launch.view(_launch.dense(x.detach()))
+    dt = x.dtype
+    fwd = _launch.plan(False, v, 2, ACT_CODE["silu"], (dt, dt, dt, dt), x.device)
+    bwd = _launch.plan(True, v, 2, ACT_CODE["silu"], (dt,) * 6, x.device)
+    assert fwd.splits > 1 and bwd.splits > 1
+    gate(x, w, b, 2, activation="silu")
+
+
+def test_many_samples(interpret):
+    """More samples than the parameter-gradient kernel sums a step (64)."""
+    gate(*make_case((70, 4, 3), torch.float32, "ncl"), 2, activation="relu")
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_gradcheck_float64(interpret, activation):
+    for layout in ("nchw", "nchw-cl", "ncl", "nc"):
+        x, w, b = make_case(case_shape(layout, 2, 4, 2, 3), torch.float64, layout)
+        keep_off_kinks(x, 2, w, b, 1e-5, activation)
+        assert torch.autograd.gradcheck(
+            lambda x, w, b: group_norm_act(x, 2, w, b, 1e-5, activation),
+            (x, w, b),
+            fast_mode=True,
+        ), layout
+
+
+# ---- values -----------------------------------------------------------------------------------
+def test_gate_inputs_keep_off_kinks():
+    """The gate moves x off ReLU's and Hardswish's kinks (where float32 rounding alone may flip
+    an element's gradient)."""
+    x, w, b = make_case((2, 6, 5, 4), torch.float32, "nchw")
+    with torch.no_grad():  # plant pre-activations 1e-7 from -3, 0 and 3 (x moves the stats)
+        for _ in range(40):
+            for target, (h, wi) in ((-3.0, (0, 0)), (0.0, (2, 3)), (3.0, (4, 1))):
+                z = pre_activation64(x, 2, w, b)
+                rstd = torch.rsqrt(x[0, :3].double().var(correction=0) + 1e-5)
+                gain = w[1].double() * rstd
+                x[0, 1, h, wi] -= float((z[0, 1, h, wi] - target - 1e-7) / gain)
+    z = pre_activation64(x, 2, w, b)
+    for at in (-3.0, 0.0, 3.0):
+        assert ((z - at).abs() < KINK).sum() >= 1, at
+    keep_off_kinks(x, 2, w, b, 1e-5, "relu")
+    assert (pre_activation64(x, 2, w, b).abs() >= KINK).all()
+    keep_off_kinks(x, 2, w, b, 1e-5, "hardswish")
+    z = pre_activation64(x, 2, w, b)
+    assert ((z + 3).abs() >= KINK).all() and ((z - 3).abs() >= KINK).all()
+
+
+@pytest.mark.parametrize("activation", ["relu", "hardswish"])
+@pytest.mark.parametrize("layout", ["nchw", "nchw-cl"])
+def test_pre_activation_exactly_at_the_kink(interpret, activation, layout):
+    """Channels with weight 0 have the pre-activation z = bias exactly, whatever x: ReLU at
+    z = 0 and Hardswish at z = -3, 0, 3 take PyTorch's derivative there (ReLU's 0; Hardswish's
+    0 at -3 and 1 at 3), seen in those channels' bias gradients."""
+    x, w, b = make_case((2, 8, 3, 4), torch.float32, layout)
+    kinks = [0.0] if activation == "relu" else [-3.0, 0.0, 3.0]
+    with torch.no_grad():
+        for i, at in enumerate(kinks):
+            w[2 * i + 1] = 0.0
+            b[2 * i + 1] = at
+    keep_off_kinks(x, 4, w, b, 1e-5, activation)  # the other channels; these can't move
+    dy = torch.randn(x.shape)
+    got = _run(_gn(4, activation=activation), (x, w, b), dy)
+    want = _run(lambda x, w, b: torch_group_norm_act(x, 4, w, b, 1e-5, activation), (x, w, b), dy)
+    for i, at in enumerate(kinks):
+        c = 2 * i + 1
+        d = {0.0: 0.0 if activation == "relu" else 0.5, -3.0: 0.0, 3.0: 1.0}[at]
+        expected_db = (dy[:, c] * d).sum()
+        torch.testing.assert_close(want[3][c], expected_db)  # PyTorch's derivative, as stated
+        torch.testing.assert_close(got[3][c], expected_db, msg=f"dbias at z = {at}")
+    gate(x, w, b, 4, activation=activation, kinks=False)
+
+
+def test_constant_group(interpret):
+    """A group whose values are all equal (variance 0: 1/std = 1/sqrt(eps))."""
+    x, w, b = make_case((2, 6, 3, 4), torch.float32, "nchw")
+    with torch.no_grad():
+        x[1, 2:4] = 1.5
+    gate(x, w, b, 3, activation="gelu")
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_nan_propagates_like_torch(interpret, activation):
+    """A NaN makes its whole (sample, group) NaN in y, as in PyTorch, and the gradients match
+    PyTorch's composition: dx and dweight NaN for that group's channels; dbias NaN there
+    where the activation's derivative is NaN at NaN (SiLU, GELU), else finite, as torch's
+    ReLU backward (threshold_backward) passes dy on at NaN.
+    Hardswish: PyTorch's own backward disagrees with itself at NaN (its scalar loop passes dy
+    on, its vectorized loop gives NaN: it depends on the tensor's length), so its dbias there
+    is not compared."""
+    x, w, b = make_case((2, 6, 3, 4), torch.float32, "nchw")
+    with torch.no_grad():
+        x[0, 1, 2, 3] = float("nan")
+    y = group_norm_act(x, 3, w, b, activation=activation)
+    assert torch.isnan(y[0, :2]).all() and torch.isfinite(y[0, 2:]).all()
+    assert torch.isfinite(y[1]).all()
+    if activation != "hardswish":
+        gate(x, w, b, 3, activation=activation, kinks=False)
+        return
+    dy = torch.randn(x.shape)
+    got = _run(_gn(3, activation=activation), _fresh(x, w, b), dy)
+    want = _run(
+        lambda x, w, b: torch_group_norm_act(x, 3, w, b, 1e-5, activation), _fresh(x, w, b), dy
+    )
+    for name, g, e in zip(("y", "dx", "dw"), got, want):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, equal_nan=True, msg=name)
+    torch.testing.assert_close(got[3][2:], want[3][2:], rtol=1e-5, atol=1e-5)
+
+
+def test_first_pixel_outlier(interpret):
+    """One outlier pixel at every channel's first position (a conv output's padded corner, say):
+    PyTorch's statistics stay accurate (Welford); so must the kernels' (a shift by that very
+    pixel would cancel most digits of s2 - s1^2 / P)."""
+    x, w, b = make_case((1, 4, 16, 16), torch.float32, "nchw")
+    with torch.no_grad():
+        x[:, :, 0, 0] = 16.0
+    gate(x, w, b, 1, activation="none")
+
+
+def test_values_near_fp16_max(interpret):
+    """fp16 x near 6e4: squares and sums overflow fp16, not the float32 accumulators."""
+    x, w, b = make_case((2, 4, 5, 6), torch.float16, "nchw-cl")
+    with torch.no_grad():
+        x.copy_((6e4 + 2e3 * torch.rand(x.shape)).clamp(max=65000))
+    gate(x, w, b, 2, activation="silu")
+
+
+def test_deterministic(interpret):
+    """The same inputs give the same y and gradients bit for bit (the pixel-split sums too)."""
+    x, w, b = make_case((1, 4, 30, 30), torch.float32, "nchw-cl")
+    dy = torch.randn(x.shape)
+    first = _run(_gn(2, activation="relu"), (x, w, b), dy)
+    for _ in range(2):
+        _assert_equal(_run(_gn(2, activation="relu"), (x, w, b), dy), first)
+
+
+def test_empty_batch(interpret):
+    for layout in ("nchw", "nchw-cl", "ncl"):
+        x, w, b = make_case(case_shape(layout, 0, 4, 3, 3), torch.float32, layout)
+        y = group_norm_act(x, 2, w, b, activation="relu")
+        assert y.shape == x.shape
+        y.sum().backward()
+        assert torch.equal(w.grad, torch.zeros(4)) and torch.equal(b.grad, torch.zeros(4))
+        assert x.grad.shape == x.shape
+
+
+# ---- layouts and strides --------------------------------------------------------------------
+def test_keeps_layout(interpret):
+    """Contiguous x -> contiguous y and dx; 4-D channels_last -> channels_last; other strides
+    -> contiguous."""
+    cases = {
+        "nchw": (make_case((2, 4, 3, 5), torch.float32, "nchw")[0], torch.contiguous_format),
+        "nchw-cl": (make_case((2, 4, 3, 5), torch.float32, "nchw-cl")[0], CL),
+        "ncl": (make_case((2, 4, 15), torch.float32, "ncl")[0], torch.contiguous_format),
+        "transposed": (
+            torch.randn(2, 4, 5, 3).transpose(2, 3).requires_grad_(),
+            torch.contiguous_format,
+        ),
+        "ncl-channels-fastest": (
+            torch.randn(2, 15, 4).transpose(1, 2).requires_grad_(),
+            torch.contiguous_format,
+        ),
+    }
+    for name, (x, fmt) in cases.items():
+        w, b = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+        y, dx, _, _ = _run(_gn(2, activation="silu"), (x, w, b), torch.randn(x.shape))
+        assert y.is_contiguous(memory_format=fmt), name
+        assert dx.is_contiguous(memory_format=fmt), name
+        if name in ("nchw", "nchw-cl", "ncl"):
+            assert y.stride() == x.stride() and dx.stride() == x.stride(), name
+
+
+def test_strided_inputs_equal_contiguous(interpret):
+    """Sliced, permuted, offset, odd-strided and expanded inputs are copied contiguous first:
+    the contiguous input's y and gradients bit for bit."""
+    base = torch.randn(3, 8, 6, 10)
+    views = {
+        "sliced_c": base[:, ::2],
+        "sliced_last": base[..., ::2],
+        "transposed_hw": base.transpose(2, 3),
+        "offset": base[1:, 2:6, 1:],
+        "odd_strides": torch.randn(300).as_strided((2, 4, 3, 5), (101, 23, 7, 1), 4),
+        "expanded_batch": base[:1].expand(3, 8, 6, 10),
+        "ncl_transposed": torch.randn(2, 7, 8).transpose(1, 2),
+    }
+    for name, xv in views.items():
+        c = xv.shape[1]
+        w, b = torch.randn(c), torch.randn(c)
+        dy = torch.randn(xv.shape)
+        args = (xv.detach().requires_grad_(), *_fresh(w, b))
+        got = _run(_gn(2, activation="gelu"), args, dy)
+        dense = (xv.contiguous().detach().requires_grad_(), *_fresh(w, b))
+        want = _run(_gn(2, activation="gelu"), dense, dy)
+        _assert_equal(got, want)
+        assert got[0].is_contiguous() and got[1].is_contiguous(), name
+
+
+def test_channels_last_equals_nchw(interpret):
+    x, w, b = make_case((2, 6, 5, 7), torch.float32, "nchw")
+    dy = torch.randn(x.shape)
+    want = _run(_gn(3, activation="relu"), _fresh(x, w, b), dy)
+    xc, wc, bc = _fresh(x, w, b)
+    got = _run(_gn(3, activation="relu"), (xc.contiguous(memory_format=CL), wc, bc), dy)
+    for name, g, e in zip(("y", "dx", "dw", "db"), got, want):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_grad_output_layouts(interpret):
+    """An expanded (stride-0) grad_output and one in the other layout than x give the result
+    of a dense grad_output in x's layout, bit for bit."""
+    for layout in ("nchw", "nchw-cl"):
+        x, w, b = make_case((2, 6, 3, 4), torch.float32, layout)
+        small = torch.randn(1, 6, 1, 1)
+        fmt = LAYOUTS[layout][1]
+        dense_dy = small.expand(x.shape).contiguous(memory_format=fmt)
+        want = _run(_gn(3, activation="silu"), _fresh(x, w, b), dense_dy)
+        got = _run(_gn(3, activation="silu"), _fresh(x, w, b), small.expand(x.shape))
+        _assert_equal(got, want)
+        other = CL if fmt == torch.contiguous_format else torch.contiguous_format
+        got = _run(
+            _gn(3, activation="silu"), _fresh(x, w, b), dense_dy.contiguous(memory_format=other)
+        )
+        _assert_equal(got, want)
+
+
+def test_strided_parameters(interpret):
+    x = make_case((2, 6, 3, 4), torch.float32, "nchw")[0]
+    dy = torch.randn(x.shape)
+    wide = torch.randn(12, 2)
+    ws, bs = wide[::2, 0].detach().requires_grad_(), wide[1::2, 1].detach().requires_grad_()
+    got = _run(_gn(3, activation="gelu"), (x, ws, bs), dy)
+    want = _run(_gn(3, activation="gelu"), (x, *_fresh(ws, bs)), dy)
+    _assert_equal(got, want)
+
+
+# ---- the reference path (CPU without the interpreter) ---------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_reference_path(reference_path, layout, dtype):
+    for activation in ACTIVATIONS:
+        x, w, b = make_case(case_shape(layout, 2, 6, 4, 5), dtype, layout)
+        gate(x, w, b, 3, activation=activation)
+
+
+def test_reference_path_float64_and_affine(reference_path):
+    gate(*make_case((2, 6, 4, 5), torch.float64, "nchw-cl"), 2, activation="silu")
+    gate(*make_case((2, 6, 4, 5), torch.float32, "nchw", affine="weight"), 2, activation="relu")
+    gate(*make_case((2, 6, 20), torch.float32, "ncl", affine="none"), 6, activation="hardswish")
+
+
+def test_interpreter_equals_reference(interpret, monkeypatch):
+    """The kernels and the plain-PyTorch reference agree closely (both float32 inside)."""
+    x, w, b = make_case((2, 8, 5, 3), torch.float32, "nchw-cl")
+    dy = torch.randn(x.shape)
+    got = _run(_gn(4, activation="hardswish"), _fresh(x, w, b), dy)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    want = _run(_gn(4, activation="hardswish"), _fresh(x, w, b), dy)
+    for name, g, e in zip(("y", "dx", "dw", "db"), got, want):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# ---- the custom ops: meta tensors, opcheck, torch.compile, torch.func ------------------------
+def test_meta_tensors_take_the_custom_op():
+    for fmt in (torch.contiguous_format, CL):
+        x = torch.empty(2, 6, 4, 5, device="meta").contiguous(memory_format=fmt)
+        x.requires_grad_()
+        w = torch.empty(6, device="meta", requires_grad=True)
+        b = torch.empty(6, device="meta", requires_grad=True)
+        y = group_norm_act(x, 3, w, b, activation="relu")
+        assert y.shape == x.shape and y.stride() == x.stride() and y.grad_fn is not None
+        y.sum().backward()
+        assert x.grad.shape == x.shape and w.grad.shape == (6,) and b.grad.shape == (6,)
+    x = torch.empty(2, 6, 7, device="meta", dtype=torch.bfloat16)
+    y = group_norm_act(x, 2)
+    assert y.shape == x.shape and y.dtype == torch.bfloat16
+
+
+def _opcheck_inputs():
+    """(name, x, weight, bias, out_fp32): dense inputs in each layout, one the kernels copy
+    first (its y must come back contiguous in the fake too), bf16 with a float32 y."""
+    x, w, b = (t.detach() for t in make_case((2, 6, 3, 4), torch.float32, "nchw"))
+    xb = x.to(torch.bfloat16)
+    return [
+        ("nchw", x, w, b, False),
+        ("nchw-cl", x.contiguous(memory_format=CL), w, b, False),
+        ("ncl", x.reshape(2, 6, 12), w, b, False),
+        ("nc", x[:, :, 0, 0].contiguous(), w, b, False),
+        ("transposed", x.transpose(2, 3), w, b, False),
+        ("bf16-out-fp32", xb, w.to(torch.bfloat16), b.to(torch.bfloat16), True),
+        ("bf16-fp32-params", xb.contiguous(memory_format=CL), w, b, False),
+    ]
+
+
+@pytest.mark.parametrize("path", ["interpreter", "reference"])
+def test_custom_ops_opcheck(path, monkeypatch):
+    """Schema, fake implementations (shapes and strides of the real outputs), autograd
+    registration and AOT dispatch of both custom ops."""
+    if path == "reference":
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("set TRITON_INTERPRET=1 to run Triton kernels on the CPU")
+    fwd = torch.ops.gpushape.group_norm_act
+    bwd = torch.ops.gpushape.group_norm_act_backward
+    for i, (name, x, w, b, out_fp32) in enumerate(_opcheck_inputs()):
+        act = ACT_CODE[ACTIVATIONS[i % len(ACTIVATIONS)]]
+        args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), 3, 1e-5, act)
+        torch.library.opcheck(fwd, (*args, out_fp32))
+        y, mean, rstd = fwd(
+            *(t.detach() if isinstance(t, torch.Tensor) else t for t in args), out_fp32
+        )
+        assert mean.shape == rstd.shape == (2, 3) and mean.dtype == torch.float32, name
+        assert y.dtype == (torch.float32 if out_fp32 else x.dtype), name
+        dy = torch.randn(y.shape, dtype=y.dtype)
+        bwd_args = (dy, x.detach(), w.detach(), b.detach(), mean, rstd, 3, 1e-5, act)
+        torch.library.opcheck(bwd, bwd_args)
+
+
+def _compiled_equals_eager(fn, args, dy):
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        got = _run(compiled, _fresh(*args), dy)
+    want = _run(fn, _fresh(*args), dy)
+    for name, g, e in zip(("y", "dx", "dw", "db"), got, want):
+        if e is None:
+            assert g is None, name
+            continue
+        assert g.dtype == e.dtype, name
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("path", ["interpreter", "reference"])
+def test_compile_fullgraph_matches_eager(path, monkeypatch):
+    """The custom ops under torch.compile(fullgraph=True) (aot_eager: their fakes and
+    registered autograd) equal the eager autograd.Function: NCHW, channels_last and 3-D, with
+    and without affine parameters."""
+    if path == "reference":
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("set TRITON_INTERPRET=1 to run Triton kernels on the CPU")
+    for layout, affine in (("nchw", "both"), ("nchw-cl", "weight"), ("ncl", "none")):
+        x, w, b = make_case(case_shape(layout, 2, 6, 3, 4), torch.float32, layout, affine=affine)
+        _compiled_equals_eager(
+            lambda x, w, b: 2.0 * group_norm_act(0.5 * x, 3, w, b, 1e-5, "silu"),
+            (x, w, b),
+            torch.randn(x.shape),
+        )
+
+
+@pytest.mark.parametrize("path", ["interpreter", "reference"])
+def test_compiled_module_matches_eager(path, monkeypatch):
+    """A compiled GroupNormAct (fullgraph) gives the eager module's y, dx and parameter
+    gradients."""
+    if path == "reference":
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("set TRITON_INTERPRET=1 to run Triton kernels on the CPU")
+    eager = GroupNormAct(3, 6, activation="gelu")
+    nn.init.normal_(eager.weight), nn.init.normal_(eager.bias)
+    compiled = GroupNormAct(3, 6, activation="gelu")
+    compiled.load_state_dict(eager.state_dict())
+    torch._dynamo.reset()
+    fn = torch.compile(compiled, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 6, 4, 3).contiguous(memory_format=CL)
+    dy = torch.randn(x.shape)
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        got = outputs_and_grads(fn, (x.clone().requires_grad_(),), [dy], whole_backward=True)
+    want = outputs_and_grads(eager, (x.clone().requires_grad_(),), [dy], whole_backward=True)
+    torch.testing.assert_close(got[0][0], want[0][0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got[1][0], want[1][0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(compiled.weight.grad, eager.weight.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(compiled.bias.grad, eager.bias.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_functorch_takes_the_composition(interpret):
+    x, w, b = (t.detach() for t in make_case((2, 6, 3, 4), torch.float64, "nchw"))
+    grad = torch.func.grad(lambda x: group_norm_act(x, 3, w, b, activation="silu").sum())(x)
+    xr = x.clone().requires_grad_()
+    want = torch.autograd.grad(torch_group_norm_act(xr, 3, w, b, activation="silu").sum(), xr)[0]
+    torch.testing.assert_close(grad, want)
+
+
+# ---- dtypes: parameters in another dtype, autocast ------------------------------------------
+def test_parameters_in_another_dtype(interpret):
+    """bf16 x with float32 weight and bias (autocast's parameters): y and dx in x's dtype, the
+    parameter gradients in theirs; float32 x with bf16 parameters likewise."""
+    x, w, b = make_case((2, 6, 3, 4), torch.bfloat16, "nchw-cl", param_dtype=torch.float32)
+    dy = torch.randn(x.shape, dtype=torch.bfloat16)
+    y, dx, dw, db = _run(_gn(3, activation="silu"), (x, w, b), dy)
+    assert y.dtype == dx.dtype == torch.bfloat16 and dw.dtype == db.dtype == torch.float32
+    want = _run(
+        lambda x, w, b: torch_group_norm_act(x, 3, w, b, activation="silu"),
+        _fresh(x.float(), w, b),
+        dy.float(),
+    )
+    for name, g, e in zip(("y", "dx", "dw", "db"), (y, dx, dw, db), want):
+        torch.testing.assert_close(
+            g.float(), e, rtol=2e-2, atol=2e-2, msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+    x, w, b = make_case((2, 6, 3, 4), torch.float32, "nchw", param_dtype=torch.bfloat16)
+    y, dx, dw, db = _run(_gn(3, activation="gelu"), (x, w, b), torch.randn(x.shape))
+    assert y.dtype == dx.dtype == torch.float32 and dw.dtype == db.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_autocast_output_dtype_cpu(interpret, dtype):
+    """Under CPU autocast y takes F.group_norm's dtype there (x's: CPU autocast does not run
+    group_norm in float32), and values within x's dtype's rounding of the composition; dx
+    stays in x's dtype. A float32 x stays float32."""
+    x, w, b = make_case((2, 6, 3, 4), dtype, "nchw", param_dtype=torch.float32)
+    with torch.autocast("cpu", dtype=dtype):
+        want = torch_group_norm_act(x, 3, w, b, activation="relu")
+        got = group_norm_act(x, 3, w, b, activation="relu")
+        x32 = x.detach().float()
+        assert group_norm_act(x32, 3, w, b).dtype == F.group_norm(x32, 3, w, b).dtype
+    assert got.dtype == want.dtype, (
+        f"y is {got.dtype} under CPU autocast, F.group_norm's {want.dtype}"
+    )
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    (dx,) = torch.autograd.grad(got, x, torch.randn(got.shape, dtype=got.dtype))
+    assert dx.dtype == dtype
+
+
+# ---- errors ---------------------------------------------------------------------------------
+_X = torch.randn(2, 6, 3, 4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(x=_X.numpy()), TypeError, "x must be a Tensor"),
+        (dict(x=None), TypeError, "x must be a Tensor"),
+        (dict(weight=[1.0] * 6), TypeError, "weight must be a Tensor or None"),
+        (dict(x=_X.int()), TypeError, "x must be float32, float16 or bfloat16"),
+        (dict(x=_X.bool()), TypeError, "x must be float32, float16 or bfloat16"),
+        (dict(weight=torch.ones(6, dtype=torch.int64)), TypeError, "weight must be float32"),
+        (dict(bias=torch.zeros(6, dtype=torch.int32)), TypeError, "bias must be float32"),
+        (dict(x=torch.randn(6)), ValueError, r"x must be \(N, C, \*\), got shape \(6,\)"),
+        (dict(x=torch.tensor(1.0)), ValueError, r"x must be \(N, C, \*\)"),
+        (dict(num_groups=4), ValueError, "6 channels do not split into 4 groups"),
+        (dict(num_groups=0), ValueError, "num_groups must be an int >= 1, got 0"),
+        (dict(num_groups=-3), ValueError, "num_groups must be an int >= 1"),
+        (dict(num_groups=1.5), ValueError, "num_groups must be an int >= 1"),
+        (dict(num_groups=True), ValueError, "num_groups must be an int >= 1"),
+        (dict(weight=torch.ones(5)), ValueError, r"weight must hold one value per channel \(6\)"),
+        (dict(bias=torch.zeros(7)), ValueError, r"bias must hold one value per channel \(6\)"),
+        (dict(eps=-1e-5), ValueError, "eps must be >= 0"),
+        (dict(eps=float("nan")), ValueError, "eps must be >= 0"),
+        (dict(activation="swish"), ValueError, "activation must be one of"),
+        (dict(activation="ReLU"), ValueError, "activation must be one of"),
+        (dict(weight=torch.ones(6, device="meta")), RuntimeError, "all tensors must be on one"),
+        (dict(bias=torch.zeros(6, device="meta")), RuntimeError, "bias on meta"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_bad_input_errors(kwargs, error, match):
+    args = dict(x=_X, num_groups=3, weight=torch.ones(6), bias=torch.zeros(6))
+    args.update(kwargs)
+    with pytest.raises(error, match=match) as info:
+        group_norm_act(**args)
+    assert str(info.value).startswith("group_norm_act: ")
+
+
+# ---- the module -----------------------------------------------------------------------------
+@pytest.mark.parametrize("affine", [True, False])
+def test_state_dict_matches_group_norm(affine):
+    ref, ours = nn.GroupNorm(2, 6, affine=affine), GroupNormAct(2, 6, affine=affine)
+    assert isinstance(ours, nn.GroupNorm)
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    if affine:
+        nn.init.normal_(ref.weight), nn.init.normal_(ref.bias)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    for name, t in ref.state_dict().items():
+        assert torch.equal(ours.state_dict()[name], t), name
+    ref.load_state_dict(ours.state_dict(), strict=True)
+    assert (ours.num_groups, ours.num_channels, ours.eps, ours.affine) == (2, 6, 1e-5, affine)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_module_equals_group_norm_then_activation(interpret, activation):
+    ref = nn.GroupNorm(3, 6, eps=1e-4)
+    nn.init.normal_(ref.weight), nn.init.normal_(ref.bias)
+    ours = GroupNormAct(3, 6, eps=1e-4, activation=activation)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 6, 3, 4)
+    torch.testing.assert_close(ours(x), TORCH_ACT[activation](ref(x)), rtol=1e-5, atol=1e-5)
+    assert ("activation" in repr(ours)) == (activation != "none")
+    if activation != "none":
+        assert activation in repr(ours)
+
+
+def test_module_device_dtype_and_errors():
+    m = GroupNormAct(2, 4, dtype=torch.float64, device="meta")
+    assert m.weight.dtype == torch.float64 and m.weight.device.type == "meta"
+    with pytest.raises(ValueError, match="activation must be one of"):
+        GroupNormAct(2, 4, activation="swish")
+    with pytest.raises(ValueError):  # nn.GroupNorm's own check
+        GroupNormAct(3, 4)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_from_module_shares_parameters(interpret, affine):
+    gn = nn.GroupNorm(2, 6, eps=1e-3, affine=affine)
+    if affine:
+        nn.init.normal_(gn.weight), nn.init.normal_(gn.bias)
+    ours = GroupNormAct.from_module(gn, activation="relu")
+    assert ours.weight is gn.weight and ours.bias is gn.bias
+    assert (ours.num_groups, ours.num_channels, ours.eps, ours.affine) == (2, 6, 1e-3, affine)
+    assert ours.activation == "relu" and list(ours.state_dict()) == list(gn.state_dict())
+    x = torch.randn(2, 6, 3, 4)
+    torch.testing.assert_close(ours(x), F.relu(gn(x)), rtol=1e-5, atol=1e-5)
+    if affine:  # a gradient step through ours moves gn's parameters
+        ours(x).pow(2).sum().backward()
+        assert gn.weight.grad is not None and gn.bias.grad is not None
+        with torch.no_grad():
+            ours.weight.add_(1.0)
+        assert torch.equal(gn.weight, ours.weight)
+
+
+class _NotGroupNorm(nn.Module):
+    num_groups, num_channels, eps, affine = 2, 4, 1e-5, True
+    weight = bias = None
+
+
+@pytest.mark.parametrize("module", [nn.BatchNorm2d(4), nn.LayerNorm(4), _NotGroupNorm()])
+def test_from_module_refuses_others(module):
+    with pytest.raises(TypeError, match=r"expected an nn\.GroupNorm"):
+        GroupNormAct.from_module(module)
+
+
+def test_from_module_bad_activation():
+    with pytest.raises(ValueError, match="activation must be one of"):
+        GroupNormAct.from_module(nn.GroupNorm(2, 4), activation="mish")
+
+
+def test_from_timm(interpret):
+    norm = pytest.importorskip("timm.layers.norm")
+    for theirs in (norm.GroupNorm(8, num_groups=4, eps=1e-6), norm.GroupNorm1(8)):
+        nn.init.normal_(theirs.weight), nn.init.normal_(theirs.bias)
+        ours = GroupNormAct.from_module(theirs, activation="silu")
+        assert ours.weight is theirs.weight and ours.bias is theirs.bias
+        assert ours.num_groups == theirs.num_groups and ours.eps == theirs.eps
+        x = torch.randn(2, 8, 3, 3, requires_grad=True)
+        dy = torch.randn(x.shape)
+        got = _run(ours, (x,), dy)
+        want = _run(lambda x, theirs=theirs: F.silu(theirs(x)), (x,), dy)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
