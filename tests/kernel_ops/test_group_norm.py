@@ -501,13 +501,11 @@ def test_custom_ops_opcheck(path, monkeypatch):
         act = ACT_CODE[ACTIVATIONS[i % len(ACTIVATIONS)]]
         args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), 3, 1e-5, act)
         torch.library.opcheck(fwd, (*args, out_fp32))
-        y, mean, rstd = fwd(
-            *(t.detach() if isinstance(t, torch.Tensor) else t for t in args), out_fp32
-        )
-        assert mean.shape == rstd.shape == (2, 3) and mean.dtype == torch.float32, name
+        y, stats = fwd(*(t.detach() if isinstance(t, torch.Tensor) else t for t in args), out_fp32)
+        assert stats.shape == (2, 2, 3) and stats.dtype == torch.float32, name
         assert y.dtype == (torch.float32 if out_fp32 else x.dtype), name
         dy = torch.randn(y.shape, dtype=y.dtype)
-        bwd_args = (dy, x.detach(), w.detach(), b.detach(), mean, rstd, 3, 1e-5, act)
+        bwd_args = (dy, x.detach(), w.detach(), b.detach(), stats, 3, 1e-5, act)
         torch.library.opcheck(bwd, bwd_args)
 
 

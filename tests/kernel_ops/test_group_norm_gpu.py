@@ -308,11 +308,9 @@ def test_gpu_custom_ops_opcheck():
     for xi, wi, bi, act, out_fp32 in cases:
         args = (xi.requires_grad_(), wi.requires_grad_(), bi.requires_grad_(), 8, 1e-5, act)
         torch.library.opcheck(fwd, (*args, out_fp32))
-        y, mean, rstd = fwd(xi.detach(), wi.detach(), bi.detach(), 8, 1e-5, act, out_fp32)
+        y, stats = fwd(xi.detach(), wi.detach(), bi.detach(), 8, 1e-5, act, out_fp32)
         dy = torch.randn_like(y)
-        torch.library.opcheck(
-            bwd, (dy, xi.detach(), wi.detach(), bi.detach(), mean, rstd, 8, 1e-5, act)
-        )
+        torch.library.opcheck(bwd, (dy, xi.detach(), wi.detach(), bi.detach(), stats, 8, 1e-5, act))
 
 
 @pytest.mark.gpu

@@ -49,7 +49,7 @@ except Exception as exc:  # not installed, or its torchvision does not import wi
 
 # Every module-level transform that runs on the CPU (activation-checkpoint needs a budget).
 CPU_TRANSFORMS = ["pad-channels", "fuse-qkv", "sdpa", "fuse-activation", "fuse-norm-act",
-                  "fuse-grn", "channels-last"]  # fmt: skip
+                  "fuse-grn", "fuse-group-norm", "channels-last"]  # fmt: skip
 # name -> (timm model, create_model options, image size, transforms that must apply)
 MODELS = {
     "resnet": (
@@ -57,6 +57,13 @@ MODELS = {
         dict(layers=(1, 1, 1, 1), channels=(8, 8, 16, 16), stem_width=16),
         64,
         {"pad-channels", "fuse-norm-act", "channels-last"},
+    ),
+    # ResNet-50-GN's blocks (timm's GroupNorm, 32 groups: 32 channels at least) made narrow
+    "resnet-gn": (
+        "resnet50_gn",
+        dict(layers=(1, 1, 1, 1), channels=(32, 32, 32, 32), stem_width=32),
+        32,
+        {"fuse-group-norm", "channels-last"},
     ),
     "mobilenetv3": ("mobilenetv3_small_050", {}, 64, {"fuse-norm-act", "channels-last"}),
     "vit": (
@@ -86,6 +93,7 @@ RULE_OF = {
     "fuse-norm-act": "unfused-norm-act",
     "channels-last": "nchw-conv",
     "fuse-grn": "unfused-grn",
+    "fuse-group-norm": "slow-group-norm",
 }
 
 

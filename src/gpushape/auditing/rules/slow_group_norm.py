@@ -105,6 +105,7 @@ def _finding(ctx: AuditContext, norms: list[OpRecord], fix: str | None) -> Itera
     groups = sorted({int(r.params.get("group", 0)) for r in norms if "group" in r.params})
     evidence = {
         "norms": len(norms),
+        "sites": len(norms),  # what the host dispatches instead: one op a norm each way
         "with_activation": len(acts),
         "input_shape": list(x.shape),
         "dtype": x.dtype,

@@ -35,6 +35,10 @@ import triton.language as tl
 from ..batch_norm._act_math import _act_fwd, _act_grad
 
 RELU = tl.constexpr(5)  # ReLU's activation code (the others: ACT_CODES)
+# where the partial sums start in the workspace, in (N, C) tables: after scale and shift
+# (forward), after scale, shift, coef, const and the two parameter-gradient terms (backward)
+FORWARD_WS = tl.constexpr(2)
+BACKWARD_WS = tl.constexpr(6)
 
 
 @triton.jit
@@ -72,11 +76,10 @@ def _channel_coefs(n, c, c_ok, G, CPG, mean_ptr, rstd_ptr, w_ptr, b_ptr, acc_ty:
 def _gn_sums_kernel(
     x_ptr,  # (N, P, C) input, strides (sn, sp, sc)
     dy_ptr,  # backward: the output's gradient, x's strides; forward: unused (x stands in)
-    mean_ptr,  # backward: (N, G) the forward's group means; forward: unused
-    rstd_ptr,  # backward: (N, G) the forward's 1/std; forward: unused
+    stats_ptr,  # backward: (2, N, G) the forward's group means and 1/std; forward: unused
     w_ptr,  # backward: (C,) weight; forward: unused
     b_ptr,  # backward: (C,) bias; forward: unused
-    ws_ptr,  # out: (2, SPLITS, N, C): forward, each slice's mean and M2; backward, the sums
+    work_ptr,  # the call's float32 workspace (`_launch.py`): out, the partials at WS_OFFSET
     N,
     P,
     C,
@@ -94,6 +97,7 @@ def _gn_sums_kernel(
     BLOCK_C: tl.constexpr,
     WIDE: tl.constexpr,
 ):
+    ws_ptr = work_ptr + (BACKWARD_WS if BACKWARD else FORWARD_WS) * N * C
     pid = tl.program_id(0)
     split = tl.program_id(1)
     n_cb = tl.cdiv(C, BLOCK_C)
@@ -111,7 +115,7 @@ def _gn_sums_kernel(
     base = n * sn + c[None, :] * sc
     if BACKWARD:
         scale, shift, mean = _channel_coefs(
-            n, c, c_ok, G, CPG, mean_ptr, rstd_ptr, w_ptr, b_ptr, acc_ty
+            n, c, c_ok, G, CPG, stats_ptr, stats_ptr + N * G, w_ptr, b_ptr, acc_ty
         )
         scale, shift, mean = scale[None, :], shift[None, :], mean[None, :]
     for step in range(0, p_per_split, BLOCK_P):
@@ -174,16 +178,10 @@ def _channel_stats(ws_ptr, n, c, c_ok, N, C, P, SPLITS, p_per_split, acc_ty: tl.
 
 @triton.jit
 def _gn_group_kernel(
-    ws_ptr,  # (2, SPLITS, N, C) from _gn_sums_kernel
-    mean_ptr,  # (N, G): forward out, backward in
-    rstd_ptr,  # (N, G): forward out, backward in
+    work_ptr,  # the workspace: in, the partials from _gn_sums_kernel; out, the tables
+    stats_ptr,  # (2, N, G) the group means and 1/std: forward out, backward in
     w_ptr,  # (C,) weight
     b_ptr,  # (C,) bias
-    scale_ptr,  # out (N, C): forward and backward, rstd * w (what x, or dz, is scaled by)
-    shift_ptr,  # out (N, C): forward and backward, b - mean * rstd * w
-    coef_ptr,  # backward out (N, C): what x is scaled by in dx
-    const_ptr,  # backward out (N, C): what dx adds
-    parts_ptr,  # backward out (2, N, C): this sample's terms of dweight and dbias
     N,
     P,
     C,
@@ -203,6 +201,17 @@ def _gn_group_kernel(
     #   dx = rstd (w dz - m1 - xhat m2),  m1 = sum_c w_c A_c / M,  m2 = rstd sum_c w_c B_c / M
     #      = (rstd w) dz + x (-rstd^2 m2) + (rstd^2 m2 mean - rstd m1),   M = CPG P
     #   dweight_c = sum_n rstd B_c,  dbias_c = sum_n A_c
+    # the workspace's (N, C) tables: scale = rstd * w (what x, or dz, is scaled by) and
+    # shift = b - mean * rstd * w; backward also coef (what x is scaled by in dx), const (what
+    # dx adds) and the samples' terms of dweight and dbias (2, N, C); then the partials
+    scale_ptr, shift_ptr = work_ptr, work_ptr + N * C
+    coef_ptr, const_ptr, parts_ptr = (
+        work_ptr + 2 * N * C,
+        work_ptr + 3 * N * C,
+        work_ptr + 4 * N * C,
+    )
+    ws_ptr = work_ptr + (BACKWARD_WS if BACKWARD else FORWARD_WS) * N * C
+    mean_ptr, rstd_ptr = stats_ptr, stats_ptr + N * G
     pid = tl.program_id(0)
     n = pid // G
     grp = pid % G
@@ -266,12 +275,11 @@ def _gn_apply_kernel(
     x_ptr,  # (N, P, C) input, strides (sn, sp, sc)
     dy_ptr,  # backward: the output's gradient, x's strides; forward: unused (x stands in)
     out_ptr,  # out: y (forward) or dx (backward), x's strides
-    scale_ptr,  # (N, C) rstd * w
-    shift_ptr,  # (N, C) b - mean * rstd * w
-    coef_ptr,  # backward: (N, C) what x is scaled by in dx; forward: unused
-    const_ptr,  # backward: (N, C) what dx adds; forward: unused
+    work_ptr,  # the workspace's (N, C) tables: scale, shift, and backward coef and const
+    N,
     P,
     C,
+    numel,  # N * C * P
     sn,
     sp,
     sc,
@@ -280,34 +288,48 @@ def _gn_apply_kernel(
     ACC_FP64: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
-    CHANNELS_FASTEST: tl.constexpr,
+    LAYOUT: tl.constexpr,  # 0: channels fastest; 1: pixels fastest, tiles; 2: NCHW, flat
     WIDE: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    n_pb = tl.cdiv(P, BLOCK_P)
-    n_cb = tl.cdiv(C, BLOCK_C)
-    per_sample = n_pb * n_cb
-    n = pid // per_sample
-    r = pid % per_sample
-    if CHANNELS_FASTEST:  # neighbouring programs: channel blocks of one pixel block
-        pb, cb = r // n_cb, r % n_cb
-    else:
-        pb, cb = r % n_pb, r // n_pb
-    p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    if WIDE:
-        n, p, c = n.to(tl.int64), p.to(tl.int64), c.to(tl.int64)
-    c_ok = c < C
-    ok = (p < P)[:, None] & c_ok[None, :]
-    off = n * sn + p[:, None] * sp + c[None, :] * sc
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
-    scale = tl.load(scale_ptr + n * C + c, mask=c_ok, other=0.0)[None, :]
-    shift = tl.load(shift_ptr + n * C + c, mask=c_ok, other=0.0)[None, :]
+    if LAYOUT == 2:
+        # NCHW contiguous: the tensor flat, BLOCK_P * BLOCK_C elements a program, each
+        # element's (sample, channel) row of the tables its index // P. Aligned, whatever P is
+        # (a 14x14 map's rows start at odd bytes: 2-D tiles over them load an element a time)
+        start = pid * (BLOCK_P * BLOCK_C)
+        if WIDE:
+            start = start.to(tl.int64)
+        off = start + tl.arange(0, BLOCK_P * BLOCK_C)
+        ok = off < numel
+        row = off // P
+        t_ok = ok
+    else:
+        n_pb = tl.cdiv(P, BLOCK_P)
+        n_cb = tl.cdiv(C, BLOCK_C)
+        per_sample = n_pb * n_cb
+        n = pid // per_sample
+        r = pid % per_sample
+        if LAYOUT == 0:  # neighbouring programs: channel blocks of one pixel block
+            pb, cb = r // n_cb, r % n_cb
+        else:
+            pb, cb = r % n_pb, r // n_pb
+        p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+        c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+        if WIDE:
+            n, p, c = n.to(tl.int64), p.to(tl.int64), c.to(tl.int64)
+        c_ok = c < C
+        ok = (p < P)[:, None] & c_ok[None, :]
+        off = n * sn + p[:, None] * sp + c[None, :] * sc
+        row = (n * C + c)[None, :]
+        t_ok = c_ok[None, :]
+    scale = tl.load(work_ptr + row, mask=t_ok, other=0.0)
+    shift = tl.load(work_ptr + N * C + row, mask=t_ok, other=0.0)
     x = tl.load(x_ptr + off, mask=ok, other=0.0).to(acc_ty)
     z = x * scale + shift
     if BACKWARD:
-        coef = tl.load(coef_ptr + n * C + c, mask=c_ok, other=0.0)[None, :]
-        const = tl.load(const_ptr + n * C + c, mask=c_ok, other=0.0)[None, :]
+        coef = tl.load(work_ptr + 2 * N * C + row, mask=t_ok, other=0.0)
+        const = tl.load(work_ptr + 3 * N * C + row, mask=t_ok, other=0.0)
         dy = tl.load(dy_ptr + off, mask=ok, other=0.0).to(acc_ty)
         out = _act_backward(dy, z, ACT) * scale + x * coef + const
     else:

@@ -160,19 +160,16 @@ def _build(
         v.n * groups,
         dict(flags, BLOCK_C=min(_pow2(cpg), GROUP_BLOCK_C), num_warps=4),
     )
-    ap, ac = _tile(v, APPLY_TILE)
+    if v.channels_fastest:
+        layout, (ap, ac) = 0, _tile(v, APPLY_TILE)
+        programs = v.n * -(-v.p // ap) * -(-v.c // ac)
+    else:  # NCHW contiguous: flat (see _gn_apply_kernel)
+        layout, ap, ac = 2, APPLY_TILE, 1
+        programs = -(-v.n * v.c * v.p // APPLY_TILE)
     apply = Launch(
         _gn_apply_kernel,
-        v.n * -(-v.p // ap) * -(-v.c // ac),
-        dict(
-            flags,
-            ACT=act,
-            BLOCK_P=ap,
-            BLOCK_C=ac,
-            CHANNELS_FASTEST=v.channels_fastest,
-            WIDE=wide,
-            num_warps=4,
-        ),
+        programs,
+        dict(flags, ACT=act, BLOCK_P=ap, BLOCK_C=ac, LAYOUT=layout, WIDE=wide, num_warps=4),
     )
     grads = None
     if backward:
@@ -190,6 +187,12 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# The workspace of a call, float32 (float64): (N, C) tables, then the partial sums
+# (2, SPLITS, N, C); forward: scale, shift; backward: scale, shift, coef, const and the two
+# parameter-gradient terms (`_kernels.py`'s FORWARD_WS, BACKWARD_WS). One allocation a call.
+FORWARD_TABLES, BACKWARD_TABLES = 2, 6
+
+
 def group_norm_forward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -198,43 +201,34 @@ def group_norm_forward(
     eps: float,
     act: int,
     out_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, mean, rstd): y = act(group_norm(x)) in out_dtype and x's layout; mean and 1/std
-    (N, groups) in float32 (float64), which the backward reads. weight and bias: contiguous
-    (C,) tensors (ones and zeros where the norm has none)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, stats): y = act(group_norm(x)) in out_dtype and x's layout; stats (2, N, groups),
+    the group means and 1/std in float32 (float64), which the backward reads. weight and bias:
+    contiguous (C,) tensors (ones and zeros where the norm has none)."""
     x = dense(x)
     if not use_triton(x):
         return reference_forward(x, weight, bias, groups, eps, act, out_dtype)
     v = view(x)
     acc = acc_dtype(x.dtype)
     y = torch.empty_like(x, dtype=out_dtype)
-    mean = torch.empty((v.n, groups), dtype=acc, device=x.device)
-    rstd = torch.empty_like(mean)
+    stats = torch.empty((2, v.n, groups), dtype=acc, device=x.device)
     if v.n * v.c == 0:
-        return y, mean, rstd
+        return y, stats
     if v.p == 0:  # no pixels: a group of nothing has no statistics
-        return y, mean.fill_(math.nan), rstd.fill_(math.nan)
+        return y, stats.fill_(math.nan)
     p = plan(False, v, groups, act, (x.dtype, weight.dtype, bias.dtype, out_dtype), x.device)
-    ws = torch.empty((2, p.splits, v.n, v.c), dtype=acc, device=x.device)
-    scale = torch.empty((v.n, v.c), dtype=acc, device=x.device)
-    shift = torch.empty_like(scale)
+    nc = v.n * v.c
+    work = torch.empty((FORWARD_TABLES + 2 * p.splits) * nc, dtype=acc, device=x.device)
     cpg = v.c // groups
-    p.sums(
-        aligned(x, ws),
-        *(x, x, x, x, x, x, ws),
-        *(v.n, v.p, v.c, groups, cpg, v.sn, v.sp, v.sc, p.p_per_split, p.splits),
-    )
+    sizes = (v.n, v.p, v.c, groups, cpg, v.sn, v.sp, v.sc, p.p_per_split, p.splits)
+    p.sums(aligned(x, work), x, x, x, x, x, work, *sizes)
     p.group(
-        aligned(ws, mean, rstd, weight, bias, scale, shift),
-        *(ws, mean, rstd, weight, bias, scale, shift, scale, scale, scale),
-        *(v.n, v.p, v.c, groups, cpg, p.splits, p.p_per_split, eps),
+        aligned(work, stats, weight, bias),
+        *(work, stats, weight, bias, v.n, v.p, v.c, groups, cpg, p.splits, p.p_per_split, eps),
     )
-    p.apply(
-        aligned(x, y, scale, shift),
-        *(x, x, y, scale, shift, scale, scale),
-        *(v.p, v.c, v.sn, v.sp, v.sc),
-    )
-    return y, mean, rstd
+    numel = nc * v.p
+    p.apply(aligned(x, y, work), x, x, y, work, v.n, v.p, v.c, numel, v.sn, v.sp, v.sc)
+    return y, stats
 
 
 def group_norm_backward(
@@ -242,8 +236,7 @@ def group_norm_backward(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor,
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
+    stats: torch.Tensor,
     groups: int,
     eps: float,
     act: int,
@@ -263,25 +256,17 @@ def group_norm_backward(
     acc = acc_dtype(x.dtype)
     dtypes = (x.dtype, weight.dtype, bias.dtype, dy.dtype, dw.dtype, db.dtype)
     p = plan(True, v, groups, act, dtypes, x.device)
-    ws = torch.empty((2, p.splits, v.n, v.c), dtype=acc, device=x.device)
-    tables = torch.empty((4, v.n, v.c), dtype=acc, device=x.device)
-    scale, shift, coef, const = tables.unbind(0)
-    parts = torch.empty((2, v.n, v.c), dtype=acc, device=x.device)
+    nc = v.n * v.c
+    work = torch.empty((BACKWARD_TABLES + 2 * p.splits) * nc, dtype=acc, device=x.device)
     cpg = v.c // groups
-    p.sums(
-        aligned(x, dy, mean, rstd, weight, bias, ws),
-        *(x, dy, mean, rstd, weight, bias, ws),
-        *(v.n, v.p, v.c, groups, cpg, v.sn, v.sp, v.sc, p.p_per_split, p.splits),
-    )
+    sizes = (v.n, v.p, v.c, groups, cpg, v.sn, v.sp, v.sc, p.p_per_split, p.splits)
+    p.sums(aligned(x, dy, stats, weight, bias, work), x, dy, stats, weight, bias, work, *sizes)
     p.group(
-        aligned(ws, mean, rstd, weight, bias, scale, shift, coef, const, parts),
-        *(ws, mean, rstd, weight, bias, scale, shift, coef, const, parts),
-        *(v.n, v.p, v.c, groups, cpg, p.splits, p.p_per_split, 0.0),
+        aligned(work, stats, weight, bias),
+        *(work, stats, weight, bias, v.n, v.p, v.c, groups, cpg, p.splits, p.p_per_split, 0.0),
     )
-    p.apply(
-        aligned(x, dy, dx, scale, shift, coef, const),
-        *(x, dy, dx, scale, shift, coef, const),
-        *(v.p, v.c, v.sn, v.sp, v.sc),
-    )
+    numel = nc * v.p
+    p.apply(aligned(x, dy, dx, work), x, dy, dx, work, v.n, v.p, v.c, numel, v.sn, v.sp, v.sc)
+    parts = work[4 * nc :]
     p.grads(aligned(parts, dw, db), parts, dw, db, v.n, v.c)
     return dx, dw, db

@@ -31,7 +31,13 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .._dispatch import check_float, check_same_device, eager_path, functorch_active
+from .._dispatch import (
+    FLOAT_DTYPES,
+    check_float,
+    check_same_device,
+    eager_path,
+    functorch_active,
+)
 from ._launch import acc_dtype, empty_out, group_norm_backward, group_norm_forward
 from ._reference import ACTIVATIONS, _compose
 
@@ -43,18 +49,17 @@ _OP = "group_norm_act"
 @torch.library.custom_op("gpushape::group_norm_act", mutates_args=())
 def group_norm_op(
     x: Tensor, weight: Tensor, bias: Tensor, num_groups: int, eps: float, act: int, out_fp32: bool
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(y, mean, rstd): the group statistics (N, num_groups) float32 (float64 for float64 x),
-    which the backward reads."""
+) -> tuple[Tensor, Tensor]:
+    """(y, stats): stats (2, N, num_groups), the group means and 1/std in float32 (float64 for
+    float64 x), which the backward reads."""
     out = torch.float32 if out_fp32 else x.dtype
     return group_norm_forward(x, weight, bias, num_groups, eps, act, out)
 
 
 @group_norm_op.register_fake
 def _(x, weight, bias, num_groups, eps, act, out_fp32):
-    stats = x.new_empty((x.shape[0], num_groups), dtype=acc_dtype(x.dtype))
-    y = empty_out(x, torch.float32 if out_fp32 else x.dtype)
-    return y, stats, torch.empty_like(stats)
+    stats = x.new_empty((2, x.shape[0], num_groups), dtype=acc_dtype(x.dtype))
+    return empty_out(x, torch.float32 if out_fp32 else x.dtype), stats
 
 
 @torch.library.custom_op("gpushape::group_norm_act_backward", mutates_args=())
@@ -63,35 +68,34 @@ def group_norm_backward_op(
     x: Tensor,
     weight: Tensor,
     bias: Tensor,
-    mean: Tensor,
-    rstd: Tensor,
+    stats: Tensor,
     num_groups: int,
     eps: float,
     act: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dweight, dbias); the parameter gradients are (C,) in the parameters' dtypes."""
-    return group_norm_backward(dy, x, weight, bias, mean, rstd, num_groups, eps, act)
+    return group_norm_backward(dy, x, weight, bias, stats, num_groups, eps, act)
 
 
 @group_norm_backward_op.register_fake
-def _(dy, x, weight, bias, mean, rstd, num_groups, eps, act):
+def _(dy, x, weight, bias, stats, num_groups, eps, act):
     return empty_out(x), torch.empty_like(weight), torch.empty_like(bias)
 
 
 def _setup_context(ctx, inputs, output):
     x, weight, bias, num_groups, eps, act, _out_fp32 = inputs
-    ctx.save_for_backward(x, weight, bias, output[1], output[2])
+    ctx.save_for_backward(x, weight, bias, output[1])
     ctx.num_groups, ctx.eps, ctx.act = num_groups, eps, act
-    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)  # the statistics never get a gradient: no zeros built
 
 
-def _backward(ctx, dy, _dmean, _drstd):
+def _backward(ctx, dy, _dstats):
     if dy is None:
         return None, None, None, None, None, None, None
-    x, weight, bias, mean, rstd = ctx.saved_tensors
+    x, weight, bias, stats = ctx.saved_tensors
     dx, dw, db = group_norm_backward_op(
-        dy, x, weight, bias, mean, rstd, ctx.num_groups, ctx.eps, ctx.act
+        dy, x, weight, bias, stats, ctx.num_groups, ctx.eps, ctx.act
     )
     return dx, dw, db, None, None, None, None
 
@@ -103,23 +107,54 @@ group_norm_op.register_autograd(_backward, setup_context=_setup_context)
 class _GroupNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, num_groups, eps, act, out_dtype):
-        y, mean, rstd = group_norm_forward(x, weight, bias, num_groups, eps, act, out_dtype)
-        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        y, stats = group_norm_forward(x, weight, bias, num_groups, eps, act, out_dtype)
+        ctx.save_for_backward(x, weight, bias, stats)
         ctx.num_groups, ctx.eps, ctx.act = num_groups, eps, act
         return y
 
     @staticmethod
     @once_differentiable  # the backward kernels have no derivative of their own
     def backward(ctx, dy):
-        x, weight, bias, mean, rstd = ctx.saved_tensors
+        x, weight, bias, stats = ctx.saved_tensors
         dx, dw, db = group_norm_backward(
-            dy, x, weight, bias, mean, rstd, ctx.num_groups, ctx.eps, ctx.act
+            dy, x, weight, bias, stats, ctx.num_groups, ctx.eps, ctx.act
         )
         return dx, dw, db, None, None, None, None
 
 
 # ---- checks ---------------------------------------------------------------------------------
+_FLOATS = frozenset(FLOAT_DTYPES)
+
+
+def _param_ok(t, x: Tensor) -> bool:
+    return t is None or (
+        isinstance(t, Tensor)
+        and t.dtype in _FLOATS
+        and t.device == x.device
+        and t.numel() == x.shape[1]
+    )
+
+
 def _check(x, num_groups, weight, bias, eps, activation) -> int:
+    """The activation's code; `_check_each` where something is off (an eager call's host time
+    is the kernels' budget: the common case is one expression)."""
+    if (
+        isinstance(x, Tensor)
+        and x.dtype in _FLOATS
+        and x.dim() >= 2
+        and type(num_groups) is int
+        and num_groups >= 1
+        and x.shape[1] % num_groups == 0
+        and eps >= 0
+        and activation in ACTIVATIONS
+        and _param_ok(weight, x)
+        and _param_ok(bias, x)
+    ):
+        return ACTIVATIONS[activation]
+    return _check_each(x, num_groups, weight, bias, eps, activation)
+
+
+def _check_each(x, num_groups, weight, bias, eps, activation) -> int:
     """The activation's code, after one-line errors for what the kernels cannot take."""
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         if t is not None and not isinstance(t, Tensor):
@@ -178,12 +213,14 @@ def group_norm_act(
         weight = torch.ones(c, dtype=x.dtype, device=x.device)
     if bias is None:
         bias = torch.zeros(c, dtype=weight.dtype, device=x.device)
-    w, b = weight.reshape(-1), bias.reshape(-1)
+    w = weight if weight.dim() == 1 else weight.reshape(-1)
+    b = bias if bias.dim() == 1 else bias.reshape(-1)
     out_fp32 = _autocast_fp32(x)
     if functorch_active():  # torch.func: the plain-PyTorch composition, which it understands
         y = _compose(x, w.to(x.dtype), b.to(x.dtype), num_groups, eps, act)
         return y.float() if out_fp32 else y
-    w, b = w.contiguous(), b.contiguous()
+    if not (w.is_contiguous() and b.is_contiguous()):
+        w, b = w.contiguous(), b.contiguous()
     if eager_path(x):
         out = torch.float32 if out_fp32 else x.dtype
         if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad):
