@@ -1,7 +1,8 @@
 """Real timm models through `gpushape.optimize` on the CPU, built small with pretrained=False:
 a ResNet (timm's Bottleneck, ResNet-50's block: BatchNorm2d -> ReLU, and BatchNorm2d ->
-residual add -> ReLU), MobileNetV3 (depthwise convolutions, squeeze-excite, timm's own
-BatchNormAct2d with ReLU and Hardswish), a ViT (timm's `fused_attn` switch, a width that
+residual add -> ReLU), the same blocks with timm's GroupNorm (ResNet-50-GN's: GroupNorm ->
+ReLU, and GroupNorm -> residual add), MobileNetV3 (depthwise convolutions, squeeze-excite,
+timm's own BatchNormAct2d with ReLU and Hardswish), a ViT (timm's `fused_attn` switch, a width that
 misses the tensor-core alignment) and ConvNeXt-V2 (its GRN over channels-last and over NCHW
 tensors, weights drawn at random: timm's are zeros, which would make it the identity).
 

@@ -20,7 +20,7 @@ Three kernels a direction, as the GRN kernels (kernels/grn) are built:
   _gn_group_kernel  one program per (sample, group): the partials combined into the group's
                     mean and 1/std (per channel first, then Chan's formula across the channels),
                     and the per-(sample, channel) coefficients the elementwise pass needs.
-  _gn_apply_kernel  the elementwise pass: y = act(x * scale + shift) (forward) or
+  _gn_apply_kernel  the elementwise pass: y = act((x - mean) * scale + bias) (forward) or
                     dx = dz * scale + x * coef + const (backward).
 The backward's weight and bias gradients add the samples' terms in a fixed order with the GRN's
 `_grn_param_grads_kernel`. Sums and the per-group arithmetic run in float32 (float64 for
@@ -35,8 +35,8 @@ import triton.language as tl
 from ..batch_norm._act_math import _act_fwd, _act_grad
 
 RELU = tl.constexpr(5)  # ReLU's activation code (the others: ACT_CODES)
-# where the partial sums start in the workspace, in (N, C) tables: after scale and shift
-# (forward), after scale, shift, coef, const and the two parameter-gradient terms (backward)
+# where the partial sums start in the workspace, in (N, C) tables: after scale and bias
+# (forward), after scale, bias, coef, const and the two parameter-gradient terms (backward)
 FORWARD_WS = tl.constexpr(2)
 BACKWARD_WS = tl.constexpr(6)
 
@@ -51,7 +51,7 @@ def _activate(z, ACT: tl.constexpr):
 
 @triton.jit
 def _act_backward(dy, z, ACT: tl.constexpr):
-    """The gradient reaching z = x * scale + shift from dy at act(z)."""
+    """The gradient reaching z = (x - mean) * scale + bias from dy at act(z)."""
     if ACT == RELU:
         return tl.where(z <= 0.0, 0.0, dy)  # torch's threshold_backward: NaN passes dy on
     elif ACT == 0:
@@ -62,14 +62,14 @@ def _act_backward(dy, z, ACT: tl.constexpr):
 
 @triton.jit
 def _channel_coefs(n, c, c_ok, G, CPG, mean_ptr, rstd_ptr, w_ptr, b_ptr, acc_ty: tl.constexpr):
-    """(scale, shift, mean) of channels c of sample n: the forward's x * scale + shift."""
+    """(scale, bias, mean) of channels c of sample n: the forward's (x - mean) * scale + bias
+    (x - mean first: x * scale + (bias - mean * scale) cancels where the mean is large)."""
     grp = n * G + c // CPG
     mean = tl.load(mean_ptr + grp, mask=c_ok, other=0.0)
     rstd = tl.load(rstd_ptr + grp, mask=c_ok, other=0.0)
     w = tl.load(w_ptr + c, mask=c_ok, other=0.0).to(acc_ty)
     b = tl.load(b_ptr + c, mask=c_ok, other=0.0).to(acc_ty)
-    scale = rstd * w
-    return scale, b - mean * scale, mean
+    return rstd * w, b, mean
 
 
 @triton.jit
@@ -95,6 +95,7 @@ def _gn_sums_kernel(
     ACC_FP64: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    ALIGN: tl.constexpr,  # the largest power of two (to 16) dividing sn and sc
     WIDE: tl.constexpr,
 ):
     ws_ptr = work_ptr + (BACKWARD_WS if BACKWARD else FORWARD_WS) * N * C
@@ -112,7 +113,10 @@ def _gn_sums_kernel(
     acc1 = tl.zeros([BLOCK_P, BLOCK_C], dtype=acc_ty)  # backward: sum dz; forward: the mean
     acc2 = tl.zeros([BLOCK_P, BLOCK_C], dtype=acc_ty)  # backward: sum dz (x - mean); fwd: M2
     count = tl.zeros([BLOCK_P], dtype=acc_ty)  # forward: the pixels each lane has taken
-    base = n * sn + c[None, :] * sc
+    base = n * sn + c * sc
+    if ALIGN > 1:  # every row starts at a multiple of ALIGN elements: vector loads
+        base = tl.multiple_of(base, ALIGN)
+    base = base[None, :]
     if BACKWARD:
         scale, shift, mean = _channel_coefs(
             n, c, c_ok, G, CPG, stats_ptr, stats_ptr + N * G, w_ptr, b_ptr, acc_ty
@@ -126,7 +130,7 @@ def _gn_sums_kernel(
         x = tl.load(x_ptr + off, mask=ok, other=0.0).to(acc_ty)
         if BACKWARD:
             dy = tl.load(dy_ptr + off, mask=ok, other=0.0).to(acc_ty)
-            dz = _act_backward(dy, x * scale + shift, ACT)
+            dz = _act_backward(dy, (x - mean) * scale + shift, ACT)
             acc1 += dz
             acc2 += tl.where(ok, dz * (x - mean), 0.0)
         else:
@@ -199,10 +203,10 @@ def _gn_group_kernel(
     # Backward, with dz the gradient at the norm's output, xhat = (x - mean) rstd,
     # A_c = sum_p dz and B_c = sum_p dz (x - mean) over the channel's pixels:
     #   dx = rstd (w dz - m1 - xhat m2),  m1 = sum_c w_c A_c / M,  m2 = rstd sum_c w_c B_c / M
-    #      = (rstd w) dz + x (-rstd^2 m2) + (rstd^2 m2 mean - rstd m1),   M = CPG P
+    #      = (rstd w) dz + (x - mean) (-rstd^2 m2) - rstd m1,   M = CPG P
     #   dweight_c = sum_n rstd B_c,  dbias_c = sum_n A_c
     # the workspace's (N, C) tables: scale = rstd * w (what x, or dz, is scaled by) and
-    # shift = b - mean * rstd * w; backward also coef (what x is scaled by in dx), const (what
+    # the bias b; backward also coef (what x - mean is scaled by in dx), const (what
     # dx adds) and the samples' terms of dweight and dbias (2, N, C); then the partials
     scale_ptr, shift_ptr = work_ptr, work_ptr + N * C
     coef_ptr, const_ptr, parts_ptr = (
@@ -236,8 +240,8 @@ def _gn_group_kernel(
             tl.store(parts_ptr + (N + n) * C + c, a, mask=c_ok)
         m1 = tl.sum(wa, axis=0) / count
         m2 = rstd * tl.sum(wb, axis=0) / count
-        coef = -rstd * rstd * m2
-        const = rstd * rstd * m2 * mean - rstd * m1
+        coef = -rstd * rstd * m2  # of x - mean: no cancellation where the mean is large
+        const = -rstd * m1
     else:
         msum = tl.zeros([BLOCK_C], dtype=acc_ty)
         for c0 in range(0, CPG, BLOCK_C):  # pass 1: the channels' means
@@ -264,7 +268,7 @@ def _gn_group_kernel(
         b = tl.load(b_ptr + c, mask=c_ok, other=0.0).to(acc_ty)
         scale = rstd * w
         tl.store(scale_ptr + n * C + c, scale, mask=c_ok)
-        tl.store(shift_ptr + n * C + c, b - mean * scale, mask=c_ok)
+        tl.store(shift_ptr + n * C + c, b, mask=c_ok)
         if BACKWARD:
             tl.store(coef_ptr + n * C + c, tl.zeros([BLOCK_C], dtype=acc_ty) + coef, mask=c_ok)
             tl.store(const_ptr + n * C + c, tl.zeros([BLOCK_C], dtype=acc_ty) + const, mask=c_ok)
@@ -275,10 +279,12 @@ def _gn_apply_kernel(
     x_ptr,  # (N, P, C) input, strides (sn, sp, sc)
     dy_ptr,  # backward: the output's gradient, x's strides; forward: unused (x stands in)
     out_ptr,  # out: y (forward) or dx (backward), x's strides
-    work_ptr,  # the workspace's (N, C) tables: scale, shift, and backward coef and const
+    work_ptr,  # the workspace's (N, C) tables: scale, bias, and backward coef and const
+    stats_ptr,  # (2, N, G): the group means (row // CPG of the (N, C) tables' row)
     N,
     P,
     C,
+    CPG,
     numel,  # N * C * P
     sn,
     sp,
@@ -297,9 +303,10 @@ def _gn_apply_kernel(
         # NCHW contiguous: the tensor flat, BLOCK_P * BLOCK_C elements a program, each
         # element's (sample, channel) row of the tables its index // P. Aligned, whatever P is
         # (a 14x14 map's rows start at odd bytes: 2-D tiles over them load an element a time)
-        start = pid * (BLOCK_P * BLOCK_C)
         if WIDE:
-            start = start.to(tl.int64)
+            start = pid.to(tl.int64) * (BLOCK_P * BLOCK_C)
+        else:
+            start = pid * (BLOCK_P * BLOCK_C)
         off = start + tl.arange(0, BLOCK_P * BLOCK_C)
         ok = off < numel
         row = off // P
@@ -325,13 +332,14 @@ def _gn_apply_kernel(
         t_ok = c_ok[None, :]
     scale = tl.load(work_ptr + row, mask=t_ok, other=0.0)
     shift = tl.load(work_ptr + N * C + row, mask=t_ok, other=0.0)
+    mean = tl.load(stats_ptr + row // CPG, mask=t_ok, other=0.0)
     x = tl.load(x_ptr + off, mask=ok, other=0.0).to(acc_ty)
-    z = x * scale + shift
+    z = (x - mean) * scale + shift
     if BACKWARD:
         coef = tl.load(work_ptr + 2 * N * C + row, mask=t_ok, other=0.0)
         const = tl.load(work_ptr + 3 * N * C + row, mask=t_ok, other=0.0)
         dy = tl.load(dy_ptr + off, mask=ok, other=0.0).to(acc_ty)
-        out = _act_backward(dy, z, ACT) * scale + x * coef + const
+        out = _act_backward(dy, z, ACT) * scale + (x - mean) * coef + const
     else:
         out = _activate(z, ACT)
     tl.store(out_ptr + off, out.to(out_ptr.dtype.element_ty), mask=ok)
