@@ -303,10 +303,10 @@ def _gn_apply_kernel(
         # NCHW contiguous: the tensor flat, BLOCK_P * BLOCK_C elements a program, each
         # element's (sample, channel) row of the tables its index // P. Aligned, whatever P is
         # (a 14x14 map's rows start at odd bytes: 2-D tiles over them load an element a time)
-        if WIDE:
-            start = pid.to(tl.int64) * (BLOCK_P * BLOCK_C)
-        else:
-            start = pid * (BLOCK_P * BLOCK_C)
+        start = pid
+        if WIDE:  # before the product: pid * BLOCK passes 2^31 there
+            start = start.to(tl.int64)
+        start = start * (BLOCK_P * BLOCK_C)
         off = start + tl.arange(0, BLOCK_P * BLOCK_C)
         ok = off < numel
         row = off // P
