@@ -68,7 +68,10 @@ def _call_activation(node: fx.Node, target) -> str | None:
 
 
 def module_activation(m: nn.Module) -> str | None:
-    """The activation module `m` computes, or None (see the module docstring)."""
+    """The activation module `m` computes, or None (see the module docstring). A module with
+    hooks is None: folded into a norm's kernel, it would no longer run them."""
+    if has_hooks(m):
+        return None
     if isinstance(m, nn.GELU) and type(m).forward is nn.GELU.forward:
         return _GELU.get(m.approximate)
     if type(m) in _MODULES:
@@ -192,6 +195,8 @@ def norm_act_activation(m: nn.Module) -> tuple[str | None, str | None]:
         return None, None
     if type(drop) is not nn.Identity:
         return None, f"its drop ({type(drop).__name__}) runs between the norm and the activation"
+    if has_hooks(act):
+        return None, "a hook is registered: it would see other values"
     name = module_activation(act)
     if name not in BATCH_NORM_ACTS:
         return None, (

@@ -11,8 +11,8 @@ reads the norm's output in its own elementwise pass (kernels/group_norm).
 Fires on the forward group-norm ops of modules fuse-group-norm takes (nn.GroupNorm, timm's
 GroupNorm, GroupNorm1, GroupNorm1NoBias, GroupNormAct and GroupNorm1Act, by class where the
 model is at hand; a look-alike or subclass gets a finding without a fix). Saving: those ops and
-their backward, and where the next op is a ReLU, SiLU, GELU or Hardswish reading the norm's
-output (clones of an in-place one between) those too, as the cost model prices them, less
+their backward, and where the next op is a ReLU, SiLU, GELU or Hardswish that is the only reader
+of the norm's output (clones of an in-place one between) those too, as the cost model prices them, less
 gpushape's kernels moving 3 S forward and 5 S backward (S: x's bytes; 3 S in inference) at the
 rate measured for them (`fused_group_norm`; the copy rate where the profile has not measured
 it), in eager and graph mode. Under torch.compile Inductor writes its own group-norm kernels,
@@ -61,15 +61,37 @@ def _takes(ctx: AuditContext, rec: OpRecord) -> bool | None:
     return is_library_group_norm(module) or is_library_group_norm(module, with_act=True)
 
 
+def _other_readers(ctx: AuditContext, norm: OpRecord, ops: list[OpRecord]) -> bool:
+    """Whether a forward op besides the chain's reads the norm's output: anywhere, or, where
+    the activation runs in place (its output is the same memory), before it."""
+    out = norm.outputs[0].storage
+    if out is None:
+        return False
+    trace = ctx.trace.ops
+    where = {id(r): i for i, r in enumerate(trace)}
+    start, act = where[id(norm)], where[id(ops[-1])]
+    end = act if ops[-1].name.endswith("_") else len(trace)
+    chain = {id(r) for r in ops}
+    return any(
+        r.phase == "forward"
+        and r.kind == "compute"
+        and id(r) not in chain
+        and any(t.storage == out for t in r.inputs)
+        for r in trace[start + 1 : end]
+    )
+
+
 def _activations(ctx: AuditContext, norms: list[OpRecord]) -> dict[int, list[OpRecord]]:
-    """id(norm) -> the ops after it that GroupNormAct folds in (clones, then the activation)."""
+    """id(norm) -> the ops after it that GroupNormAct folds in (clones, then the activation),
+    where they are the norm's output's only reader (else fuse-group-norm leaves them)."""
     ids = {id(r) for r in norms}
     found = {}
     for chain in find_chains(ctx.trace.ops):
         if id(chain.norm) not in ids or chain.ops[-1].name.rstrip("_") not in ACTS:
             continue
-        if all(op.name == "clone" for op in chain.ops[:-1]):
-            found[id(chain.norm)] = list(chain.ops)
+        ops = list(chain.ops)
+        if all(op.name == "clone" for op in ops[:-1]) and not _other_readers(ctx, chain.norm, ops):
+            found[id(chain.norm)] = ops
     return found
 
 

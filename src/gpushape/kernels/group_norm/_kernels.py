@@ -35,10 +35,10 @@ import triton.language as tl
 from ..batch_norm._act_math import _act_fwd, _act_grad
 
 RELU = tl.constexpr(5)  # ReLU's activation code (the others: ACT_CODES)
-# where the partial sums start in the workspace, in (N, C) tables: after scale and bias
-# (forward), after scale, bias, coef, const and the two parameter-gradient terms (backward)
-FORWARD_WS = tl.constexpr(2)
-BACKWARD_WS = tl.constexpr(6)
+# where the partial sums start in the workspace, in (N, C) tables: after scale, bias and mean
+# (forward), after those, coef, const and the two parameter-gradient terms (backward)
+FORWARD_WS = tl.constexpr(3)
+BACKWARD_WS = tl.constexpr(7)
 
 
 @triton.jit
@@ -205,14 +205,15 @@ def _gn_group_kernel(
     #   dx = rstd (w dz - m1 - xhat m2),  m1 = sum_c w_c A_c / M,  m2 = rstd sum_c w_c B_c / M
     #      = (rstd w) dz + (x - mean) (-rstd^2 m2) - rstd m1,   M = CPG P
     #   dweight_c = sum_n rstd B_c,  dbias_c = sum_n A_c
-    # the workspace's (N, C) tables: scale = rstd * w (what x, or dz, is scaled by) and
-    # the bias b; backward also coef (what x - mean is scaled by in dx), const (what
-    # dx adds) and the samples' terms of dweight and dbias (2, N, C); then the partials
-    scale_ptr, shift_ptr = work_ptr, work_ptr + N * C
+    # the workspace's (N, C) tables: scale = rstd * w (what x - mean, or dz, is scaled by),
+    # the bias b and the group's mean (a table: the elementwise pass reads a row, no division);
+    # backward also coef (what x - mean is scaled by in dx), const (what dx adds) and the
+    # samples' terms of dweight and dbias (2, N, C); then the partials
+    scale_ptr, shift_ptr, mean_tab = work_ptr, work_ptr + N * C, work_ptr + 2 * N * C
     coef_ptr, const_ptr, parts_ptr = (
-        work_ptr + 2 * N * C,
         work_ptr + 3 * N * C,
         work_ptr + 4 * N * C,
+        work_ptr + 5 * N * C,
     )
     ws_ptr = work_ptr + (BACKWARD_WS if BACKWARD else FORWARD_WS) * N * C
     mean_ptr, rstd_ptr = stats_ptr, stats_ptr + N * G
@@ -269,6 +270,7 @@ def _gn_group_kernel(
         scale = rstd * w
         tl.store(scale_ptr + n * C + c, scale, mask=c_ok)
         tl.store(shift_ptr + n * C + c, b, mask=c_ok)
+        tl.store(mean_tab + n * C + c, tl.zeros([BLOCK_C], dtype=acc_ty) + mean, mask=c_ok)
         if BACKWARD:
             tl.store(coef_ptr + n * C + c, tl.zeros([BLOCK_C], dtype=acc_ty) + coef, mask=c_ok)
             tl.store(const_ptr + n * C + c, tl.zeros([BLOCK_C], dtype=acc_ty) + const, mask=c_ok)
@@ -279,12 +281,10 @@ def _gn_apply_kernel(
     x_ptr,  # (N, P, C) input, strides (sn, sp, sc)
     dy_ptr,  # backward: the output's gradient, x's strides; forward: unused (x stands in)
     out_ptr,  # out: y (forward) or dx (backward), x's strides
-    work_ptr,  # the workspace's (N, C) tables: scale, bias, and backward coef and const
-    stats_ptr,  # (2, N, G): the group means (row // CPG of the (N, C) tables' row)
+    work_ptr,  # the workspace's (N, C) tables: scale, bias, mean, and backward coef and const
     N,
     P,
     C,
-    CPG,
     numel,  # N * C * P
     sn,
     sp,
@@ -332,12 +332,12 @@ def _gn_apply_kernel(
         t_ok = c_ok[None, :]
     scale = tl.load(work_ptr + row, mask=t_ok, other=0.0)
     shift = tl.load(work_ptr + N * C + row, mask=t_ok, other=0.0)
-    mean = tl.load(stats_ptr + row // CPG, mask=t_ok, other=0.0)
+    mean = tl.load(work_ptr + 2 * N * C + row, mask=t_ok, other=0.0)
     x = tl.load(x_ptr + off, mask=ok, other=0.0).to(acc_ty)
     z = (x - mean) * scale + shift
     if BACKWARD:
-        coef = tl.load(work_ptr + 2 * N * C + row, mask=t_ok, other=0.0)
-        const = tl.load(work_ptr + 3 * N * C + row, mask=t_ok, other=0.0)
+        coef = tl.load(work_ptr + 3 * N * C + row, mask=t_ok, other=0.0)
+        const = tl.load(work_ptr + 4 * N * C + row, mask=t_ok, other=0.0)
         dy = tl.load(dy_ptr + off, mask=ok, other=0.0).to(acc_ty)
         out = _act_backward(dy, z, ACT) * scale + (x - mean) * coef + const
     else:

@@ -172,10 +172,11 @@ def _build(
         v.n * groups,
         dict(flags, BLOCK_C=min(_pow2(cpg), GROUP_BLOCK_C), num_warps=4),
     )
-    if v.channels_fastest:
-        layout, (ap, ac) = 0, _tile(v, APPLY_TILE)
+    if v.channels_fastest or align * torch.finfo(dtype).bits >= 128:
+        # 2-D tiles: channels contiguous, or NCHW rows 16-byte aligned (vector loads)
+        layout, (ap, ac) = (0 if v.channels_fastest else 1), _tile(v, APPLY_TILE)
         programs = v.n * -(-v.p // ap) * -(-v.c // ac)
-    else:  # NCHW contiguous: flat (see _gn_apply_kernel)
+    else:  # NCHW with rows off 16-byte alignment (a 14x14 map): flat (see _gn_apply_kernel)
         layout, ap, ac = 2, APPLY_TILE, 1
         programs = -(-v.n * v.c * v.p // APPLY_TILE)
     apply = Launch(
@@ -200,9 +201,9 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 # The workspace of a call, float32 (float64): (N, C) tables, then the partial sums
-# (2, SPLITS, N, C); forward: scale, shift; backward: scale, shift, coef, const and the two
+# (2, SPLITS, N, C); forward: scale, bias, mean; backward: those, coef, const and the two
 # parameter-gradient terms (`_kernels.py`'s FORWARD_WS, BACKWARD_WS). One allocation a call.
-FORWARD_TABLES, BACKWARD_TABLES = 2, 6
+FORWARD_TABLES, BACKWARD_TABLES = 3, 7
 
 
 def group_norm_forward(
@@ -239,10 +240,7 @@ def group_norm_forward(
         *(work, stats, weight, bias, v.n, v.p, v.c, groups, cpg, p.splits, p.p_per_split, eps),
     )
     numel = nc * v.p
-    p.apply(
-        aligned(x, y, work, stats),
-        *(x, x, y, work, stats, v.n, v.p, v.c, cpg, numel, v.sn, v.sp, v.sc),
-    )
+    p.apply(aligned(x, y, work), x, x, y, work, v.n, v.p, v.c, numel, v.sn, v.sp, v.sc)
     return y, stats
 
 
@@ -281,10 +279,7 @@ def group_norm_backward(
         *(work, stats, weight, bias, v.n, v.p, v.c, groups, cpg, p.splits, p.p_per_split, 0.0),
     )
     numel = nc * v.p
-    p.apply(
-        aligned(x, dy, dx, work, stats),
-        *(x, dy, dx, work, stats, v.n, v.p, v.c, cpg, numel, v.sn, v.sp, v.sc),
-    )
-    parts = work[4 * nc :]
+    p.apply(aligned(x, dy, dx, work), x, dy, dx, work, v.n, v.p, v.c, numel, v.sn, v.sp, v.sc)
+    parts = work[5 * nc :]
     p.grads(aligned(parts, dw, db), parts, dw, db, v.n, v.c)
     return dx, dw, db
