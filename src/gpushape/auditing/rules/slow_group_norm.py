@@ -11,12 +11,13 @@ reads the norm's output in its own elementwise pass (kernels/group_norm).
 Fires on the forward group-norm ops of modules fuse-group-norm takes (nn.GroupNorm, timm's
 GroupNorm, GroupNorm1, GroupNorm1NoBias, GroupNormAct and GroupNorm1Act, by class where the
 model is at hand; a look-alike or subclass gets a finding without a fix). Saving: those ops and
-their backward, and where the next op is a ReLU, SiLU, GELU or Hardswish that is the only
-reader of the norm's output (clones of an in-place one between) those too, as the cost model
-prices them, less gpushape's kernels moving 3 S forward and 5 S backward (S: x's bytes; 3 S
-in inference) at the rate measured for them (`fused_group_norm`; the copy rate where the
-profile has not measured it), in eager and graph mode. Under torch.compile Inductor writes its own group-norm kernels,
-and the profile has no rate for them: the finding is info there. **Fix:** `fuse-group-norm`.
+their backward, and where the next op is a ReLU, SiLU, GELU or Hardswish that is the only reader
+of the norm's output (clones of an in-place one between) those too, as the cost model prices
+them, less gpushape's kernels moving 3 S forward and 5 S backward (S: x's bytes; 3 S in
+inference) at the rate measured for them (`fused_group_norm`; the copy rate where the profile
+has not measured it), in eager and graph mode. Under torch.compile Inductor writes its own
+group-norm kernels, and the profile has no rate for them: the finding is info there. **Fix:**
+`fuse-group-norm`.
 """
 
 from __future__ import annotations
