@@ -12,13 +12,13 @@ TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 
 from .._dispatch import use_triton
 from .._launch import Launch, aligned
+from .._pixels import View, pow2, split, tile
 from ._kernels import (
     _grn_apply_kernel,
     _grn_param_grads_kernel,
@@ -29,27 +29,11 @@ from ._reference import reference_backward, reference_forward
 
 SUMS_TILE = 4096  # elements a sums program reads a step
 APPLY_TILE = 2048  # elements an elementwise program handles
-MAX_BLOCK_C = 64  # channels fastest: channels a tile spans (128 bytes of bf16)
-MAX_BLOCK_P = 256  # pixels fastest: pixels a tile spans
-MIN_BLOCK = 16
 SAMPLE_BLOCK_C = 1024  # channels the per-sample kernel takes a step
 GRADS_BLOCK_N = 64  # the parameter gradients: samples a step
 GRADS_TILE = 4096
-PROGRAMS_PER_SM = 4  # the sums kernel splits the pixels until it has this many programs an SM
 _INT32_LIMIT = 2**31
 _MAX_PLANS = 1024
-
-
-class View(NamedTuple):
-    """x as (N, P, C): sizes, element strides, and which of pixels or channels is contiguous."""
-
-    n: int
-    p: int
-    c: int
-    sn: int
-    sp: int
-    sc: int
-    channels_fastest: bool
 
 
 def takes_as_is(x: torch.Tensor, channels_last: bool) -> bool:
@@ -86,26 +70,6 @@ def view(x: torch.Tensor, channels_last: bool) -> View:
     return View(n, h * w, c, sn, sp, sc, sc == 1 or c == 1)
 
 
-def _pow2(n: int) -> int:
-    return max(MIN_BLOCK, 1 << max(0, n - 1).bit_length())
-
-
-@functools.lru_cache(maxsize=16)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # Triton's interpreter: a few slices, so the split path is tested
-
-
-def _tile(v: View, elems: int) -> tuple[int, int]:
-    """(BLOCK_P, BLOCK_C): the contiguous axis first, up to its cap, the other filling the tile."""
-    if v.channels_fastest:
-        block_c = min(_pow2(v.c), MAX_BLOCK_C)
-        return min(_pow2(v.p), max(MIN_BLOCK, elems // block_c)), block_c
-    block_p = min(_pow2(v.p), MAX_BLOCK_P)
-    return block_p, min(_pow2(v.c), max(MIN_BLOCK, elems // block_p))
-
-
 class Plan(NamedTuple):
     sums: Launch
     sample: Launch
@@ -140,13 +104,7 @@ def plan(
 def _build(backward: bool, v: View, dtype: torch.dtype, device: torch.device) -> Plan:
     fp64 = dtype == torch.float64
     wide = v.n * v.p * v.c >= _INT32_LIMIT
-    block_p, block_c = _tile(v, SUMS_TILE)
-    programs = v.n * -(-v.c // block_c)
-    slices = -(-v.p // block_p)
-    wanted = -(-PROGRAMS_PER_SM * _sm_count(device) // max(programs, 1))
-    splits = max(1, min(wanted, slices))
-    p_per_split = -(-slices // splits) * block_p
-    splits = -(-v.p // p_per_split)
+    block_p, block_c, programs, p_per_split, splits = split(v, SUMS_TILE, device)
     sums = Launch(
         _grn_sums_kernel,
         (programs, splits),
@@ -159,13 +117,13 @@ def _build(backward: bool, v: View, dtype: torch.dtype, device: torch.device) ->
             num_warps=8,
         ),
     )
-    sample_c = min(_pow2(v.c), SAMPLE_BLOCK_C)
+    sample_c = min(pow2(v.c), SAMPLE_BLOCK_C)
     sample = Launch(
         _grn_sample_kernel,
         v.n,
         dict(BACKWARD=backward, ACC_FP64=fp64, BLOCK_C=sample_c, num_warps=4),
     )
-    ap, ac = _tile(v, APPLY_TILE)
+    ap, ac = tile(v, APPLY_TILE)
     apply = Launch(
         _grn_apply_kernel,
         v.n * -(-v.p // ap) * -(-v.c // ac),
@@ -181,8 +139,8 @@ def _build(backward: bool, v: View, dtype: torch.dtype, device: torch.device) ->
     )
     grads = None
     if backward:
-        grads_n = min(_pow2(v.n), GRADS_BLOCK_N)
-        grads_c = min(_pow2(v.c), GRADS_TILE // grads_n)
+        grads_n = min(pow2(v.n), GRADS_BLOCK_N)
+        grads_c = min(pow2(v.c), GRADS_TILE // grads_n)
         grads = Launch(
             _grn_param_grads_kernel,
             -(-v.c // grads_c),

@@ -14,7 +14,6 @@ CPU tensors take the plain-PyTorch reference (`_reference.py`) unless TRITON_INT
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -22,33 +21,18 @@ import torch
 
 from .._dispatch import use_triton
 from .._launch import Launch, aligned
+from .._pixels import View, pow2, split, tile
 from ..grn._kernels import _grn_param_grads_kernel
 from ._kernels import _gn_apply_kernel, _gn_group_kernel, _gn_sums_kernel
 from ._reference import reference_backward, reference_forward
 
 SUMS_TILE = 4096  # elements a sums program reads a step
 APPLY_TILE = 2048  # elements an elementwise program handles
-MAX_BLOCK_C = 64  # channels fastest: channels a tile spans (128 bytes of bf16)
-MAX_BLOCK_P = 256  # pixels fastest: pixels a tile spans
-MIN_BLOCK = 16
 GROUP_BLOCK_C = 1024  # channels the per-group kernel takes a step
 GRADS_BLOCK_N = 64  # the parameter gradients: samples a step
 GRADS_TILE = 4096
-PROGRAMS_PER_SM = 4  # the sums kernel splits the pixels until it has this many programs an SM
 _INT32_LIMIT = 2**31
 _MAX_PLANS = 1024
-
-
-class View(NamedTuple):
-    """x as (N, P, C): sizes, element strides, and which of pixels or channels is contiguous."""
-
-    n: int
-    p: int
-    c: int
-    sn: int
-    sp: int
-    sc: int
-    channels_fastest: bool
 
 
 def takes_as_is(x: torch.Tensor) -> bool:
@@ -82,26 +66,6 @@ def view(x: torch.Tensor) -> View:
     _, sc, sh, sw = x.stride()  # 4-D channels_last
     sp = sw if x.shape[3] > 1 else sh
     return View(n, p, c, x.stride(0), sp, sc, True)
-
-
-def _pow2(n: int) -> int:
-    return max(MIN_BLOCK, 1 << max(0, n - 1).bit_length())
-
-
-@functools.lru_cache(maxsize=16)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # Triton's interpreter: a few slices, so the split path is tested
-
-
-def _tile(v: View, elems: int) -> tuple[int, int]:
-    """(BLOCK_P, BLOCK_C): the contiguous axis first, up to its cap, the other filling the tile."""
-    if v.channels_fastest:
-        block_c = min(_pow2(v.c), MAX_BLOCK_C)
-        return min(_pow2(v.p), max(MIN_BLOCK, elems // block_c)), block_c
-    block_p = min(_pow2(v.p), MAX_BLOCK_P)
-    return block_p, min(_pow2(v.c), max(MIN_BLOCK, elems // block_p))
 
 
 class Plan(NamedTuple):
@@ -141,13 +105,7 @@ def _build(
 ) -> Plan:
     fp64 = dtype == torch.float64
     wide = v.n * v.p * v.c >= _INT32_LIMIT
-    block_p, block_c = _tile(v, SUMS_TILE)
-    programs = v.n * -(-v.c // block_c)
-    slices = -(-v.p // block_p)
-    wanted = -(-PROGRAMS_PER_SM * _sm_count(device) // max(programs, 1))
-    splits = max(1, min(wanted, slices))
-    p_per_split = -(-slices // splits) * block_p
-    splits = -(-v.p // p_per_split)
+    block_p, block_c, programs, p_per_split, splits = split(v, SUMS_TILE, device)
     flags = dict(BACKWARD=backward, ACC_FP64=fp64)
     # rows of a 14x14 map start 392 bytes apart: Triton, seeing a stride it cannot divide by
     # 16, loads an element at a time unless told they are 4-element aligned
@@ -170,11 +128,11 @@ def _build(
     group = Launch(
         _gn_group_kernel,
         v.n * groups,
-        dict(flags, BLOCK_C=min(_pow2(cpg), GROUP_BLOCK_C), num_warps=4),
+        dict(flags, BLOCK_C=min(pow2(cpg), GROUP_BLOCK_C), num_warps=4),
     )
     if v.channels_fastest or align * torch.finfo(dtype).bits >= 128:
         # 2-D tiles: channels contiguous, or NCHW rows 16-byte aligned (vector loads)
-        layout, (ap, ac) = (0 if v.channels_fastest else 1), _tile(v, APPLY_TILE)
+        layout, (ap, ac) = (0 if v.channels_fastest else 1), tile(v, APPLY_TILE)
         programs = v.n * -(-v.p // ap) * -(-v.c // ac)
     else:  # NCHW with rows off 16-byte alignment (a 14x14 map): flat (see _gn_apply_kernel)
         layout, ap, ac = 2, APPLY_TILE, 1
@@ -186,8 +144,8 @@ def _build(
     )
     grads = None
     if backward:
-        grads_n = min(_pow2(v.n), GRADS_BLOCK_N)
-        grads_c = min(_pow2(v.c), GRADS_TILE // grads_n)
+        grads_n = min(pow2(v.n), GRADS_BLOCK_N)
+        grads_c = min(pow2(v.c), GRADS_TILE // grads_n)
         grads = Launch(
             _grn_param_grads_kernel,
             -(-v.c // grads_c),
