@@ -37,6 +37,7 @@ from gpushape.kernels import (
     batch_norm_act,
     dropout_add_layer_norm,
     global_response_norm,
+    group_norm_act,
     layer_norm_gelu,
     max_pool2d,
     rms_norm,
@@ -260,6 +261,30 @@ def _grn(dev):
     }
 
 
+def _group_norm(dev):
+    """Pixels split over several programs, channel counts off every tile, both layouts, the
+    flat elementwise pass (NCHW rows off 16-byte alignment) and an activation each."""
+
+    def case(shape, groups: int, act: str, cl_memory: bool) -> Callable[[], float]:
+        def run() -> float:
+            x = _leaf(*shape, device=dev, channels_last=cl_memory)
+            w, b = _leaf(shape[1], device=dev), _leaf(shape[1], device=dev)
+            fn = {"relu": F.relu, "silu": F.silu, "none": lambda t: t}[act]
+            return _run(
+                lambda x, w, b: group_norm_act(x, groups, w, b, 1e-5, act),
+                lambda x, w, b: fn(F.group_norm(x, groups, w, b, 1e-5)),
+                [x, w, b],
+            )
+
+        return run
+
+    return {
+        "group_norm_act nchw 3x12x9x11 g4 silu": case((3, 12, 9, 11), 4, "silu", False),
+        "group_norm_act nchw 2x70x16x16 g7 relu": case((2, 70, 16, 16), 7, "relu", False),
+        "group_norm_act channels_last 2x65x7x5 g5 none": case((2, 65, 7, 5), 5, "none", True),
+    }
+
+
 def cases(device: str) -> dict[str, Callable[[], float]]:
     return {
         **_bn(device),
@@ -267,6 +292,7 @@ def cases(device: str) -> dict[str, Callable[[], float]]:
         **_attention(device),
         **_pool(device),
         **_grn(device),
+        **_group_norm(device),
     }
 
 
