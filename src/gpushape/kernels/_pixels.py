@@ -33,6 +33,11 @@ class View(NamedTuple):
     channels_fastest: bool
 
 
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the sums and per-sample arithmetic run in: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def pow2(n: int) -> int:
     """The power of two at or above n, at least MIN_BLOCK."""
     return max(MIN_BLOCK, 1 << max(0, n - 1).bit_length())

@@ -18,7 +18,7 @@ import torch
 
 from .._dispatch import use_triton
 from .._launch import Launch, aligned
-from .._pixels import View, pow2, split, tile
+from .._pixels import View, acc_dtype, pow2, split, tile
 from ._kernels import (
     _grn_apply_kernel,
     _grn_param_grads_kernel,
@@ -137,20 +137,20 @@ def _build(backward: bool, v: View, dtype: torch.dtype, device: torch.device) ->
             num_warps=4,
         ),
     )
-    grads = None
-    if backward:
-        grads_n = min(pow2(v.n), GRADS_BLOCK_N)
-        grads_c = min(pow2(v.c), GRADS_TILE // grads_n)
-        grads = Launch(
-            _grn_param_grads_kernel,
-            -(-v.c // grads_c),
-            dict(ACC_FP64=fp64, BLOCK_N=grads_n, BLOCK_C=grads_c, num_warps=4),
-        )
+    grads = param_grads(v, fp64) if backward else None
     return Plan(sums, sample, apply, grads, p_per_split, splits)
 
 
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def param_grads(v: View, fp64: bool) -> Launch:
+    """The launch of `_grn_param_grads_kernel` for this view: the samples' (2, N, C) terms of
+    a weight's and a bias's gradients summed in order (group norm's backward uses it too)."""
+    grads_n = min(pow2(v.n), GRADS_BLOCK_N)
+    grads_c = min(pow2(v.c), GRADS_TILE // grads_n)
+    return Launch(
+        _grn_param_grads_kernel,
+        -(-v.c // grads_c),
+        dict(ACC_FP64=fp64, BLOCK_N=grads_n, BLOCK_C=grads_c, num_warps=4),
+    )
 
 
 def grn_forward(
@@ -162,7 +162,7 @@ def grn_forward(
     if not use_triton(x):
         return reference_forward(x, weight, bias, eps, channels_last)
     v = view(x, channels_last)
-    acc = _acc(x.dtype)
+    acc = acc_dtype(x.dtype)
     y = torch.empty_like(x)
     if v.n * v.c == 0:
         return y, torch.empty((v.n, v.c), dtype=acc, device=x.device)
@@ -200,7 +200,7 @@ def grn_backward(
     db = torch.empty_like(weight)
     if v.n * v.c * v.p == 0:  # nothing to sum: zero parameter gradients
         return dx, dw.zero_(), db.zero_()
-    acc = _acc(x.dtype)
+    acc = acc_dtype(x.dtype)
     p = plan(True, v, x.dtype, x.device, (weight.dtype, dy.dtype))
     ws = torch.empty((2, p.splits, v.n, v.c), dtype=acc, device=x.device)
     scale = torch.empty((v.n, v.c), dtype=acc, device=x.device)

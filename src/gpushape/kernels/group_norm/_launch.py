@@ -21,16 +21,14 @@ import torch
 
 from .._dispatch import use_triton
 from .._launch import Launch, aligned
-from .._pixels import View, pow2, split, tile
-from ..grn._kernels import _grn_param_grads_kernel
+from .._pixels import View, acc_dtype, pow2, split, tile
+from ..grn._launch import param_grads
 from ._kernels import _gn_apply_kernel, _gn_group_kernel, _gn_sums_kernel
 from ._reference import reference_backward, reference_forward
 
 SUMS_TILE = 4096  # elements a sums program reads a step
 APPLY_TILE = 2048  # elements an elementwise program handles
 GROUP_BLOCK_C = 1024  # channels the per-group kernel takes a step
-GRADS_BLOCK_N = 64  # the parameter gradients: samples a step
-GRADS_TILE = 4096
 _INT32_LIMIT = 2**31
 _MAX_PLANS = 1024
 
@@ -142,20 +140,8 @@ def _build(
         programs,
         dict(flags, ACT=act, BLOCK_P=ap, BLOCK_C=ac, LAYOUT=layout, WIDE=wide, num_warps=4),
     )
-    grads = None
-    if backward:
-        grads_n = min(pow2(v.n), GRADS_BLOCK_N)
-        grads_c = min(pow2(v.c), GRADS_TILE // grads_n)
-        grads = Launch(
-            _grn_param_grads_kernel,
-            -(-v.c // grads_c),
-            dict(ACC_FP64=fp64, BLOCK_N=grads_n, BLOCK_C=grads_c, num_warps=4),
-        )
+    grads = param_grads(v, fp64) if backward else None
     return Plan(sums, group, apply, grads, p_per_split, splits)
-
-
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 # The workspace of a call, float32 (float64): (N, C) tables, then the partial sums

@@ -38,7 +38,8 @@ from .._dispatch import (
     eager_path,
     functorch_active,
 )
-from ._launch import acc_dtype, empty_out, group_norm_backward, group_norm_forward
+from .._pixels import acc_dtype
+from ._launch import empty_out, group_norm_backward, group_norm_forward
 from ._reference import ACTIVATIONS, _compose
 
 __all__ = ["GroupNormAct", "group_norm_act"]

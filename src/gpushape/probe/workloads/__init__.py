@@ -336,8 +336,7 @@ WORKLOADS = (
         lambda s: _fused("grn", s),
         passes=8,
     ),
-    # fwd: read x twice (the group statistics, then normalize and activate), write y; bwd: read
-    # dy and x twice (the group sums, then dx), write dx
+    # as fused_grn's: fwd reads x twice and writes y; bwd reads dy and x twice and writes dx
     FamilyWorkload(
         "fused_group_norm",
         "gpushape GroupNormAct(32, 256, relu) on 64x256x56x56 NCHW (ResNet-50-GN's first stage), "
