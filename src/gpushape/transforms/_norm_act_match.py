@@ -217,3 +217,31 @@ def norm_act_activation(m: nn.Module) -> tuple[str | None, str | None]:
     if node is None or [u.op for u in node.users] != ["output"]:
         return None, "its forward does not run batch_norm -> drop -> act on its input"
     return name, None
+
+
+# ---- what fuse-norm-act and fuse-group-norm share in their fx rewrites ----------------------
+def only_user(node: fx.Node) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def through_identity(node: fx.Node, module: nn.Module) -> fx.Node | None:
+    """The node's only user when it is a call of a plain nn.Identity without hooks, called
+    once (timm's `drop_block` between a norm and its activation when no drop rate is set)."""
+    user = only_user(node)
+    if user is None or user.op != "call_module":
+        return None
+    m = callee(user, module)
+    if type(m) is not nn.Identity or has_hooks(m):
+        return None
+    calls = sum(n.op == "call_module" and n.target == user.target for n in node.graph.nodes)
+    return user if calls == 1 else None
+
+
+def keep_order(rewritten: nn.Module, parent: nn.Module) -> None:
+    """Children, parameters and buffers in the parent's order (GraphModule registers them in
+    the order the graph uses them), so the state_dict lists its keys as before."""
+    for attr in ("_modules", "_parameters", "_buffers"):
+        mine, theirs = getattr(rewritten, attr), getattr(parent, attr)
+        order = [k for k in theirs if k in mine] + [k for k in mine if k not in theirs]
+        setattr(rewritten, attr, {k: mine[k] for k in order})

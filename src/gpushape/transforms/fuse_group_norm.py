@@ -42,11 +42,17 @@ from ._core import (
     register_transform,
     swap_each,
 )
-from ._norm_act_match import BATCH_NORM_ACTS, activation, module_activation
+from ._norm_act_match import (
+    BATCH_NORM_ACTS,
+    activation,
+    keep_order,
+    module_activation,
+    only_user,
+    through_identity,
+)
 from ._norm_act_match import ChildrenAsLeaves as _ChildrenAsLeaves
 from ._norm_act_match import callee as _callee
 from ._norm_act_swaps import ACT_NAMES
-from .fuse_norm_act import _keep_order, _only_user, _through_identity
 
 ID = "fuse-group-norm"
 
@@ -99,9 +105,9 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
         norm = _callee(node, parent) if node.op == "call_module" else None
         if norm is None or not is_library_group_norm(norm):
             continue
-        user = _only_user(node)
-        through = _through_identity(node, parent)
-        after = _only_user(through) if through is not None else None
+        user = only_user(node)
+        through = through_identity(node, parent)
+        after = only_user(through) if through is not None else None
         site = {"node": node, "norm": norm, "calls": calls[node.target]}
         if user is not None and activation(user, parent) in BATCH_NORM_ACTS:
             sites.append({**site, "act": user, "act_name": activation(user, parent)})
@@ -137,7 +143,7 @@ def _fuse_in(parent: nn.Module, fqn: str, ctx: TransformContext, out: Outcome):
         new = GroupNormAct.from_module(site["norm"], site["act_name"])
         rewritten.set_submodule(site["node"].target, new)
     rewritten.train(parent.training)
-    _keep_order(rewritten, parent)
+    keep_order(rewritten, parent)
     if set(rewritten.state_dict()) != set(parent.state_dict()):
         out.refusals.append(_refusal(fqn, "the rewrite would change the state_dict's keys"))
         return None

@@ -64,6 +64,9 @@ from ._norm_act_match import (
     LAYER_NORM_ACTS,
     activation,
     is_plain_layer_norm,
+    keep_order,
+    only_user,
+    through_identity,
 )
 from ._norm_act_match import ChildrenAsLeaves as _ChildrenAsLeaves
 from ._norm_act_match import callee as _callee
@@ -85,27 +88,9 @@ def _act_of(node: fx.Node, parent: nn.Module, kind: str) -> str | None:
     return name if name in (BATCH_NORM_ACTS if kind == "bn" else LAYER_NORM_ACTS) else None
 
 
-def _only_user(node: fx.Node) -> fx.Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None
-
-
-def _through_identity(node: fx.Node, module: nn.Module) -> fx.Node | None:
-    """The node's only user when it is a call of a plain nn.Identity without hooks, called
-    once (timm's `drop_block` between a norm and its activation when no drop rate is set)."""
-    user = _only_user(node)
-    if user is None or user.op != "call_module":
-        return None
-    m = _callee(user, module)
-    if type(m) is not nn.Identity or has_hooks(m):
-        return None
-    calls = sum(n.op == "call_module" and n.target == user.target for n in node.graph.nodes)
-    return user if calls == 1 else None
-
-
 def _residual_add(node: fx.Node, module: nn.Module) -> tuple[fx.Node, fx.Node] | None:
     """(add node, the other operand) when `node`'s only user adds another tensor to it."""
-    add = _only_user(node)
+    add = only_user(node)
     if add is None or _callee(add, module) not in ADD or add.kwargs.get("alpha", 1) != 1:
         return None
     if len(add.args) != 2 or node not in add.args:
@@ -145,12 +130,12 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
         else:
             continue
         site = {"node": node, "norm": norm, "kind": kind, "calls": calls[node.target]}
-        user = _only_user(node)
+        user = only_user(node)
         residual = _residual_add(node, parent) if kind == "bn" else None
         if residual is not None and residual[0] in taken:
             continue  # the other operand's norm fused this add; this norm is its residual
-        if residual is not None and _only_user(residual[0]) is not None:
-            act = _only_user(residual[0])
+        if residual is not None and only_user(residual[0]) is not None:
+            act = only_user(residual[0])
             if _act_of(act, parent, kind):
                 taken.add(residual[0])
                 sites.append(
@@ -163,8 +148,8 @@ def _sites(parent: nn.Module, graph: fx.Graph) -> list[dict]:
                     }
                 )
                 continue
-        through = _through_identity(node, parent)
-        after = _only_user(through) if through is not None else None
+        through = through_identity(node, parent)
+        after = only_user(through) if through is not None else None
         if user is not None and _act_of(user, parent, kind):
             sites.append({**site, "act": user, "act_name": _act_of(user, parent, kind)})
         elif after is not None and _act_of(after, parent, kind):
@@ -226,15 +211,6 @@ def _rewrite(site: dict, parent: nn.Module, graph: fx.Graph) -> None:
         graph.erase_node(act)
 
 
-def _keep_order(rewritten: nn.Module, parent: nn.Module) -> None:
-    """Children, parameters and buffers in the parent's order (GraphModule registers them in
-    the order the graph uses them), so the state_dict lists its keys as before."""
-    for attr in ("_modules", "_parameters", "_buffers"):
-        mine, theirs = getattr(rewritten, attr), getattr(parent, attr)
-        order = [k for k in theirs if k in mine] + [k for k in mine if k not in theirs]
-        setattr(rewritten, attr, {k: mine[k] for k in order})
-
-
 def _fuse_in(
     parent: nn.Module, fqn: str, ctx: TransformContext, out: Outcome, residual_norms: list
 ) -> nn.Module | None:
@@ -270,7 +246,7 @@ def _fuse_in(
     for site in fused:
         rewritten.set_submodule(site["node"].target, _fused(site, parent))
     rewritten.train(parent.training)
-    _keep_order(rewritten, parent)
+    keep_order(rewritten, parent)
     keys = set(parent.state_dict())
     if set(rewritten.state_dict()) != keys:
         out.refusals.append(refusal(fqn, "the rewrite would change the state_dict's keys"))
