@@ -127,6 +127,20 @@ def test_fused_row_norms_are_their_own_class_priced_as_before_until_measured():
     assert rate(RATES, "gpushape_norm", False) == RATES["op"]  # neither measured
 
 
+def test_group_norm_is_its_own_class_priced_as_gpushape_until_measured():
+    from gpushape.tracing.host import op_class, rate
+
+    assert op_class("gpushape.group_norm_act.default") == "gpushape_group_norm"
+    assert op_class("gpushape.group_norm_act_backward.default") == "gpushape_group_norm"
+    old = {**RATES, "gpushape": 60e-6, "gpushape/backward": 300e-6}
+    assert rate(old, "gpushape_group_norm", True) == 300e-6
+    new = {**old, "gpushape_group_norm": 40e-6, "gpushape_group_norm/backward": 90e-6}
+    assert (rate(new, "gpushape_group_norm", False), rate(new, "gpushape_group_norm", True)) == (
+        40e-6,
+        90e-6,
+    )
+
+
 def test_the_trace_counts_gradient_leaves_and_each_costs_the_accumulate_rate():
     model, inputs = _mlp()  # two Linears: two weights, two biases
     trace = gpushape.trace(model, inputs, train=True)

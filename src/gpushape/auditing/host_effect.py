@@ -33,7 +33,7 @@ INSTEAD = {
     "no-kv-cache": ("op", 0, 0),  # the cache's copies are gone, nothing instead
     "fast-max-pool": ("gpushape", 1, 1),  # gpushape.max_pool2d and its backward
     "fuse-grn": ("gpushape", 1, 1),  # gpushape.global_response_norm and its backward
-    "fuse-group-norm": ("gpushape", 1, 1),  # gpushape.group_norm_act and its backward
+    "fuse-group-norm": ("gpushape_group_norm", 1, 1),  # gpushape.group_norm_act, its backward
 }
 # fix -> (host class, forward ops, backward ops) a site dispatches on top of the ops it keeps:
 # s2d-stem keeps the convolution and adds the folds (input: pad, pixel_unshuffle, pad;

@@ -6,7 +6,8 @@ the host's: PyTorch's Python binding, the dispatcher, autograd's recording, a li
 per-call setup (cuDNN's descriptors and heuristics, cuBLAS's), the launch. Per op class
 (`op`: elementwise; `gemm`, `conv`, `grouped_conv` (depthwise), `batch_norm`, `layer_norm`,
 `attention`, and gpushape's own fused ops, on CUDA only: `gpushape`, as its BatchNormAct2d,
-and `gpushape_norm`, its row norms, as AddLayerNorm): a chain
+`gpushape_norm`, its row norms, as AddLayerNorm, and `gpushape_group_norm`, as GroupNormAct):
+a chain
 y = f(y) of calls on a tensor that needs a gradient, in bf16 on CUDA: the forward's seconds per
 link, and its backward's (`backward_op`, `<class>/backward`: the engine runs one node a link;
 the chain's forward not timed). `view`: `x.view(-1)`; `module`: an `nn.Module` whose forward
@@ -94,6 +95,10 @@ def _chains(dev: torch.device, dtype: torch.dtype) -> dict[str, tuple[Callable, 
             _norm_link(dev, dtype) if dev.type == "cuda" else (lambda y: y),
             "gpushape's AddLayerNorm on 4x16 (the sum's input twice)",
         ),
+        "gpushape_group_norm": (
+            _group_norm_link(dev, dtype) if dev.type == "cuda" else (lambda y: y),
+            "gpushape's GroupNormAct(4, 8, ReLU) on 2x8x4x4",
+        ),
     }
 
 
@@ -103,6 +108,7 @@ SHAPES = {
     "batch_norm": (2, 8, 4, 4),
     "attention": (1, 2, 8, 16),
     "gpushape": (2, 8, 4, 4),
+    "gpushape_group_norm": (2, 8, 4, 4),
 }
 # Traced ops a link makes: gpushape's batch_norm_act traces as two forward ops (statistics,
 # apply) and one backward op; every other link as one each way.
@@ -114,6 +120,12 @@ def _gpushape_link(dev: torch.device, dtype: torch.dtype) -> Callable:
 
     bn = BatchNormAct2d(8).to(dev, dtype)
     return lambda y: bn(y.contiguous(memory_format=torch.channels_last))
+
+
+def _group_norm_link(dev: torch.device, dtype: torch.dtype) -> Callable:
+    from ..kernels import GroupNormAct
+
+    return GroupNormAct(4, 8, activation="relu").to(dev, dtype)
 
 
 def _norm_link(dev: torch.device, dtype: torch.dtype) -> Callable:

@@ -54,6 +54,8 @@ CLASSES = {
         "gpushape.layer_norm_gelu",
         "gpushape.rms_norm",
     ),
+    # its GroupNormAct: one op each way, but the host side of three and four launches
+    "gpushape_group_norm": ("gpushape.group_norm_act",),
     "gpushape": ("gpushape.",),
     "conv": ("convolution", "cudnn_convolution"),
     "batch_norm": ("batch_norm",),
@@ -83,7 +85,7 @@ def record_class(rec: Any) -> str:
 
 # A class a profile has not measured takes this one's rate (profiles from before the class
 # existed measured gpushape's fused ops as one class, convolutions as one), else the plain op's.
-FALLBACK = {"gpushape_norm": "gpushape", "grouped_conv": "conv"}
+FALLBACK = {"gpushape_norm": "gpushape", "gpushape_group_norm": "gpushape", "grouped_conv": "conv"}
 
 
 def rate(rates, cls: str, backward: bool) -> float:
