@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from gpushape.kernels import group_norm_act
 
-from ._numeric import gate_forward_backward
+from ._numeric import gate_forward_backward, outputs_and_grads
 
 # activation -> PyTorch's own function (the composition every test compares against)
 TORCH_ACT = {
@@ -140,3 +140,30 @@ def gate(x, weight, bias, num_groups, *, eps=1e-5, activation="none", kinks=True
     return gate_forward_backward(
         ours, theirs, (x, weight, bias), names=("x", "weight", "bias"), **kw
     )
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CL = torch.channels_last
+
+
+def gn(num_groups, eps=1e-5, activation="none"):
+    return lambda x, w, b: group_norm_act(x, num_groups, w, b, eps, activation)
+
+
+def run_grads(fn, args, dy):
+    """(y, dx, dw, db) of fn(*args) for the output gradient dy (None where no gradient)."""
+    (y,), grads = outputs_and_grads(fn, args, [dy])
+    return (y, *grads)
+
+
+def fresh(*tensors):
+    return [t.detach().clone().requires_grad_() if t is not None else None for t in tensors]
+
+
+def assert_equal(got, want, names=("y", "dx", "dw", "db")):
+    for name, a, b in zip(names, got, want):
+        if b is None:
+            assert a is None, name
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"

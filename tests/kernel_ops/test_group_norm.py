@@ -19,19 +19,21 @@ from gpushape.kernels.group_norm._reference import ACTIVATIONS as ACT_CODE  # na
 
 from ._group_norm_cases import (
     ACTIVATIONS,
+    CL,
+    DTYPES,
     KINK,
     LAYOUTS,
+    assert_equal,
     case_shape,
+    fresh,
     gate,
+    gn,
     keep_off_kinks,
     make_case,
     pre_activation64,
+    run_grads,
     torch_group_norm_act,
 )
-from ._numeric import outputs_and_grads
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-CL = torch.channels_last
 
 
 @pytest.fixture(autouse=True)
@@ -43,29 +45,6 @@ def _seed():
 def reference_path(monkeypatch):
     """CPU tensors on the plain-PyTorch reference (TRITON_INTERPRET unset)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-
-
-def _gn(num_groups, eps=1e-5, activation="none"):
-    return lambda x, w, b: group_norm_act(x, num_groups, w, b, eps, activation)
-
-
-def _run(fn, args, dy):
-    """(y, dx, dw, db) of fn(*args) for the output gradient dy (None where no gradient)."""
-    (y,), grads = outputs_and_grads(fn, args, [dy])
-    return (y, *grads)
-
-
-def _fresh(*tensors):
-    return [t.detach().clone().requires_grad_() if t is not None else None for t in tensors]
-
-
-def _assert_equal(got, want, names=("y", "dx", "dw", "db")):
-    for name, a, b in zip(names, got, want):
-        if b is None:
-            assert a is None, name
-            continue
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
 
 
 # ---- the numeric gate, Triton kernels in the interpreter ------------------------------------
@@ -252,8 +231,10 @@ def test_pre_activation_exactly_at_the_kink(interpret, activation, layout):
             b[2 * i + 1] = at
     keep_off_kinks(x, 4, w, b, 1e-5, activation)  # the other channels; these can't move
     dy = torch.randn(x.shape)
-    got = _run(_gn(4, activation=activation), (x, w, b), dy)
-    want = _run(lambda x, w, b: torch_group_norm_act(x, 4, w, b, 1e-5, activation), (x, w, b), dy)
+    got = run_grads(gn(4, activation=activation), (x, w, b), dy)
+    want = run_grads(
+        lambda x, w, b: torch_group_norm_act(x, 4, w, b, 1e-5, activation), (x, w, b), dy
+    )
     for i, at in enumerate(kinks):
         c = 2 * i + 1
         d = {0.0: 0.0 if activation == "relu" else 0.5, -3.0: 0.0, 3.0: 1.0}[at]
@@ -290,9 +271,9 @@ def test_nan_propagates_like_torch(interpret, activation):
         gate(x, w, b, 3, activation=activation, kinks=False)
         return
     dy = torch.randn(x.shape)
-    got = _run(_gn(3, activation=activation), _fresh(x, w, b), dy)
-    want = _run(
-        lambda x, w, b: torch_group_norm_act(x, 3, w, b, 1e-5, activation), _fresh(x, w, b), dy
+    got = run_grads(gn(3, activation=activation), fresh(x, w, b), dy)
+    want = run_grads(
+        lambda x, w, b: torch_group_norm_act(x, 3, w, b, 1e-5, activation), fresh(x, w, b), dy
     )
     for name, g, e in zip(("y", "dx", "dw"), got, want):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, equal_nan=True, msg=name)
@@ -321,9 +302,9 @@ def test_deterministic(interpret):
     """The same inputs give the same y and gradients bit for bit (the pixel-split sums too)."""
     x, w, b = make_case((1, 4, 30, 30), torch.float32, "nchw-cl")
     dy = torch.randn(x.shape)
-    first = _run(_gn(2, activation="relu"), (x, w, b), dy)
+    first = run_grads(gn(2, activation="relu"), (x, w, b), dy)
     for _ in range(2):
-        _assert_equal(_run(_gn(2, activation="relu"), (x, w, b), dy), first)
+        assert_equal(run_grads(gn(2, activation="relu"), (x, w, b), dy), first)
 
 
 def test_empty_batch(interpret):
@@ -355,7 +336,7 @@ def test_keeps_layout(interpret):
     }
     for name, (x, fmt) in cases.items():
         w, b = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
-        y, dx, _, _ = _run(_gn(2, activation="silu"), (x, w, b), torch.randn(x.shape))
+        y, dx, _, _ = run_grads(gn(2, activation="silu"), (x, w, b), torch.randn(x.shape))
         assert y.is_contiguous(memory_format=fmt), name
         assert dx.is_contiguous(memory_format=fmt), name
         if name in ("nchw", "nchw-cl", "ncl"):
@@ -379,20 +360,20 @@ def test_strided_inputs_equal_contiguous(interpret):
         c = xv.shape[1]
         w, b = torch.randn(c), torch.randn(c)
         dy = torch.randn(xv.shape)
-        args = (xv.detach().requires_grad_(), *_fresh(w, b))
-        got = _run(_gn(2, activation="gelu"), args, dy)
-        dense = (xv.contiguous().detach().requires_grad_(), *_fresh(w, b))
-        want = _run(_gn(2, activation="gelu"), dense, dy)
-        _assert_equal(got, want)
+        args = (xv.detach().requires_grad_(), *fresh(w, b))
+        got = run_grads(gn(2, activation="gelu"), args, dy)
+        dense = (xv.contiguous().detach().requires_grad_(), *fresh(w, b))
+        want = run_grads(gn(2, activation="gelu"), dense, dy)
+        assert_equal(got, want)
         assert got[0].is_contiguous() and got[1].is_contiguous(), name
 
 
 def test_channels_last_equals_nchw(interpret):
     x, w, b = make_case((2, 6, 5, 7), torch.float32, "nchw")
     dy = torch.randn(x.shape)
-    want = _run(_gn(3, activation="relu"), _fresh(x, w, b), dy)
-    xc, wc, bc = _fresh(x, w, b)
-    got = _run(_gn(3, activation="relu"), (xc.contiguous(memory_format=CL), wc, bc), dy)
+    want = run_grads(gn(3, activation="relu"), fresh(x, w, b), dy)
+    xc, wc, bc = fresh(x, w, b)
+    got = run_grads(gn(3, activation="relu"), (xc.contiguous(memory_format=CL), wc, bc), dy)
     for name, g, e in zip(("y", "dx", "dw", "db"), got, want):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
@@ -405,14 +386,14 @@ def test_grad_output_layouts(interpret):
         small = torch.randn(1, 6, 1, 1)
         fmt = LAYOUTS[layout][1]
         dense_dy = small.expand(x.shape).contiguous(memory_format=fmt)
-        want = _run(_gn(3, activation="silu"), _fresh(x, w, b), dense_dy)
-        got = _run(_gn(3, activation="silu"), _fresh(x, w, b), small.expand(x.shape))
-        _assert_equal(got, want)
+        want = run_grads(gn(3, activation="silu"), fresh(x, w, b), dense_dy)
+        got = run_grads(gn(3, activation="silu"), fresh(x, w, b), small.expand(x.shape))
+        assert_equal(got, want)
         other = CL if fmt == torch.contiguous_format else torch.contiguous_format
-        got = _run(
-            _gn(3, activation="silu"), _fresh(x, w, b), dense_dy.contiguous(memory_format=other)
+        got = run_grads(
+            gn(3, activation="silu"), fresh(x, w, b), dense_dy.contiguous(memory_format=other)
         )
-        _assert_equal(got, want)
+        assert_equal(got, want)
 
 
 def test_strided_parameters(interpret):
@@ -420,6 +401,6 @@ def test_strided_parameters(interpret):
     dy = torch.randn(x.shape)
     wide = torch.randn(12, 2)
     ws, bs = wide[::2, 0].detach().requires_grad_(), wide[1::2, 1].detach().requires_grad_()
-    got = _run(_gn(3, activation="gelu"), (x, ws, bs), dy)
-    want = _run(_gn(3, activation="gelu"), (x, *_fresh(ws, bs)), dy)
-    _assert_equal(got, want)
+    got = run_grads(gn(3, activation="gelu"), (x, ws, bs), dy)
+    want = run_grads(gn(3, activation="gelu"), (x, *fresh(ws, bs)), dy)
+    assert_equal(got, want)

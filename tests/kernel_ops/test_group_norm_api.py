@@ -18,17 +18,18 @@ from gpushape.kernels.group_norm._reference import ACTIVATIONS as ACT_CODE  # na
 
 from ._group_norm_cases import (
     ACTIVATIONS,
+    CL,
     LAYOUTS,
     TORCH_ACT,
     case_shape,
+    fresh,
     gate,
+    gn,
     make_case,
+    run_grads,
     torch_group_norm_act,
 )
 from ._numeric import outputs_and_grads
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-CL = torch.channels_last
 
 
 @pytest.fixture(autouse=True)
@@ -40,29 +41,6 @@ def _seed():
 def reference_path(monkeypatch):
     """CPU tensors on the plain-PyTorch reference (TRITON_INTERPRET unset)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-
-
-def _gn(num_groups, eps=1e-5, activation="none"):
-    return lambda x, w, b: group_norm_act(x, num_groups, w, b, eps, activation)
-
-
-def _run(fn, args, dy):
-    """(y, dx, dw, db) of fn(*args) for the output gradient dy (None where no gradient)."""
-    (y,), grads = outputs_and_grads(fn, args, [dy])
-    return (y, *grads)
-
-
-def _fresh(*tensors):
-    return [t.detach().clone().requires_grad_() if t is not None else None for t in tensors]
-
-
-def _assert_equal(got, want, names=("y", "dx", "dw", "db")):
-    for name, a, b in zip(names, got, want):
-        if b is None:
-            assert a is None, name
-            continue
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
 
 
 # ---- the reference path (CPU without the interpreter) ---------------------------------------
@@ -84,9 +62,9 @@ def test_interpreter_equals_reference(interpret, monkeypatch):
     """The kernels and the plain-PyTorch reference agree closely (both float32 inside)."""
     x, w, b = make_case((2, 8, 5, 3), torch.float32, "nchw-cl")
     dy = torch.randn(x.shape)
-    got = _run(_gn(4, activation="hardswish"), _fresh(x, w, b), dy)
+    got = run_grads(gn(4, activation="hardswish"), fresh(x, w, b), dy)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    want = _run(_gn(4, activation="hardswish"), _fresh(x, w, b), dy)
+    want = run_grads(gn(4, activation="hardswish"), fresh(x, w, b), dy)
     for name, g, e in zip(("y", "dx", "dw", "db"), got, want):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
@@ -149,8 +127,8 @@ def _compiled_equals_eager(fn, args, dy):
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     with torch._functorch.config.patch(enable_autograd_cache=False):
-        got = _run(compiled, _fresh(*args), dy)
-    want = _run(fn, _fresh(*args), dy)
+        got = run_grads(compiled, fresh(*args), dy)
+    want = run_grads(fn, fresh(*args), dy)
     for name, g, e in zip(("y", "dx", "dw", "db"), got, want):
         if e is None:
             assert g is None, name
@@ -216,11 +194,11 @@ def test_parameters_in_another_dtype(interpret):
     parameter gradients in theirs; float32 x with bf16 parameters likewise."""
     x, w, b = make_case((2, 6, 3, 4), torch.bfloat16, "nchw-cl", param_dtype=torch.float32)
     dy = torch.randn(x.shape, dtype=torch.bfloat16)
-    y, dx, dw, db = _run(_gn(3, activation="silu"), (x, w, b), dy)
+    y, dx, dw, db = run_grads(gn(3, activation="silu"), (x, w, b), dy)
     assert y.dtype == dx.dtype == torch.bfloat16 and dw.dtype == db.dtype == torch.float32
-    want = _run(
+    want = run_grads(
         lambda x, w, b: torch_group_norm_act(x, 3, w, b, activation="silu"),
-        _fresh(x.float(), w, b),
+        fresh(x.float(), w, b),
         dy.float(),
     )
     for name, g, e in zip(("y", "dx", "dw", "db"), (y, dx, dw, db), want):
@@ -229,7 +207,7 @@ def test_parameters_in_another_dtype(interpret):
         )
 
     x, w, b = make_case((2, 6, 3, 4), torch.float32, "nchw", param_dtype=torch.bfloat16)
-    y, dx, dw, db = _run(_gn(3, activation="gelu"), (x, w, b), torch.randn(x.shape))
+    y, dx, dw, db = run_grads(gn(3, activation="gelu"), (x, w, b), torch.randn(x.shape))
     assert y.dtype == dx.dtype == torch.float32 and dw.dtype == db.dtype == torch.bfloat16
 
 
@@ -374,7 +352,7 @@ def test_from_timm(interpret):
         assert ours.num_groups == theirs.num_groups and ours.eps == theirs.eps
         x = torch.randn(2, 8, 3, 3, requires_grad=True)
         dy = torch.randn(x.shape)
-        got = _run(ours, (x,), dy)
-        want = _run(lambda x, theirs=theirs: F.silu(theirs(x)), (x,), dy)
+        got = run_grads(ours, (x,), dy)
+        want = run_grads(lambda x, theirs=theirs: F.silu(theirs(x)), (x,), dy)
         for g, e in zip(got, want):
             torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
