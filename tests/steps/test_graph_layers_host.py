@@ -92,7 +92,7 @@ def test_the_loop_prices_a_graph_layers_stage_with_the_replays_where_it_can():
     )
     spec = _spec(graph_layer=50e-6, graph_layer_param=2e-6)
     report, step = _graph_layers_step(variant, spec, None)
-    assert report.step.mode == "eager" and step.gpu_s == report.step.gpu_s
+    assert report.step.mode == "eager" and step.gpu_s == report.step.gpu_s  # nothing copied
     names = [c.module for c in captured]
     expected = graph_layers_host_s(model, batch.inputs, spec, names, report.step.host_s)
     assert step.host_s == pytest.approx(expected) and step.host_s != report.step.host_s
@@ -107,3 +107,33 @@ def test_the_loop_prices_a_graph_layers_stage_with_the_replays_where_it_can():
     assert _graph_layers_step(variant, _spec(), None) is None  # no rates: graph mode
     nothing = SimpleNamespace(step=variant.step, optimize_report=SimpleNamespace(applied=[]))
     assert _graph_layers_step(nothing, spec, None) is None  # nothing captured
+
+
+def test_the_replays_copies_into_the_graphs_cost_gpu_time():
+    """A captured layer's copies (the bytes its capture recorded: an input that is not an
+    earlier layer's output, an output gradient that is not a later layer's input gradient)
+    are read and written at the copy rate, on top of the eager step's GPU work."""
+    from types import SimpleNamespace
+
+    from gpushape.steps.batch import synthetic_batch
+    from gpushape.steps.graph_layers_host import copies_s, stage_step
+    from gpushape.steps.step import build_step
+    from gpushape.transforms._graph_replay import MARK, LayerState
+
+    model = Stack()
+    batch = synthetic_batch(model, (torch.randn(32, 64),))
+    names = [f"blocks.{i}" for i in range(4)]
+    spec = _spec(graph_layer=50e-6, graph_layer_param=2e-6)
+    assert copies_s(model, spec, names) == 0.0  # nothing captured: nothing recorded
+    for i, name in enumerate(names):
+        state = LayerState(None, None)
+        state.copied = 8192 if i in (0, 3) else 0  # a chain: its first input, its last gradient
+        model.get_submodule(name).__dict__[MARK] = state
+    rate = spec.attainable_bandwidth_bytes_per_s()
+    assert copies_s(model, spec, [*names, "nope"]) == pytest.approx(2 * 2 * 8192 / rate)
+    captured = [SimpleNamespace(transform="graph-layers", module=n) for n in names]
+    variant = SimpleNamespace(
+        step=build_step(model, batch, "sgd"), optimize_report=SimpleNamespace(applied=captured)
+    )
+    report, step = stage_step(variant, spec, None)
+    assert step.gpu_s == pytest.approx(report.step.gpu_s + 4 * 8192 / rate)

@@ -3,13 +3,14 @@
 import pytest
 import torch
 
-from gpushape.transforms import graph_layers
+from gpushape.transforms import _graph_capture, graph_layers
 
 
 @pytest.fixture
 def fake_graphs(monkeypatch):
-    """Capture without a GPU: make_graphed_callables returns the adapters as they are (their
-    forward runs the layer eagerly), each counting its calls; the GPU-only checks pass."""
+    """Capture without a GPU: the capture (_graph_capture.graphed_callables) returns the
+    adapters as they are (their forward runs the layer eagerly), each counting its calls; the
+    GPU-only checks pass."""
     calls = []
 
     def fake(callables, samples, **_):
@@ -28,7 +29,7 @@ def fake_graphs(monkeypatch):
 
         return tuple(counted(c) for c in callables)
 
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake)
+    monkeypatch.setattr(_graph_capture, "graphed_callables", fake)
     monkeypatch.setattr(graph_layers, "_why_not", lambda model, ctx: None)
     monkeypatch.setattr(graph_layers, "self_check", lambda model, inputs: None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)

@@ -2,10 +2,10 @@
 nested stacks), what it refuses and why (no GPU, compile and graph mode, eval mode, hooks, a
 layer called twice), and how a graphed layer routes its calls: captured arguments replay, any
 other call (eval mode, no autograd, another shape, another flag) runs the layer's own forward;
-copies run eagerly; revert, idempotence, state_dict. CUDA graphs need a GPU: here
-`make_graphed_callables` is replaced by one that returns the layers' positional adapters
-unchanged, which run eagerly and count their calls. The replay itself (outputs, every
-gradient, gradient accumulation, dropout from one seed) is tested on the GPU
+copies run eagerly; revert, idempotence, state_dict. CUDA graphs need a GPU: here the
+capture (`_graph_capture.graphed_callables`) is replaced by one that returns the layers'
+positional adapters unchanged, which run eagerly and count their calls. The replay itself
+(outputs, every gradient, gradient accumulation, dropout from one seed) is tested on the GPU
 (test_graph_layers_gpu.py)."""
 
 from __future__ import annotations

@@ -5,23 +5,23 @@ frees them too; inside the graphs, 16-bit Linear bias gradients are taken by a G
 import torch
 from tests.transforms.test_graph_layers import Net, _apply
 
-from gpushape.transforms import _core, graph_layers
+from gpushape.transforms import _core, _graph_capture, graph_layers
 
 
 def test_a_failed_check_refuses_and_frees_the_graphs(fake_graphs, monkeypatch):
     """The refusal drops what the capture made (the stand-in's forward closes over its adapter,
-    a cycle like make_graphed_callables'), so no graph outlives it; revert frees them too."""
+    a cycle), so no graph outlives it; revert frees them too."""
     import weakref
 
     adapters = []
-    capture = torch.cuda.make_graphed_callables
+    capture = _graph_capture.graphed_callables
 
     def kept(callables, samples, **kw):
         out = capture(callables, samples, **kw)
         adapters.extend(weakref.ref(c) for c in out)
         return out
 
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", kept)
+    monkeypatch.setattr(_graph_capture, "graphed_callables", kept)
     monkeypatch.setattr(graph_layers, "self_check", lambda m, i: "output 0 differs (max error 1)")
     model, x = Net().train(), torch.randn(2, 16)
     out = _apply(model, x)
@@ -38,14 +38,14 @@ def test_a_check_that_fails_once_is_retried_on_a_fresh_capture(fake_graphs, monk
     import weakref
 
     adapters, verdicts = [], iter(["output 0 differs (max error 1)", None])
-    capture = torch.cuda.make_graphed_callables
+    capture = _graph_capture.graphed_callables
 
     def kept(callables, samples, **kw):
         out = capture(callables, samples, **kw)
         adapters.append([weakref.ref(c) for c in out])
         return out
 
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", kept)
+    monkeypatch.setattr(_graph_capture, "graphed_callables", kept)
     monkeypatch.setattr(graph_layers, "self_check", lambda m, i: next(verdicts))
     model, x = Net().train(), torch.randn(2, 16)
     out = _apply(model, x)

@@ -4,7 +4,7 @@ requires_grad, every other argument's value), and sample inputs like those to ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +24,9 @@ class Call:
     spec: Any
     constants: list  # TENSOR where the leaf is a tensor
     tensors: list[tuple]
+    # per tensor leaf: (layer, output index) where it is the very tensor an observed layer
+    # returned (graph-layers then reads that output's buffer in place), else None
+    sources: list = field(default_factory=list)
 
     @classmethod
     def of(cls, args: tuple, kwargs: dict) -> Call:
@@ -75,20 +78,44 @@ def layer_stacks(model: nn.Module) -> list[tuple[str, list[tuple[str, nn.Module]
 
 
 def observe(model: nn.Module, layers: dict[str, nn.Module], inputs: tuple) -> dict[str, list]:
-    """Each layer's calls in one forward of the model (train mode, autograd on)."""
+    """Each layer's calls in one forward of the model (train mode, autograd on), with where each
+    tensor argument came from: the output of a layer called before it, or elsewhere. The
+    outputs are held until the forward ends, so an address is never another tensor's."""
     calls: dict[str, list] = {name: [] for name in layers}
-    handles = [
-        layer.register_forward_pre_hook(
-            lambda _m, a, k, name=name: calls[name].append(Call.of(a, k)), with_kwargs=True
+    made: dict[int, tuple[str, int, torch.Tensor]] = {}  # id(output) -> (layer, index, output)
+
+    def before(_m, args, kwargs, name):
+        call = Call.of(args, kwargs)
+        for t in pytree.tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor):
+                seen = made.get(id(t))
+                call.sources.append(seen[:2] if seen is not None and seen[2] is t else None)
+        calls[name].append(call)
+
+    def after(_m, _args, _kwargs, out, name):
+        tensors = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        for i, t in enumerate(tensors):
+            made[id(t)] = (name, i, t)
+
+    handles = []
+    for name, layer in layers.items():
+        handles.append(
+            layer.register_forward_pre_hook(
+                lambda m, a, k, name=name: before(m, a, k, name), with_kwargs=True
+            )
         )
-        for name, layer in layers.items()
-    ]
+        handles.append(
+            layer.register_forward_hook(
+                lambda m, a, k, o, name=name: after(m, a, k, o, name), with_kwargs=True
+            )
+        )
     try:
         with torch.enable_grad():
             model(*inputs)
     finally:
         for h in handles:
             h.remove()
+        made.clear()
     return calls
 
 

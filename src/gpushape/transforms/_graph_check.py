@@ -92,18 +92,32 @@ def self_check(model: nn.Module, inputs: tuple) -> str | None:
     return None
 
 
-def layers_run(calls: list, samples: list):
-    """One forward and backward of the layers alone, each on its own sample inputs: what
-    graph-layers replaces (`calls`: the layers' positional adapters, eager or graphed)."""
+def layers_run(calls: list, samples: list, links: dict | None = None):
+    """One forward and backward of the layers alone, each on its own sample inputs, or where
+    `links` says so (`_graph_capture`: (layer, argument) -> (layer, output)) on an earlier
+    layer's output, as the model feeds them: what graph-layers replaces (`calls`: the layers'
+    positional adapters, eager or graphed). The outputs no layer reads get the gradients."""
 
     ones: dict = {}  # one gradient per output shape, made once: the timed passes run only
     # the layers' own kernels (a loss over ResNet's large activations would cost the GPU a
     # third as much again, both ways, and hide what replaying saves the host)
+    links = links or {}
+    read = set(links.values())
 
     def run():
-        outs = []
-        for call, sample in zip(calls, samples):
-            outs += [t for t in call(*sample) if t.is_floating_point() and t.requires_grad]
+        results, outs = [], []
+        for i, (call, sample) in enumerate(zip(calls, samples)):
+            args = list(sample)
+            for k in range(len(args)):
+                if (i, k) in links:
+                    j, m = links[(i, k)]
+                    args[k] = results[j][m]
+            results.append(call(*args))
+            outs += [
+                t
+                for m, t in enumerate(results[-1])
+                if (i, m) not in read and t.is_floating_point() and t.requires_grad
+            ]
         grads = []
         for t in outs:
             key = (t.shape, t.dtype, t.device)

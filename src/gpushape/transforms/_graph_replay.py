@@ -1,5 +1,5 @@
 """graph-layers' runtime: a graphed layer's state, the positional adapter that
-make_graphed_callables captures, and the forward set on each graphed layer's instance, which
+_graph_capture.py captures, and the forward set on each graphed layer's instance, which
 routes a call whose arguments match the capture to the graphs and any other to the layer's own
 forward (graph_layers.py finds, captures, checks and times the layers)."""
 
@@ -29,15 +29,19 @@ class LayerState:
         self.out_constants: list = []
         self.params: list[nn.Parameter] = []
         self.static: set[int] = set()  # addresses of the graph's gradient buffers
-        self.adapter: nn.Module | None = None  # what make_graphed_callables captured
+        self.adapter: nn.Module | None = None  # what the capture (_graph_capture.py) took
+        self.linked: dict[int, int] = {}  # tensor argument -> the address it must arrive at
+        # (an earlier layer's output, read in place by the graphs)
+        self.copied = 0  # bytes the replays copy into the graphs a step, both passes
         self.gemv_weights: set[int] = set()  # ids of the weights of the Linears whose bias
         # gradient the graphs take by a GEMV
 
     def release(self) -> None:
-        """Drop the graphs. make_graphed_callables sets the graphed forward on the adapter,
-        a closure over the adapter itself: only the garbage collector would free that cycle,
-        with the graphs' memory pool and the autograd nodes their capture made (on the capture's
-        side stream, where they make every later backward wait across streams)."""
+        """Drop the graphs. The capture sets the replaying forward on the adapter, a closure
+        over an autograd Function class (a class is a reference cycle by nature): only the
+        garbage collector frees it, with the graphs' memory pool and the autograd nodes their
+        capture made (on the capture's side stream, where they make every later backward wait
+        across streams)."""
         if self.adapter is not None:
             self.adapter.__dict__.pop("forward", None)
         self.adapter = self.graphed = None
@@ -50,8 +54,8 @@ class LayerState:
 
 
 class Positional(nn.Module):
-    """The layer as make_graphed_callables needs it: tensors in, a tuple of tensors out. Holds
-    the layer as its child so that make_graphed_callables sees its parameters."""
+    """The layer as the capture needs it: tensors in, a tuple of tensors out. Holds the layer
+    as its child so that the capture sees its parameters."""
 
     def __init__(self, layer: nn.Module, call: Call, state: LayerState):
         super().__init__()
@@ -108,9 +112,9 @@ def own_gradients(state: LayerState) -> None:
     the last backward by zeroing in place, or by accumulating over micro-batches) gets a copy,
     which the replay's backward then adds to; otherwise the replay would overwrite it.
 
-    make_graphed_callables hands each parameter's gradient to autograd as a view of the graph's
-    buffer, and autograd keeps that view as .grad when .grad was None. With the gradients set to
-    None between steps (zero_grad's default) nothing is copied. Checked here, on the calling
+    The replay hands each parameter's gradient to autograd as a view of the graph's buffer,
+    and autograd keeps that view as .grad when .grad was None. With the gradients set to None
+    between steps (zero_grad's default) nothing is copied. Checked here, on the calling
     thread, by address: no hook runs in autograd's worker thread, where Python is slow."""
     static = state.static
     for p in state.params:
@@ -144,6 +148,8 @@ def _matching(layer, state: LayerState, args: tuple, kwargs: dict) -> list[torch
                 or meta(leaf) != call.tensors[i]
             ):
                 return None
+            if i in state.linked and leaf.data_ptr() != state.linked[i]:
+                return None  # not the earlier layer's output: the graphs would overwrite it
             tensors.append(leaf)
             i += 1
         elif const is not leaf and (

@@ -5,8 +5,8 @@ An eager training step costs the host a few tens of microseconds per op (dispatc
 autograd engine's bookkeeping in backward). Where the GPU runs the step faster than the host
 issues it (BERT-base at 32 x 512 on an H200 once its vocabulary GEMM and masked-LM head are
 fixed: ~29 ms of kernels, ~35 ms of host), every microsecond of host time is wall time. A layer
-replayed from a CUDA graph costs the host one launch per pass, whatever it runs. This is
-PyTorch's `torch.cuda.make_graphed_callables` (what Megatron-LM and Transformer Engine do for
+replayed from a CUDA graph costs the host one launch per pass, whatever it runs. This is what
+PyTorch's `torch.cuda.make_graphed_callables` does (and Megatron-LM and Transformer Engine for
 their layers), applied to the layers of a model nobody wrote for it:
 
 - Found from the model, not from names: a ModuleList (or Sequential) of two or more children of
@@ -19,8 +19,12 @@ their layers), applied to the layers of a model nobody wrote for it:
   replays the graphs; any other call (evaluation, another shape, a padding mask where none was
   captured) runs the layer's own forward. The module tree, the parameters (the same objects) and
   the state_dict are unchanged; an optimizer made before or after works alike.
-- One memory pool for all layers, captured in order; random numbers (dropout) come from
-  PyTorch's graph-safe generator, so a seed replays the same masks as eager code.
+- One memory pool for all layers, captured in order (`_graph_capture.py`); a layer whose input
+  is the previous layer's output reads it in place, and the previous layer's backward reads the
+  later one's input gradient likewise, where make_graphed_callables would copy both into its
+  graphs' buffers (on an H100, 0.85 ms a step of ResNet-50-GN's GPU time). Random numbers
+  (dropout) come from PyTorch's graph-safe generator, so a seed replays the same masks as
+  eager code.
 
 Caveats a user must know (the change's detail says them): a layer's outputs live in the graph's
 memory and are overwritten by its next replay (a training step uses them before that; keep a copy
@@ -46,6 +50,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from . import _graph_capture
 from ._bias_grad import gemv_bias_grads
 from ._core import (
     Change,
@@ -121,7 +126,7 @@ def apply(model: nn.Module, ctx: TransformContext) -> Outcome:
                 layers[name] = layer
     if not layers:
         return out
-    # observing, capturing (make_graphed_callables' warm-up), timing and checking run the model
+    # observing, capturing (its warm-up), timing and checking run the model
     # in train mode: they leave its running statistics and the random generators as found
     with state_restored(model, ctx.example_inputs):
         return _apply_to(model, layers, ctx, out)
@@ -186,10 +191,25 @@ def _apply_to(model: nn.Module, layers: dict, ctx: TransformContext, out: Outcom
     return out
 
 
+def links_of(picked: dict[str, tuple[nn.Module, Call]]) -> dict[tuple[int, int], tuple]:
+    """(layer, tensor argument) -> (layer, output), by the layers' positions in `picked`: the
+    arguments that were, in the observed forward, the output of a layer captured before them
+    (and require grad, as that output does), which the graphs read in place."""
+    index = {name: i for i, name in enumerate(picked)}
+    links = {}
+    for i, (_layer, call) in enumerate(picked.values()):
+        for k, source in enumerate(call.sources):
+            j = index.get(source[0]) if source is not None else None
+            if j is not None and j < i and call.tensors[k][4]:
+                links[(i, k)] = (j, source[1])
+    return links
+
+
 def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
-    """Capture every picked layer in one make_graphed_callables call (one memory pool): (None,
-    None), or why not; with `measure`, (None, (the layers' eager forward and backward in
-    seconds, and the same replayed)), which optimize keeps only if replayed is faster."""
+    """Capture every picked layer (_graph_capture.py: one memory pool, a layer's input read in
+    place where it is an earlier layer's output): (None, None), or why not; with `measure`,
+    (None, (the layers' eager forward and backward in seconds, and the same replayed)), which
+    optimize keeps only if replayed is faster."""
     adapters, samples, states = [], [], []
     for layer, call in picked.values():
         state = LayerState(call, None)
@@ -197,30 +217,32 @@ def _capture(picked: dict[str, tuple[nn.Module, Call]], measure: bool) -> tuple:
         adapters.append(state.adapter)
         samples.append(sample(call))
         states.append(state)
+    links = links_of(picked)
     eager_s = None
     if measure:  # no profiler: eager against replayed decides, and the user's process is
         # spared a profiler session, which can leave CUPTI attached and later launches slower
         # (pytorch/pytorch#144455; ResNet-50's eager optimize ran erratically after one)
-        eager_s = wall_seconds(layers_run(adapters, samples))
+        eager_s = wall_seconds(layers_run(adapters, samples, links))
         for adapter in adapters:  # the parameter gradients these passes left
             adapter.zero_grad(set_to_none=True)
     rerouted = gemv_bias_grads()
     try:
         with rerouted:  # the graphs take Linear bias gradients by a GEMV (_bias_grad.py)
-            graphed = torch.cuda.make_graphed_callables(
-                tuple(adapters), tuple(samples), allow_unused_input=True
-            )
+            graphed = _graph_capture.graphed_callables(tuple(adapters), tuple(samples), links=links)
     except Exception as exc:
         _release(states)
         return f"capture failed: {type(exc).__name__}: {_first_line(exc)}", None
     for (layer, _), adapter, state in zip(picked.values(), graphed, states):
         state.graphed = adapter.forward  # the graphed forward, without Module.__call__
+        state.linked = dict(adapter.__dict__.get("graph_links", {}))
+        state.copied = int(adapter.__dict__.get("graph_copied", 0))
         state.params = [p for p in layer.parameters() if p.requires_grad]
         linears = [m for m in layer.modules() if isinstance(m, nn.Linear)]
         state.gemv_weights = {id(m.weight) for m in linears if id(m.weight) in rerouted.weights}
         layer.__dict__[MARK] = state
         layer.forward = GraphedForward(layer)
-    run = layers_run([state.graphed for state in states], samples)
+    linked = {key: src for key, src in links.items() if key[1] in states[key[0]].linked}
+    run = layers_run([state.graphed for state in states], samples, linked)
     _learn_gradient_buffers(states, run)
     if eager_s is None:
         return None, None
@@ -268,7 +290,7 @@ def _release(states: list[LayerState], collect: bool = True) -> None:
     for state in states:
         state.release()
     if collect:  # the graphed autograd Functions are classes: cycles by nature
-        gc.collect()  # the cycles make_graphed_callables leaves, now broken, with their graphs
+        gc.collect()  # the replays' Function classes are cycles: freed here, with their graphs
 
 
 __all__ = ["apply", "is_graphed", "layer_stacks"]
