@@ -1,7 +1,8 @@
 """group_norm_act / GroupNormAct: the reference path, the custom ops (meta, opcheck,
 torch.compile, torch.func), parameter dtypes and autocast, errors, the module (CPU lane).
 
-Values and shapes: test_group_norm.py; layouts: test_group_norm_layouts.py. GPU lane: test_group_norm_gpu.py.
+Values and shapes: test_group_norm.py; layouts: test_group_norm_layouts.py. GPU lane:
+test_group_norm_gpu.py.
 """
 
 from __future__ import annotations
