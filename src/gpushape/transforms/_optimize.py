@@ -31,7 +31,7 @@ from ._core import (
     remember,
     undo,
 )
-from ._picking import pick, without
+from ._picking import held_back, now_worth, pick, without
 from ._picking import quiet_sites as quiet_fix_sites
 from ._verify import Verification, compute_dtype, lower_reference, reference, verify
 from .autocast import audit_flags
@@ -173,6 +173,13 @@ def optimize(
     for tid in picked:
         site_ctx = without(ctx, quiet[tid]) if tid in quiet else ctx
         model = _apply_one(model, tid, site_ctx, ref, out, guard if transforms is None else None)
+    again = held_back(before, picked) if transforms is None and out.applied else []
+    if again:  # a fix the ops the others replaced held back (channels-last after GroupNormAct)
+        now = audit(model, inputs, gpu, dtype=dtype, train=train, mode=mode,
+                    flags=audit_flags(model))  # fmt: skip
+        for tid, saving in now_worth(now, again).items():
+            out.predicted_saving_s[tid] = saving
+            model = _apply_one(model, tid, ctx, ref, out, guard)
     if graphable:
         model = _measured(model, GRAPH_LAYERS, ctx, out)
     _nothing_found(transforms or (), out)

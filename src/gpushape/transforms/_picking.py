@@ -105,5 +105,33 @@ def without(ctx: TransformContext, parents: set[str]) -> TransformContext:
     return dataclasses.replace(ctx, filter_fn=allowed)
 
 
+def held_back(report: Any, picked: list[str]) -> list[str]:
+    """Fixes to look at again once `picked` are applied: channels-last, where the audit of the
+    model as given found converting saves nothing because ops in it return NCHW tensors (the
+    nchw-conv finding's `return_nchw`, auditing/layout_check.py). A picked fix may replace
+    those ops with kernels that keep channels_last (fuse-group-norm's GroupNormAct for
+    PyTorch's GroupNorm, which returns NCHW whatever it is given): the model the fixes leave is
+    then audited again and channels-last applied where that audit says it pays."""
+    return [
+        f.fix
+        for f in report.findings
+        if f.rule == "nchw-conv"
+        and f.fix
+        and f.fix not in picked
+        and f.evidence.get("return_nchw")
+        and not worth(f)
+    ][:1]
+
+
+def now_worth(report: Any, fixes: list[str]) -> dict[str, float]:
+    """Of `fixes`, those `report` (an audit of the rewritten model) finds worth applying, with
+    their predicted saving."""
+    found: dict[str, float] = {}
+    for f in report.findings:
+        if f.fix in fixes and worth(f):
+            found[f.fix] = found.get(f.fix, 0.0) + f.est_saving_s
+    return found
+
+
 def worth(f: Any) -> bool:
     return bool(f.fix and f.est_saving_s and f.est_saving_s > 0)
