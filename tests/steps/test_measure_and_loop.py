@@ -76,6 +76,37 @@ def test_the_loop_times_a_fix_optimize_rolled_back_where_a_finding_still_names_i
     assert disputed(None, SimpleNamespace(findings=findings)) == []
 
 
+def test_the_loop_says_why_a_fix_the_audit_named_is_left_out():
+    """Each high or medium finding's fix the loop does not time, with what the planning copy's
+    optimize said of it (rolled back for its check, refused, skipped), or that it said
+    nothing; a low finding's fix, a timed fix and the step's own fixes are not listed."""
+    from types import SimpleNamespace
+
+    from gpushape.auditing.finding import Severity
+    from gpushape.steps.loop_plan import left_out
+
+    def finding(fix, severity=Severity.MEDIUM):
+        return SimpleNamespace(fix=fix, severity=severity)
+
+    plan = SimpleNamespace(
+        rolled_back=[SimpleNamespace(transform="fuse-norm-act", reason="output 0 differs")],
+        refused=[SimpleNamespace(transform="sdpa", reason="a mask of another shape")],
+        skipped=[],
+    )
+    findings = [finding("fuse-norm-act", Severity.HIGH), finding("sdpa"), finding("channels-last"),
+                finding("tc-align", Severity.LOW), finding("fast-max-pool"),
+                finding("cuda-graphs"), finding("channels-last")]  # fmt: skip
+    got = left_out(plan, SimpleNamespace(findings=findings), ["fast-max-pool", "cuda-graphs"])
+    assert got == {
+        "fuse-norm-act": "rolled back: output 0 differs",
+        "sdpa": "refused: a mask of another shape",
+        "channels-last": "optimize's report names no reason",
+    }
+    assert left_out(None, SimpleNamespace(findings=[finding("sdpa")]), []) == {
+        "sdpa": "optimize's report names no reason"
+    }
+
+
 def test_a_fix_applied_by_name_counts_the_places_its_own_stage_rewrote():
     """A disputed fix is not in the planning copy's applied list (optimize rolled it back
     there): its places come from the report of the stage that applied it by name (the BERT

@@ -46,7 +46,7 @@ from .batch import synthetic_batch
 from .compiling import room_to_compile
 from .graph_layers_host import fused_step, stage_step, whole_graph_step
 from .host_here import host_scale, scaled_target
-from .loop_plan import GRAPH_LAYERS, applied_count, disputed, places
+from .loop_plan import GRAPH_LAYERS, applied_count, disputed, left_out, places
 from .loop_plan import applied_order as _applied_order
 from .measure import StepStats
 from .run import measure_variants
@@ -123,6 +123,9 @@ class LoopResult:
     failed: dict[str, str] = field(default_factory=dict)
     host_scale: float | None = None
     """This host's issue time of the step as given over the audit's (host_here.py)."""
+    left_out: dict[str, str] = field(default_factory=dict)
+    """Fixes of high or medium findings the loop does not time, and why: what the planning
+    copy's optimize refused, rolled back or skipped for them."""
 
     @property
     def speedup(self) -> float:
@@ -139,6 +142,7 @@ class LoopResult:
             "speedup": self.speedup,
             "host_scale": self.host_scale,
             "failed": self.failed,
+            "left_out": self.left_out,
             "optimize": self.optimize_report.to_dict() if self.optimize_report else None,
         }
 
@@ -198,6 +202,7 @@ def loop(
     applied = _applied_order(plan.optimize_report)
     applied += [t for t in disputed(plan.optimize_report, report) if t not in applied]
     planned = {t: applied_count(plan.optimize_report, t) for t in applied}
+    left = left_out(plan.optimize_report, report, [*applied, *STEP_FIXES])
     runner = "compile" if mode == "compile" else "eager"
     specs = {GIVEN: Spec(runner=runner)}
     for i, tid in enumerate(applied):
@@ -247,6 +252,7 @@ def loop(
         optimize_report=_last_report(built),
         failed=failed,
         host_scale=scale,
+        left_out=left,
     )
 
 

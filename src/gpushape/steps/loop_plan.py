@@ -43,6 +43,29 @@ def disputed(optimize_report: Any, audit_report: Any) -> list[str]:
     ]
 
 
+def left_out(plan: Any, report: Any, timed: list[str]) -> dict[str, str]:
+    """fix -> why the loop does not time it: each high or medium finding's fix not in `timed`
+    (what the planning copy's optimize applied, and the step's own fixes), with what that
+    optimize's report says of it (rolled back, refused, skipped; the first reason), or that it
+    said nothing. (ResNet-50-GN's loop on an H100 left channels-last out, a medium finding,
+    and its JSON did not say why: benchmarks/results/loops-h100-28.)"""
+    from ..auditing.finding import Severity
+
+    named = [f.fix for f in report.findings if f.fix and f.severity >= Severity.MEDIUM]
+    out: dict[str, str] = {}
+    for fix in dict.fromkeys(named):
+        if fix in timed:
+            continue
+        why = "optimize's report names no reason"
+        for kind in ("rolled_back", "refused", "skipped"):
+            said = [r for r in getattr(plan, kind, ()) if r.transform == fix]
+            if said:
+                why = f"{kind.replace('_', ' ')}: {said[0].reason}"
+                break
+        out[fix] = why
+    return out
+
+
 def applied_count(report: Any, tid: str) -> int:
     """How many places optimize's `report` rewrote with `tid`."""
     return sum(c.transform == tid for c in report.applied) if report is not None else 0

@@ -250,6 +250,8 @@ def loop_table(result: LoopResult, console: Console) -> None:
     )
     for stage, why in result.failed.items():
         console.print(escape(f"{stage}: failed: {why}"))
+    for fix, why in getattr(result, "left_out", {}).items():
+        console.print(escape(f"not in the loop: {fix} ({why})"))
 
 
 def plot_bench(result: BenchResult, path: str | Path) -> Path:
