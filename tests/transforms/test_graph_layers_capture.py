@@ -37,12 +37,13 @@ def test_a_failed_check_refuses_and_frees_the_graphs(fake_graphs, monkeypatch):
 def test_a_check_that_fails_once_is_retried_on_a_fresh_capture(fake_graphs, monkeypatch):
     import weakref
 
-    adapters, verdicts = [], iter(["output 0 differs (max error 1)", None])
+    adapters, verdicts, links = [], iter(["output 0 differs (max error 1)", None]), []
     capture = _graph_capture.graphed_callables
 
     def kept(callables, samples, **kw):
         out = capture(callables, samples, **kw)
         adapters.append([weakref.ref(c) for c in out])
+        links.append(kw.get("links"))
         return out
 
     monkeypatch.setattr(_graph_capture, "graphed_callables", kept)
@@ -50,6 +51,8 @@ def test_a_check_that_fails_once_is_retried_on_a_fresh_capture(fake_graphs, monk
     model, x = Net().train(), torch.randn(2, 16)
     out = _apply(model, x)
     assert len(out.changes) == 3 and not out.refusals and len(adapters) == 2
+    # the first capture reads each layer's input in place, the second copies them all
+    assert links == [{(1, 0): (0, 0), (2, 0): (1, 0)}, {}]
     assert all(ref() is None for ref in adapters[0])  # the first capture's graphs are gone
     assert all(ref() is not None for ref in adapters[1])
     monkeypatch.setattr(graph_layers, "self_check", lambda m, i: "still differs")
