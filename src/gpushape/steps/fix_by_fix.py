@@ -329,13 +329,12 @@ def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[flo
             if run_mode == "compile" and report.step is not None and stage_report.step:
                 compiled = compiled_stage(report.step, stage_report.step)  # kernels at a launch
                 gpu_s, wall_s = compiled.gpu_s, compiled.wall_s
+            # a whole-step graph after "+ fused-optimizer" is audited with the fused optimizer
+            # its step runs: the audit prices the fused kernels, so their saving is not taken
+            # off again (BERT-base on an H100: 1.17 ms of its graph's 1.99 predicted, 0.12
+            # measured, was that saving counted twice)
             out[stage] = (gpu_s, wall_s)
             reports[stage] = stage_report
-            if spec.runner == "graph" and "+ fused-optimizer" in out:
-                # the graph replays the fused step's kernels: what fusing saves there is GPU
-                # time (its host saving, in the eager finding's wall, is the graph's already)
-                fused = predicted.get("fused-optimizer", (0.0, 0.0, []))
-                out[stage] = (out[stage][0] - fused[0], out[stage][1] - fused[0])
         previous = stage
     return out
 
