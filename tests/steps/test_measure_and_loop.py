@@ -326,3 +326,18 @@ def test_an_eager_whole_step_graph_after_the_fused_optimizer_counts_its_saving_o
     # what the graph saves on the GPU is its idle time, not the fused step's kernels again
     gpu_saved = out["+ fused-optimizer"][0] - out["+ cuda-graphs"][0]
     assert abs(gpu_saved) < predicted["fused-optimizer"][0]
+
+
+def test_the_loop_result_keeps_each_stages_predicted_step():
+    from gpushape.steps.fix_by_fix import GIVEN, LoopResult
+    from gpushape.steps.measure import StepStats
+
+    def stats_of(name, s):
+        return StepStats(variant=name, step_times_s=(s,), warmup_s=0.1, samples=8, tokens=0)
+
+    stats = {GIVEN: stats_of(GIVEN, 0.02), "+ cuda-graphs": stats_of("+ cuda-graphs", 0.01)}
+    expected = {GIVEN: (0.015, 0.02), "+ cuda-graphs": (0.015, 0.016)}
+    result = LoopResult("m", "eager", stats, [], 0.02, expected=expected)
+    stages = result.to_dict()["predicted_stages"]
+    assert stages["+ cuda-graphs"] == {"gpu_s": 0.015, "wall_s": 0.016}
+    assert result.speedup == pytest.approx(2.0)

@@ -126,6 +126,9 @@ class LoopResult:
     left_out: dict[str, str] = field(default_factory=dict)
     """Fixes of high or medium findings the loop does not time, and why: what the planning
     copy's optimize refused, rolled back or skipped for them."""
+    expected: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Each stage's predicted step (GPU seconds, wall seconds): the rows' savings are their
+    differences."""
 
     @property
     def speedup(self) -> float:
@@ -143,6 +146,9 @@ class LoopResult:
             "host_scale": self.host_scale,
             "failed": self.failed,
             "left_out": self.left_out,
+            "predicted_stages": {
+                k: {"gpu_s": g, "wall_s": w} for k, (g, w) in self.expected.items()
+            },
             "optimize": self.optimize_report.to_dict() if self.optimize_report else None,
         }
 
@@ -253,6 +259,7 @@ def loop(
         failed=failed,
         host_scale=scale,
         left_out=left,
+        expected=expected,
     )
 
 
