@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpushape.kernels import MaxPool2d, max_pool2d
+from gpushape.kernels._plan_cache import PlanCache
 from gpushape.kernels.pooling import _launch
 from gpushape.kernels.pooling.max_pool import max_pool2d_backward_op, max_pool2d_op
 
@@ -153,7 +154,7 @@ def test_repeated_backward_is_bitwise_equal(interpret):
 def test_int64_index_variant(interpret, monkeypatch):
     """The WIDE kernels (int64 offsets, for tensors past 2^31 elements) on a small tensor."""
     monkeypatch.setattr(_launch, "_INT32_LIMIT", 0)
-    monkeypatch.setattr(_launch, "_PLANS", {})
+    monkeypatch.setattr(_launch, "_PLANS", PlanCache(_launch._MAX_PLANS))
     for fmt in (CL, CF):
         check_against_torch(make_input((2, 3, 7, 9), torch.float32, fmt), (3, 2, 1), gate=False)
 

@@ -23,6 +23,7 @@ import torch
 
 from .._dispatch import use_triton
 from .._launch import Launch, aligned
+from .._plan_cache import PlanCache
 
 _TILE_ELEMENTS = 4096  # elements a program copies (8 KB of bf16)
 _MAX_GRID_Y = 65535  # CUDA's limit on the grid's second dimension (batch x heads here)
@@ -117,7 +118,7 @@ class AssemblyPlan(NamedTuple):
     strides: tuple[tuple[int, ...], ...]
 
 
-_PLANS: dict[tuple, AssemblyPlan] = {}
+_PLANS: PlanCache[AssemblyPlan] = PlanCache(None)  # unbounded, as before: one per shape
 
 
 def assembly_plan(
@@ -127,15 +128,15 @@ def assembly_plan(
     not fit the grid (the backward then copies with torch)."""
     if shape[0] * sum(heads) > _MAX_GRID_Y:
         return None
-    key = (shape, heads, dtype, device)
-    plan = _PLANS.get(key)
-    if plan is None:
-        batch, t, r = shape
-        d = r // sum(heads)
-        strides = tuple((h * t * d, t * d, d, 1) for h in heads)
-        ints = _ints(t, heads, d, [s for st in strides for s in st[:3]])
-        plan = _PLANS[key] = AssemblyPlan(_launch_for(ints, batch, dtype, device), ints, strides)
-    return plan
+    return _PLANS.get((shape, heads, dtype, device), _build_plan, shape, heads, dtype, device)
+
+
+def _build_plan(shape, heads, dtype, device) -> AssemblyPlan:
+    batch, t, r = shape
+    d = r // sum(heads)
+    strides = tuple((h * t * d, t * d, d, 1) for h in heads)
+    ints = _ints(t, heads, d, [s for st in strides for s in st[:3]])
+    return AssemblyPlan(_launch_for(ints, batch, dtype, device), ints, strides)
 
 
 def assemble_heads(

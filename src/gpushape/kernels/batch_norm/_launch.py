@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from .._plan_cache import PlanCache
 from . import _tuning as tuning_table
 from ._bwd_plans import ActBackwardPlan, BackwardPlan
 from ._plans import ForwardPlan, View, in_layout, stat_dtype
@@ -41,17 +42,8 @@ __all__ = [
 
 # ---- plans, cached per signature ----
 
-_PLANS: dict[tuple, ForwardPlan | BackwardPlan | ActBackwardPlan] = {}
 _MAX_PLANS = 4096  # signatures; a model has tens
-
-
-def _cached(key: tuple, build):
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        plan = _PLANS[key] = build()
-    return plan
+_PLANS: PlanCache[ForwardPlan | BackwardPlan | ActBackwardPlan] = PlanCache(_MAX_PLANS)
 
 
 def _dtype(t: torch.Tensor | None):
@@ -87,7 +79,7 @@ def forward_plan(
             x, view, tuning, weight, bias, running_mean, running_var, residual, training, relu, act
         )
 
-    return _cached(key, build)
+    return _PLANS.get(key, build)
 
 
 def backward_plan(
@@ -114,7 +106,7 @@ def backward_plan(
         tuning = tuning_table.tuning_for(view.C, view.M, view.channels_last)
         return BackwardPlan(x, view, tuning, weight, stat, training, relu, res_grad, fold)
 
-    return _cached(key, build)
+    return _PLANS.get(key, build)
 
 
 # ---- the custom ops' implementations (each call looks its plan up) ----
@@ -178,7 +170,7 @@ def act_backward_plan(
         tuning = tuning_table.tuning_for(view.C, view.M, view.channels_last)
         return ActBackwardPlan(x, view, tuning, weight, bias, stat, training, act, has_res)
 
-    return _cached(key, build)
+    return _PLANS.get(key, build)
 
 
 def act_backward(dy, x, weight, bias, residual, mean, stat, eps: float, training: bool, act: int):

@@ -19,6 +19,7 @@ import torch
 from .._dispatch import use_triton
 from .._launch import Launch, aligned
 from .._pixels import View, acc_dtype, pow2, split, tile
+from .._plan_cache import PlanCache
 from ._kernels import (
     _grn_apply_kernel,
     _grn_param_grads_kernel,
@@ -79,7 +80,7 @@ class Plan(NamedTuple):
     splits: int
 
 
-_PLANS: dict[tuple, Plan] = {}
+_PLANS: PlanCache[Plan] = PlanCache(_MAX_PLANS)
 
 
 def plan(
@@ -93,12 +94,7 @@ def plan(
     (the compiled launchers are called directly: each pointer's dtype is part of the key) and
     device."""
     key = (backward, v, dtype, device, param_dtypes)
-    found = _PLANS.get(key)
-    if found is None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        found = _PLANS[key] = _build(backward, v, dtype, device)
-    return found
+    return _PLANS.get(key, _build, backward, v, dtype, device)
 
 
 def _build(backward: bool, v: View, dtype: torch.dtype, device: torch.device) -> Plan:

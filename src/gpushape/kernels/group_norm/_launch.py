@@ -22,6 +22,7 @@ import torch
 from .._dispatch import use_triton
 from .._launch import Launch, aligned
 from .._pixels import View, acc_dtype, pow2, split, tile
+from .._plan_cache import PlanCache
 from ..grn._launch import param_grads
 from ._kernels import _gn_apply_kernel, _gn_group_kernel, _gn_sums_kernel
 from ._reference import reference_backward, reference_forward
@@ -75,7 +76,7 @@ class Plan(NamedTuple):
     splits: int
 
 
-_PLANS: dict[tuple, Plan] = {}
+_PLANS: PlanCache[Plan] = PlanCache(_MAX_PLANS)
 
 
 def plan(
@@ -90,12 +91,7 @@ def plan(
     tensors' dtypes (the compiled launchers are called directly: each pointer's dtype is part
     of the key) and device."""
     key = (backward, v, groups, act, dtypes, device)
-    found = _PLANS.get(key)
-    if found is None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        found = _PLANS[key] = _build(backward, v, groups, act, dtypes[0], device)
-    return found
+    return _PLANS.get(key, _build, backward, v, groups, act, dtypes[0], device)
 
 
 def _build(

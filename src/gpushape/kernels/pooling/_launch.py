@@ -16,6 +16,7 @@ import torch
 
 from .._dispatch import use_triton
 from .._launch import Launch, aligned
+from .._plan_cache import PlanCache
 from ._geometry import Pool2d, channels_last, dense, memory_format
 from ._kernels import _max_pool_bwd_kernel, _max_pool_fwd_kernel
 from ._reference import reference_backward, reference_forward
@@ -54,7 +55,7 @@ class Plan(NamedTuple):
     out_shape: tuple[int, int, int, int]  # the launch's output: y (forward) or dx (backward)
 
 
-_PLANS: dict[tuple, Plan] = {}
+_PLANS: PlanCache[Plan] = PlanCache(_MAX_PLANS)
 
 
 def plan(
@@ -68,15 +69,11 @@ def plan(
 ) -> Plan:
     """The cached launch of one direction for an (N, C, H, W) input of this dtype and layout."""
     key = (backward, tuple(shape), dtype, device, geom, is_channels_last, write_index)
-    found = _PLANS.get(key)
-    if found is None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        found = _PLANS[key] = _build(*key)
-    return found
+    return _PLANS.get(key, _build, key)
 
 
-def _build(backward, shape, dtype, device, geom, is_channels_last, write_index) -> Plan:
+def _build(key: tuple) -> Plan:
+    backward, shape, dtype, _device, geom, is_channels_last, write_index = key
     n, c, h, w = shape
     oh, ow = geom.output_size(h, w)
     walked = (h, w) if backward else (oh, ow)  # the grid the tile's pixels run over
