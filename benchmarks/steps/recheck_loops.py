@@ -61,7 +61,8 @@ def _args(command: str) -> dict:
 
 
 def _stage(model, batch, transforms: tuple[str, ...], mode: str, optimizer: str, gpu=GPU):
-    """The stage's model on meta with `transforms` applied (graph-layers left out)."""
+    """The stage's model on meta with `transforms` applied (graph-layers left out), its step's
+    optimizer fused where fused-optimizer is among them."""
     import copy
 
     model = copy.deepcopy(model)
@@ -69,7 +70,21 @@ def _stage(model, batch, transforms: tuple[str, ...], mode: str, optimizer: str,
     if wanted:
         model, _ = optimize(model, batch.inputs, gpu=gpu, dtype=_dtype(model), mode=mode,
                             transforms=wanted)  # fmt: skip
-    return SimpleNamespace(step=build_step(model, batch, optimizer))
+    step = build_step(model, batch, optimizer)
+    if "fused-optimizer" in transforms:  # the stage steps the fused optimizer, as the run's did
+        step.optimizer = _fused(step.optimizer)
+    return SimpleNamespace(step=step)
+
+
+def _fused(optimizer):
+    """`optimizer` built again with fused=True on its (meta) parameters, which
+    transforms/fused_optimizer.py refuses: the audit only reads which implementation steps."""
+    import inspect
+
+    names = inspect.signature(type(optimizer)).parameters
+    options = {k: v for k, v in optimizer.defaults.items() if k in names}
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return type(optimizer)(params, **{**options, "fused": True, "foreach": None})
 
 
 def _as_the_run_had_it(data: dict):

@@ -45,6 +45,10 @@ def host_scale(given: StepStats | None, predicted_host_s: float | None) -> float
     above, so it only lowers the profile's rates (a GPU-bound eager GPT-2 step issued in 2.4x
     the audit's host time, about its GPU time, on a lease where its fixes' GPU savings all
     reached the wall clock)."""
+    # Not `StepStats.host_s` (issued with the GPU held busy): it can overstate the host's
+    # steady cost too. PoolFormer-S12 eager on an H100 "held" 23.4 ms of host a step and ran
+    # 18.4 ms steps (benchmarks/results/loops-h100-30): with the GPU held, its launches fill
+    # the queue and the host waits after all.
     if given is None or given.issue_s is None or not predicted_host_s or predicted_host_s <= 0:
         return None
     # a host issues every step of a block in turn, so its steady cost is at most the step's
