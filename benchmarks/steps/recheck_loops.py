@@ -31,14 +31,11 @@ from gpushape.auditing.api import audit  # noqa: E402
 from gpushape.bench import write_results  # noqa: E402
 from gpushape.models import resolve_model  # noqa: E402
 from gpushape.steps.batch import synthetic_batch  # noqa: E402
-from gpushape.steps.fix_by_fix import (  # noqa: E402
-    GIVEN,
-    GRAPH_LAYERS,
-    _dtype,
-    _expected,
-    predictions,
-)
 from gpushape.steps.host_here import host_scale, scaled_target  # noqa: E402
+from gpushape.steps.loop_plan import GRAPH_LAYERS  # noqa: E402
+from gpushape.steps.loop_predict import GIVEN, predictions  # noqa: E402
+from gpushape.steps.loop_predict import expected_steps as _expected  # noqa: E402
+from gpushape.steps.loop_predict import model_dtype as _dtype  # noqa: E402
 from gpushape.steps.step import build_step, make_optimizer  # noqa: E402
 from gpushape.steps.variants import Spec  # noqa: E402
 from gpushape.transforms import optimize  # noqa: E402

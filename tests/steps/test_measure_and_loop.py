@@ -256,7 +256,8 @@ def test_a_compiled_loop_prices_cuda_graphs_as_reduce_overhead():
     from gpushape.auditing.api import audit
     from gpushape.auditing.modes import device_gap_s
     from gpushape.hardware import calibrated, get_gpu
-    from gpushape.steps.fix_by_fix import GIVEN, _expected, predictions
+    from gpushape.steps.loop_predict import GIVEN, predictions
+    from gpushape.steps.loop_predict import expected_steps as _expected
     from gpushape.steps.step import build_step
     from gpushape.steps.variants import Spec
     from transforms.nets import ConvNet
@@ -297,7 +298,8 @@ def test_an_eager_whole_step_graph_after_the_fused_optimizer_counts_its_saving_o
 
     from gpushape.auditing.api import audit
     from gpushape.steps.batch import Batch
-    from gpushape.steps.fix_by_fix import GIVEN, _expected, predictions
+    from gpushape.steps.loop_predict import GIVEN, predictions
+    from gpushape.steps.loop_predict import expected_steps as _expected
     from gpushape.steps.step import build_step
     from gpushape.steps.variants import Spec
     from transforms.nets import ConvNet

@@ -20,8 +20,8 @@
    saving the same difference of GPU busy time (torch.profiler). Fixes interact, so a fix is
    measured on top of the ones before it, as a user applies them, and predicted the same way:
    the audit of each stage's model predicts its step (GPU time and wall clock in the mode),
-   and a fix's predicted saving is the difference from the stage before. Every stage is
-   audited with the step's optimizer, whose foreach Python an eager host pays; the
+   and a fix's predicted saving is the difference from the stage before (`loop_predict.py`).
+   Every stage is audited with the step's optimizer, whose foreach Python an eager host pays; the
    optimizer's fix is priced by its finding in the last audited stage (the audit traces a
    library model with labels, so masked-lm-head's stage is audited like any other); a CUDA
    graph, and graph-layers, which optimize keeps on a timing of the layers
@@ -44,21 +44,16 @@ from torch import nn
 from ..errors import GpushapeError
 from .batch import synthetic_batch
 from .compiling import room_to_compile
-from .graph_layers_host import fused_step, stage_step, whole_graph_step
 from .host_here import host_scale, scaled_target
-from .loop_plan import GRAPH_LAYERS, applied_count, disputed, left_out, places
+from .loop_plan import applied_count, disputed, left_out, places
 from .loop_plan import applied_order as _applied_order
+from .loop_predict import GIVEN, expected_steps, model_dtype, predictions
 from .measure import StepStats
 from .run import measure_variants
 from .step import make_optimizer
 from .variants import Spec, Variant, build_variant
 
 STEP_FIXES = ("fused-optimizer", "cuda-graphs")
-GIVEN = "as given"
-NONE = (0.0, 0.0, [])  # no finding names the fix
-# graph-layers captures the layers only: the model's attention mask is built eagerly outside
-# them, so a captured step's all-true mask (materialized-attention-mask) is not in its stages
-NOT_IN_LAYER_CAPTURE = ("materialized-attention-mask",)
 
 
 @dataclass
@@ -153,22 +148,6 @@ class LoopResult:
         }
 
 
-def predictions(report: Any) -> dict[str, tuple[float, float, list[str]]]:
-    """fix -> (GPU saving, wall saving, findings), each finding priced alone."""
-    out: dict[str, tuple[float, float, list[str]]] = {}
-    for f in report.findings:
-        if not f.fix or not f.est_saving_s:
-            continue
-        gpu, wall, names = out.get(f.fix, (0.0, 0.0, []))
-        wall_f = f.evidence.get("wall_saving_s", f.est_saving_s)
-        out[f.fix] = (gpu + f.est_saving_s, wall + wall_f, [*names, f.label])
-    return out
-
-
-def _dtype(model: nn.Module):
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-
-
 def loop(
     model: nn.Module,
     example_inputs: Any,
@@ -195,7 +174,7 @@ def loop(
         model,
         inputs,
         gpu,
-        dtype=_dtype(model),
+        dtype=model_dtype(model),
         train=True,
         optimizer=make_optimizer(model, batch, optimizer),  # read, never stepped
         mode=mode,
@@ -236,15 +215,15 @@ def loop(
             max_rounds=max(3 * rounds, 9),
         )
     say("predicting each stage's step")
-    expected = _expected(specs, built, report, predicted, gpu, mode)
+    expected = expected_steps(specs, built, report, predicted, gpu, mode)
     rows = _rows(stages, expected, predicted, places(planned, built))
     scale = host_scale(stages.get(GIVEN), report.step.host_s if report.step else None)
     if scale is not None:
         say(f"predicting each stage again on this host's rates (x {scale:.2f} the profile's)")
         here = scaled_target(gpu, scale)
-        report_here = audit(model, inputs, here, dtype=_dtype(model), train=True, mode=mode,
+        report_here = audit(model, inputs, here, dtype=model_dtype(model), train=True, mode=mode,
                             optimizer=make_optimizer(model, batch, optimizer))  # fmt: skip
-        ahead = _expected(specs, built, report_here, predictions(report_here), here, mode)
+        ahead = expected_steps(specs, built, report_here, predictions(report_here), here, mode)
         for row, before in zip(rows, stages, strict=False):
             if before in ahead and row.stage in ahead:
                 row.predicted_here_wall_s = ahead[before][1] - ahead[row.stage][1]
@@ -266,84 +245,6 @@ def loop(
 def _last_report(built: dict[str, Variant]) -> Any:
     reports = [v.optimize_report for v in built.values() if v.optimize_report is not None]
     return reports[-1] if reports else None
-
-
-def _step_of(report: Any) -> tuple[float, float]:
-    """The audited step (GPU, wall)."""
-    step = report.step
-    if step is None:
-        return (report.totals.roofline_time_s,) * 2
-    return step.gpu_s, step.wall_s
-
-
-def _expected(specs, built, report, predicted, gpu, mode) -> dict[str, tuple[float, float]]:
-    """Each built stage's predicted (GPU, wall) step: the audit of its model in `mode`; the
-    optimizer's fix from its findings; a CUDA graph as the audit's graph mode of the stage
-    before (masked-lm-head has no host sync, so a graph captures it), compiled
-    (reduce-overhead) as the stage before's compiled GPU work with the graph's launches."""
-    from ..auditing.api import audit
-    from ..auditing.modes import compile_graphs_step, compiled_stage
-    from ..auditing.registry import load_rules
-
-    out: dict[str, tuple[float, float]] = {GIVEN: _step_of(report)}
-    reports = {GIVEN: report}
-    partly_steps: dict[str, Any] = {}  # stages priced as graph-layers runs them
-    previous = GIVEN
-    for stage, spec in specs.items():
-        if stage == GIVEN or stage not in built:
-            continue
-        step = built[stage].step
-        if stage == "+ fused-optimizer":  # priced on the last audited stage, as it runs there
-            last = predictions(list(reports.values())[-1])
-            gpu_s, wall_s, _ = last.get("fused-optimizer", predicted.get("fused-optimizer", NONE))
-            out[stage] = (out[previous][0] - gpu_s, out[previous][1] - wall_s)
-            if previous in partly_steps:  # graph-layers' step: its host, not the eager audit's
-                after = fused_step(
-                    partly_steps[previous], built[previous].step.optimizer, gpu_s, gpu
-                )
-                out[stage], partly_steps[stage] = (out[previous][0] - gpu_s, after.wall_s), after
-        elif spec.runner == "compile-graphs":  # the compiled kernels, launched from graphs
-            graphed = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
-                            train=True, mode="graph", optimizer=step.optimizer)  # fmt: skip
-            gpu_s = out[previous][0]
-            last = list(reports.values())[-1]  # the kernels the graphs replay
-            replayed = compile_graphs_step(last.step, graphed.step, gpu, gpu_s, last.boundary_bytes)
-            out[stage] = (replayed.gpu_s, replayed.wall_s)  # the copies into static inputs too
-        else:
-            # graph-layers replays the layers from CUDA graphs: its stage and every stage built
-            # on it priced as the audit's graph mode (their layers' dispatch is replayed too)
-            graphed = spec.runner == "graph" or GRAPH_LAYERS in spec.transforms
-            layers_only = graphed and spec.runner != "graph"
-            rules = (
-                [r for r in load_rules() if r not in NOT_IN_LAYER_CAPTURE] if layers_only else None
-            )
-            # graph-layers: the eager step with the captured layers' dispatch replaced by their
-            # replays, where the profile has the rates (graph_layers_host.py); else graph mode
-            partly = stage_step(built[stage], gpu, rules) if layers_only else None
-            run_mode = "graph" if graphed else mode
-            if partly is not None:
-                stage_report, graphed_step = partly
-                partly_steps[stage] = graphed_step
-            else:
-                stage_report = audit(step.model, step.batch.inputs, gpu, dtype=_dtype(step.model),
-                                     train=True, mode=run_mode, optimizer=step.optimizer,
-                                     rules=rules)  # fmt: skip
-                graphed_step = stage_report.step
-                if graphed and graphed_step is not None:  # graph-layers' GEMV bias gradients
-                    graphed_step = whole_graph_step(built[stage], gpu, graphed_step)
-            gpu_s, wall_s = _step_of(stage_report) if graphed_step is None else (
-                graphed_step.gpu_s, graphed_step.wall_s)  # fmt: skip
-            if run_mode == "compile" and report.step is not None and stage_report.step:
-                compiled = compiled_stage(report.step, stage_report.step)  # kernels at a launch
-                gpu_s, wall_s = compiled.gpu_s, compiled.wall_s
-            # a whole-step graph after "+ fused-optimizer" is audited with the fused optimizer
-            # its step runs: the audit prices the fused kernels, so their saving is not taken
-            # off again (BERT-base on an H100: 1.17 ms of its graph's 1.99 predicted, 0.12
-            # measured, was that saving counted twice)
-            out[stage] = (gpu_s, wall_s)
-            reports[stage] = stage_report
-        previous = stage
-    return out
 
 
 def _rows(stages, expected, predicted, places) -> list[FixRow]:

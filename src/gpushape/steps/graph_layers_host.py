@@ -143,7 +143,7 @@ def stage_step(variant: Any, gpu: Any, rules: Any) -> tuple[Any, Any] | None:
     """(the stage's eager audit, its step with graph-layers' host) where the profile prices
     graph-layers' replays and the stage says which layers it captured; else None."""
     from ..auditing.api import audit
-    from .fix_by_fix import _dtype
+    from .loop_predict import model_dtype as _dtype
 
     spec = _spec(gpu)
     captured = captured_layers(variant)
