@@ -152,6 +152,18 @@ def test_a_patch_convolution_timed_in_both_layouts_gives_its_conversions_rate():
     assert set(rows) <= {"patch_conv@4", "nchw_conversion@4"}
 
 
+def test_a_stem_at_stride_4_is_measured_against_the_gemm_models_rate():
+    spec = get_gpu("h200")
+    conv = BY_FAMILY["small_cin_conv@4"].build(1.0)
+    assert (conv.in_channels, conv.kernel_size, conv.stride) == (3, (7, 7), (4, 4))
+    rows = probe_memory.measure_memory_efficiency(
+        spec, device="cpu", scale=0.002, families=("small_cin_conv@4",)
+    )
+    row = rows["small_cin_conv@4"]
+    assert set(rows) == {"small_cin_conv@4"} and "derived" not in row  # no NCHW row
+    assert 0.01 <= row["efficiency"] <= 1 and row["model_s"] > 0 and row["measured_s"] > 0
+
+
 def test_the_strided_workload_multiplies_by_a_broadcast_mask_forward_and_backward():
     ops = _family_ops("elementwise_strided")
     assert [r.phase for r in ops] == ["forward", "backward"]

@@ -172,6 +172,30 @@ def test_a_patch_embedding_takes_the_measured_patch_rate_nearest_its_side():
     assert e_patch.efficiency == pytest.approx(e_stem.efficiency * 0.02 / 0.07)
 
 
+def test_a_stem_takes_the_rate_measured_at_the_stride_nearest_its_own():
+    spec = get_gpu("h200")
+    stem_only = spec.replace(
+        achievable=dataclasses.replace(spec.achievable, small_cin_conv=0.07, memory_efficiency={})
+    )
+    strides = stem_only.replace(
+        achievable=dataclasses.replace(
+            stem_only.achievable, memory_efficiency={"small_cin_conv@4": 0.025}
+        )
+    )
+    _, s2 = _conv_gemm(nn.Conv2d(3, 64, 7, stride=2, padding=3))  # ResNet's
+    _, s4 = _conv_gemm(nn.Conv2d(3, 64, 7, stride=4, padding=2))  # PoolFormer's
+    _, s3 = _conv_gemm(nn.Conv2d(3, 64, 5, stride=3, padding=2))
+    _, patch = _conv_gemm(nn.Conv2d(3, 96, 4, stride=4))
+    assert (s2.stride, s4.stride, s3.stride, patch.stride) == (2, 4, 3, 0)
+    assert small_cin_rate(s4, stem_only) == 0.07  # unmeasured: the stride-2 stem's, as before
+    assert small_cin_rate(s4, strides) == 0.025
+    assert small_cin_rate(s2, strides) == 0.07  # conv_small_cin is stride 2's
+    assert small_cin_rate(s3, strides) == 0.025  # 4/3 is nearer than 3/2
+    assert small_cin_rate(patch, strides) == 0.07  # a patch embedding: patch_conv@ or the stem
+    e2, e4 = gemm_efficiency(s4, stem_only, "bf16"), gemm_efficiency(s4, strides, "bf16")
+    assert e4.efficiency == pytest.approx(e2.efficiency * 0.025 / 0.07)
+
+
 def test_every_size_variant_is_a_known_family():
     assert set(SIZE_VARIANTS) <= set(ALL_FAMILIES)
     assert {"patch_conv@4", "patch_conv@16", "gather", "scatter_add"} <= set(ALL_FAMILIES)

@@ -18,9 +18,10 @@
    families as "patch_conv@<side>" (probe/workloads/, tracing/gemm_model.py
    `small_cin_rate`). `measure_downsample_conv` measures a patch convolution on aligned
    channels (ConvNeXt's 2x2/2 downsampling: forward and both gradients) the same way, as
-   "downsample_conv@<side>". `measure_s2d_stem` measures the convolution of s2d-stem's module
-   (the stem folded into 16 channels at stride 1, models/space_to_depth.py) the same way, as
-   "s2d_stem".
+   "downsample_conv@<side>". `measure_stem_conv` measures a stem at another stride
+   (PoolFormer's 7x7/4) as the 7x7/2 one, as "small_cin_conv@<stride>". `measure_s2d_stem`
+   measures the convolution of s2d-stem's module (the stem folded into 16 channels at
+   stride 1, models/space_to_depth.py) the same way, as "s2d_stem".
 
 2. What a tensor-core convolution loses in NCHW against channels_last, as an efficiency of the
    bytes cuDNN's layout conversions move (the nchw-conv rule's model). The rule prices an NCHW
@@ -113,6 +114,21 @@ def measure_patch_conv(
         if scale != 1.0:
             conversion["scale"] = scale
         row["derived"] = {f"{CONVERSION}@{conv.kernel_size[0]}": conversion}
+    return row
+
+
+def measure_stem_conv(
+    work: Any, spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0, repeats: int = 20
+) -> dict[str, Any]:
+    """A stem at a stride other than 2 (fewer input channels than the alignment, not a patch
+    embedding: PoolFormer's 7x7/4), measured as the stride-2 stem is (`measure_small_cin_conv`):
+    channels_last, forward and weight gradient, against the GEMM model's rate."""
+    batch, size = (64, 224) if scale >= 0.05 else (2, 32)
+    row = conv_rate(spec, work.build(scale), batch, size, device=device, repeats=repeats)
+    row["workload"] = work.describe
+    row["family_roofline_s"] = row["model_s"]
+    if scale != 1.0:
+        row["scale"] = scale
     return row
 
 

@@ -224,6 +224,12 @@ PATCH_VARIANTS = ("patch_conv@4", "patch_conv@16")
 DOWNSAMPLE_CONV = "downsample_conv"
 DOWNSAMPLE_VARIANTS = ("downsample_conv@2",)
 S2D_VARIANTS = (S2D_STEM, f"{S2D_STEM}@2")
+# - a stem (fewer input channels than the alignment, not a patch embedding) at a stride other
+#   than 2, the stride `conv_small_cin` is measured at: its rate over the GEMM model's, by
+#   stride (tracing/gemm_model.py `small_cin_rate`)
+STEM_CONV = "small_cin_conv"
+STEM_STRIDE = 2
+STEM_VARIANTS = (f"{STEM_CONV}@4",)
 # - s2d-stem's fold of its input (SpaceToDepthFold: a pad, pixel_unshuffle and a channel pad,
 #   copies that ran at about a quarter of the copy rate on an H100): S2D_FOLD, by module.
 # - s2d-stem's convolution (models/space_to_depth.py: a 7x7/2 RGB stem as a stride-1 4x4 convolution
@@ -249,6 +255,7 @@ ALL_FAMILIES = (
     *PATCH_VARIANTS,
     *DOWNSAMPLE_VARIANTS,
     *S2D_VARIANTS,
+    *STEM_VARIANTS,
     S2D_FOLD,
     ATTENTION_PASS,  # a fused attention backward's kernels beside its main one (flops/attention)
     CHANNEL_SUM,  # an NCHW per-channel sum (tracing/sums.py)

@@ -69,7 +69,11 @@ shape at hand. It has five parts.
    A convolution with fewer input channels per group than the alignment (the RGB stem of
    every CNN: 3 channels) falls much further, to what `gpushape probe` measures for a 7x7
    stride-2 stem (`Achievable.small_cin_conv`, the measured rate over this model's rate with
-   no penalty); unmeasured, it takes CONV_MISALIGNED. A patch embedding (`Gemm.patch`: stride
+   no penalty); unmeasured, it takes CONV_MISALIGNED. A stem at another stride takes the rate
+   measured at the stride nearest its own ("small_cin_conv@<stride>", `Gemm.stride`): on an
+   H100 PoolFormerV2's 7x7/4 stem ran its forward in 0.29 ms where the stride-2 rate priced
+   it at 0.11 (a quarter of the multiply-adds did not take a quarter of the time).
+   A patch embedding (`Gemm.patch`: stride
    equal to the kernel, ViT's 16x16/16, ConvNeXt's 4x4/4) runs other cuDNN kernels: it takes the
    rate the probe measured for the patch side nearest its own (profile keys "patch_conv@<side>",
    `small_cin_rate`), the stem's where none is measured.
@@ -108,7 +112,7 @@ import math
 from dataclasses import dataclass
 
 from ..hardware import GPUSpec
-from .families import DOWNSAMPLE_CONV, PATCH_CONV, nearest_size
+from .families import DOWNSAMPLE_CONV, PATCH_CONV, STEM_CONV, STEM_STRIDE, nearest_size
 from .flops.conv import S2D_STEM_SIDE
 from .flops.registry import Gemm
 
@@ -223,13 +227,26 @@ def alignment_penalty(
 
 def small_cin_rate(gemm: Gemm, gpu: GPUSpec) -> float:
     """The measured rate of a convolution on fewer input channels than the alignment: a patch
-    embedding's at the measured patch side nearest its own, else the stem's (0: unmeasured)."""
+    embedding's at the measured patch side nearest its own, else the stem's at the measured
+    stride nearest its own by ratio (`conv_small_cin` is stride 2's, "small_cin_conv@<s>"
+    the others'); 0: unmeasured."""
     measured = gpu.achievable.memory_efficiency
     if gemm.patch:
         key = nearest_size(PATCH_CONV, measured, gemm.patch, gemm.patch)
         if key in measured:
             return measured[key]
-    return gpu.achievable.small_cin_conv
+    strides = {
+        int(side): rate
+        for key, rate in measured.items()
+        for family, _, side in [key.partition("@")]
+        if family == STEM_CONV and side.isdigit()
+    }
+    if gemm.stride <= 0 or not strides:
+        return gpu.achievable.small_cin_conv
+    if gpu.achievable.small_cin_conv > 0:
+        strides.setdefault(STEM_STRIDE, gpu.achievable.small_cin_conv)
+    nearest = min(strides, key=lambda s: (abs(math.log(s / gemm.stride)), s))
+    return strides[nearest]
 
 
 def measured_rate(key: str, gpu: GPUSpec) -> float:

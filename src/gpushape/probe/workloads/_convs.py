@@ -49,6 +49,12 @@ def _downsample_conv(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str
     return measure_downsample_conv(work, spec, **kwargs)
 
 
+def _stem_conv(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
+    from ..convs import measure_stem_conv  # it imports probe/memory.py
+
+    return measure_stem_conv(work, spec, **kwargs)
+
+
 def _s2d_stem(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
     from ..convs import measure_s2d_stem  # it imports probe/memory.py
 
@@ -72,6 +78,15 @@ CONV_WORKLOADS = (
         "forward + weight gradient",
         lambda s: nn.Conv2d(3, 96, 4, stride=4, bias=False),
         measure=_patch_conv,
+    ),
+    # not a kernel family: a stem at stride 4 against the GEMM model's rate, as conv_small_cin
+    # is for the 7x7 stride-2 one (probe/convs.py)
+    FamilyWorkload(
+        "small_cin_conv@4",
+        "Conv2d(3, 64, 7, stride 4, padding 2) (PoolFormer's stem) on 64x3x224x224 "
+        "channels_last, forward + weight gradient",
+        lambda s: nn.Conv2d(3, 64, 7, stride=4, padding=2, bias=False),
+        measure=_stem_conv,
     ),
     FamilyWorkload(
         "downsample_conv@2",

@@ -146,6 +146,9 @@ def _gemms(rec: OpRecord, weight: str, cin: int, cout: int, groups: int):
     """A maker of the op's GEMMs, (m, n, k, flops) -> Gemm, carrying what the convolution
     says of all of them: alignment, tensor cores, patch side, measured rate."""
     patch, rate = patch_side(rec, weight), rate_key(rec)
+    dims = max(len(rec.input(weight).shape) - 2, 1)
+    strided = not patch and not rec.params.get("transposed")
+    stride = max(_per_dim(rec.params.get("stride"), dims, 1)) if strided else 0
 
     def gemm(m: int, n: int, k: int, flops: int) -> Gemm:
         return Gemm(
@@ -158,6 +161,7 @@ def _gemms(rec: OpRecord, weight: str, cin: int, cout: int, groups: int):
             align_dims=_align(cin, cout, groups),
             tensor_cores=cin // groups > 1,
             patch=patch,
+            stride=stride,
             rate_key=rate,
         )
 

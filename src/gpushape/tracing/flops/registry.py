@@ -63,6 +63,10 @@ class Gemm:
     # family "conv" only: the kernel side of a patch embedding (stride equal to the kernel, no
     # padding or dilation: ViT's 16x16/16), whose rate on few input channels is measured apart
     patch: int = 0
+    # family "conv" only: the largest stride of a convolution that is not a patch embedding
+    # (0 for one that is, or a transposed one); on few input channels (a stem) its rate is
+    # measured per stride (tracing/gemm_model.py `small_cin_rate`)
+    stride: int = 0
     # family "conv" only: a key of the rates `gpushape probe` measured for a kernel of its own
     # (memory_efficiency), the rate this GEMM runs at over the model's (s2d-stem's convolution)
     rate_key: str = ""
