@@ -148,17 +148,16 @@ def test_patch_embeddings_carry_their_patch_side(conv, patch):
     assert gemm.patch == patch
 
 
-def test_a_patch_embedding_takes_the_measured_patch_rate_nearest_its_side():
+def _stem_rates(**measured: float):
+    """The H200 with its stride-2 stem's rate at 0.07 and only `measured` families."""
     spec = get_gpu("h200")
-    stem_only = spec.replace(
-        achievable=dataclasses.replace(spec.achievable, small_cin_conv=0.07, memory_efficiency={})
-    )
-    patches = stem_only.replace(
-        achievable=dataclasses.replace(
-            stem_only.achievable,
-            memory_efficiency={"patch_conv@4": 0.02, "patch_conv@16": 0.035},
-        )
-    )
+    rates = dataclasses.replace(spec.achievable, small_cin_conv=0.07, memory_efficiency=measured)
+    return spec.replace(achievable=rates)
+
+
+def test_a_patch_embedding_takes_the_measured_patch_rate_nearest_its_side():
+    stem_only = _stem_rates()
+    patches = _stem_rates(**{"patch_conv@4": 0.02, "patch_conv@16": 0.035})
     _, g4 = _conv_gemm(nn.Conv2d(3, 96, 4, stride=4))
     _, g16 = _conv_gemm(nn.Conv2d(3, 64, 16, stride=16))
     _, g8 = _conv_gemm(nn.Conv2d(3, 64, 8, stride=8))  # equally far from 4 and 16: the smaller
@@ -173,15 +172,7 @@ def test_a_patch_embedding_takes_the_measured_patch_rate_nearest_its_side():
 
 
 def test_a_stem_takes_the_rate_measured_at_the_stride_nearest_its_own():
-    spec = get_gpu("h200")
-    stem_only = spec.replace(
-        achievable=dataclasses.replace(spec.achievable, small_cin_conv=0.07, memory_efficiency={})
-    )
-    strides = stem_only.replace(
-        achievable=dataclasses.replace(
-            stem_only.achievable, memory_efficiency={"small_cin_conv@4": 0.025}
-        )
-    )
+    stem_only, strides = _stem_rates(), _stem_rates(**{"small_cin_conv@4": 0.025})
     _, s2 = _conv_gemm(nn.Conv2d(3, 64, 7, stride=2, padding=3))  # ResNet's
     _, s4 = _conv_gemm(nn.Conv2d(3, 64, 7, stride=4, padding=2))  # PoolFormer's
     _, s3 = _conv_gemm(nn.Conv2d(3, 64, 5, stride=3, padding=2))
