@@ -93,42 +93,44 @@ def measure_small_cin_conv(
     }
 
 
-def measure_patch_conv(
-    work: Any, spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0, repeats: int = 20
-) -> dict[str, Any]:
-    """A patch embedding's efficiency, as the stem's (`work.build` gives the convolution;
-    probe/workloads/): channels_last, as the stem is measured, with the NCHW step's time
-    beside it for reference (the cost model prices NCHW as channels_last plus conversions)."""
-    batch, size = (64, 224) if scale >= 0.05 else (2, 32)
-    conv = work.build(scale)
-    row = conv_rate(spec, conv, batch, size, device=device, repeats=repeats)
-    row["nchw_measured_s"] = conv_rate(
-        spec, work.build(scale), batch, size, device=device, repeats=repeats, channels_last=False
-    )["measured_s"]
-    row["workload"] = work.describe
-    row["family_roofline_s"] = row["model_s"]  # as the memory families' rows name it
-    if scale != 1.0:
-        row["scale"] = scale
-    conversion = patch_conversion_row(row, conv, batch, size, spec)
-    if conversion is not None:  # measure_memory_efficiency keeps it as a row of its own
-        if scale != 1.0:
-            conversion["scale"] = scale
-        row["derived"] = {f"{CONVERSION}@{conv.kernel_size[0]}": conversion}
-    return row
-
-
 def measure_stem_conv(
     work: Any, spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0, repeats: int = 20
 ) -> dict[str, Any]:
     """A stem at a stride other than 2 (fewer input channels than the alignment, not a patch
     embedding: PoolFormer's 7x7/4), measured as the stride-2 stem is (`measure_small_cin_conv`):
     channels_last, forward and weight gradient, against the GEMM model's rate."""
-    batch, size = (64, 224) if scale >= 0.05 else (2, 32)
+    batch, size = _size(scale)
     row = conv_rate(spec, work.build(scale), batch, size, device=device, repeats=repeats)
     row["workload"] = work.describe
-    row["family_roofline_s"] = row["model_s"]
+    row["family_roofline_s"] = row["model_s"]  # as the memory families' rows name it
     if scale != 1.0:
         row["scale"] = scale
+    return row
+
+
+def _size(scale: float) -> tuple[int, int]:
+    """(batch, image side) of a stem's or patch embedding's workload at `scale`."""
+    return (64, 224) if scale >= 0.05 else (2, 32)
+
+
+def measure_patch_conv(
+    work: Any, spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0, repeats: int = 20
+) -> dict[str, Any]:
+    """A patch embedding's efficiency, as the stem's (`work.build` gives the convolution;
+    probe/workloads/): channels_last, as the stem is measured (`measure_stem_conv`), with the
+    NCHW step's time beside it for reference (the cost model prices NCHW as channels_last plus
+    conversions)."""
+    batch, size = _size(scale)
+    row = measure_stem_conv(work, spec, device=device, scale=scale, repeats=repeats)
+    row["nchw_measured_s"] = conv_rate(
+        spec, work.build(scale), batch, size, device=device, repeats=repeats, channels_last=False
+    )["measured_s"]
+    conv = work.build(scale)
+    conversion = patch_conversion_row(row, conv, batch, size, spec)
+    if conversion is not None:  # measure_memory_efficiency keeps it as a row of its own
+        if scale != 1.0:
+            conversion["scale"] = scale
+        row["derived"] = {f"{CONVERSION}@{conv.kernel_size[0]}": conversion}
     return row
 
 
