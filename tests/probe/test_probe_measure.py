@@ -123,3 +123,20 @@ def test_the_kernel_floor_is_a_microsecond_or_two_on_the_gpu():
     floor = measure_kernel_floor("cuda")
     assert floor is not None and set(floor["by_op"]) == {"add", "mul", "sigmoid", "sum", "fill"}
     assert 0.3e-6 < floor["seconds"] < 6e-6
+
+
+def test_the_graph_replay_gap_is_none_without_cuda():
+    from gpushape.probe.gaps import measure_graph_replay_gap
+
+    assert measure_graph_replay_gap("cpu") is None
+
+
+@pytest.mark.gpu
+def test_a_graph_replay_boundary_costs_the_gpu_microseconds():
+    """48 graphs of 4 kernels against one graph of 192: the boundaries add idle time, a few
+    microseconds each (a launch's latency reaching the GPU), never a large share."""
+    from gpushape.probe.gaps import measure_graph_replay_gap
+
+    gap = measure_graph_replay_gap("cuda")
+    assert gap is not None and gap["chain_s"] >= gap["single_s"] > 0
+    assert 0 <= gap["seconds"] < 30e-6

@@ -137,3 +137,28 @@ def test_the_replays_copies_into_the_graphs_cost_gpu_time():
     )
     report, step = stage_step(variant, spec, None)
     assert step.gpu_s == pytest.approx(report.step.gpu_s + 4 * 8192 / rate)
+
+
+def test_each_replay_adds_the_profiles_graph_boundary_gap():
+    """Two replays a captured layer (forward and backward), each the profile's measured
+    "graph_replay" gap of GPU idle time; a profile without it prices none."""
+    from types import SimpleNamespace
+
+    from gpushape.steps.batch import synthetic_batch
+    from gpushape.steps.graph_layers_host import replays_idle_s, stage_step
+    from gpushape.steps.step import build_step
+
+    model = Stack()
+    batch = synthetic_batch(model, (torch.randn(32, 64),))
+    names = [f"blocks.{i}" for i in range(4)]
+    spec = _spec(graph_layer=50e-6, graph_layer_param=2e-6)
+    assert replays_idle_s(spec, names) == 0.0
+    gaps = {**spec.achievable.device_gap, "graph_replay": 3e-6}
+    gapped = spec.replace(achievable=dataclasses.replace(spec.achievable, device_gap=gaps))
+    assert replays_idle_s(gapped, names) == pytest.approx(2 * 4 * 3e-6)
+    captured = [SimpleNamespace(transform="graph-layers", module=n) for n in names]
+    variant = SimpleNamespace(
+        step=build_step(model, batch, "sgd"), optimize_report=SimpleNamespace(applied=captured)
+    )
+    (_, plain), (_, with_gap) = stage_step(variant, spec, None), stage_step(variant, gapped, None)
+    assert with_gap.idle_s - plain.idle_s == pytest.approx(2 * 4 * 3e-6)

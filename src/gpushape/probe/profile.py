@@ -228,6 +228,7 @@ def build_profile(
     gemm_latency: Mapping[str, Any] | None = None,
     kernel_floor: Mapping[str, Any] | None = None,
     optimizer_kernels: Mapping[str, Any] | None = None,
+    device_gap: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     peaks = analysis["gemm_peak"]
     ceiling_out: dict[str, Any] = {
@@ -257,6 +258,7 @@ def build_profile(
         "wave_quantization": analysis["wave"],
         "gemm_latency": dict(gemm_latency or {}),
         "kernel_floor": dict(kernel_floor or {}),
+        "device_gap": dict(device_gap or {}),
         "memory_efficiency": dict(memory or {}),
         "conv_small_cin": dict(stem or {}),
         "attention": dict(attention or {}),

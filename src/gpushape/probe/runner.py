@@ -28,6 +28,7 @@ from ..hardware import GPUSpec
 from ..hardware.profile import apply_profile
 from . import attention as probe_attention
 from . import convs as probe_convs
+from . import gaps as probe_gaps
 from . import guide_claims
 from . import host as probe_host
 from . import host_glue as probe_glue
@@ -208,6 +209,9 @@ def run_probe(
             claims, context, on_claim=lambda c: _on_claim(bar, job, c)
         )
         actual_s["guide_claims"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        replay_gap = probe_gaps.measure_graph_replay_gap(cfg.device)
+        actual_s["graph_replay_gap"] = time.perf_counter() - t0
         t0 = time.perf_counter()  # last: its profiler session may slow later launches
         floor = probe_memory.measure_kernel_floor(cfg.device)
         actual_s["kernel_floor"] = time.perf_counter() - t0
@@ -231,6 +235,7 @@ def run_probe(
         host=host,
         gemm_latency=latency,
         kernel_floor=floor,
+        device_gap={"graph_replay": replay_gap} if replay_gap else None,
         optimizer_kernels={
             **optimizer["rows"],
             **({"errors": optimizer["errors"]} if optimizer["errors"] else {}),

@@ -19,7 +19,11 @@ GPU's idle time between the captured layers' kernels that of a graph's, and the 
 the replays' copies into the graphs (`graph_layers_step`: each byte read and written at the
 copy rate; a layer reading the previous layer's output in place copies nothing, so a chain of
 layers copies its first input and its last output's gradient; before the links, ResNet-50-GN's
-16 bottlenecks copied 0.85 ms a step on an H100, which the loop had priced at nothing).
+16 bottlenecks copied 0.85 ms a step on an H100, which the loop had priced at nothing), and the
+GPU's wait at each replay's boundary (`replays_idle_s`: the profile's "graph_replay" gap,
+probe/gaps.py, two a captured layer; a whole-step graph has none of them, so without it the
+loop under-predicted that graph's saving after graph-layers: 0.05 against 0.21 ms measured on
+ResNet-50-GN, benchmarks/results/loops-h100-30).
 None where the profile lacks the rates: the stage is then priced as before.
 """
 
@@ -94,10 +98,19 @@ def graph_layers_step(
         if r.kind == "compute" and r.module and inside(r.module, captured)
     )
     saved = kernels * max(device_gap_s(gpu, "eager") - device_gap_s(gpu, "graph"), 0.0)
-    idle_s = max(eager_step.idle_s - saved, 0.0)
+    idle_s = max(eager_step.idle_s - saved, 0.0) + replays_idle_s(gpu, captured)
     gpu_s = max(eager_step.gpu_s - gemv_saving_s(traced, costed, gpu, captured), 0.0)
     gpu_s += copies_s(model, gpu, captured)
     return dataclasses.replace(eager_step, host_s=host_s, idle_s=idle_s, gpu_s=gpu_s)
+
+
+def replays_idle_s(gpu: Any, captured: list[str]) -> float:
+    """The GPU's idle time a step at the captured layers' graph boundaries: two replays a
+    layer (its forward's graph and its backward's), each the profile's `device_gap`
+    "graph_replay" (probe/gaps.py; 0 where the profile has not measured it)."""
+    from ..auditing.modes import device_gap_s
+
+    return 2 * len(captured) * device_gap_s(gpu, "graph_replay")
 
 
 def copies_s(model: nn.Module, gpu: Any, captured: list[str]) -> float:
