@@ -2,7 +2,7 @@
 (gpushape.probe.gaps.measure_graph_replay_gap) on this GPU and add it to a profile of this
 chip as `device_gap["graph_replay"]`, leaving its other numbers as they are.
 
-    python benchmarks/hardware/measure_graph_replay_gap.py --profile P.json [-o out.json] [--dry-run]
+    python benchmarks/hardware/measure_graph_replay_gap.py --profile P.json [-o OUT] [--dry-run]
 
 `gpushape probe` measures it as it runs; this gives it to a profile measured before the gap
 existed (the shipped H200 profile, an H100's), on a machine with that GPU.
