@@ -24,10 +24,9 @@ OPS = {
     "avg_pool2d(3, 1, 1, count_include_pad=False)": lambda t: F.avg_pool2d(
         t, 3, 1, 1, count_include_pad=False
     ),
-    "avg_pool2d(3, 1, 1, count_include_pad=False) - y": lambda t: F.avg_pool2d(
-        t, 3, 1, 1, count_include_pad=False
-    )
-    - t,
+    "avg_pool2d(3, 1, 1, count_include_pad=False) - y": lambda t: (
+        F.avg_pool2d(t, 3, 1, 1, count_include_pad=False) - t
+    ),
     "avg_pool2d(3, 1, 1)": lambda t: F.avg_pool2d(t, 3, 1, 1),
     "avg_pool2d(2, 2, 0)": lambda t: F.avg_pool2d(t, 2, 2, 0),
 }
@@ -55,7 +54,7 @@ def main() -> None:
                                     generator=torch.Generator(dev).manual_seed(1))  # fmt: skip
                     grads.append((out.detach(), torch.autograd.grad(out, t, g)[0]))
                 (o1, g1), (o2, g2) = grads
-                print(f"{str(dtype)[6:]:8} {str(shape):18} {name:48} forward {rel(o2, o1):.1e}"
+                print(f"{str(dtype)[6:]:8} {shape!s:18} {name:48} forward {rel(o2, o1):.1e}"
                       f"  input gradient {rel(g2, g1):.1e}")  # fmt: skip
 
 
