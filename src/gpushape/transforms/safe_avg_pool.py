@@ -16,7 +16,10 @@ one with padding 0 (PyTorch's NHWC backward is right there), a subclass (it may 
 something else: it stays exposed), hooks on the module. No parameters or buffers: the
 state_dict is untouched; the new module is an `nn.AvgPool2d` too; undo puts the original back.
 Outputs are PyTorch's, op for op; off CUDA, or on a PyTorch without the bug, so is everything.
-Under torch.compile the module is `nn.AvgPool2d` (Inductor writes its own backward).
+Under torch.compile the module is `nn.AvgPool2d`: Inductor (torch 2.14) writes its own backward
+for up to 25 windows over an input pixel (PoolFormer's 3x3 at stride 1: 9) and calls
+PyTorch's kernel, unguarded, beyond that (a 7x7 window at stride 1). `F.avg_pool2d` called in a
+forward is not a module: not guarded either.
 """
 
 from __future__ import annotations
