@@ -79,3 +79,60 @@ def test_a_rewrite_that_breaks_the_forward_is_rolled_back(monkeypatch):
     model, report = optimize(block, (x,), dtype=torch.float32, transforms=["channels-last"])
     assert model.fc.in_features == 32 and not report.applied
     assert "failed to run" in report.rolled_back[0].reason
+
+
+# ---- a run of the original that is itself wrong (pytorch#188344) -------------------------
+class _GradTimes(torch.autograd.Function):
+    """The identity forward; its gradient 1.5x: a rewrite whose backward is wrong."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy * 1.5
+
+
+class _WrongBackward(nn.Module):
+    def forward(self, x):
+        return _GradTimes.apply(x)
+
+
+def test_a_wildly_wrong_run_of_the_original_is_left_out(convnet_ref):
+    """The original's channels_last run off by 3 (300 %, as pytorch#188344 put PoolFormerV2's
+    stage-3 norm gradients 190-310 % off on an H100) in every gradient: the right model still
+    passes, a model whose early gradients are 50 % off or more fails, as it would with no such run;
+    with the wrong run kept the bound would be 2 x 3 and both would pass."""
+    model, inputs, (ref64, sames, dtype) = convnet_ref
+    assert len(sames) == 2  # NCHW and channels_last: the model has 4-D weights
+    off = {k: v * 4 if k.startswith("grad ") else v for k, v in sames[1].items()}
+    ref = (ref64, [sames[0], off], dtype)
+    right = verify(copy.deepcopy(model), inputs, ref)
+    assert right.passed
+    grads = {k for k in ref64 if k.startswith("grad ")}
+    assert right.left_out.keys() == grads  # outputs kept: the run's forward is right
+    assert all(abs(errs[0] - 3.0) < 1e-3 for errs in right.left_out.values())
+    wrong = copy.deepcopy(model)
+    wrong.blocks[0].relu = nn.Sequential(nn.ReLU(), _WrongBackward())  # 1.5x per call
+    check = verify(wrong, inputs, ref)
+    assert not check.passed and "left out as wrong" in check.worst
+    assert not verify(wrong, inputs, (ref64, [sames[0]], dtype)).passed
+    assert verify(wrong, inputs, (ref64, [off], dtype)).passed  # one run: nothing to tell
+
+
+@pytest.mark.parametrize(
+    ("errs", "own", "left_out"),
+    [
+        ([2e-7, 3.1], 2e-7, [3.1]),  # pytorch#188344's channels_last run
+        ([2e-7, 6e-7], 6e-7, []),  # two formats rounding differently
+        ([2e-7, 0.4], 0.4, []),  # far, but not beyond what a rewrite's error may be
+        ([0.06, 0.9], 0.9, []),  # not 10x apart
+        ([3e2, 5e3], 5e3, []),  # a gradient that is about zero: no run at rounding
+        ([1e-5, 2.0, 1e-5], 1e-5, [2.0]),
+    ],
+)
+def test_which_runs_are_left_out(errs, own, left_out):
+    from gpushape.transforms._verify import own_error
+
+    assert own_error(errs, 1e-4) == (own, left_out)

@@ -34,6 +34,10 @@ FIXES: dict[str, str] = {
     "positions, those that carry a label first (the logits then hold those rows)",
     "fast-max-pool": "replace nn.MaxPool2d with gpushape's max-pool kernel, whose backward reads "
     "a 1-byte window position instead of PyTorch's int64 index (gpushape.kernels.MaxPool2d)",
+    "safe-avg-pool": "take a padded nn.AvgPool2d's input gradient for channels_last CUDA "
+    "tensors from PyTorch's NCHW backward where its NHWC one is wrong (pytorch#188344; "
+    "gpushape.kernels.LayoutSafeAvgPool2d): a correctness guard optimize applies unasked "
+    "where a check on the device finds the bug",
     "fuse-grn": "replace a global response norm (ConvNeXt-V2's GRN, timm or Hugging Face) with "
     "gpushape's kernels: 3 passes over the tensor forward and 5 backward (same Parameters)",
     "fuse-group-norm": "replace group norms (nn.GroupNorm, timm's GroupNorm, GroupNorm1 and "

@@ -8,7 +8,8 @@ One transform per file, registered under the fix id findings name (`auditing/fix
 (pad-channels), `sdpa.py` (sdpa: the libraries' eager attention switched to SDPA),
 `fuse_grn.py` (fuse-grn: ConvNeXt-V2's GRN on gpushape's kernels),
 `activation_checkpoint.py` (recompute what a memory budget asks, at the least time),
-`autocast.py` (autocast-bf16: the forward under torch.autocast, parameters float32). `_core.py`
+`autocast.py` (autocast-bf16: the forward under torch.autocast, parameters float32),
+`safe_avg_pool.py` (safe-avg-pool: a guard against pytorch#188344, applied unasked). `_core.py`
 holds the registry, `Change`/`Refusal` and the undo log; `_verify.py` the numeric gate a
 rewritten model must pass; `_optimize.py` `optimize()` and its report.
 

@@ -134,6 +134,7 @@ def load_transforms() -> dict[str, TransformInfo]:
         no_kv_cache,
         pad_channels,
         s2d_stem,
+        safe_avg_pool,
         sdpa,
     )
 

@@ -8,6 +8,11 @@ transform that fails, and audit the result. The model is rewritten in place, as 
 `gpushape.transforms.revert(model)` undoes everything. In compile mode only transforms that
 still pay under torch.compile are picked. A model on the meta device is rewritten and audited
 but cannot be checked numerically: the report says so.
+
+One transform is a correctness guard rather than a fix: where PyTorch's channels_last
+avg_pool2d backward is wrong on the model's device (pytorch#188344, measured there) and the
+model holds a padded `nn.AvgPool2d`, `safe-avg-pool` is applied first, asked for or not, and
+never rolled back for speed (`safe_avg_pool.needed`); the report lists its changes.
 """
 
 from __future__ import annotations
@@ -35,12 +40,17 @@ from ._picking import held_back, now_worth, pick, without
 from ._picking import quiet_sites as quiet_fix_sites
 from ._verify import Verification, compute_dtype, lower_reference, reference, verify
 from .autocast import audit_flags
+from .safe_avg_pool import ID as SAFE_AVG_POOL
+from .safe_avg_pool import needed as avg_pool_guard_needed
 
 MODES = ("eager", "compile", "graph")
 CHECKPOINT = "activation-checkpoint"  # last: it plans on the model the others left
 # after all of them, in eager mode on a GPU, and only where a timed step says it pays: the
 # model's layers replayed from CUDA graphs, which removes the host's dispatch from their time
 GRAPH_LAYERS = "graph-layers"
+# kept whatever the audit predicts: one trades time for memory on purpose, the other is a
+# correctness guard (its swap is invisible to the audit's meta trace anyway)
+NOT_TIMED = (CHECKPOINT, SAFE_AVG_POOL)
 
 
 @dataclass(kw_only=True)
@@ -165,6 +175,8 @@ def optimize(
     graphable = transforms is None and mode == "eager" and train and checked and _on_cuda(model)
     guard = _Guard(before, inputs, gpu, dtype, train, mode, graphable=graphable, model=model)
     picked = pick(before, transforms, mode, out)
+    if SAFE_AVG_POOL not in picked and avg_pool_guard_needed(model, inputs):
+        picked.insert(0, SAFE_AVG_POOL)  # pytorch#188344 on this device: guarded, unasked, first
     if memory_budget is not None and CHECKPOINT not in picked:
         picked.append(CHECKPOINT)  # a budget asks for it, with or without a finding
     if quiet_sites is None:
@@ -348,7 +360,7 @@ def _apply_one(
             restored = undo(outcome.changes) or model
             out.rolled_back.append(Refusal(transform=tid, module="", reason=check.worst))
             return restored
-    slower = guard.slower(new_root) if guard is not None and tid != CHECKPOINT else None
+    slower = guard.slower(new_root) if guard is not None and tid not in NOT_TIMED else None
     if slower is not None:
         restored = undo(outcome.changes) or model
         out.rolled_back.append(Refusal(transform=tid, module="", reason=slower))

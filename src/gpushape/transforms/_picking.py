@@ -18,6 +18,9 @@ from ._core import Refusal, TransformContext, get_transform, load_transforms
 # last: it replaces the whole forward (for a labelled batch; the audit traces a training step
 # with labels, models/labels.py, so the audits after it see its saving).
 ORDER = (
+    # first: a correctness guard (pytorch#188344) in place before anything makes a padded
+    # average pool's input channels_last (fuse-group-norm's GroupNormAct, channels-last)
+    "safe-avg-pool",
     "pad-channels",
     "fuse-qkv",
     "sdpa",

@@ -23,6 +23,21 @@ the user's parameters are left as they were. A padded parameter's gradient is co
 original shape (the leading slice); a fused one's (fuse-qkv) per original parameter, on its rows
 (`original_gradients`).
 
+A run of the original that is itself wrong is left out of PyTorch's error for that tensor
+(`own_error`): where one run's error is above 0.5 (relative) and more than 10x the best run's,
+while the best run is within `tol` (rounding at the dtype), that run meets a PyTorch bug, it
+does not show PyTorch's rounding. pytorch#188344: on CUDA, avg_pool2d's channels_last backward
+drops the padding. Measured on an H100 (torch 2.11), with PoolFormerV2-S12's pools fed
+channels_last tensors the gradients reaching its stage-3 norms were 1.9-3.1 (190-310 %) from
+right, while gpushape's kernels on those tensors were right to 1e-7; the original's
+channels_last run here meets the same bug, and kept it would make the bound about k x 3 and
+the check unable to fail for any rewrite that makes those tensors channels_last. Rounding does
+not do that: the two formats' runs differ by a few times (ResNet-50's BatchNorm gradients
+above, hence the factor 10), and a wrong rewrite already moves whole tensors by tens of
+percent (hence 0.5). A gradient whose true value is about zero (a bias before BatchNorm) is
+far from float64, relatively, in every run, the best one above `tol` too: nothing is left out
+there. The errors of the runs left out are in `Verification.left_out`.
+
 A rewrite that computes below the parameters' dtype (autocast-bf16: float32 weights, bf16
 matmuls; `compute_dtype`) is still compared with the float64 run of the original, never with
 the original under the same autocast (identical by construction: a check that cannot fail), at
@@ -44,6 +59,8 @@ from torch.utils import _pytree as pytree
 GATE_K = {torch.float64: 2.0, torch.float32: 2.0, torch.float16: 3.0, torch.bfloat16: 3.0}
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 SEED = 1234
+WRONG_FACTOR = 10.0  # a run of the original this many times the best run's error ...
+WRONG_FLOOR = 0.5  # ... and this far (relative) from float64 is wrong, not rounded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +71,9 @@ class Verification:
     worst: str = ""
     """The comparison furthest over (or closest to) its bound, in one line."""
     errors: dict[str, float] = field(default_factory=dict, repr=False)
+    left_out: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    """Per tensor, the errors of the original's runs left out of its bound as wrong
+    (`own_error`)."""
 
 
 def _tensors(out) -> list[torch.Tensor]:
@@ -167,30 +187,50 @@ def lower_reference(model: nn.Module, inputs: tuple, dtype: torch.dtype) -> dict
         return None
 
 
+def own_error(errs: list[float], tol: float) -> tuple[float, list[float]]:
+    """PyTorch's own error for one tensor from its runs' errors against float64: the worst run
+    that is not wrong (see the module docstring), and the errors of the runs left out."""
+    best = min(errs)
+    if best > tol:  # no run is at rounding: none can be told wrong from ill-conditioned
+        return max(errs), []
+    wrong = [e for e in errs if e > WRONG_FLOOR and e > WRONG_FACTOR * best]
+    return max(e for e in errs if e not in wrong), wrong
+
+
 def verify(
     model: nn.Module, inputs: tuple, ref: tuple[dict, list, torch.dtype], lower: dict | None = None
 ) -> Verification:
     """Gate the rewritten `model` against the original's `reference(...)`; `lower`: the
     original's `lower_reference` at `compute_dtype(model)`, when that is below its own."""
     ref64, sames, dtype = ref
+    own_tol = TOLERANCE.get(dtype, 3e-2)  # the original's own runs round at its dtype
+    lowers = []
     math = compute_dtype(model)
     if math is not None and math.itemsize < dtype.itemsize:
         dtype = math
-        sames = [*sames, lower] if lower is not None else sames
+        lowers = [lower] if lower is not None else []
     ours = _run(model, inputs, None)
     k = GATE_K.get(dtype, 3.0)
     tol = TOLERANCE.get(dtype, 3e-2)
-    worst, worst_ratio, errors, ok = "", -1.0, {}, True
+    worst, worst_ratio, errors, ok, left_out = "", -1.0, {}, True, {}
     for name, exact in ref64.items():
-        if any(name not in same for same in sames):
+        if any(name not in same for same in (*sames, *lowers)):
             continue
         if name not in ours:
             return Verification(passed=False, checked=len(errors), worst=f"{name} missing")
-        bound = k * max(_err(same[name], exact) for same in sames) + tol
+        own, wrong = own_error([_err(same[name], exact) for same in sames], own_tol)
+        bound = k * max([own, *(_err(low[name], exact) for low in lowers)]) + tol
         err = _err(ours[name], exact)
         errors[name] = err
+        if wrong:
+            left_out[name] = wrong
         ratio = err / bound if bound > 0 else (0.0 if err == 0 else float("inf"))
         if ratio > worst_ratio:
             worst_ratio, worst = ratio, f"{name}: relative error {err:.3g}, bound {bound:.3g}"
+            if wrong:
+                worst += f" (a run of the original {', '.join(f'{e:.3g}' for e in wrong)} "
+                worst += "from float64 left out as wrong)"
         ok = ok and err <= bound
-    return Verification(passed=ok, checked=len(errors), worst=worst, errors=errors)
+    return Verification(
+        passed=ok, checked=len(errors), worst=worst, errors=errors, left_out=left_out
+    )

@@ -49,7 +49,7 @@ import operator
 import torch
 from torch import fx, nn
 
-from ..kernels import AddLayerNorm, BatchNormAct2d, LayerNormGELU
+from ..kernels import AddLayerNorm, BatchNormAct2d, LayerNormGELU, LayoutSafeAvgPool2d
 from ..kernels.batch_norm.batch_norm_act import hand_over
 from ._core import (
     Change,
@@ -269,11 +269,12 @@ def _fuse_in(
 
 
 def _branch_entry(module: nn.Module) -> bool:
-    """A convolution, or a Sequential that starts with one (after an average pool): a
-    residual's downsampling branch, which reads its input and never changes it in place."""
+    """A convolution, or a Sequential that starts with one (after an average pool, safe-avg-pool's
+    included): a residual's downsampling branch, which reads its input and never changes it in
+    place."""
     if type(module) is nn.Sequential and len(module):
         first = module[0]
-        if type(first) is nn.AvgPool2d and len(module) > 1:
+        if type(first) in (nn.AvgPool2d, LayoutSafeAvgPool2d) and len(module) > 1:
             first = module[1]
         return isinstance(first, nn.Conv2d) and not has_hooks(module)
     return isinstance(module, nn.Conv2d)
