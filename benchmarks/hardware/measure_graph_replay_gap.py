@@ -1,5 +1,5 @@
 """Measure the GPU's idle time at a boundary between two CUDA graph replays
-(gpushape.probe.gaps.measure_graph_replay_gap) on this GPU and add it to a profile of this
+(gpushape.probe.memory.measure_graph_replay_gap) on this GPU and add it to a profile of this
 chip as `device_gap["graph_replay"]`, leaving its other numbers as they are.
 
     python benchmarks/hardware/measure_graph_replay_gap.py --profile P.json [-o OUT] [--dry-run]
@@ -14,7 +14,7 @@ import sys
 
 from _on_profile import profile_parser, this_gpus_profile, write_stamped
 
-from gpushape.probe.gaps import measure_graph_replay_gap
+from gpushape.probe.memory import measure_graph_replay_gap
 
 
 def main() -> None:

@@ -126,7 +126,7 @@ def test_the_kernel_floor_is_a_microsecond_or_two_on_the_gpu():
 
 
 def test_the_graph_replay_gap_is_none_without_cuda():
-    from gpushape.probe.gaps import measure_graph_replay_gap
+    from gpushape.probe.memory import measure_graph_replay_gap
 
     assert measure_graph_replay_gap("cpu") is None
 
@@ -135,7 +135,7 @@ def test_the_graph_replay_gap_is_none_without_cuda():
 def test_a_graph_replay_boundary_costs_the_gpu_microseconds():
     """48 graphs of 4 kernels against one graph of 192: the boundaries add idle time, a few
     microseconds each (a launch's latency reaching the GPU), never a large share."""
-    from gpushape.probe.gaps import measure_graph_replay_gap
+    from gpushape.probe.memory import measure_graph_replay_gap
 
     gap = measure_graph_replay_gap("cuda")
     assert gap is not None and gap["chain_s"] >= gap["single_s"] > 0

@@ -205,7 +205,7 @@ def traced_step_s(ctx: AuditContext) -> float:
 def device_gap_s(gpu: Any, kind: str) -> float:
     """Seconds the GPU idles between two kernels of a step run as `kind` ("eager", "compile",
     "graph", "compile-graphs"), or at a boundary between two CUDA graphs' replays
-    ("graph_replay", probe/gaps.py), where the profile measured it; else 0."""
+    ("graph_replay", probe/memory.py), where the profile measured it; else 0."""
     return float((getattr(gpu.achievable, "device_gap", None) or {}).get(kind, 0.0))
 
 

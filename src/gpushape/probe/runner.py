@@ -28,7 +28,6 @@ from ..hardware import GPUSpec
 from ..hardware.profile import apply_profile
 from . import attention as probe_attention
 from . import convs as probe_convs
-from . import gaps as probe_gaps
 from . import guide_claims
 from . import host as probe_host
 from . import host_glue as probe_glue
@@ -210,7 +209,7 @@ def run_probe(
         )
         actual_s["guide_claims"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        replay_gap = probe_gaps.measure_graph_replay_gap(cfg.device)
+        replay_gap = probe_memory.measure_graph_replay_gap(cfg.device)
         actual_s["graph_replay_gap"] = time.perf_counter() - t0
         t0 = time.perf_counter()  # last: its profiler session may slow later launches
         floor = probe_memory.measure_kernel_floor(cfg.device)

@@ -21,7 +21,7 @@ copy rate; a layer reading the previous layer's output in place copies nothing, 
 layers copies its first input and its last output's gradient; before the links, ResNet-50-GN's
 16 bottlenecks copied 0.85 ms a step on an H100, which the loop had priced at nothing), and the
 GPU's wait at each replay's boundary (`replays_idle_s`: the profile's "graph_replay" gap,
-probe/gaps.py, two a captured layer; a whole-step graph has none of them, so without it the
+probe/memory.py, two a captured layer; a whole-step graph has none of them, so without it the
 loop under-predicted that graph's saving after graph-layers: 0.05 against 0.21 ms measured on
 ResNet-50-GN, benchmarks/results/loops-h100-30).
 None where the profile lacks the rates: the stage is then priced as before.
@@ -107,7 +107,7 @@ def graph_layers_step(
 def replays_idle_s(gpu: Any, captured: list[str]) -> float:
     """The GPU's idle time a step at the captured layers' graph boundaries: two replays a
     layer (its forward's graph and its backward's), each the profile's `device_gap`
-    "graph_replay" (probe/gaps.py; 0 where the profile has not measured it)."""
+    "graph_replay" (probe/memory.py; 0 where the profile has not measured it)."""
     from ..auditing.modes import device_gap_s
 
     return 2 * len(captured) * device_gap_s(gpu, "graph_replay")
