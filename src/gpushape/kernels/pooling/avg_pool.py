@@ -1,5 +1,5 @@
 """Average pooling whose input gradient is right for channels_last CUDA tensors with padding,
-where PyTorch's own is not (pytorch/pytorch#188344, fixed by #188345 in mid-2026).
+where PyTorch's own is not (pytorch/pytorch#188344, a fix proposed in #188345).
 
 PyTorch's CUDA kernel for avg_pool2d's backward in channels_last (NHWC) memory,
 `avg_pool2d_backward_out_cuda_frame_nhwc`, forgets the padding offset: with padding > 0 every
