@@ -1,7 +1,7 @@
 """safe-avg-pool: a correctness guard, not a speed fix. `nn.AvgPool2d` with padding becomes
 gpushape's `LayoutSafeAvgPool2d`, whose input gradient for a channels_last CUDA tensor comes
-from PyTorch's NCHW backward where PyTorch's NHWC one is wrong (pytorch/pytorch#188344, fixed
-by #188345 in mid-2026; kernels/pooling/avg_pool.py).
+from PyTorch's NCHW backward where PyTorch's NHWC one is wrong (pytorch/pytorch#188344, a fix
+proposed in #188345; kernels/pooling/avg_pool.py).
 
 The NHWC kernel drops the padding offset, so a padded pool that sees channels_last tensors gets
 wrong input gradients: on an H100 (torch 2.11) PoolFormerV2-S12's stage-3 norms received
