@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpushape.kernels import LayoutSafeAvgPool2d, avg_pool_nhwc_backward_ok
+from gpushape.kernels import LayoutSafeAvgPool2d
 from gpushape.kernels.pooling import avg_pool
+from gpushape.kernels.pooling.avg_pool import avg_pool_nhwc_backward_ok
 
 CL = torch.channels_last
 SETTINGS = [  # kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override

@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpushape.kernels import LayoutSafeAvgPool2d, avg_pool_nhwc_backward_ok
+from gpushape.kernels import LayoutSafeAvgPool2d
 from gpushape.kernels.pooling import avg_pool
+from gpushape.kernels.pooling.avg_pool import avg_pool_nhwc_backward_ok
 
 CL = torch.channels_last
 POOL = dict(kernel_size=3, stride=1, padding=1, count_include_pad=False)

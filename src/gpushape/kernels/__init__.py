@@ -18,6 +18,5 @@ from .norms.layer_norm_gelu import layer_norm_gelu as layer_norm_gelu
 from .norms.rms_norm import RMSNorm as RMSNorm
 from .norms.rms_norm import rms_norm as rms_norm
 from .pooling.avg_pool import LayoutSafeAvgPool2d as LayoutSafeAvgPool2d
-from .pooling.avg_pool import avg_pool_nhwc_backward_ok as avg_pool_nhwc_backward_ok
 from .pooling.max_pool import MaxPool2d as MaxPool2d
 from .pooling.max_pool import max_pool2d as max_pool2d

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 from torch.nn.modules.utils import _pair
 
-from ..kernels import LayoutSafeAvgPool2d, avg_pool_nhwc_backward_ok
+from ..kernels import LayoutSafeAvgPool2d
+from ..kernels.pooling.avg_pool import avg_pool_nhwc_backward_ok
 from ._core import Outcome, Refusal, TransformContext, register_transform, swap_each
 
 ID = "safe-avg-pool"
