@@ -42,3 +42,29 @@ def write_stamped(profile: dict[str, Any], output: Path, at_key: str, command_ke
     profile.setdefault("probe", {})[at_key] = stamp
     profile["probe"][command_key] = " ".join(sys.argv)
     print(f"wrote {write_profile(profile, output)}")
+
+
+def measure_into(
+    doc: str,
+    script: str,
+    measure: Any,
+    describe: Any,
+    place: Any,
+    stamp: str,
+) -> None:
+    """A script that measures one thing on this GPU and adds it to a profile of this chip:
+    `measure()` (None: the script stops with one line), printed as `describe(profile, row)`,
+    put in by `place(profile, row)` and stamped as `<stamp>_measured_at` / `<stamp>_command`;
+    --dry-run prints it and writes nothing."""
+    parser = profile_parser(doc)
+    parser.add_argument("--dry-run", action="store_true", help="print it, write nothing")
+    args = parser.parse_args()
+    profile = this_gpus_profile(args.profile, script)
+    row = measure()
+    if row is None:
+        sys.exit(f"{script}: nothing measured (a CUDA GPU, and the profiler's kernels, needed)")
+    print(describe(profile, row))
+    if args.dry_run:
+        return
+    place(profile, row)
+    write_stamped(profile, args.output or args.profile, f"{stamp}_measured_at", f"{stamp}_command")
