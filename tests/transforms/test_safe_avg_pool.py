@@ -141,3 +141,28 @@ def test_poolformerv2_pools_all_swapped():
     out = get_transform(ID).apply(model, TransformContext(example_inputs=()))
     assert [c.module for c in out.changes] == pools and not out.refusals
     assert all(type(model.get_submodule(n)) is LayoutSafeAvgPool2d for n in pools)
+
+
+def test_the_benchs_channels_last_variant_guards_its_pools_where_the_check_fails(broken):
+    """`gpushape bench --vs channels-last` converts the model outside optimize: its padded
+    pools are guarded there too, with a note, and only where the device has the bug."""
+    from gpushape.steps.batch import synthetic_batch
+    from gpushape.steps.variants import build_variant
+
+    model, x = _net()
+    batch = synthetic_batch(model, (x,))
+    variant = build_variant("channels-last", model, batch, optimizer="sgd")
+    pools = [m for m in variant.step.model.modules() if isinstance(m, nn.AvgPool2d)]
+    assert sum(isinstance(m, LayoutSafeAvgPool2d) for m in pools) == 2  # mix1 and the shared one
+    assert any("pytorch#188344" in note for note in variant.notes)
+    assert not any(isinstance(m, LayoutSafeAvgPool2d) for m in model.modules())  # a copy
+
+
+def test_the_channels_last_variant_is_left_alone_where_the_check_passes():
+    from gpushape.steps.batch import synthetic_batch
+    from gpushape.steps.variants import build_variant
+
+    model, x = _net()
+    variant = build_variant("channels-last", model, synthetic_batch(model, (x,)), optimizer="sgd")
+    assert not any(isinstance(m, LayoutSafeAvgPool2d) for m in variant.step.model.modules())
+    assert not any("188344" in note for note in variant.notes)

@@ -202,6 +202,7 @@ def build_variant(
     report = None
     if spec.channels_last:
         model, batch = _channels_last(model, batch)
+        notes += _guard_pools(model, batch)
     if spec.optimize_mode:
         model, report = _optimized(
             model, batch, gpu, spec.optimize_mode, spec.transforms, spec.quiet_sites
@@ -253,6 +254,21 @@ def _channels_last(model: nn.Module, batch: Batch) -> tuple[nn.Module, Batch]:
         for x in batch.inputs
     )
     return model, batch
+
+
+def _guard_pools(model: nn.Module, batch: Batch) -> list[str]:
+    """The channels-last variant's padded `nn.AvgPool2d`s guarded where PyTorch's channels_last
+    backward of them is wrong on the model's device (transforms/safe_avg_pool.py,
+    pytorch#188344): a baseline that trains on wrong gradients is no baseline. A note says so."""
+    from ..transforms import get_transform, load_transforms
+    from ..transforms._core import TransformContext
+    from ..transforms.safe_avg_pool import ISSUE, needed
+
+    if not needed(model, batch.inputs):
+        return []
+    load_transforms()
+    out = get_transform("safe-avg-pool").apply(model, TransformContext(example_inputs=batch.inputs))
+    return [f"{len(out.changes)} padded AvgPool2d guarded ({ISSUE}: channels_last gradients)"]
 
 
 def _optimized(
