@@ -29,9 +29,11 @@ while the best run is within `tol` (rounding at the dtype), that run meets a PyT
 does not show PyTorch's rounding. pytorch#188344: on CUDA, avg_pool2d's channels_last backward
 drops the padding. Measured on an H100 (torch 2.11), with PoolFormerV2-S12's pools fed
 channels_last tensors the gradients reaching its stage-3 norms were 1.9-3.1 (190-310 %) from
-right, while gpushape's kernels on those tensors were right to 1e-7; the original's
-channels_last run here meets the same bug, and kept it would make the bound about k x 3 and
-the check unable to fail for any rewrite that makes those tensors channels_last. Rounding does
+right, while gpushape's kernels on those tensors were right to 1e-7. There the original's
+channels_last run was spared (PyTorch's group norm hands the pools NCHW tensors whatever its
+input), and the check failed, rightly; in a model whose pools see channels_last tensors in that
+run, it meets the same bug, and kept it would make the bound about k x 3 and the check unable
+to fail for any rewrite that makes those tensors channels_last. Rounding does
 not do that: the two formats' runs differ by a few times (ResNet-50's BatchNorm gradients
 above, hence the factor 10), and a wrong rewrite already moves whole tensors by tens of
 percent (hence 0.5). A gradient whose true value is about zero (a bias before BatchNorm) is
