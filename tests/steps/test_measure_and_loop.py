@@ -49,6 +49,12 @@ def test_the_loop_times_graph_layers_first():
     assert _applied_order(gpt2) == [
         "no-kv-cache", "graph-layers", "pad-channels", "fuse-activation"
     ]  # fmt: skip
+    # a correctness guard optimize applied unasked (pytorch#188344) is no stage of its own
+    guarded = SimpleNamespace(
+        applied=[SimpleNamespace(transform=t) for t in
+                 ("safe-avg-pool", "safe-avg-pool", "fuse-group-norm", "channels-last")]
+    )  # fmt: skip
+    assert _applied_order(guarded) == ["fuse-group-norm", "channels-last"]
 
 
 def test_the_loop_times_a_fix_optimize_rolled_back_where_a_finding_still_names_it():

@@ -9,16 +9,21 @@ GRAPH_LAYERS = "graph-layers"  # kept by optimize on a timing; its stage priced 
 # fixes graph-layers needs in place before it captures anything: no-kv-cache (a layer called
 # with a key/value cache is refused: a replay would not update the cache)
 BEFORE_GRAPH_LAYERS = ("no-kv-cache",)
+# correctness guards, not fixes: no stage of their own. optimize puts safe-avg-pool in place
+# unasked, first, wherever the device has pytorch#188344 (transforms/safe_avg_pool.py), so
+# every stage's optimize carries it; it costs only where a pool's input is channels_last, so
+# its cost shows in the stage whose fix made that input channels_last
+GUARDS = ("safe-avg-pool",)
 
 
 def applied_order(report: Any) -> list[str]:
-    """The transforms optimize applied, in its order, except graph-layers first: it changes
-    what the host spends, not the GPU's work, so with it in place the fixes after it are timed
-    where their GPU savings show in the wall clock (a host-bound step would hide them), which is
-    what the audit prices them as."""
+    """The transforms optimize applied, in its order (guards left out: `GUARDS`), except
+    graph-layers first: it changes what the host spends, not the GPU's work, so with it in
+    place the fixes after it are timed where their GPU savings show in the wall clock (a
+    host-bound step would hide them), which is what the audit prices them as."""
     seen: list[str] = []
     for change in report.applied if report else []:
-        if change.transform not in seen:
+        if change.transform not in seen and change.transform not in GUARDS:
             seen.append(change.transform)
     if GRAPH_LAYERS in seen:
         first = [t for t in seen if t in BEFORE_GRAPH_LAYERS]
