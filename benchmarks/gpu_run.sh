@@ -169,6 +169,11 @@ for spec in "$@"; do
     opt-probe) run opt-probe "$secs" python3 benchmarks/steps/probe_optimizer_kernels.py --out "$OUT/probe_optimizer_kernels.json" ;;
     # SDPA's efficient kernel on short windows (Swin-T's), with and without a bias, beside the cost model
     window-attn) run window-attn "$secs" python3 benchmarks/kernels/probe_window_attention.py --out "$OUT/probe_window_attention.json" ;;
+    # the GPU's wait at a boundary between two CUDA graph replays into CALIB_PROFILE
+    graph-gap) run graph-gap "$secs" bash -c 'python3 benchmarks/hardware/measure_graph_replay_gap.py --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
+    # pytorch#188344 on this torch (PyTorch's channels_last avg-pool backward), the guard's GPU
+    # tests, and optimize's check of fuse-group-norm on PoolFormerV2-S12 with the guard in place
+    avg-guard) run avg-guard "$secs" bash -c 'python3 benchmarks/kernels/check_avg_pool_nhwc.py; python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernel_ops/test_avg_pool_gpu.py; python3 benchmarks/kernels/check_group_norm_poolformerv2.py --parts 3' ;;
     window-bias) run window-bias "$secs" python3 benchmarks/kernels/diagnose_window_bias.py --out "$OUT/diagnose_window_bias.json" ;;
     *) echo "unknown step $name" ;;
   esac
