@@ -3,7 +3,7 @@
 On an H100 the check rolled the transform back: the gradient of a stage-3 `norm1.weight`
 (timm's GroupNorm1NoBias, one group, 512 channels on 7x7 maps, batch 64) came out 5.5-5.9 from
 float64 in relative error, against a bound of 0.13-0.14. The Triton interpreter on a CPU passes
-the same check. Three parts, each printing one line per case:
+the same check. Four parts, each printing one line per case:
 
 1. the kernels alone against float64 at that norm's shapes (and 320 channels, 14x14 maps), each
    dtype and layout, with and without a bias;
@@ -11,9 +11,12 @@ the same check. Three parts, each printing one line per case:
    outputs and gradients captured by hooks and compared, their strides printed, and the kernels
    run again on the transformed model's very tensors against float64;
 3. optimize's own check (fuse-group-norm alone; and after s2d-stem and channels-last, as the
-   loop's planning copy applies them), its verdict and reason.
+   loop's planning copy applies them), its verdict and reason;
+4. the original against fuse-group-norm with and without safe-avg-pool, float32: part 2 found
+   the cause in PyTorch's channels_last avg-pool backward (pytorch#188344), which the guard
+   sidesteps.
 
-    python benchmarks/kernels/check_group_norm_poolformerv2.py [--parts 1,2,3]
+    python benchmarks/kernels/check_group_norm_poolformerv2.py [--parts 1,2,3,4]
 """
 
 from __future__ import annotations
@@ -124,6 +127,44 @@ def models_side_by_side() -> None:
               f"dw {rel(dwk, gw):.1e}")  # fmt: skip
 
 
+def with_the_guard() -> None:
+    """The original against fuse-group-norm alone and against fuse-group-norm with safe-avg-pool
+    (applied by name, whatever the device's check says), float32: logits and the six worst
+    parameter gradients. With pytorch#188344 on the device, the guarded model's gradients
+    should agree with the original's as closely as its logits do; fuse-group-norm's alone not."""
+    import timm
+
+    from gpushape.transforms import get_transform, load_transforms
+    from gpushape.transforms._core import TransformContext
+
+    load_transforms()
+    torch.manual_seed(0)
+    ref = timm.create_model("poolformerv2_s12").to(DEV).train()
+    x = torch.randn(BATCH, 3, IMAGE, IMAGE, device=DEV)
+    models = {"original": ref}
+    variants = {
+        "fuse-group-norm": ["fuse-group-norm"],
+        "fuse-group-norm + safe-avg-pool": ["safe-avg-pool", "fuse-group-norm"],
+    }
+    for name, ids in variants.items():
+        models[name] = copy.deepcopy(ref)
+        for tid in ids:
+            get_transform(tid).apply(models[name], TransformContext(example_inputs=(x,)))
+    outs = {}
+    for name, model in models.items():
+        y = model(x)
+        outs[name] = y.detach()
+        y.backward(torch.randn(y.shape, generator=torch.Generator(DEV).manual_seed(1), device=DEV))
+    grads = {n: dict(m.named_parameters()) for n, m in models.items()}
+    for name in list(models)[1:]:
+        worst = sorted(
+            ((rel(grads[name][n].grad, p.grad), n) for n, p in grads["original"].items()
+             if p.grad is not None), reverse=True,
+        )[:6]  # fmt: skip
+        print(f"{name}: logits {rel(outs[name], outs['original']):.1e}; worst gradients "
+              + ", ".join(f"{n} {e:.1e}" for e, n in worst))  # fmt: skip
+
+
 def optimize_check() -> None:
     import timm
 
@@ -149,14 +190,16 @@ def optimize_check() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="1,2,3")
+    parser.add_argument("--parts", default="1,2,3,4")
     parts = parser.parse_args().parts.split(",")
     if not torch.cuda.is_available():
         sys.exit("check_group_norm_poolformerv2.py: needs a CUDA GPU")
     import timm
 
     print(f"torch {torch.__version__}, timm {timm.__version__}, {torch.cuda.get_device_name()}")
-    for part, run in (("1", kernels_alone), ("2", models_side_by_side), ("3", optimize_check)):
+    parts_run = (("1", kernels_alone), ("2", models_side_by_side), ("3", optimize_check),
+                 ("4", with_the_guard))  # fmt: skip
+    for part, run in parts_run:
         if part in parts:
             run()
 
