@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from gpushape.hardware.lookup import get_gpu  # noqa: E402
 from gpushape.hardware.profile import apply_profile, read_profile  # noqa: E402
-from gpushape.probe.convs import CONVERSION, patch_conversion_row  # noqa: E402
+from gpushape.probe.convs import CONVERSION, conversion_row  # noqa: E402
 from gpushape.probe.profile import write_profile  # noqa: E402
 from gpushape.probe.workloads import WORKLOADS  # noqa: E402
 from gpushape.tracing.families import PATCH_CONV  # noqa: E402
@@ -38,7 +38,7 @@ def fit(profile: dict) -> dict[str, dict]:
         if "nchw_measured_s" not in row or row.get("scale", 1.0) != 1.0:
             continue
         conv = work.build(1.0)
-        made = patch_conversion_row(row, conv, 64, 224, spec)  # measure_patch_conv's sizes
+        made = conversion_row(row, conv, 64, 224, spec)  # measure_stem_conv's sizes
         if made is not None:
             out[f"{CONVERSION}@{conv.kernel_size[0]}"] = made
     return out

@@ -12,7 +12,7 @@ import torch
 
 from gpushape.hardware import get_gpu
 from gpushape.probe import memory as probe_memory
-from gpushape.probe.convs import patch_conversion_row
+from gpushape.probe.convs import conversion_key, conversion_row
 from gpushape.probe.workloads import WORKLOADS
 from gpushape.tracing.cost import op_cost
 from gpushape.tracing.families import (
@@ -139,12 +139,12 @@ def test_a_patch_convolution_timed_in_both_layouts_gives_its_conversions_rate():
     spec = get_gpu("h200")
     conv = BY_FAMILY["patch_conv@16"].build(1.0)
     row = {"measured_s": 1e-4, "nchw_measured_s": 3e-4, "workload": "w channels_last, f"}
-    made = patch_conversion_row(row, conv, 64, 224, spec)
+    made = conversion_row(row, conv, 64, 224, spec)
     x, y = 64 * 3 * 224 * 224 * 2, 64 * 768 * 14 * 14 * 2
     assert made["conversion_bytes"] == 4 * (x + y)  # in and out, forward and weight gradient
     rate_s = made["conversion_bytes"] / spec.attainable_bandwidth_bytes_per_s()
     assert made["efficiency"] == pytest.approx(rate_s / 2e-4, abs=1e-4)
-    assert patch_conversion_row({**row, "nchw_measured_s": 1e-4}, conv, 64, 224, spec) is None
+    assert conversion_row({**row, "nchw_measured_s": 1e-4}, conv, 64, 224, spec) is None
     rows = probe_memory.measure_memory_efficiency(
         spec, device="cpu", scale=0.002, families=("patch_conv@4",)
     )
@@ -160,8 +160,30 @@ def test_a_stem_at_stride_4_is_measured_against_the_gemm_models_rate():
         spec, device="cpu", scale=0.002, families=("small_cin_conv@4",)
     )
     row = rows["small_cin_conv@4"]
-    assert set(rows) == {"small_cin_conv@4"} and "derived" not in row  # no NCHW row
+    assert "derived" not in row  # its conversions' row, if any, stands alone
+    assert set(rows) <= {"small_cin_conv@4", "nchw_conversion_stem@4"}
     assert 0.01 <= row["efficiency"] <= 1 and row["model_s"] > 0 and row["measured_s"] > 0
+    assert row["nchw_measured_s"] > 0
+
+
+def test_a_stems_conversions_are_its_nchw_step_against_its_channels_last_one():
+    spec = get_gpu("h200")
+    conv = BY_FAMILY["nchw_conversion_stem"].build(1.0)
+    assert (conv.in_channels, conv.kernel_size, conv.stride) == (3, (7, 7), (2, 2))
+    row = {"measured_s": 1e-4, "nchw_measured_s": 5e-4, "workload": "w channels_last, f"}
+    made = conversion_row(row, conv, 64, 224, spec)
+    x, y = 64 * 3 * 224 * 224 * 2, 64 * 64 * 112 * 112 * 2  # (224 + 6 - 7) // 2 + 1 = 112
+    assert made["conversion_bytes"] == 4 * (x + y)
+    rate_s = made["conversion_bytes"] / spec.attainable_bandwidth_bytes_per_s()
+    assert made["efficiency"] == pytest.approx(rate_s / 4e-4, abs=1e-4)
+    assert conversion_key(conv) == "nchw_conversion_stem"
+    assert conversion_key(BY_FAMILY["small_cin_conv@4"].build(1.0)) == "nchw_conversion_stem@4"
+    assert conversion_key(BY_FAMILY["patch_conv@16"].build(1.0)) == "nchw_conversion@16"
+    rows = probe_memory.measure_memory_efficiency(
+        spec, device="cpu", scale=0.002, families=("nchw_conversion_stem",)
+    )
+    assert set(rows) == {"nchw_conversion_stem"}
+    assert 0.01 <= rows["nchw_conversion_stem"]["efficiency"] <= 1
 
 
 def test_the_strided_workload_multiplies_by_a_broadcast_mask_forward_and_backward():

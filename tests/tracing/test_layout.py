@@ -12,7 +12,7 @@ from _trace_helpers import meta, only, trace_fn
 
 from gpushape.hardware import get_gpu
 from gpushape.tracing.cost import op_cost
-from gpushape.tracing.flops.conv import embedding_side
+from gpushape.tracing.flops.conv import embedding_side, stem_stride
 from gpushape.tracing.layout import (
     conversion_bytes_of,
     conversion_family,
@@ -118,3 +118,42 @@ def test_a_patch_embedding_converts_at_the_rate_measured_for_the_nearest_side():
     )
     flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
     assert op_cost(fwd, spec).layout_s == pytest.approx(op_cost(fwd, flat).layout_s / 0.2)
+
+
+@pytest.mark.parametrize("pass_", ["convolution", "convolution_backward"])
+def test_a_stem_on_an_image_is_known_by_its_stride_in_both_passes(pass_):
+    assert stem_stride(only(_patch_trace(3, 7, stride=2), pass_)) == 2  # ResNet's
+    assert stem_stride(only(_patch_trace(3, 7, stride=4), pass_)) == 4  # PoolFormer's
+    assert stem_stride(only(_patch_trace(3, 16), pass_)) == 0  # a patch embedding
+    assert stem_stride(only(_patch_trace(64, 3, stride=2), pass_)) == 0  # aligned channels
+    assert stem_stride(only(_patch_trace(4, 3, stride=2, groups=2), pass_)) == 0  # grouped
+
+
+def test_a_stem_converts_at_the_rate_measured_for_the_nearest_stride():
+    measured = {
+        "nchw_conversion": 1.0,
+        "nchw_conversion@16": 0.2,
+        "nchw_conversion_stem": 0.4,
+        "nchw_conversion_stem@4": 0.3,
+    }
+    resnet = only(_patch_trace(3, 7, stride=2), "convolution")
+    poolformer = only(_patch_trace(3, 7, stride=4), "convolution_backward")
+    assert conversion_family(resnet, measured) == "nchw_conversion_stem"
+    assert conversion_family(poolformer, measured) == "nchw_conversion_stem@4"
+    assert conversion_family(only(_patch_trace(3, 3, stride=8), "convolution"), measured) == (
+        "nchw_conversion_stem@4"
+    )
+    only_four = {"nchw_conversion": 1.0, "nchw_conversion_stem@4": 0.3}  # the nearest measured
+    assert conversion_family(resnet, only_four) == "nchw_conversion_stem@4"
+    assert conversion_family(resnet, {"nchw_conversion": 1.0}) == "nchw_conversion"
+    assert conversion_family(only(_patch_trace(3, 16), "convolution"), measured) == (
+        "nchw_conversion@16"  # a patch embedding keeps its own
+    )
+    spec = get_gpu("h200")
+    spec = spec.replace(
+        achievable=dataclasses.replace(
+            spec.achievable, kernel_floor_s=0.0, memory_efficiency=measured
+        )
+    )
+    flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
+    assert op_cost(resnet, spec).layout_s == pytest.approx(op_cost(resnet, flat).layout_s / 0.4)

@@ -14,7 +14,7 @@
    A patch embedding (stride equal to the kernel: ViT's 16x16/16, ConvNeXt's 4x4/4) on 3
    channels runs other kernels: the H200 ran ViT-B/16's at about half the stem's rate and
    ConvNeXt's at a quarter (benchmarks/results/correlate-h200/correlate-lib.json).
-   `measure_patch_conv` measures one per patch side the same way, kept beside the memory
+   `measure_stem_conv` measures one per patch side the same way, kept beside the memory
    families as "patch_conv@<side>" (probe/workloads/, tracing/gemm_model.py
    `small_cin_rate`). `measure_downsample_conv` measures a patch convolution on aligned
    channels (ConvNeXt's 2x2/2 downsampling: forward and both gradients) the same way, as
@@ -35,10 +35,10 @@
 
    capped to [0.01, 1]. The profile keeps it as memory family "nchw_conversion"; the nchw-conv
    rule divides its conversion time by it. Where NCHW is no slower, no efficiency is recorded
-   and the rule keeps the copy rate. A patch embedding's conversions (a 3-channel image into
-   NHWC) run at a rate of their own: `measure_patch_conv` times each patch side in both
-   layouts, and the difference gives "nchw_conversion@<side>" the same way
-   (`patch_conversion_row`).
+   and the rule keeps the copy rate. A patch embedding's or a stem's conversions (a 3-channel
+   image into NHWC) run at rates of their own: `measure_stem_conv` times each in both layouts,
+   and the difference gives "nchw_conversion@<side>" (a patch side) or "nchw_conversion_stem"
+   ("@<stride>" at strides other than 2) the same way (`conversion_row`).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from torch import nn
 
 from ..bench.timer import compare, cuda_graph
 from ..hardware import GPUSpec
+from ..tracing.layout import STEM_CONVERSION, STEM_STRIDE
 from .memory import capped, step_s
 from .workloads import FamilyWorkload
 
@@ -96,16 +97,41 @@ def measure_small_cin_conv(
 def measure_stem_conv(
     work: Any, spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0, repeats: int = 20
 ) -> dict[str, Any]:
-    """A stem at a stride other than 2 (fewer input channels than the alignment, not a patch
-    embedding: PoolFormer's 7x7/4), measured as the stride-2 stem is (`measure_small_cin_conv`):
-    channels_last, forward and weight gradient, against the GEMM model's rate."""
+    """A convolution on an image's few channels (`work.build` gives it; probe/workloads/): a
+    stem at a stride other than 2 (PoolFormer's 7x7/4) or a patch embedding (ViT's 16x16/16),
+    measured as the stride-2 stem is (`measure_small_cin_conv`: channels_last, forward and
+    weight gradient, against the GEMM model's rate), with its NCHW step timed beside it: the
+    cost model prices NCHW as channels_last plus conversions, whose own rate the difference
+    gives (`conversion_row`, kept as a row of its own under `conversion_key`)."""
     batch, size = _size(scale)
     row = conv_rate(spec, work.build(scale), batch, size, device=device, repeats=repeats)
     row["workload"] = work.describe
     row["family_roofline_s"] = row["model_s"]  # as the memory families' rows name it
+    row["nchw_measured_s"] = conv_rate(
+        spec, work.build(scale), batch, size, device=device, repeats=repeats, channels_last=False
+    )["measured_s"]
     if scale != 1.0:
         row["scale"] = scale
+    conv = work.build(scale)
+    conversion = conversion_row(row, conv, batch, size, spec)
+    if conversion is not None:  # measure_memory_efficiency keeps it as a row of its own
+        if scale != 1.0:
+            conversion["scale"] = scale
+        row["derived"] = {conversion_key(conv): conversion}
     return row
+
+
+def measure_stem_conversion(
+    work: Any, spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0, repeats: int = 20
+) -> dict[str, Any]:
+    """The stride-2 stem's NCHW conversions (`STEM_CONVERSION`): `measure_stem_conv`'s two
+    timings of it as `conversion_row`; where NCHW ran no slower, the copy rate (efficiency 1)."""
+    row = measure_stem_conv(work, spec, device=device, scale=scale, repeats=repeats)
+    conv = work.build(scale)
+    made = row.pop("derived", {}).get(conversion_key(conv))
+    if made is None:
+        made = {**row, "efficiency": 1.0, "note": "NCHW ran no slower than channels_last"}
+    return made
 
 
 def _size(scale: float) -> tuple[int, int]:
@@ -113,43 +139,32 @@ def _size(scale: float) -> tuple[int, int]:
     return (64, 224) if scale >= 0.05 else (2, 32)
 
 
-def measure_patch_conv(
-    work: Any, spec: GPUSpec, *, device: str = "cuda", scale: float = 1.0, repeats: int = 20
-) -> dict[str, Any]:
-    """A patch embedding's efficiency, as the stem's (`work.build` gives the convolution;
-    probe/workloads/): channels_last, as the stem is measured (`measure_stem_conv`), with the
-    NCHW step's time beside it for reference (the cost model prices NCHW as channels_last plus
-    conversions)."""
-    batch, size = _size(scale)
-    row = measure_stem_conv(work, spec, device=device, scale=scale, repeats=repeats)
-    row["nchw_measured_s"] = conv_rate(
-        spec, work.build(scale), batch, size, device=device, repeats=repeats, channels_last=False
-    )["measured_s"]
-    conv = work.build(scale)
-    conversion = patch_conversion_row(row, conv, batch, size, spec)
-    if conversion is not None:  # measure_memory_efficiency keeps it as a row of its own
-        if scale != 1.0:
-            conversion["scale"] = scale
-        row["derived"] = {f"{CONVERSION}@{conv.kernel_size[0]}": conversion}
-    return row
+def conversion_key(conv: nn.Conv2d) -> str:
+    """The profile key of `conv`'s NCHW conversions (tracing/layout.py `conversion_family`): a
+    patch embedding's "nchw_conversion@<side>", a stem's STEM_CONVERSION, "@<stride>" at a
+    stride other than STEM_STRIDE."""
+    side, stride = conv.kernel_size[0], conv.stride[0]
+    if side == stride and not any(conv.padding):
+        return f"{CONVERSION}@{side}"
+    return STEM_CONVERSION if stride == STEM_STRIDE else f"{STEM_CONVERSION}@{stride}"
 
 
-def patch_conversion_row(
+def conversion_row(
     row: dict[str, Any], conv: nn.Conv2d, batch: int, size: int, spec: GPUSpec
 ) -> dict[str, Any] | None:
-    """What a patch embedding loses in NCHW, from `measure_patch_conv`'s two timings of it
-    (forward and weight gradient, no bias), as an efficiency of its conversions' bytes (input
-    and output, each read and written, in both passes) the way "nchw_conversion" is for
-    ResNet's bottlenecks; kept as "nchw_conversion@<side>" (tracing/layout.py
-    `conversion_family`). None where NCHW ran no slower."""
+    """What a convolution on an image's few channels loses in NCHW, from `measure_stem_conv`'s
+    two timings of it (forward and weight gradient, no bias), as an efficiency of its
+    conversions' bytes (input and output, each read and written, in both passes) the way
+    "nchw_conversion" is for ResNet's bottlenecks. None where NCHW ran no slower."""
     from ..tracing.layout import nchw_conversion_bytes
 
     extra_s = row["nchw_measured_s"] - row["measured_s"]
     if extra_s <= 0:
         return None
-    side, itemsize = conv.kernel_size[0], 2  # timed in bf16
+    k, s, p = conv.kernel_size[0], conv.stride[0], conv.padding[0]
+    side, itemsize = (size + 2 * p - k) // s + 1, 2  # timed in bf16
     x = batch * conv.in_channels * size * size * itemsize
-    y = batch * conv.out_channels * (size // side) ** 2 * itemsize
+    y = batch * conv.out_channels * side * side * itemsize
     nbytes = nchw_conversion_bytes(x, y, grad_input=False, grad_weight=True)
     family_s = nbytes / spec.attainable_bandwidth_bytes_per_s()
     return {

@@ -208,13 +208,21 @@ TAGGED = {"pointwise": "elementwise", "reduction": "reduction"}
 WEIGHT_GRAD = "norm_weight_grad"
 # Not kernel families, measured beside them:
 # - what a convolution loses in NCHW against channels_last, as an efficiency of the bytes
-#   cuDNN's layout conversions move (tracing/layout.py), "@<side>" a patch embedding's;
+#   cuDNN's layout conversions move (tracing/layout.py), "@<side>" a patch embedding's,
+#   "nchw_conversion_stem" a stem's (fewer input channels than the alignment, overlapping
+#   windows: ResNet's 7x7/2), "@<stride>" at other strides;
 # - a patch embedding (fewer input channels than the tensor-core alignment, stride equal to the
 #   kernel: ViT's 16x16/16, ConvNeXt's and Swin's 4x4/4) by its patch side: its rate over the
 #   GEMM model's, as `conv_small_cin` is for a 7x7 stride-2 stem (tracing/gemm_model.py).
 # - a patch convolution on aligned channels (ConvNeXt's 2x2/2 downsampling) by its side, the
 #   same way (forward and both gradients).
-LAYOUT = ("nchw_conversion", "nchw_conversion@4", "nchw_conversion@16")
+LAYOUT = (
+    "nchw_conversion",
+    "nchw_conversion@4",
+    "nchw_conversion@16",
+    "nchw_conversion_stem",
+    "nchw_conversion_stem@4",
+)
 # - Inductor's max-pool kernels (forward and backward) against the pool family's bytes: what
 #   slow-max-pool prices PyTorch's max pool at under torch.compile (benchmarks/kernels/
 #   fit_max_pool.py, from bench_max_pool.py's timings).

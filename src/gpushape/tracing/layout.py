@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .flops.conv import embedding_side
+from .flops.conv import embedding_side, stem_stride
 from .flops.registry import packet
 from .records import OpRecord, TensorMeta
 
@@ -126,19 +126,32 @@ def conversion_passes(rec: OpRecord) -> int:
 
 
 CONVERSION = "nchw_conversion"  # the efficiency profile key (probe/convs.py)
+STEM_CONVERSION = CONVERSION + "_stem"  # a stem's, "@<stride>" (probe/convs.py)
+STEM_STRIDE = 2  # the stride STEM_CONVERSION itself is measured at
 
 
 def conversion_family(rec: OpRecord, measured: Mapping[str, float]) -> str:
     """The efficiency key convolution `rec`'s conversions are priced at: a patch embedding's
     (`flops.conv.embedding_side`) at the measured "nchw_conversion@<side>" nearest its side by
     ratio (converting a 3-channel image ran at 0.16 of the copy rate for ViT's 16x16 patches
-    on an H200, 0.57 for 4x4 ones, against 1.0 for ResNet's bottlenecks); any other, or one
-    where no side was measured, at "nchw_conversion"."""
+    on an H200, 0.57 for 4x4 ones, against 1.0 for ResNet's bottlenecks); a stem's
+    (`flops.conv.stem_stride`) at the measured "nchw_conversion_stem" ("@<stride>") nearest
+    its stride; any other, or one whose kind was not measured, at "nchw_conversion"."""
     from .families import nearest_size  # it imports this module
 
     side = embedding_side(rec)
-    sides = {key: v for key, v in measured.items() if key.startswith(CONVERSION + "@")}
-    return nearest_size(CONVERSION, sides, side, side) if side and sides else CONVERSION
+    if side:
+        sides = {key: v for key, v in measured.items() if key.startswith(CONVERSION + "@")}
+        return nearest_size(CONVERSION, sides, side, side) if sides else CONVERSION
+    stride = stem_stride(rec)
+    stems = {
+        key: v
+        for key, v in measured.items()
+        if key == STEM_CONVERSION or key.startswith(STEM_CONVERSION + "@")
+    }
+    if stride and stems:
+        return nearest_size(STEM_CONVERSION, stems, stride, STEM_STRIDE)
+    return CONVERSION
 
 
 def conversion_bytes_of(rec: OpRecord) -> int:

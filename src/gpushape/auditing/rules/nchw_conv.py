@@ -5,7 +5,8 @@ convolution, forward and backward (`tracing/layout.py` says which and counts the
 cost model prices those conversions into the convolutions' time (`OpCost.layout_s`: the bytes
 at the copy rate divided by the efficiency `gpushape probe` measured for them, family
 "nchw_conversion", `probe/convs.py`; a patch embedding's 3-channel image at the rate measured
-for its patch side, "nchw_conversion@<side>"), and channels_last saves them.
+for its patch side, "nchw_conversion@<side>"; a stem's, ResNet's 7x7/2, at the rate measured
+for the nearest stride, "nchw_conversion_stem"), and channels_last saves them.
 
 A convolution whose gradient comes back channels_last-strided (its output was permuted to
 NHWC: a patch embedding normed over its channels) also copies that gradient to NCHW first, and

@@ -37,12 +37,6 @@ def _nchw_conversion(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str
     return measure_nchw_conversion(work, spec, **kwargs)
 
 
-def _patch_conv(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
-    from ..convs import measure_patch_conv  # it imports probe/memory.py
-
-    return measure_patch_conv(work, spec, **kwargs)
-
-
 def _downsample_conv(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
     from ..convs import measure_downsample_conv  # it imports probe.workloads
 
@@ -53,6 +47,12 @@ def _stem_conv(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]
     from ..convs import measure_stem_conv  # it imports probe/memory.py
 
     return measure_stem_conv(work, spec, **kwargs)
+
+
+def _stem_conversion(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
+    from ..convs import measure_stem_conversion  # it imports probe/memory.py
+
+    return measure_stem_conversion(work, spec, **kwargs)
 
 
 def _s2d_stem(work: FamilyWorkload, spec: Any, **kwargs: Any) -> dict[str, Any]:
@@ -70,14 +70,24 @@ CONV_WORKLOADS = (
         None,
         measure=_nchw_conversion,
     ),
+    # not a kernel family: what ResNet's stem loses in NCHW, as an efficiency of its
+    # conversions' bytes (probe/convs.py; nchw_conversion_stem@<stride> from other stems' rows)
+    FamilyWorkload(
+        "nchw_conversion_stem",
+        "Conv2d(3, 64, 7, stride 2, padding 3) (ResNet's stem) on 64x3x224x224, forward + "
+        "weight gradient, NCHW against channels_last",
+        lambda s: nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
+        measure=_stem_conversion,
+    ),
     # not a kernel family: a patch embedding on 3 channels against the GEMM model's rate, as
-    # conv_small_cin is for the 7x7 stride-2 stem (probe/convs.py)
+    # conv_small_cin is for the 7x7 stride-2 stem, its NCHW conversions' rate beside it
+    # ("nchw_conversion@<side>", probe/convs.py)
     FamilyWorkload(
         "patch_conv@4",
         "Conv2d(3, 96, 4, stride 4) (ConvNeXt's, Swin's stem) on 64x3x224x224 channels_last, "
         "forward + weight gradient",
         lambda s: nn.Conv2d(3, 96, 4, stride=4, bias=False),
-        measure=_patch_conv,
+        measure=_stem_conv,
     ),
     # not a kernel family: a stem at stride 4 against the GEMM model's rate, as conv_small_cin
     # is for the 7x7 stride-2 one (probe/convs.py)
@@ -124,6 +134,6 @@ CONV_WORKLOADS = (
         "Conv2d(3, 768, 16, stride 16) (ViT-B/16's) on 64x3x224x224 channels_last, "
         "forward + weight gradient",
         lambda s: nn.Conv2d(3, 768, 16, stride=16, bias=False),
-        measure=_patch_conv,
+        measure=_stem_conv,
     ),
 )

@@ -121,6 +121,23 @@ def embedding_side(rec: OpRecord) -> int:
     return side if groups == 1 and cin < DIRECT_BELOW else 0
 
 
+def stem_stride(rec: OpRecord) -> int:
+    """The stride of a convolution (forward or backward) on an image's few channels (fewer
+    than DIRECT_BELOW in, no groups) that is not a patch embedding: a stem (ResNet's 7x7/2,
+    PoolFormer's 7x7/4); else 0. Its NCHW conversions run at a rate of their own
+    (tracing/layout.py `conversion_family`)."""
+    names = ("input", "weight") if "weight" in rec.input_names else rec.input_names[:2]
+    try:
+        _, cin, _, groups, *_ = _channels(rec, *names)
+        if groups != 1 or cin >= DIRECT_BELOW or patch_side(rec, names[1]):
+            return 0
+        kernel = tuple(rec.input(names[1]).shape[2:])
+    except (KeyError, IndexError, ValueError):
+        return 0
+    stride = _per_dim(rec.params.get("stride"), len(kernel), 1)
+    return int(stride[0]) if kernel else 0
+
+
 def _per_dim(value, dims: int, default: int) -> tuple[int, ...]:
     """A convolution's int[] argument per spatial dimension (one value: the same for all)."""
     values = tuple(value) if value else (default,)
