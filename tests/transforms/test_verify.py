@@ -136,3 +136,59 @@ def test_which_runs_are_left_out(errs, own, left_out):
     from gpushape.transforms._verify import own_error
 
     assert own_error(errs, 1e-4) == (own, left_out)
+
+
+# ---- a tensor too ill-conditioned to judge at bf16 is judged at float32 -------------------
+class _HalfGradTimes(torch.autograd.Function):
+    """The identity forward; its gradient 1.5x at bf16 and exact at float32: a rewrite that
+    rounds worse at bf16 alone (stands in for a reduction reordered on a gradient that
+    nearly cancels)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy * 1.5 if dy.dtype == torch.bfloat16 else dy
+
+
+@pytest.fixture(scope="module")
+def bf16_ref():
+    from gpushape.transforms._verify import lower_reference
+
+    torch.manual_seed(0)
+    model = ConvNet().to(torch.bfloat16)
+    x = torch.randn(4, 3, 8, 8, dtype=torch.bfloat16)
+    return model, (x,), reference(model, (x,)), lower_reference(model, (x,), torch.float32)
+
+
+def _with(model, fn):
+    """`model` with `fn` applied to its head's output (a hook: the parameters keep their names)."""
+    out = copy.deepcopy(model)
+    out.head.register_forward_hook(lambda module, args, y: fn.apply(y))
+    return out
+
+
+def test_an_ill_conditioned_tensor_is_judged_at_float32(bf16_ref):
+    """Every gradient 50 % off at bf16 fails while the original's float32 run says they are
+    well-conditioned; the same rewrite passes once that run puts them 1e-3 from float64 (bf16's
+    rounding alone would then move them by about 65), judged at float32, where it is exact; a
+    rewrite 50 % off at float32 too still fails there."""
+    from gpushape.transforms._verify import ill_conditioned
+
+    model, inputs, ref, at32 = bf16_ref
+    ref64 = ref[0]
+    half_wrong = _with(model, _HalfGradTimes)
+    plain = verify(half_wrong, inputs, ref, original_at=lambda d: at32)
+    assert not plain.passed and not plain.widened  # well-conditioned: judged at bf16
+    noisy = {k: v + 1e-3 * v.abs().max() if k.startswith("grad ") else v for k, v in at32.items()}
+    assert ill_conditioned(1e-3, torch.bfloat16) and not ill_conditioned(1e-6, torch.bfloat16)
+    assert not ill_conditioned(1.0, torch.float32)
+    widened = verify(half_wrong, inputs, ref, original_at=lambda d: noisy)
+    assert widened.passed and widened.widened
+    assert set(widened.widened) <= {k for k in ref64 if k.startswith("grad ")}
+    assert not verify(half_wrong, inputs, ref).passed  # no float32 run to judge by
+    wrong = _with(model, _GradTimes)
+    check = verify(wrong, inputs, ref, original_at=lambda d: noisy)
+    assert not check.passed and "in float32" in check.worst

@@ -339,7 +339,7 @@ def _check(model: nn.Module, inputs: tuple, ref: _Reference) -> Verification:
     """The gate; a rewritten model that no longer runs fails it, with the error as the reason."""
     results = ref.results()
     try:
-        return verify(model, inputs, results, ref.at(compute_dtype(model)))
+        return verify(model, inputs, results, ref.at(compute_dtype(model)), ref.at)
     except Exception as exc:  # a broken rewrite is rolled back and reported, never raised
         reason = f"the rewritten model failed to run: {type(exc).__name__}: {exc}"
         return Verification(passed=False, checked=0, worst=reason.splitlines()[0][:300])

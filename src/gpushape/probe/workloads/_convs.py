@@ -74,8 +74,8 @@ CONV_WORKLOADS = (
     # conversions' bytes (probe/convs.py; nchw_conversion_stem@<stride> from other stems' rows)
     FamilyWorkload(
         "nchw_conversion_stem",
-        "Conv2d(3, 64, 7, stride 2, padding 3) (ResNet's stem) on 64x3x224x224, forward + "
-        "weight gradient, NCHW against channels_last",
+        "Conv2d(3, 64, 7, stride 2, padding 3) (ResNet's stem) on 64x3x224x224 channels_last, "
+        "forward + weight gradient",  # its row's: conversion_row makes it "NCHW against ..."
         lambda s: nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
         measure=_stem_conversion,
     ),
