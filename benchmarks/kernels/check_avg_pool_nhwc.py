@@ -29,6 +29,10 @@ OPS = {
     ),
     "avg_pool2d(3, 1, 1)": lambda t: F.avg_pool2d(t, 3, 1, 1),
     "avg_pool2d(2, 2, 0)": lambda t: F.avg_pool2d(t, 2, 2, 0),
+    # ResNet-D's shortcut (timm's avg_down): no padding, but partial windows on odd maps
+    "avg_pool2d(2, 2, 0, ceil_mode, count_include_pad=False)": lambda t: F.avg_pool2d(
+        t, 2, 2, 0, ceil_mode=True, count_include_pad=False
+    ),
 }
 
 
@@ -54,7 +58,7 @@ def main() -> None:
                                     generator=torch.Generator(dev).manual_seed(1))  # fmt: skip
                     grads.append((out.detach(), torch.autograd.grad(out, t, g)[0]))
                 (o1, g1), (o2, g2) = grads
-                print(f"{str(dtype)[6:]:8} {shape!s:18} {name:48} forward {rel(o2, o1):.1e}"
+                print(f"{str(dtype)[6:]:8} {shape!s:18} {name:56} forward {rel(o2, o1):.1e}"
                       f"  input gradient {rel(g2, g1):.1e}")  # fmt: skip
 
 
