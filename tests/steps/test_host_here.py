@@ -28,8 +28,12 @@ def test_the_scale_is_the_measured_issue_over_the_audits_host():
     assert host_scale(_given(0.3), 0.02) is None  # 15x: a host that waited on something else
     # issued in about its GPU time: the host may have waited on the GPU, so the issue time
     # bounds the host's from above and only lowers the profile's rates
-    assert host_scale(_given(0.04, busy_s=0.041), 0.02) == 1.0
-    assert host_scale(_given(0.015, busy_s=0.016), 0.02) == pytest.approx(0.75)
+    assert host_scale(_given(0.04, busy_s=0.041, step_s=0.042), 0.02) == 1.0
+    assert host_scale(_given(0.015, busy_s=0.016, step_s=0.0165), 0.02) == pytest.approx(0.75)
+    # ... unless the step ran well past its GPU time: the GPU idled, the queue never filled,
+    # and the issue time is the host's own (PoolFormerV2-S12 eager on an H100)
+    pfv2 = _given(0.0268, busy_s=0.0236, step_s=0.0268)
+    assert host_scale(pfv2, 0.021) == pytest.approx(0.0268 / 0.021)
     assert host_scale(_given(0.03, busy_s=0.06), 0.02) == pytest.approx(1.5)  # its own time
     # the host issues every step in turn: its steady cost is at most the step's median
     assert host_scale(_given(0.03, step_s=0.025), 0.02) == pytest.approx(1.25)

@@ -36,13 +36,18 @@ SANE = (0.2, 5.0)
 # a step issued in this share of its GPU time or more may have made the host wait on the GPU
 # (a full launch queue, a sync): its issue time is then an upper bound of the host's own
 WAITED = 0.9
+# ... unless the step ran this much longer than its GPU was busy: the GPU idled between
+# kernels, the launch queue never filled, and the host set the pace (PoolFormerV2-S12 eager on
+# an H100: 26.8 ms steps, 23.6 of GPU work, 26.8 to issue; capped, graph-layers was predicted
+# to save 0.72 ms and saved 3.10, benchmarks/results/loops-h100-32)
+HOST_BOUND = 1.05
 
 
 def host_scale(given: StepStats | None, predicted_host_s: float | None) -> float | None:
     """This host's issue time of the step as given over the audit's host time for it; None
     where either is unknown (no CUDA: the CPU runs the step itself) or the ratio is not sane.
-    Where the issue time may include a wait on the GPU (`WAITED`) it bounds the host's from
-    above, so it only lowers the profile's rates (a GPU-bound eager GPT-2 step issued in 2.4x
+    Where the issue time may include a wait on the GPU (`WAITED`) and the step kept the GPU
+    busy (`HOST_BOUND`) it bounds the host's from above, so it only lowers the profile's rates (a GPU-bound eager GPT-2 step issued in 2.4x
     the audit's host time, about its GPU time, on a lease where its fixes' GPU savings all
     reached the wall clock)."""
     # Not `StepStats.host_s` (issued with the GPU held busy): it can overstate the host's
@@ -57,7 +62,7 @@ def host_scale(given: StepStats | None, predicted_host_s: float | None) -> float
     issue = min(given.issue_s, given.median_s) if given.step_times_s else given.issue_s
     scale = issue / predicted_host_s
     busy = given.gpu_busy_s
-    if busy is not None and issue >= WAITED * busy:
+    if busy is not None and issue >= WAITED * busy and given.median_s < HOST_BOUND * busy:
         scale = min(scale, 1.0)
     return scale if SANE[0] <= scale <= SANE[1] else None
 
