@@ -47,9 +47,9 @@ def host_scale(given: StepStats | None, predicted_host_s: float | None) -> float
     """This host's issue time of the step as given over the audit's host time for it; None
     where either is unknown (no CUDA: the CPU runs the step itself) or the ratio is not sane.
     Where the issue time may include a wait on the GPU (`WAITED`) and the step kept the GPU
-    busy (`HOST_BOUND`) it bounds the host's from above, so it only lowers the profile's rates (a GPU-bound eager GPT-2 step issued in 2.4x
-    the audit's host time, about its GPU time, on a lease where its fixes' GPU savings all
-    reached the wall clock)."""
+    busy (`HOST_BOUND`) it bounds the host's from above, so it only lowers the profile's rates
+    (a GPU-bound eager GPT-2 step issued in 2.4x the audit's host time, about its GPU time, on
+    a lease where its fixes' GPU savings all reached the wall clock)."""
     # Not `StepStats.host_s` (issued with the GPU held busy): it can overstate the host's
     # steady cost too. PoolFormer-S12 eager on an H100 "held" 23.4 ms of host a step and ran
     # 18.4 ms steps (benchmarks/results/loops-h100-30): with the GPU held, its launches fill
