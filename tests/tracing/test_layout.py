@@ -157,3 +157,25 @@ def test_a_stem_converts_at_the_rate_measured_for_the_nearest_stride():
     )
     flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
     assert op_cost(resnet, spec).layout_s == pytest.approx(op_cost(resnet, flat).layout_s / 0.4)
+
+
+@pytest.mark.parametrize(("kernel", "stride"), [(7, 2), (7, 4), (3, 2)])
+def test_s2d_stems_folded_convolution_converts_as_the_stem_it_computes(kernel, stride):
+    """Its stride is read back from the folded channels (an RGB image's 3 x s², aligned up)."""
+    import gpushape
+    from gpushape.models.space_to_depth import SpaceToDepthConv2d
+
+    with torch.device("meta"):
+        stem = torch.nn.Conv2d(3, 64, kernel, stride=stride, padding=kernel // 2, bias=False)
+    module = SpaceToDepthConv2d(stem).to(BF16)
+    trace = gpushape.trace(module, (meta(2, 3, 32, 32, dtype=BF16),), train=True)
+    convs = [r for r in trace.ops if r.name in ("convolution", "convolution_backward")]
+    assert convs and all(r.module_type == "SpaceToDepthConv2d" for r in convs)
+    assert {stem_stride(r) for r in convs} == {stride}
+    measured = {
+        "nchw_conversion": 1.0,
+        "nchw_conversion_stem": 0.46,
+        "nchw_conversion_stem@4": 0.29,
+    }
+    want = "nchw_conversion_stem@4" if stride == 4 else "nchw_conversion_stem"
+    assert {conversion_family(r, measured) for r in convs} == {want}

@@ -71,6 +71,7 @@ def conv_macs(
 
 
 DIRECT_BELOW = 8  # input channels per group under which a grouped convolution is direct
+RGB = 3  # an image's channels, as s2d-stem folds them (`stem_stride`)
 
 
 def is_direct(cin: int, groups: int) -> bool:
@@ -125,10 +126,18 @@ def stem_stride(rec: OpRecord) -> int:
     """The stride of a convolution (forward or backward) on an image's few channels (fewer
     than DIRECT_BELOW in, no groups) that is not a patch embedding: a stem (ResNet's 7x7/2,
     PoolFormer's 7x7/4); else 0. Its NCHW conversions run at a rate of their own
-    (tracing/layout.py `conversion_family`)."""
+    (tracing/layout.py `conversion_family`). s2d-stem's stride-1 convolution over the folded
+    image (`SpaceToDepthConv2d`) counts as the stem it computes: it converts the same output
+    (64 x 112² for ResNet's, most of the bytes), which the H100 converted at under half the
+    copy rate; its stride is read from the folded channels, an RGB image's 3 x s² aligned up
+    (16 at stride 2, 48 at stride 4). Priced at the bottlenecks' rate instead, s2d-stem on
+    ResNet-50-GN was predicted to save 0.36 ms where it saved 0.18
+    (benchmarks/results/loops-h100-33)."""
     names = ("input", "weight") if "weight" in rec.input_names else rec.input_names[:2]
     try:
         _, cin, _, groups, *_ = _channels(rec, *names)
+        if rec.module_type == "SpaceToDepthConv2d":  # s2d-stem's folded stem (see below)
+            return max(2, round(math.sqrt(cin / RGB)))
         if groups != 1 or cin >= DIRECT_BELOW or patch_side(rec, names[1]):
             return 0
         kernel = tuple(rec.input(names[1]).shape[2:])
