@@ -14,14 +14,12 @@
    A patch embedding (stride equal to the kernel: ViT's 16x16/16, ConvNeXt's 4x4/4) on 3
    channels runs other kernels: the H200 ran ViT-B/16's at about half the stem's rate and
    ConvNeXt's at a quarter (benchmarks/results/correlate-h200/correlate-lib.json).
-   `measure_stem_conv` measures one per patch side the same way, kept beside the memory
-   families as "patch_conv@<side>" (probe/workloads/, tracing/gemm_model.py
-   `small_cin_rate`). `measure_downsample_conv` measures a patch convolution on aligned
-   channels (ConvNeXt's 2x2/2 downsampling: forward and both gradients) the same way, as
-   "downsample_conv@<side>". `measure_stem_conv` measures a stem at another stride
-   (PoolFormer's 7x7/4) as the 7x7/2 one, as "small_cin_conv@<stride>". `measure_s2d_stem`
-   measures the convolution of s2d-stem's module (the stem folded into 16 channels at
-   stride 1, models/space_to_depth.py) the same way, as "s2d_stem".
+   Measured the same way, beside the memory families (probe/workloads/, tracing/gemm_model.py
+   `small_cin_rate`): by `measure_stem_conv`, each patch side ("patch_conv@<side>") and a stem
+   at another stride (PoolFormer's 7x7/4, "small_cin_conv@<stride>"); by
+   `measure_downsample_conv`, ConvNeXt's 2x2/2 downsampling on aligned channels, forward and
+   both gradients ("downsample_conv@<side>"); by `measure_s2d_stem`, s2d-stem's convolution
+   over the stem's input folded into 16 channels at stride 1 ("s2d_stem").
 
 2. What a tensor-core convolution loses in NCHW against channels_last, as an efficiency of the
    bytes cuDNN's layout conversions move (the nchw-conv rule's model). The rule prices an NCHW
@@ -141,8 +139,7 @@ def _size(scale: float) -> tuple[int, int]:
 
 def conversion_key(conv: nn.Conv2d) -> str:
     """The profile key of `conv`'s NCHW conversions (tracing/layout.py `conversion_family`): a
-    patch embedding's "nchw_conversion@<side>", a stem's STEM_CONVERSION, "@<stride>" at a
-    stride other than STEM_STRIDE."""
+    patch embedding's "nchw_conversion@<side>", a stem's STEM_CONVERSION ("@<stride>")."""
     side, stride = conv.kernel_size[0], conv.stride[0]
     if side == stride and not any(conv.padding):
         return f"{CONVERSION}@{side}"
