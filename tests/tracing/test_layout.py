@@ -92,6 +92,16 @@ def _patch_trace(cin: int, side: int, stride: int | None = None, groups: int = 1
     )
 
 
+def _specs(measured):
+    """The H200 with `measured` as its memory efficiencies (no kernel floor), and with none."""
+    spec = get_gpu("h200")
+    achievable = dataclasses.replace(
+        spec.achievable, kernel_floor_s=0.0, memory_efficiency=measured
+    )
+    flat = dataclasses.replace(achievable, memory_efficiency={})
+    return spec.replace(achievable=achievable), spec.replace(achievable=flat)
+
+
 @pytest.mark.parametrize("pass_", ["convolution", "convolution_backward"])
 def test_a_patch_embedding_of_an_image_is_known_by_its_side_in_both_passes(pass_):
     assert embedding_side(only(_patch_trace(3, 16), pass_)) == 16
@@ -110,13 +120,7 @@ def test_a_patch_embedding_converts_at_the_rate_measured_for_the_nearest_side():
     assert conversion_family(only(_conv_trace(False), "convolution"), measured) == (
         "nchw_conversion"  # a bottleneck's conversions keep the generic rate
     )
-    spec = get_gpu("h200")
-    spec = spec.replace(
-        achievable=dataclasses.replace(
-            spec.achievable, kernel_floor_s=0.0, memory_efficiency=measured
-        )
-    )
-    flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
+    spec, flat = _specs(measured)
     assert op_cost(fwd, spec).layout_s == pytest.approx(op_cost(fwd, flat).layout_s / 0.2)
 
 
@@ -149,13 +153,7 @@ def test_a_stem_converts_at_the_rate_measured_for_the_nearest_stride():
     assert conversion_family(only(_patch_trace(3, 16), "convolution"), measured) == (
         "nchw_conversion@16"  # a patch embedding keeps its own
     )
-    spec = get_gpu("h200")
-    spec = spec.replace(
-        achievable=dataclasses.replace(
-            spec.achievable, kernel_floor_s=0.0, memory_efficiency=measured
-        )
-    )
-    flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
+    spec, flat = _specs(measured)
     assert op_cost(resnet, spec).layout_s == pytest.approx(op_cost(resnet, flat).layout_s / 0.4)
 
 
