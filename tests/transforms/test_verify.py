@@ -192,3 +192,23 @@ def test_an_ill_conditioned_tensor_is_judged_at_float32(bf16_ref):
     wrong = _with(model, _GradTimes)
     check = verify(wrong, inputs, ref, original_at=lambda d: noisy)
     assert not check.passed and "in float32" in check.worst
+
+
+def test_optimizes_check_offers_the_originals_float32_run(monkeypatch):
+    """optimize's gate hands verify the original's runs at other dtypes (made once, kept)."""
+    from gpushape.transforms import _optimize
+
+    seen = {}
+
+    def spy(model, inputs, ref, lower=None, original_at=None):
+        seen["at"] = original_at
+        return verify(model, inputs, ref, lower, original_at)
+
+    monkeypatch.setattr(_optimize, "verify", spy)
+    torch.manual_seed(0)
+    block = MLPBlock()
+    x = torch.randn(2, 4, 32)
+    ref = _optimize._Reference(block, (x,))
+    assert _optimize._check(copy.deepcopy(block), (x,), ref).passed
+    run = seen["at"](torch.float64)
+    assert set(run) == set(ref.results()[0]) and seen["at"](torch.float64) is run
