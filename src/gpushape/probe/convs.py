@@ -49,7 +49,7 @@ from torch import nn
 
 from ..bench.timer import compare, cuda_graph
 from ..hardware import GPUSpec
-from ..tracing.layout import STEM_CONVERSION, STEM_STRIDE
+from ..tracing.layout import STEM_CONVERSION, STEM_STRIDE, nchw_conversion_bytes
 from .memory import capped, step_s
 from .workloads import FamilyWorkload
 
@@ -150,11 +150,9 @@ def conversion_row(
     row: dict[str, Any], conv: nn.Conv2d, batch: int, size: int, spec: GPUSpec
 ) -> dict[str, Any] | None:
     """What a convolution on an image's few channels loses in NCHW, from `measure_stem_conv`'s
-    two timings of it (forward and weight gradient, no bias), as an efficiency of its
-    conversions' bytes (input and output, each read and written, in both passes) the way
-    "nchw_conversion" is for ResNet's bottlenecks. None where NCHW ran no slower."""
-    from ..tracing.layout import nchw_conversion_bytes
-
+    two timings of it (forward and weight gradient), as an efficiency of its conversions' bytes
+    (in and out, read and written, both passes), as "nchw_conversion" is for bottlenecks. None
+    where NCHW ran no slower."""
     extra_s = row["nchw_measured_s"] - row["measured_s"]
     if extra_s <= 0:
         return None
@@ -335,8 +333,6 @@ def conversion_bytes(
 ) -> int:
     """The conversions' bytes in one training step of the blocks (input and weight gradients
     of every convolution: the blocks' inputs require grad)."""
-    from ..tracing.layout import nchw_conversion_bytes
-
     total = 0
     for c, m, size in blocks:
         for cin, cout in ((c, m), (m, m), (m, c)):
