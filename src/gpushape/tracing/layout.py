@@ -144,11 +144,7 @@ def conversion_family(rec: OpRecord, measured: Mapping[str, float]) -> str:
         sides = {key: v for key, v in measured.items() if key.startswith(CONVERSION + "@")}
         return nearest_size(CONVERSION, sides, side, side) if sides else CONVERSION
     stride = stem_stride(rec)
-    stems = {
-        key: v
-        for key, v in measured.items()
-        if key == STEM_CONVERSION or key.startswith(STEM_CONVERSION + "@")
-    }
+    stems = {key: v for key, v in measured.items() if key.partition("@")[0] == STEM_CONVERSION}
     if stride and stems:
         return nearest_size(STEM_CONVERSION, stems, stride, STEM_STRIDE)
     return CONVERSION

@@ -136,7 +136,7 @@ def stem_stride(rec: OpRecord) -> int:
     names = ("input", "weight") if "weight" in rec.input_names else rec.input_names[:2]
     try:
         _, cin, _, groups, *_ = _channels(rec, *names)
-        if rec.module_type == "SpaceToDepthConv2d":  # s2d-stem's folded stem (see below)
+        if rec.module_type == "SpaceToDepthConv2d":  # s2d-stem's folded stem (docstring)
             return max(2, round(math.sqrt(cin / RGB)))
         if groups != 1 or cin >= DIRECT_BELOW or patch_side(rec, names[1]):
             return 0
