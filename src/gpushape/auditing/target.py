@@ -6,8 +6,10 @@ runner, or one the catalog lacks). `Target.reason` says which of these chose it,
 report's header.
 
 `profile="auto"` applies the profile shipped for the chip (`hardware/profiles/<name>.json`)
-when there is one (the H200's), and the datasheet otherwise; a path applies that profile (it
-must be for the chip asked for); None or False keeps the datasheet.
+when there is one (the H100's and the H200's), and the datasheet otherwise; a path applies that
+profile (it must be for the chip asked for); None or False keeps the datasheet. A GPUSpec that
+`apply_profile` already calibrated is taken as it is: the shipped profile laid over it would
+replace the caller's rows with its own.
 
 Besides the numbers `apply_profile` puts into the GPUSpec, a profile records what the probe
 found about the chip's behaviour (`measured`: e.g. whether wave quantization showed at all);
@@ -84,6 +86,9 @@ def resolve_target(
     spec, reason = (get_gpu(gpu), f"from {flag}") if gpu is not None else default_gpu(flag)
     if profile in (None, False):
         return Target(spec, reason=reason)
+    note = spec.overridden.get("achievable") if isinstance(gpu, GPUSpec) else None
+    if note:  # calibrated by the caller (apply_profile's note: "measured (<origin>)")
+        return Target(spec, note.removeprefix("measured (").removesuffix(")"), reason=reason)
     path = bundled_profile_path(spec)
     if path is None:
         return Target(spec, reason=reason)
