@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from _chips import H100_DATASHEET
 from gpushape.auditing.context import BackendFlags
 
 from .models import (
@@ -58,7 +59,7 @@ class Side:
     kwargs: dict = field(default_factory=dict)  # extra audit() arguments
 
     def build(self) -> tuple[torch.nn.Module, Any, dict]:
-        kwargs = {"gpu": "h100", **self.kwargs}
+        kwargs = {"gpu": H100_DATASHEET, **self.kwargs}  # textbook cases: datasheet numbers
         kwargs = {
             k: v() if callable(v) and k in ("optimizer", "dataloader") else v
             for k, v in kwargs.items()

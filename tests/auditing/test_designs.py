@@ -26,9 +26,10 @@ def good_transformer():
     settings."""
     model = GoodTransformer()
     optimizer = torch.optim.AdamW(model.parameters(), fused=True)
-    # batch 16: the GPU's work outlasts the host's dispatch (at 8 the eager step is
-    # host-bound on the H200's measured host, and launch-bound rightly asks for CUDA graphs)
-    ids = torch.zeros(16, 1024, dtype=torch.long, device="meta")
+    # batch 32: the GPU's work outlasts the host's dispatch on both chips' measured hosts (at
+    # 16 the H100's host, 7.5 ms to issue the step, comes close enough to its 10.5 ms of GPU
+    # work that launch-bound rightly asks for CUDA graphs; at 8 the H200's is host-bound)
+    ids = torch.zeros(32, 1024, dtype=torch.long, device="meta")
     return model, (ids,), optimizer
 
 
@@ -77,7 +78,9 @@ def test_resnet50_stem_is_not_worth_padding_and_the_audit_says_why(resnet_channe
 
 
 def test_resnet50_nchw_is_the_top_finding():
-    model, inputs = create_model("resnet50", batch=32)
+    # batch 64: at 32 the H100's measured host (7.5 ms to issue the forward) outlasts its 4.7
+    # ms of GPU work, and launch-bound comes first
+    model, inputs = create_model("resnet50", batch=64)
     report = audit(model, inputs, gpu="h100", train=False)
     top = report.findings[0]
     assert (top.rule, top.severity, top.fix) == ("nchw-conv", Severity.HIGH, "channels-last")

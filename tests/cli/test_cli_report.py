@@ -131,6 +131,9 @@ def test_default_without_a_gpu_is_h100_and_says_so(capsys, nets, no_gpu):
     assert first.endswith(
         "on NVIDIA H100 SXM5 80GB (h100-sxm, default: no CUDA GPU here; pass --gpu)  "
     )
+    assert second.endswith("; calibrated by measurement: bundled profile h100-sxm.json")
+    assert "ms predicted (eager: host-bound, " in second  # a tiny model, the measured host
+    _, second = _headline(capsys, ["audit", f"{nets}:tiny", "--no-profile"])
     assert "ms predicted (eager: " in second and second.endswith("; datasheet numbers")
     # the datasheet has no measured idle time between kernels: the step is priced as kernels
     # and launches in series, and the header says that, not which side binds (the sum it

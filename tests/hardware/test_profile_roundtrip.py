@@ -2,6 +2,7 @@
 hardware layer and changes the spec; bundled profiles calibrate their chip only."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -243,3 +244,30 @@ def test_the_kernel_floor_is_read_from_a_profile_and_unmeasured_on_a_cpu():
     assert "kernel_floor_s" in calibrated.achievable.measured
     assert profile.apply_profile(spec, {"kernel_floor": {}}).achievable.kernel_floor_s == 1.5e-6
     assert measure_kernel_floor("cpu") is None
+
+
+def test_the_h100_ships_the_profile_its_results_were_measured_with():
+    """The H100's profile (benchmarks/results/probe-h100/h100-sxm.json, where each lease's
+    rows are merged) ships as it is: a merge there must be copied here too."""
+    root = Path(__file__).resolve().parents[2]
+    results = root / "benchmarks/results/probe-h100/h100-sxm.json"
+    shipped = profile.bundled_profile_path("h100")
+    assert shipped is not None and shipped.read_bytes() == results.read_bytes()
+    spec = profile.calibrated("h100")
+    assert spec.achievable.host and spec.achievable.device_gap  # its measured host and gaps
+
+
+def test_a_spec_calibrated_by_its_caller_is_not_calibrated_again():
+    """resolve_target lays the shipped profile over a named chip, never over a GPUSpec that
+    apply_profile already calibrated: its rows would replace the caller's."""
+    from gpushape.auditing.target import resolve_target
+
+    mine = {"memory_efficiency": {"softmax": {"efficiency": 0.123}}}
+    spec = profile.apply_profile(get_gpu("h200"), mine, origin="my.json")
+    target = resolve_target(spec)
+    assert target.spec is spec and target.calibration == "my.json"
+    assert target.spec.achievable.memory_efficiency["softmax"] == 0.123
+    shipped = resolve_target("h200")
+    assert shipped.calibration == "bundled profile h200-sxm.json"
+    assert shipped.spec.achievable.memory_efficiency["softmax"] != 0.123
+    assert resolve_target(get_gpu("h200")).calibration == shipped.calibration  # the catalog's

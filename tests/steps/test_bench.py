@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _chips import H100_DATASHEET
 from gpushape.errors import GpushapeError
 from gpushape.steps import bench, loop, parse_variant
 from gpushape.steps.measure import StepStats, time_blocks
@@ -28,9 +29,9 @@ def test_variants_are_timed_and_a_failing_one_is_reported():
 
 
 def test_optimize_variant_applies_checked_fixes():
-    # h100: no measured host rates, so the tiny batch is not host-bound (test_optimize_guard)
-    result = bench(ConvNet(), (torch.zeros(2, 3, 16, 16),), variants=["optimize"], gpu="h100",
-                   **FAST)  # fmt: skip
+    # the H100 datasheet: no measured host rates, so the tiny batch is not host-bound
+    result = bench(ConvNet(), (torch.zeros(2, 3, 16, 16),), variants=["optimize"],
+                   gpu=H100_DATASHEET, **FAST)  # fmt: skip
     report = result.optimize_reports["optimize"]
     assert "fuse-norm-act" in {c.transform for c in report.applied}
     assert all(v.passed for v in report.verified.values())

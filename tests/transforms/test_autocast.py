@@ -12,6 +12,7 @@ import torch
 from torch import fx, nn
 
 import gpushape
+from _chips import H100_DATASHEET
 from gpushape.transforms import optimize, revert, verify
 from gpushape.transforms._verify import compute_dtype, lower_reference, reference
 from gpushape.transforms.activation_checkpoint import saved_bytes
@@ -240,8 +241,8 @@ def test_picked_from_the_findings_and_applied_last_over_the_other_fixes():
     """The root fuse-norm-act rewrote into a GraphModule is wrapped; its deep copies (which
     torch.fx rebuilds from the graph) keep the wrapper."""
     model, x = _case("conv")
-    # h100: no measured host rates, so the tiny batch is not host-bound (test_optimize_guard)
-    model, report = optimize(model, (x,), gpu="h100", dtype=torch.float32)
+    # the H100 datasheet: no measured host rates, so the tiny batch is not host-bound
+    model, report = optimize(model, (x,), gpu=H100_DATASHEET, dtype=torch.float32)
     done = [c.transform for c in report.applied]
     assert done[-1] == ID and "fuse-norm-act" in done and not report.rolled_back
     assert report.verified[ID].passed

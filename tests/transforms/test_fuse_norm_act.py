@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from _chips import H100_DATASHEET
 from gpushape.kernels import BatchNormAct2d, LayerNormGELU
 from gpushape.transforms import (
     TransformContext,
@@ -56,8 +57,8 @@ def optimized():
     model = ConvNet()
     original = copy.deepcopy(model)
     params = dict(model.named_parameters())
-    # h100: no measured host rates, so the tiny batch is not host-bound (test_optimize_guard)
-    fused, report = optimize(model, (_images(),), gpu="h100", dtype=torch.float32)
+    # the H100 datasheet: no measured host rates, so the tiny batch is not host-bound
+    fused, report = optimize(model, (_images(),), gpu=H100_DATASHEET, dtype=torch.float32)
     return original, params, fused, report
 
 

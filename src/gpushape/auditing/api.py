@@ -80,7 +80,7 @@ def audit(
         profile, as the CLI passes it). None: the chip a `profile` file was measured on, else
         the CUDA GPU present when the catalog has it, else h100 (`target.default_gpu`); the
         report's header says which and why.
-    profile: "auto" applies the profile shipped for the chip (the H200's), a path that
+    profile: "auto" applies the profile shipped for the chip (the H100's, the H200's), a path that
         profile, None the datasheet.
     flags: TF32 and autocast settings; default: this process's torch.backends settings.
     rules: rule ids to run (default: all).

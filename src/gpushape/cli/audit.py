@@ -89,7 +89,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--profile",
         metavar="FILE",
         help="a calibrated profile from `gpushape probe` (default: the one shipped "
-        "for the chip, if any: the H200's)",
+        "for the chip, if any: the H100's and the H200's)",
     )
     p.add_argument(
         "--no-profile",
