@@ -110,6 +110,11 @@ for spec in "$@"; do
     # ops on broadcast operands, memory-bound GEMMs, ConvNeXt's 2x2/2 downsampling, the LayerNorm
     # weight-gradient kernel over <= 64k rows) and the LayerNorm rows, whose bytes now count the
     # weight gradients' re-read (re-derived offline until this runs); then run correlate-lib
+    # the families the H100's profile measured and the H200's shipped one lacks: the stems
+    # (both layouts, space-to-depth), GroupNorm and its kernel, GRN, PoolFormer's average pool,
+    # a gradient's NHWC-to-NCHW copy, and the sums by rows and channels (the H100's came from
+    # benchmarks/kernels runs; these are the same shapes measured by the probe's workloads)
+    calib-h200-missing) run calib-h200-missing "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-s2d_stem,s2d_stem@2,s2d_fold,nchw_conversion_stem,small_cin_conv@4,group_norm,group_norm@2048,fused_group_norm,fused_grn,avg_pool,avg_pool_nchw,transposed_copy_nchw,reduction@12544x96,reduction@12544x192,reduction@12544x384,reduction@50176x96,reduction@50176x192,reduction@50176x384,reduction@200704x96,reduction@200704x192,reduction@200704x384,channel_sum@12544x96,channel_sum@12544x192,channel_sum@12544x384,channel_sum@50176x96,channel_sum@50176x192,channel_sum@50176x384,channel_sum@200704x96,channel_sum@200704x192,channel_sum@200704x384}" --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     calib-lib3) run calib-lib3 "$secs" bash -c 'python3 benchmarks/hardware/calibrate_memory_efficiency.py --parts memory --families "${FAMILIES:-elementwise_strided,gemm,downsample_conv@2,norm_weight_grad,norm,norm@96,norm@192,norm@384,norm@768}" --profile "$CALIB_PROFILE" -o "$OUT/$(basename "$CALIB_PROFILE")" && cp "$OUT/$(basename "$CALIB_PROFILE")" "$CALIB_PROFILE"' ;;
     # does padding the vocabulary pay under torch.compile (reduce-overhead)? BERT and GPT-2
     stem) run stem "$secs" python3 benchmarks/kernels/probe_stem.py --out "$OUT/probe_stem.json" ;;
