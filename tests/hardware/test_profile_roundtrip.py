@@ -271,3 +271,11 @@ def test_a_spec_calibrated_by_its_caller_is_not_calibrated_again():
     assert shipped.calibration == "bundled profile h200-sxm.json"
     assert shipped.spec.achievable.memory_efficiency["softmax"] != 0.123
     assert resolve_target(get_gpu("h200")).calibration == shipped.calibration  # the catalog's
+
+
+def test_calibrated_keeps_a_spec_already_calibrated():
+    spec = profile.apply_profile(get_gpu("h100"), {"host": {"x": {"seconds": 1e-3}}}, "a.json")
+    assert profile.calibrated_by(spec) == "a.json" and profile.calibrated(spec) is spec
+    assert profile.calibrated_by(get_gpu("h200")) is None  # the catalog's, measured fields or not
+    shipped = profile.calibrated("h100")
+    assert profile.calibrated_by(shipped).endswith("h100-sxm.json")

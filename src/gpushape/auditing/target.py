@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import GpushapeError, UnknownGPUError
 from ..hardware import GPUSpec, apply_profile, current_gpu, get_gpu, read_profile
 from ..hardware.alignment import DEFAULT_GPU  # the chip audited when none is named or found
-from ..hardware.profile import bundled_profile_path
+from ..hardware.profile import bundled_profile_path, calibrated_by
 
 AUTO = "auto"
 
@@ -86,9 +86,9 @@ def resolve_target(
     spec, reason = (get_gpu(gpu), f"from {flag}") if gpu is not None else default_gpu(flag)
     if profile in (None, False):
         return Target(spec, reason=reason)
-    note = spec.overridden.get("achievable") if isinstance(gpu, GPUSpec) else None
-    if note:  # calibrated by the caller (apply_profile's note: "measured (<origin>)")
-        return Target(spec, note.removeprefix("measured (").removesuffix(")"), reason=reason)
+    origin = calibrated_by(spec) if isinstance(gpu, GPUSpec) else None
+    if origin is not None:  # calibrated by the caller
+        return Target(spec, origin, reason=reason)
     path = bundled_profile_path(spec)
     if path is None:
         return Target(spec, reason=reason)

@@ -227,9 +227,19 @@ def bundled_profile_path(spec: GPUSpec | str) -> Path | None:
     return path if path.is_file() else None
 
 
+def calibrated_by(spec: GPUSpec) -> str | None:
+    """Where `apply_profile` took `spec`'s measured numbers from (its `origin`), or None for a
+    spec it never calibrated (a catalog entry, the driver's facts on one)."""
+    note = spec.overridden.get("achievable")
+    return note.removeprefix("measured (").removesuffix(")") if note else None
+
+
 def calibrated(spec: GPUSpec | str) -> GPUSpec:
-    """`spec` calibrated by the profile shipped for its chip; the datasheet spec when none is."""
+    """`spec` calibrated by the profile shipped for its chip; the datasheet spec when none is.
+    A spec already calibrated (`calibrated_by`) is returned as it is."""
     spec = get_gpu(spec)
+    if calibrated_by(spec) is not None:
+        return spec
     path = bundled_profile_path(spec)
     if path is None:
         return spec
