@@ -272,3 +272,42 @@ def test_on_cuda_the_stems_backward_copies_what_the_trace_says():
 
     assert copies(torch.contiguous_format) >= 3
     assert copies(torch.channels_last) == 0
+
+
+def test_a_group_norm_of_a_channels_last_input_copies_it_to_nchw_both_ways():
+    """CUDA's GroupNorm makes its input (and, backward, the gradient and the saved input)
+    contiguous first, and writes its input gradient NCHW: PoolFormerV2's stage after a
+    downsampling convolution of a channels_last input (its LayerNorm2d permutes). Whether the
+    meta trace shows that copy as an op of its own depends on the torch release; either way
+    the copy is priced once (a contiguous input has none to make)."""
+    w = torch.ones(8, device="meta")
+    fn = lambda x, w: F.group_norm(x.contiguous(memory_format=torch.channels_last), 1, w)
+    x = meta(2, 8, 6, 6, dtype=torch.bfloat16, requires_grad=True)
+    trace = trace_fn(fn, (x,), (w.to(torch.bfloat16),), train=True)
+    fwd = ops_named(trace, "native_group_norm")
+    bwd = ops_named(trace, "native_group_norm_backward")
+    assert len(fwd) == len(bwd) == 1
+    clones = [r for r in ops_named(trace, "clone") if r.phase == "forward"]
+    seen = [r for r in clones if r.inputs[0].memory_format == "channels_last"]
+    copied = [k for _, k in hidden_copies(fwd[0])]
+    assert len(seen) + len(copied) == 1 and copied in ([], ["transposed"])
+    assert bwd[0].outputs[0].memory_format == "contiguous"  # CUDA writes dX NCHW
+    assert all(k == "transposed" for _, k in hidden_copies(bwd[0]))
+    plain = ops_named(trace_fn(lambda x, w: F.group_norm(x, 1, w), (meta(2, 8, 6, 6),), (w,)),
+                      "native_group_norm")  # fmt: skip
+    assert hidden_copies(plain[0]) == ()
+
+
+def test_a_group_norms_input_gradient_is_nchw_as_cuda_writes_it():
+    """A meta kernel may return GroupNorm's input gradient with its channels_last gradient's
+    strides (torch 2.14 did, in PoolFormerV2's early stages); CUDA writes it contiguous, so
+    the ops after it (the residual's adds, the 1x1 convolutions' backward) run NCHW."""
+    from gpushape.tracing.routing import cuda_output_layout
+
+    func = torch.ops.aten.native_group_norm_backward.default
+    dx = meta(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    dw, db = meta(8), meta(8)
+    out = cuda_output_layout(func, (), (dx, dw, db))
+    assert out[0].is_contiguous() and out[0].shape == dx.shape and out[1:] == (dw, db)
+    nchw = (meta(2, 8, 6, 6), dw, db)
+    assert cuda_output_layout(func, (), nchw) is nchw  # nothing to change

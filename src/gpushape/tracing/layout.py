@@ -49,8 +49,12 @@ FORWARD = frozenset(
 BACKWARD = frozenset({"aten.convolution_backward", "aten.convolution_backward_overrideable"})
 COPY_OPS = frozenset({"aten.clone", "aten._to_copy", "aten.copy_"})
 # Inputs PyTorch's CUDA kernels make contiguous before they run (`expect_contiguous`,
-# `.contiguous()` in layer_norm_cuda, host_softmax and their backwards).
+# `.contiguous()` in layer_norm_cuda, host_softmax and their backwards; GroupNorm's on every
+# device but the CPU, as torch's own reference `_refs.native_group_norm` copies "to match the
+# eager implementation": a meta trace does not always show that copy as an op of its own).
 CONTIGUOUS_INPUTS = {
+    "aten.native_group_norm": ("input",),
+    "aten.native_group_norm_backward": ("grad_out", "input"),
     "aten.native_layer_norm": ("input",),
     "aten.native_layer_norm_backward": ("grad_out", "input"),
     "aten._softmax": ("self",),

@@ -11,7 +11,8 @@ meta decomposes it into bernoulli_, div_ and mul over a mask as wide as the inpu
 Convolution layout: on meta, `aten.convolution` always returns a contiguous (NCHW) output; CUDA
 returns channels_last when the input or the weight is channels_last (cuDNN's suggested memory
 format), and every op after it keeps that layout. `cuda_output_layout` restrides the meta output
-the same way (the recorder applies it to every op it sees on meta).
+the same way (the recorder applies it to every op it sees on meta), and GroupNorm's input
+gradient, which CUDA always writes contiguous.
 
 SDPA: PyTorch picks the backend from the device: on CUDA, flash attention or the
 memory-efficient kernel when their constraints hold; on the meta device it always falls back to
@@ -195,8 +196,18 @@ def _channels_last(t: torch.Tensor, fmt: torch.memory_format) -> bool:
     return torch._prims_common.suggest_memory_format(t) == fmt
 
 
+_GROUP_NORM_BACKWARD = torch.ops.aten.native_group_norm_backward.default
+
+
 def cuda_output_layout(func: Any, args: tuple, out: Any) -> Any:
-    """A meta convolution's output in the memory format CUDA would give it."""
+    """A meta convolution's output in the memory format CUDA would give it; GroupNorm's input
+    gradient contiguous, as CUDA's kernel writes it whatever its inputs' layout (a meta
+    decomposition may keep a channels_last gradient's strides: torch 2.14)."""
+    if func is _GROUP_NORM_BACKWARD and isinstance(out, tuple) and out:
+        dx = out[0]
+        if isinstance(dx, torch.Tensor) and not dx.is_contiguous():
+            return (dx.contiguous(), *out[1:])
+        return out
     if func is not _CONVOLUTION or not isinstance(out, torch.Tensor) or out.dim() not in (4, 5):
         return out
     fmt = torch.channels_last if out.dim() == 4 else torch.channels_last_3d
