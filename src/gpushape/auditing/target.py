@@ -86,8 +86,8 @@ def resolve_target(
     spec, reason = (get_gpu(gpu), f"from {flag}") if gpu is not None else default_gpu(flag)
     if profile in (None, False):
         return Target(spec, reason=reason)
-    origin = calibrated_by(spec) if isinstance(gpu, GPUSpec) else None
-    if origin is not None:  # calibrated by the caller
+    origin = calibrated_by(spec)
+    if origin is not None:  # a GPUSpec its caller calibrated
         return Target(spec, origin, reason=reason)
     path = bundled_profile_path(spec)
     if path is None:
