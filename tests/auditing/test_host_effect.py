@@ -238,3 +238,19 @@ def test_a_fused_optimizers_step_is_priced_as_its_single_pass():
     assert fused.kernels == 1  # not the meta copy's per-parameter ops
     foreach = current_step(torch.optim.AdamW(params, foreach=True))
     assert foreach.bytes_moved > fused.bytes_moved and foreach.kernels > 1
+
+
+def test_a_capturable_optimizer_is_priced_as_the_same_optimizer():
+    """make_capturable rebuilds a CUDA-graphed step's optimizer with capturable=True, which
+    refuses meta tensors: its step was left unpriced, as if it cost nothing."""
+    import torch
+
+    from gpushape.tracing.optimizer_step import current_step
+
+    params = [torch.nn.Parameter(torch.zeros(64, 64)) for _ in range(5)]
+    for kind in ({"fused": True}, {"foreach": True}):
+        plain = current_step(torch.optim.AdamW(params, **kind))
+        captured = torch.optim.AdamW(params, **kind)
+        for group in captured.param_groups:
+            group["capturable"] = True  # as make_capturable leaves it (CPU refuses it at init)
+        assert current_step(captured) == plain

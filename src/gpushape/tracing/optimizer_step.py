@@ -80,6 +80,16 @@ def supports(optimizer: torch.optim.Optimizer, option: str) -> bool:
     return option in inspect.signature(type(optimizer).__init__).parameters
 
 
+# options the meta copy leaves out: the implementation (chosen by the caller), and capturable,
+# which keeps the step count on the device and refuses meta tensors (an AssertionError that left
+# the step unpriced: the optimizer of a step captured in a CUDA graph, which `make_capturable`
+# rebuilds so, cost nothing, and a whole-step graph of BERT-base and GPT-2 on an H100 was
+# predicted to save their fused AdamW's 0.7-0.8 ms on the GPU, where it saved 0.1,
+# benchmarks/results/loops-h100-34). Its bytes and kernels are the same; its step count's
+# scalar ops are no kernels here either way.
+_NOT_ON_META = ("params", "fused", "foreach", "capturable")
+
+
 def _meta_copy(optimizer: torch.optim.Optimizer, foreach: bool) -> torch.optim.Optimizer:
     groups = []
     for group in optimizer.param_groups:
@@ -88,7 +98,7 @@ def _meta_copy(optimizer: torch.optim.Optimizer, foreach: bool) -> torch.optim.O
             meta = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"))
             meta.grad = torch.empty_like(meta)
             params.append(meta)
-        options = {k: v for k, v in group.items() if k not in ("params", "fused", "foreach")}
+        options = {k: v for k, v in group.items() if k not in _NOT_ON_META}
         groups.append({"params": params, **options})
     extra = {"foreach": foreach} if supports(optimizer, "foreach") else {}
     return type(optimizer)(groups, **extra)
