@@ -254,3 +254,20 @@ def test_a_capturable_optimizer_is_priced_as_the_same_optimizer():
         for group in captured.param_groups:
             group["capturable"] = True  # as make_capturable leaves it (CPU refuses it at init)
         assert current_step(captured) == plain
+
+
+def test_an_optimizer_whose_step_cannot_run_on_meta_is_said_to_be_unpriced():
+    import torch
+
+    class NeedsValues(torch.optim.SGD):
+        def step(self, closure=None):
+            raise RuntimeError("reads a loss value")
+
+    model = torch.nn.Linear(16, 16, device="meta")
+    inputs = (torch.empty(64, 16, device="meta"),)
+    with pytest.warns(UserWarning, match="NeedsValues's step could not be priced"):
+        report = gpushape.audit(
+            model, inputs, gpu="h200", train=True, optimizer=NeedsValues(model.parameters())
+        )
+    bare = gpushape.audit(model, inputs, gpu="h200", train=True)
+    assert report.step.gpu_s == bare.step.gpu_s  # counted as no step, and said so

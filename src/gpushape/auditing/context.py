@@ -7,6 +7,7 @@ the datasheet or, when a profile was applied, the chip calibrated by measurement
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -104,7 +105,13 @@ class AuditContext:
             return None
         try:
             return current_step(self.optimizer)
-        except Exception:  # an optimizer that needs real values: no estimate
+        except Exception as e:  # an optimizer that needs real values: no estimate, said
+            warnings.warn(
+                f"gpushape: {type(self.optimizer).__name__}'s step could not be priced on meta "
+                f"tensors ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                "the audited step counts no optimizer step",
+                stacklevel=2,
+            )
             return None
 
     @cached_property
