@@ -133,6 +133,33 @@ def test_a_case_study_command_keeps_how_it_ran_not_where_it_wrote(summarize):
     env = {"command": "python -m gpushape bench hf:gpt2 --batch 32 --kernels 8 --csv /o/b.csv "
            "--plot=/o/g.png -o /o/g.json --rounds 4"}  # fmt: skip
     assert command({"environment": env}) == "gpushape bench hf:gpt2 --batch 32 --rounds 4"
+    env = {"command": "python -m gpushape bench 'hf:gpt2?attn_pdrop=0&embd_pdrop=0' --batch 32"}
+    # quoted as a shell needs it: the row's command must run as written
+    assert command({"environment": env}) == (
+        "gpushape bench 'hf:gpt2?attn_pdrop=0&embd_pdrop=0' --batch 32"
+    )
+
+
+def test_a_case_no_h200_ran_shows_the_h100_run_and_says_so(summarize, tmp_path, monkeypatch):
+    import json
+
+    from summary import cases
+
+    case = cases.CASES[-1]
+    (tmp_path / cases.FOLDER).mkdir()
+    monkeypatch.setattr(cases, "RESULTS", tmp_path)
+    assert cases._row(case)[2:] == ("not run yet", "-", "-", "-")
+    (tmp_path / cases.OTHER_CHIP).mkdir()
+    run = {
+        "model": case.model,
+        "batch": [case.batch],
+        "environment": {"command": f"python -m gpushape bench '{case.model}' --rounds 3"},
+        "variants": {"compile": {case.rate: 400_000.0}, "best": {case.rate: 460_000.0}},
+    }
+    (tmp_path / cases.OTHER_CHIP / "run.json").write_text(json.dumps(run))
+    row = cases._row(case)
+    assert row[2].startswith("on an H100 only: `best` 460,000") and "(1.15x)" in row[3]
+    assert row[4] == "-"  # no verdict: the target is the H200's
 
 
 def test_a_plot_belongs_to_the_last_run_that_wrote_it(summarize, tmp_path, monkeypatch):
