@@ -1,6 +1,7 @@
 """The README's case-study table: each case study's target beside the best it reached in one
 run with its baseline (bench-h200/*.json and ddp-h200*/), the command that reproduces it and
-its plot. Links are relative to the repository root (the README's folder).
+its plot; a case no H200 has run yet shows an H100's run (bench-h100/), said so, without a
+verdict. Links are relative to the repository root (the README's folder).
 
     python benchmarks/summarize.py readme           # the block, as the README must hold it
     python benchmarks/summarize.py readme --write   # put it in README.md between the markers
