@@ -45,12 +45,17 @@ def derived_row(
 
 
 def family_row_main(
-    family: str, row: Callable[[Any], dict], description: str, path: Path = PROFILE
+    family: str,
+    row: Callable[[Any], dict],
+    description: str,
+    path: Path = PROFILE,
+    argv: list[str] | None = None,
 ) -> None:
-    """`row(spec)`: the family's row, priced with the profile at `path` applied to its chip."""
+    """`row(spec)`: the family's row, priced with the profile at `path` applied to its chip.
+    `argv`: the options left to this parser (a script that reads its own first)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--write", action="store_true", help=f"merge into {path.name}")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     profile = read_profile(path)
     spec = apply_profile(get_gpu(profile["gpu"]), profile, origin=str(path))
     found = row(spec)

@@ -16,7 +16,9 @@ TRANSPOSED_TO_NCHW = "transposed_copy_nchw"
 # ... and a cat or stack read permuted (a key/value cache's first append, GPT-2's (B, T, H, D)
 # viewed as (B, H, T, D); an unbound qkv's dQ, dK, dV stacked): PyTorch's cat kernel's strided
 # path, on the H200 half the permuted copy's rate (GPT-2's 24 cache cats, 0.99 ms a step:
-# benchmarks/hardware/permuted_cat_from_runs.py); unmeasured, priced as a permuted copy.
+# benchmarks/hardware/permuted_cat_from_runs.py; on an H100 0.21 of the copy rate, where Swin-T's
+# stacked SDPA gradients ran at 0.34, benchmarks/results/probe-h100/README.md); unmeasured,
+# priced as a permuted copy.
 PERMUTED_CAT, JOINED = "permuted_cat", ("aten.cat", "aten.stack")
 COPIES = frozenset({*COPY_FAMILIES.values(), TRANSPOSED_TO_NCHW, PERMUTED_CAT})
 
