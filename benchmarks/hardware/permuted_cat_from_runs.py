@@ -26,84 +26,40 @@ src/gpushape/hardware/profiles/`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
-import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from _family_row import PROFILE, derived_row, family_row_main  # noqa: E402
+from _cat_rows import H100_PROFILE, Source, cat_kernels_row  # noqa: E402
+from _family_row import PROFILE, family_row_main  # noqa: E402
 
-from gpushape.models import resolve_model  # noqa: E402
-from gpushape.tracing.cost import op_cost  # noqa: E402
-from gpushape.tracing.families import PERMUTED_CAT, memory_family  # noqa: E402
-from gpushape.tracing.tracer import trace  # noqa: E402
+from gpushape.tracing.families import PERMUTED_CAT  # noqa: E402
 
-KERNEL = "CatArrayBatchedCopy"
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where a chip's number comes from: a timed GPT-2 step that kept transformers' default
-    use_cache=True, as a `gpushape bench` variant or a fix-by-fix loop's stage."""
-
-    chip: str  # as the run's GPU names it
-    profile: Path
-    run: str
-    variant: str
-    part: str  # "variants" (bench) or "stages" (a loop)
-
-
+# timed GPT-2 steps that kept transformers' default use_cache=True
 SOURCES = {
-    "h200": Source("H200", PROFILE, "bench-h200/gpt2.json", "optimize", "variants"),
+    "h200": Source("H200", PROFILE, "bench-h200/gpt2.json", "optimize", "variants", "hf:gpt2"),
     "h100": Source(
         "H100",
-        ROOT / "benchmarks/results/probe-h100/h100-sxm.json",
+        H100_PROFILE,
         "loops-h100-34/loop-hf_gpt2-eager.json",
         "as given",
         "stages",
+        "hf:gpt2",
     ),
 }
 
 
 def row(spec, source: Source = SOURCES["h200"]) -> dict:
-    data = json.loads((ROOT / "benchmarks/results" / source.run).read_text())
-    if source.chip not in data["environment"]["gpu"]:
-        raise SystemExit(f"{source.run}: not an {source.chip} run")
-    step = data[source.part][source.variant]
-    measured = sum(s for name, s in step["top_kernels"] if KERNEL in name)
-    if source.part == "variants":
-        batch, seq = (int(n) for n in data["batch"][0].split(":")[0].split("x"))
-    else:  # a loop's stage: its samples and tokens a step
-        batch, seq = step["samples"], step["tokens"] // step["samples"]
-    r = resolve_model("hf:gpt2", batch=batch)
-    every = [o for o in trace(r.model, r.example_inputs, train=True).ops if "aten.cat" in o.op]
-    cats = [o for o in every if memory_family(o) == PERMUTED_CAT]
-    # the backward's cats of the attention projection's three gradients run the same kernel,
-    # its contiguous path: priced at the profile's rate for them and taken off the measured time
-    others_s = sum(op_cost(o, spec).kernel_time_s for o in every if o not in cats)
-    if not cats or others_s >= measured:
-        raise SystemExit(
-            f"{source.run}: no cache append to price, or the other cats take all the time"
+    def describe(ops: int, shape: str, batch: int) -> str:
+        return (
+            f"GPT-2's key/value cache appends, {ops} cats of {shape} read permuted onto an "
+            f"empty cache (batch {batch} x 1024)"
         )
-    measured -= others_s
-    flat = spec.replace(achievable=dataclasses.replace(spec.achievable, memory_efficiency={}))
-    family_s = sum(op_cost(o, flat).kernel_time_s for o in cats)  # their bytes at the copy rate
-    shape = "x".join(str(n) for n in next(t for t in cats[0].inputs if t.numel).shape)
-    return derived_row(
-        family_s,
-        measured,
-        f"GPT-2's key/value cache appends, {len(cats)} cats of {shape} read permuted onto an "
-        f"empty cache (batch {batch} x {seq})",
-        f"benchmarks/results/{source.run}, {source.variant!r} "
-        f"{'variant' if source.part == 'variants' else 'stage'}'s {KERNEL} kernels a step, less "
-        f"{len(every) - len(cats)} contiguous cats as priced (permuted_cat_from_runs.py)",
-        other_cats_priced_s=others_s,
-    )
+
+    return cat_kernels_row(spec, source, PERMUTED_CAT, describe, "permuted_cat_from_runs.py")
 
 
 def main() -> None:

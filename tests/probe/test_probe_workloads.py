@@ -33,6 +33,7 @@ NEW = (
     "scatter_add",
     "permuted_copy",
     "permuted_cat",
+    "permuted_stack",
     "transposed_copy",
     "transposed_copy_nchw",
     "avg_pool",
@@ -234,6 +235,14 @@ def test_the_timed_step_makes_its_output_gradient_once(monkeypatch):
     for _ in range(3):
         step()
     assert len(made) == 1
+
+
+def test_the_qkv_stack_workload_is_one_permuted_stack_forward():
+    """permuted_stack's workload is what unbind's backward runs in timm's attention: one stack
+    of three permuted views, forward only, and nothing else the family would price."""
+    ops = _family_ops("permuted_stack")
+    assert len(ops) == 1 and ops[0].phase == "forward" and not BY_FAMILY["permuted_stack"].train
+    assert "aten.stack" in ops[0].op and len(ops[0].inputs) == 3
 
 
 def test_the_cache_append_workload_is_one_permuted_cat_forward():

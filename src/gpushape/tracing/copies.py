@@ -16,11 +16,17 @@ TRANSPOSED_TO_NCHW = "transposed_copy_nchw"
 # ... and a cat or stack read permuted (a key/value cache's first append, GPT-2's (B, T, H, D)
 # viewed as (B, H, T, D); an unbound qkv's dQ, dK, dV stacked): PyTorch's cat kernel's strided
 # path, on the H200 half the permuted copy's rate (GPT-2's 24 cache cats, 0.99 ms a step:
-# benchmarks/hardware/permuted_cat_from_runs.py; on an H100 0.21 of the copy rate, where Swin-T's
-# stacked SDPA gradients ran at 0.34, benchmarks/results/probe-h100/README.md); unmeasured,
-# priced as a permuted copy.
+# benchmarks/hardware/permuted_cat_from_runs.py; on an H100 0.21 of the copy rate,
+# benchmarks/results/probe-h100/README.md); unmeasured, priced as a permuted copy.
 PERMUTED_CAT, JOINED = "permuted_cat", ("aten.cat", "aten.stack")
-COPIES = frozenset({*COPY_FAMILIES.values(), TRANSPOSED_TO_NCHW, PERMUTED_CAT})
+# ... and a cat or stack of several tensors any of which is read permuted (the backward of
+# `qkv.unbind(0)` stacking SDPA's dQ, dK and dV, laid out as the permuted views q, k and v
+# were, in timm's ViT and Swin): the same kernel, faster than a lone append: on an H100 0.33
+# (ViT-B/16's 12 stacks a step) and 0.34 (Swin-T's) of the copy rate against the cache
+# appends' 0.21, on the H200 0.24 against 0.18 (benchmarks/hardware/permuted_stack_from_runs.py);
+# unmeasured, priced as PERMUTED_CAT.
+PERMUTED_STACK = "permuted_stack"
+COPIES = frozenset({*COPY_FAMILIES.values(), TRANSPOSED_TO_NCHW, PERMUTED_CAT, PERMUTED_STACK})
 
 
 def copy_family(source: TensorMeta, kind: str) -> str:

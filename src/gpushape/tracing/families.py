@@ -21,7 +21,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from .copies import COPIES, COPY_FAMILIES, JOINED, PERMUTED_CAT, TRANSPOSED_TO_NCHW, copy_family
+from .copies import (
+    COPIES,
+    COPY_FAMILIES,
+    JOINED,
+    PERMUTED_CAT,
+    PERMUTED_STACK,
+    TRANSPOSED_TO_NCHW,
+    copy_family,
+)
 from .flops.attention import ATTENTION_PASS
 from .flops.conv import S2D_FOLD, S2D_STEM, direct_conv
 from .flops.registry import packet
@@ -195,6 +203,7 @@ FALLBACK = {
     "scatter_add": "gather",
     ELEMENTWISE_STRIDED: "elementwise",
     PERMUTED_CAT: "permuted_copy",
+    PERMUTED_STACK: PERMUTED_CAT,
     TRANSPOSED_TO_NCHW: "transposed_copy",
     CHANNEL_SUM: "reduction",
     "avg_pool": "pool",  # priced as the max pool, layout kept, until measured
@@ -253,6 +262,7 @@ ALL_FAMILIES = (
     *COPY_FAMILIES.values(),
     TRANSPOSED_TO_NCHW,
     PERMUTED_CAT,
+    PERMUTED_STACK,
     *TAGGED.values(),
     ELEMENTWISE_STRIDED,
     GEMM,
@@ -289,7 +299,10 @@ def memory_family(rec: OpRecord) -> str | None:
     kind = copy_op_kind(rec)
     if kind is not None:  # a cat or stack read permuted: PyTorch's cat kernel's strided path
         if op in JOINED:
-            return PERMUTED_CAT if kind == "permuted" else COPY_FAMILIES[kind]
+            if kind != "permuted":
+                return COPY_FAMILIES[kind]
+            several = sum(1 for t in rec.inputs if t.numel) > 1
+            return PERMUTED_STACK if several else PERMUTED_CAT
         source = rec.inputs[1] if op == "aten.copy_" else rec.inputs[0]
         return copy_family(source, kind)
     if op in INDEX_PUT:

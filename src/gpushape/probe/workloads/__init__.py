@@ -29,6 +29,7 @@ from ._modules import (
     _layer_norm,
     _layer_norm_weight_grad,
     _narrow_mlp,
+    _qkv_stack,
     _rows,
     _side,
     _Workload,
@@ -154,6 +155,13 @@ WORKLOADS = (
         "a key/value cache's first append (GPT-2's): cat of 32x1024x12x64 viewed as "
         "32x12x1024x64 onto an empty tensor, forward",
         _kv_cat,
+        train=False,
+    ),
+    FamilyWorkload(
+        "permuted_stack",
+        "unbind's backward (timm's attention): a stack of three 64x197x12x64 viewed as "
+        "64x12x197x64, forward",
+        _qkv_stack,
         train=False,
     ),
     FamilyWorkload(

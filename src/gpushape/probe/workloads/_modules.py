@@ -213,6 +213,18 @@ def _kv_cat(scale: float) -> _Workload:
     return _Workload(append, (_rows(scale, 32), t, 12, 64))
 
 
+def _qkv_stack(scale: float) -> _Workload:
+    """The backward of `qkv.unbind(0)` as timm's attention makes it: three (B, T, H, D) tensors
+    viewed as (B, H, T, D), stacked (ViT-B/16's 12 heads of 64 over 197 tokens)."""
+    t = 197 if scale >= SMOKE else 16
+
+    def stack(m: nn.Module, *parts: torch.Tensor) -> torch.Tensor:
+        return torch.stack([p.transpose(1, 2) for p in parts], dim=0)
+
+    shape = (_rows(scale, 64), t, 12, 64)
+    return _Workload(stack, shape, shape, shape)
+
+
 def _s2d_fold(scale: float) -> nn.Module:
     """s2d-stem's input fold for ResNet's 7x7/2 stem, on an input it owns (forward only)."""
     from ...models.space_to_depth import SpaceToDepthFold
