@@ -6,17 +6,19 @@ less what the profile prices its other cats and stacks at (their contiguous path
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from _family_row import derived_row  # noqa: E402
+from _family_row import derived_row, family_row_main  # noqa: E402
 
 from gpushape.models import resolve_model  # noqa: E402
 from gpushape.tracing.cost import op_cost  # noqa: E402
@@ -72,3 +74,16 @@ def cat_kernels_row(
         f"less {len(every) - len(mine)} other cats and stacks as priced ({script})",
         other_cats_priced_s=others_s,
     )
+
+
+def chip_main(
+    family: str, sources: Mapping[str, Source], row: Callable[..., dict], description: str
+) -> None:
+    """A script's command line: `--chip` picks the source (and the profile it writes), the
+    rest is `_family_row.family_row_main`'s. `row(spec, source=...)`."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--chip", choices=sorted(sources), default="h200")
+    args, rest = parser.parse_known_args()
+    source = sources[args.chip]
+    chip_row = functools.partial(row, source=source)
+    family_row_main(family, chip_row, description, source.profile, rest)

@@ -18,16 +18,14 @@ sample. The row says where it came from; a probe run replaces it.
 
 from __future__ import annotations
 
-import argparse
-import functools
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from _cat_rows import H100_PROFILE, Source, cat_kernels_row  # noqa: E402
-from _family_row import PROFILE, family_row_main  # noqa: E402
+from _cat_rows import H100_PROFILE, Source, cat_kernels_row, chip_main  # noqa: E402
+from _family_row import PROFILE  # noqa: E402
 
 from gpushape.tracing.families import PERMUTED_STACK  # noqa: E402
 
@@ -63,12 +61,7 @@ def row(spec, source: Source = SOURCES["h200"]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--chip", choices=sorted(SOURCES), default="h200")
-    args, rest = parser.parse_known_args()
-    source = SOURCES[args.chip]
-    chip_row = functools.partial(row, source=source)
-    family_row_main(PERMUTED_STACK, chip_row, __doc__.splitlines()[0], source.profile, rest)
+    chip_main(PERMUTED_STACK, SOURCES, row, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
