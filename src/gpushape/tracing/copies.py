@@ -13,8 +13,8 @@ COPY_FAMILIES = {"permuted": "permuted_copy", "transposed": "transposed_copy"}
 # (a gradient put back in an NCHW convolution's layout): measured apart (on the H100 0.17 of the
 # copy rate against the other direction's 0.28), else priced as the NCHW-to-NHWC copy
 TRANSPOSED_TO_NCHW = "transposed_copy_nchw"
-# ... and a cat or stack read permuted (a key/value cache's first append, GPT-2's (B, T, H, D)
-# viewed as (B, H, T, D); an unbound qkv's dQ, dK, dV stacked): PyTorch's cat kernel's strided
+# ... and a cat of one tensor read permuted (a key/value cache's first append, GPT-2's
+# (B, T, H, D) viewed as (B, H, T, D), onto an empty cache): PyTorch's cat kernel's strided
 # path, on the H200 half the permuted copy's rate (GPT-2's 24 cache cats, 0.99 ms a step:
 # benchmarks/hardware/permuted_cat_from_runs.py; on an H100 0.21 of the copy rate,
 # benchmarks/results/probe-h100/README.md); unmeasured, priced as a permuted copy.
