@@ -259,10 +259,7 @@ ALL_FAMILIES = (
     *SIZE_VARIANTS,
     GROUPED_CONV,
     GROUPED_CONV_NCHW,
-    *COPY_FAMILIES.values(),
-    TRANSPOSED_TO_NCHW,
-    PERMUTED_CAT,
-    PERMUTED_STACK,
+    *sorted(COPIES),  # the copies between layouts and the cat kernel's (tracing/copies.py)
     *TAGGED.values(),
     ELEMENTWISE_STRIDED,
     GEMM,
