@@ -177,3 +177,34 @@ def test_s2d_stems_folded_convolution_converts_as_the_stem_it_computes(kernel, s
     }
     want = "nchw_conversion_stem@4" if stride == 4 else "nchw_conversion_stem"
     assert {conversion_family(r, measured) for r in convs} == {want}
+
+
+def test_a_convolutions_gradients_take_cudnns_layout_of_input_and_weight():
+    """CUDA writes a convolution's input and weight gradients in the memory format cuDNN picks
+    from the input and the weight, whatever the incoming gradient's: torch 2.11's meta kernel
+    took the input gradient's from the incoming one, which a global average pool's backward
+    hands over contiguous, and so traced a channels_last convnet's whole backward NCHW."""
+    from gpushape.tracing.routing import cuda_output_layout
+
+    func = torch.ops.aten.convolution_backward.default
+    x = meta(*X, dtype=BF16).contiguous(memory_format=torch.channels_last)
+    w = torch.empty(W, dtype=BF16, device="meta").contiguous(memory_format=torch.channels_last)
+    dy = meta(8, 32, 28, 28, dtype=BF16)  # contiguous, as a pool's backward gives it
+    nchw = (meta(*X, dtype=BF16), torch.empty(W, dtype=BF16, device="meta"), None)
+    dx, dw, db = cuda_output_layout(func, (dy, x, w), nchw)
+    assert dx.is_contiguous(memory_format=torch.channels_last) and dx.shape == X
+    assert dw.is_contiguous(memory_format=torch.channels_last) and db is None
+    plain = (dy, meta(*X, dtype=BF16), torch.empty(W, dtype=BF16, device="meta"))
+    assert cuda_output_layout(func, plain, nchw)[0].is_contiguous()  # NCHW stays NCHW
+
+
+def test_a_channels_last_convnet_is_traced_channels_last_below_its_pooled_head():
+    """The gradient a global average pool hands back is contiguous; the convolution under it
+    writes its input gradient channels_last, as cuDNN does (on torch 2.11 too). A 1x1
+    weight (EfficientNet's head) suggests no layout: the input's decides."""
+    x = meta(*X, dtype=BF16).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    w = torch.empty(32, 64, 1, 1, dtype=BF16, device="meta")
+    t = trace_fn(lambda x, w: F.conv2d(x, w).mean((2, 3)), (x,), (w,), train=True)
+    bwd = only(t, "convolution_backward")
+    assert bwd.inputs[0].memory_format == "contiguous"  # the pool's gradient
+    assert bwd.outputs[0].memory_format == "channels_last"

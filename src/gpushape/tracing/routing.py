@@ -12,7 +12,12 @@ Convolution layout: on meta, `aten.convolution` always returns a contiguous (NCH
 returns channels_last when the input or the weight is channels_last (cuDNN's suggested memory
 format), and every op after it keeps that layout. `cuda_output_layout` restrides the meta output
 the same way (the recorder applies it to every op it sees on meta), and GroupNorm's input
-gradient, which CUDA always writes contiguous.
+gradient, which CUDA always writes contiguous. `aten.convolution_backward` writes both
+gradients in that same format, of the input and the weight: torch 2.11's meta kernel took the
+input gradient's from the incoming gradient instead, which a global average pool's backward
+hands over contiguous, so every channels_last convnet's backward was traced NCHW from its head
+down (EfficientNet-B0 compiled on an H100: 16.4 ms of GPU work priced, 11.5 measured, 12.4
+with CUDA's rule; benchmarks/results/loops-h100-35).
 
 SDPA: PyTorch picks the backend from the device: on CUDA, flash attention or the
 memory-efficient kernel when their constraints hold; on the meta device it always falls back to
@@ -190,6 +195,7 @@ def route_sdpa(
 
 
 _CONVOLUTION = torch.ops.aten.convolution.default
+_CONVOLUTION_BACKWARD = torch.ops.aten.convolution_backward.default
 
 
 def _channels_last(t: torch.Tensor, fmt: torch.memory_format) -> bool:
@@ -200,18 +206,29 @@ _GROUP_NORM_BACKWARD = torch.ops.aten.native_group_norm_backward.default
 
 
 def cuda_output_layout(func: Any, args: tuple, out: Any) -> Any:
-    """A meta convolution's output in the memory format CUDA would give it; GroupNorm's input
-    gradient contiguous, as CUDA's kernel writes it whatever its inputs' layout (a meta
-    decomposition may keep a channels_last gradient's strides: torch 2.14)."""
+    """A meta convolution's output, and its backward's gradients, in the memory format CUDA
+    would give them; GroupNorm's input gradient contiguous, as CUDA's kernel writes it whatever
+    its inputs' layout (a meta decomposition may keep a channels_last gradient's strides:
+    torch 2.14)."""
     if func is _GROUP_NORM_BACKWARD and isinstance(out, tuple) and out:
         dx = out[0]
         if isinstance(dx, torch.Tensor) and not dx.is_contiguous():
             return (dx.contiguous(), *out[1:])
         return out
-    if func is not _CONVOLUTION or not isinstance(out, torch.Tensor) or out.dim() not in (4, 5):
+    if func is _CONVOLUTION_BACKWARD and isinstance(out, tuple) and len(args) > 2:
+        return tuple(_conv_layout(g, args[1], args[2]) for g in out)
+    if func is not _CONVOLUTION:
+        return out
+    return _conv_layout(out, args[0], args[1])
+
+
+def _conv_layout(out: Any, input: torch.Tensor, weight: torch.Tensor) -> Any:
+    """`out` (a convolution's output or one of its gradients) channels_last where cuDNN's
+    suggested memory format of `input` and `weight` is (either of them channels_last)."""
+    if not isinstance(out, torch.Tensor) or out.dim() not in (4, 5):
         return out
     fmt = torch.channels_last if out.dim() == 4 else torch.channels_last_3d
-    if _channels_last(args[0], fmt) or _channels_last(args[1], fmt):
+    if _channels_last(input, fmt) or _channels_last(weight, fmt):
         return out.contiguous(memory_format=fmt)
     return out
 
