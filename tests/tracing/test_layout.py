@@ -195,7 +195,11 @@ def test_a_convolutions_gradients_take_cudnns_layout_of_input_and_weight():
     assert dx.is_contiguous(memory_format=torch.channels_last) and dx.shape == X
     assert dw.is_contiguous(memory_format=torch.channels_last) and db is None
     plain = (dy, meta(*X, dtype=BF16), torch.empty(W, dtype=BF16, device="meta"))
-    assert cuda_output_layout(func, plain, nchw)[0].is_contiguous()  # NCHW stays NCHW
+    assert cuda_output_layout(func, plain, nchw)[0] is nchw[0]  # NCHW stays NCHW
+    nhwc_dy = (dy.contiguous(memory_format=torch.channels_last), *plain[1:])
+    meta_nhwc = (x, w, None)  # as a meta kernel following the incoming gradient gives them
+    dx, dw, _ = cuda_output_layout(func, nhwc_dy, meta_nhwc)
+    assert dx.is_contiguous() and dw.is_contiguous()  # cuDNN: from NCHW input and weight
 
 
 def test_a_channels_last_convnet_is_traced_channels_last_below_its_pooled_head():

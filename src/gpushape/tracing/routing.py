@@ -223,14 +223,14 @@ def cuda_output_layout(func: Any, args: tuple, out: Any) -> Any:
 
 
 def _conv_layout(out: Any, input: torch.Tensor, weight: torch.Tensor) -> Any:
-    """`out` (a convolution's output or one of its gradients) channels_last where cuDNN's
-    suggested memory format of `input` and `weight` is (either of them channels_last)."""
+    """`out` (a convolution's output or one of its gradients) in cuDNN's suggested memory
+    format of `input` and `weight`: channels_last where either of them is, else contiguous."""
     if not isinstance(out, torch.Tensor) or out.dim() not in (4, 5):
         return out
     fmt = torch.channels_last if out.dim() == 4 else torch.channels_last_3d
-    if _channels_last(input, fmt) or _channels_last(weight, fmt):
-        return out.contiguous(memory_format=fmt)
-    return out
+    if not (_channels_last(input, fmt) or _channels_last(weight, fmt)):
+        fmt = torch.contiguous_format
+    return out if out.is_contiguous(memory_format=fmt) else out.contiguous(memory_format=fmt)
 
 
 def route_dropout(
