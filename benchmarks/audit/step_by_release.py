@@ -26,18 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-MODELS = (
-    "timm:mobilenetv3_large_100",
-    "timm:efficientnet_b0",
-    "timm:convnext_tiny",
-    "timm:resnet50",
-    "timm:vit_base_patch16_224",
-    "timm:swin_tiny_patch4_window7_224",
-    "hf:gpt2",
-    "hf:bert",
-    "hf:llama?hidden_size=1024&intermediate_size=2816&num_hidden_layers=8"
-    "&num_attention_heads=16&num_key_value_heads=4&vocab_size=32000",
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from survey_findings import MODELS as SURVEYED  # noqa: E402
+
+MODELS = (*SURVEYED, "timm:resnet50")  # the surveyed library models, and a plain ResNet
 PROFILE = ROOT / "benchmarks/results/probe-h100/h100-sxm.json"
 MODES = ("eager", "compile", "graph")
 
