@@ -219,15 +219,16 @@ def test_time_blocks_adds_rounds_until_settled_or_the_cap():
     assert not settled({"as given": [0.03] * 3, "+ x": [0.02] * 3})
 
 
-def test_a_compiled_stage_saves_host_time_only_for_the_kernels_its_fixes_remove():
+def test_a_compiled_stage_saves_host_time_for_the_kernels_its_fixes_remove():
     from gpushape.auditing.modes import StepTime, compiled_stage
 
     given = StepTime(mode="compile", gpu_s=0.015, host_s=0.034, kernels=745, marginal_s=7e-6)
-    # its own audit prices 121 fewer kernels at the compiled average (46 us): 5.6 ms less
-    stage = StepTime(mode="compile", gpu_s=0.013, host_s=0.0287, kernels=624, marginal_s=7e-6)
+    # its own audit prices its kernels at another rate (50 us): the given step's rate counts
+    stage = StepTime(mode="compile", gpu_s=0.013, host_s=0.0312, kernels=624, marginal_s=7e-6)
     compiled = compiled_stage(given, stage)
     assert compiled.gpu_s == 0.013
-    assert compiled.wall_s == pytest.approx(0.034 - 121 * 7e-6, rel=1e-4)  # ~0.85 ms, not 5.6
+    assert compiled.host_s == pytest.approx(0.034 - 121 * 0.034 / 745)  # 5.5 ms less
+    assert compiled.wall_s >= compiled.host_s
     fast_host = StepTime(mode="compile", gpu_s=0.05, host_s=0.0287, kernels=624, marginal_s=7e-6)
     assert compiled_stage(given, fast_host).wall_s == pytest.approx(0.05, rel=0.02)  # GPU-bound
     unknown = StepTime(mode="compile", gpu_s=0.015, host_s=0.034)  # no kernels counted
@@ -236,7 +237,7 @@ def test_a_compiled_stage_saves_host_time_only_for_the_kernels_its_fixes_remove(
 
 def test_optimize_prices_a_compiled_step_after_at_the_kernels_removed():
     """optimize's predicted step after, compiled, is the loop's: the host as given less the
-    kernels removed at a launch each, not the rewritten model's own compiled average."""
+    kernels removed, each at the given step's host cost per kernel."""
     import gpushape
 
     pytest.importorskip("transformers")
@@ -246,8 +247,8 @@ def test_optimize_prices_a_compiled_step_after_at_the_kernels_removed():
     )
     given, after = report.before.step, report.after.step
     removed = given.kernels - after.kernels
-    assert removed > 0 and after.host_s < given.host_s - removed * after.marginal_s  # average
-    host_s = given.host_s - removed * after.marginal_s
+    assert removed > 0
+    host_s = given.host_s - removed * given.host_s / given.kernels
     expected = wall_clock_s(after.gpu_s + after.idle_s, host_s, after.spread)
     assert report.step_after_s == pytest.approx(expected)
 

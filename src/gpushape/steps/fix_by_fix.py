@@ -26,7 +26,8 @@
    library model with labels, so masked-lm-head's stage is audited like any other); a CUDA
    graph, and graph-layers, which optimize keeps on a timing of the layers
    rather than on a finding, by the audit's graph mode. A compiled stage's host is the step's
-   as given less the kernels its fixes removed, each at a bare launch (`_compiled`). A cost
+   as given less the kernels its fixes removed, each at the step's host cost per kernel
+   (`auditing.modes.compiled_stage`). A cost
    the eager trace does not have (the all-true mask transformers builds while compiling,
    which skip-attention-mask removes) is in each stage's audited step in that mode
    (`evidence["cost_in_mode_s"]`), so its fix is priced like any other.

@@ -88,7 +88,8 @@ class OptimizeReport:
     @property
     def step_after_s(self) -> float:
         """The audit's predicted step after the rewrites; compiled, the host as given less the
-        kernels they removed at a launch each (`auditing.modes.compiled_stage`)."""
+        kernels they removed, each at the step's host cost per kernel
+        (`auditing.modes.compiled_stage`)."""
         from ..auditing.modes import compiled_stage, predicted_step_s
 
         if self.after is None:
