@@ -113,10 +113,8 @@ class StepTime:
     kernels: int = 0
     """The kernels the host issues a step in this mode."""
     marginal_s: float = 0.0
-    """Host seconds one kernel more or fewer costs at the margin: the bare launch (eager's, or
-    a graph's). In compile mode `host_s` prices each kernel at a compiled step's measured
-    average, and a rewrite that removes kernels from a compiled step saves about that average
-    for each (`compiled_stage`), not this."""
+    """Host seconds one kernel more or fewer costs: the bare launch (eager's, or a graph's);
+    compiled, a removed kernel saves the step's average instead (`compiled_stage`)."""
     spread: float = HOST_SPREAD
     """The host side's spread (`host_spread`)."""
     idle_s: float = 0.0
@@ -144,12 +142,10 @@ class StepTime:
 def compiled_stage(given: StepTime, stage: StepTime) -> StepTime:
     """A rewritten model's compiled step, from the step as given: the rewritten model's GPU
     work, and the given host less the kernels the rewrites removed (or plus those they added)
-    at the given step's host cost per kernel. Each kernel a rewrite removes takes its share of
-    the compiled wrapper's work with it: over 14 compiled rewrites that removed 90-193 kernels
-    (Swin-T's sdpa in five runs, BERT's fuse-qkv and skip-attention-mask, the LLaMA-style
-    decoder's fuse-qkv; benchmarks/results/loops-*), the issue time fell by 8-44 us a kernel,
-    median 28, where the H100 profile's compiled average is 27 (a bare launch, 7 us, was used
-    before, from one H200 run's 8 us)."""
+    at the given step's host cost per kernel: over 14 compiled rewrites that removed 90-193
+    kernels (Swin-T's sdpa in five runs, BERT's fuse-qkv and skip-attention-mask, the
+    LLaMA-style decoder's fuse-qkv; benchmarks/results/loops-*), the issue time fell by 8-44
+    us a kernel, median 28, where the H100 profile's compiled average is 27."""
     if not given.kernels:
         return stage
     per_kernel = given.host_s / given.kernels
