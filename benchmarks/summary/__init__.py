@@ -8,6 +8,7 @@ benchmarks/results/ by `python benchmarks/summarize.py docs`; one module per gro
 - `kernels` (with `qkv`): the fused kernels, their headline speed-ups (`speedups()`, which the
   README's kernel table quotes) and the host's share;
 - `optimize`: models as written against `gpushape.optimize`, with the audit's predicted step;
+- `scoreboard`: every timed fix-by-fix loop re-predicted by the cost model as it is now;
 - `pipeline`: the input pipeline, each way of feeding a step against synthetic data;
 - `examples`: the examples' logs, the test runs, tracing speed on a CPU;
 - `page`: the header, the sections in order and the index of the result files no section

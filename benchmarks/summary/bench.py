@@ -9,6 +9,7 @@ import json
 from .common import RESULTS, link, md_table
 from .compile_steps import cache_and_roofline, compile_pad, why_bert_compile
 from .loops_lib import loops_lib_section
+from .scoreboard import scoreboard_section
 
 FOLDER = "bench-h200"
 CASES = {  # model as run -> (name, its variants file, its loop file)
@@ -252,6 +253,7 @@ def bench_section() -> list[str]:
         *loop_table(),
         "",
         *loops_lib_section(),
+        *scoreboard_section(),
         *other_runs(),
         *why_bert_compile(),
         *compile_pad(),
