@@ -222,14 +222,14 @@ def test_time_blocks_adds_rounds_until_settled_or_the_cap():
 def test_a_compiled_stage_saves_host_time_for_the_kernels_its_fixes_remove():
     from gpushape.auditing.modes import StepTime, compiled_stage
 
-    given = StepTime(mode="compile", gpu_s=0.015, host_s=0.034, kernels=745, marginal_s=7e-6)
+    given = StepTime(mode="compile", gpu_s=0.015, host_s=0.034, kernels=745)
     # its own audit prices its kernels at another rate (50 us): the given step's rate counts
-    stage = StepTime(mode="compile", gpu_s=0.013, host_s=0.0312, kernels=624, marginal_s=7e-6)
+    stage = StepTime(mode="compile", gpu_s=0.013, host_s=0.0312, kernels=624)
     compiled = compiled_stage(given, stage)
     assert compiled.gpu_s == 0.013
     assert compiled.host_s == pytest.approx(0.034 - 121 * 0.034 / 745)  # 5.5 ms less
     assert compiled.wall_s >= compiled.host_s
-    fast_host = StepTime(mode="compile", gpu_s=0.05, host_s=0.0287, kernels=624, marginal_s=7e-6)
+    fast_host = StepTime(mode="compile", gpu_s=0.05, host_s=0.0287, kernels=624)
     assert compiled_stage(given, fast_host).wall_s == pytest.approx(0.05, rel=0.02)  # GPU-bound
     unknown = StepTime(mode="compile", gpu_s=0.015, host_s=0.034)  # no kernels counted
     assert compiled_stage(unknown, stage) == stage

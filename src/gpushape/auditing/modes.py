@@ -112,9 +112,6 @@ class StepTime:
     """Kernels x the launch overhead of the mode (eager's, or a CUDA graph's)."""
     kernels: int = 0
     """The kernels the host issues a step in this mode."""
-    marginal_s: float = 0.0
-    """Host seconds one kernel more or fewer costs: the bare launch (eager's, or a graph's);
-    compiled, a removed kernel saves the step's average instead (`compiled_stage`)."""
     spread: float = HOST_SPREAD
     """The host side's spread (`host_spread`)."""
     idle_s: float = 0.0
@@ -256,10 +253,7 @@ def step_time(
         if dispatch is not None:  # the optimizer's foreach Python on top of forward, backward
             foreach_s = foreach_host_s(ctx.optimizer, achievable.host) if optimizer else 0.0
             host_s = max(host_s, dispatch.seconds + foreach_s)
-    marginal = (
-        achievable.graph_launch_overhead_s if mode == "graph" else achievable.launch_overhead_s
-    )
-    return StepTime(mode=mode, gpu_s=gpu_s, host_s=host_s, kernels=kernels, marginal_s=marginal,
+    return StepTime(mode=mode, gpu_s=gpu_s, host_s=host_s, kernels=kernels,
                     spread=host_spread(ctx.gpu),
                     idle_s=device_idle_s(ctx.gpu, mode, kernels))  # fmt: skip
 

@@ -114,9 +114,8 @@ def expected_steps(specs, built, report, predicted, gpu, mode) -> dict[str, tupl
             gpu_s, wall_s = _step_of(stage_report) if graphed_step is None else (
                 graphed_step.gpu_s, graphed_step.wall_s)  # fmt: skip
             if run_mode == "compile" and report.step is not None and stage_report.step:
-                compiled = compiled_stage(
-                    report.step, stage_report.step
-                )  # the host per kernel as given
+                # the host as given, less the kernels removed at its cost per kernel
+                compiled = compiled_stage(report.step, stage_report.step)
                 gpu_s, wall_s = compiled.gpu_s, compiled.wall_s
             # a whole-step graph after "+ fused-optimizer" is audited with the fused optimizer
             # its step runs: the audit prices the fused kernels, so their saving is not taken
